@@ -1,0 +1,1 @@
+//! Criterion benchmarks for Tessera; see `benches/` and the README's tables.

@@ -1,0 +1,1 @@
+//! Runnable Tessera examples; see `examples/` and the README.

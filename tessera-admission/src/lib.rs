@@ -1,0 +1,1 @@
+//! Sans-IO claim admission for Tessera.

@@ -1,0 +1,1 @@
+//! Sans-IO audit rules for Tessera.

@@ -1,0 +1,1 @@
+//! Sans-IO lease rules for Tessera.

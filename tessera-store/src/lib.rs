@@ -1,0 +1,1 @@
+//! The SQLite work-queue store for Tessera.

@@ -1,1 +1,512 @@
-//! (being written)
+//! Anonymous session mint allowance: a global hourly allowance that accrues
+//! evenly, and an hourly limit per [`AddressGroup`].
+//!
+//! # Global allowance
+//!
+//! A tenth of the hourly allowance is available at once and the rest accrues
+//! at a steady rate, so one caller can no longer spend the whole hour in
+//! minutes and lock everyone out until the next clock hour. The rule is GCRA
+//! (a token bucket kept as a single "theoretical arrival time"):
+//!
+//! - `burst = max(1, per_hour / 10)` sessions are available at once;
+//! - one more accrues every `interval = 1 h / (per_hour - burst)`, rounded up
+//!   to the nanosecond.
+//!
+//! With the defaults that is 100 at once, then one every 4 s (3,600 s / 900).
+//!
+//! **Guarantee:** any closed one-hour interval `[s, s + 1 h]` holds at most
+//! `per_hour` mints. After the first mint inside the interval, the `k`-th
+//! needs `k - burst` intervals to have passed, and one hour holds
+//! `per_hour - burst` of them, so the count is at most
+//! `burst + (per_hour - burst) = per_hour`. The first hour after a quiet
+//! period mints exactly `per_hour` (100 at once, then 900 more, the last at
+//! exactly one hour). The sustained rate is `per_hour - burst` an hour (900 by
+//! default): the tenth is what lets the next burst happen without ever
+//! letting a sliding hour exceed the allowance. (A per-clock-hour counter, by
+//! contrast, lets nearly twice the allowance through across an hour boundary.)
+//!
+//! # Per-address limit
+//!
+//! Each address group may mint `per_address_per_hour` sessions in any closed
+//! one-hour interval, kept exactly with a sliding log of the group's mints in
+//! the last hour. The whole per-address allowance is available at once (it is
+//! small, and several people may share one address).
+//!
+//! Memory stays bounded without configuration: only allowed mints are
+//! recorded, and no more than `per_hour` fall inside any hour, so the logs
+//! hold at most `per_hour` instants in total. A group whose latest mint is
+//! more than an hour old is dropped (oldest first, `O(log n)` each, from an
+//! ordered index). `address_capacity` caps the number of groups as well; past
+//! it the least recently minting group is forgotten, which lets that group
+//! mint again early. With `address_capacity >= per_hour` (the defaults) that
+//! never happens.
+//!
+//! # Refusals
+//!
+//! A refusal carries a `Retry-After` in whole seconds, rounded up, at least
+//! 1: the time until both limits would allow this group a session. A retry at
+//! that time succeeds unless someone else minted in between.
+//!
+//! Every call is `O(log n)` in the number of tracked groups. Time comes in as
+//! `now`; instants earlier than one already seen are treated as that one.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::AddressGroup;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Settings of a [`MintAllowance`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MintConfig {
+    /// Sessions minted in any one-hour interval, across all callers. A tenth
+    /// is available at once and the rest accrues evenly. At least 2.
+    /// Default 1,000.
+    pub per_hour: u32,
+    /// Sessions one [`AddressGroup`] may mint in any one-hour interval.
+    /// At least 1. Default 10.
+    pub per_address_per_hour: u32,
+    /// Most address groups remembered at once. At least 1. Default 10,000.
+    pub address_capacity: usize,
+}
+
+impl Default for MintConfig {
+    fn default() -> Self {
+        Self {
+            per_hour: 1_000,
+            per_address_per_hour: 10,
+            address_capacity: 10_000,
+        }
+    }
+}
+
+impl MintConfig {
+    /// Checks every setting against its minimum.
+    pub fn validate(&self) -> Result<(), PolicyConfigError> {
+        // Two is the least that leaves something to accrue after the burst.
+        PolicyConfigError::check("mint.per_hour", self.per_hour.into(), 2)?;
+        PolicyConfigError::check(
+            "mint.per_address_per_hour",
+            self.per_address_per_hour.into(),
+            1,
+        )?;
+        PolicyConfigError::check(
+            "mint.address_capacity",
+            self.address_capacity.try_into().unwrap_or(u64::MAX),
+            1,
+        )
+    }
+}
+
+/// An invalid setting of an idle pacing or mint allowance policy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyConfigError {
+    /// A setting is below the smallest value the policy can honour.
+    #[error("{setting} must be at least {minimum}, got {value}")]
+    TooSmall {
+        /// The setting, as `policy.field` (for example `mint.per_hour`).
+        setting: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest accepted value.
+        minimum: u64,
+    },
+}
+
+impl PolicyConfigError {
+    pub(crate) fn check(setting: &'static str, value: u64, minimum: u64) -> Result<(), Self> {
+        if value < minimum {
+            return Err(Self::TooSmall {
+                setting,
+                value,
+                minimum,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What [`MintAllowance::check`] decided.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MintDecision {
+    /// Mint the session; both allowances have been charged for it.
+    Allowed,
+    /// Do not mint; nothing was charged.
+    Refused {
+        /// Whole seconds, at least 1, until a session becomes available to
+        /// this address group; a `Retry-After` value.
+        retry_after: Duration,
+        /// The limit that frees last.
+        reason: MintRefusal,
+    },
+}
+
+impl MintDecision {
+    /// Whether the session may be minted.
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, Self::Allowed)
+    }
+
+    /// The `Retry-After` of a refusal, `None` when allowed.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Allowed => None,
+            Self::Refused { retry_after, .. } => Some(*retry_after),
+        }
+    }
+}
+
+/// Which limit refused a mint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MintRefusal {
+    /// The global hourly allowance has nothing available yet.
+    Global,
+    /// This address group used its hourly limit.
+    Address,
+}
+
+impl MintRefusal {
+    /// A short lowercase reason, for a response body or a log.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Global => "anonymous session allowance used up for now",
+            Self::Address => "anonymous session limit reached for this address",
+        }
+    }
+}
+
+impl fmt::Display for MintRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The anonymous session mint allowance: global and per address group.
+///
+/// ```
+/// use std::net::IpAddr;
+/// use std::time::{Duration, Instant};
+/// use tessera_admission::{AddressGroup, MintAllowance, MintConfig, MintDecision};
+///
+/// let mut mint = MintAllowance::new(MintConfig::default())?;
+/// let now = Instant::now(); // a host reads its clock; the policy never does
+/// let group = AddressGroup::from("2001:db8::1".parse::<IpAddr>().unwrap());
+///
+/// for _ in 0..10 {
+///     assert_eq!(mint.check(group, now), MintDecision::Allowed);
+/// }
+/// // The eleventh in one hour is refused until the first one is an hour old.
+/// let refused = mint.check(group, now);
+/// assert_eq!(refused.retry_after(), Some(Duration::from_secs(3601)));
+/// # Ok::<(), tessera_admission::PolicyConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct MintAllowance {
+    config: MintConfig,
+    global: Gcra,
+    addresses: AddressLimit,
+    latest: Option<Instant>,
+}
+
+impl MintAllowance {
+    /// A fresh allowance: the burst and every group's limit available at once.
+    pub fn new(config: MintConfig) -> Result<Self, PolicyConfigError> {
+        config.validate()?;
+        let burst = (config.per_hour / 10).max(1);
+        let accruing = u64::from(config.per_hour - burst);
+        // Rounded up, so an hour never holds more than `accruing` intervals.
+        let interval = Duration::from_nanos(HOUR_NANOS.div_ceil(accruing));
+        let addresses = AddressLimit {
+            limit: config.per_address_per_hour as usize,
+            capacity: config.address_capacity,
+            groups: HashMap::new(),
+            by_latest: BTreeMap::new(),
+            next_seq: 0,
+        };
+        Ok(Self {
+            global: Gcra {
+                interval,
+                tolerance: interval * (burst - 1),
+                burst,
+                theoretical_arrival: None,
+            },
+            config,
+            addresses,
+            latest: None,
+        })
+    }
+
+    /// Decides whether `group` may mint a session at `now`, and charges both
+    /// limits when it may.
+    pub fn check(&mut self, group: AddressGroup, now: Instant) -> MintDecision {
+        let now = match self.latest {
+            Some(latest) if latest > now => latest,
+            _ => now,
+        };
+        self.latest = Some(now);
+        self.addresses.forget_stale(now);
+
+        let address_wait = self.addresses.wait(group, now);
+        let global_wait = self.global.wait(now);
+        let (wait, reason) = match (global_wait, address_wait) {
+            (None, None) => {
+                self.global.charge(now);
+                self.addresses.charge(group, now);
+                return MintDecision::Allowed;
+            }
+            (Some(global), Some(address)) if global > address => (global, MintRefusal::Global),
+            (Some(global), None) => (global, MintRefusal::Global),
+            (_, Some(address)) => (address, MintRefusal::Address),
+        };
+        MintDecision::Refused {
+            retry_after: whole_seconds(wait),
+            reason,
+        }
+    }
+
+    /// Sessions available at once after a quiet period: a tenth of
+    /// `per_hour`, at least 1.
+    pub fn burst(&self) -> u32 {
+        self.global.burst
+    }
+
+    /// How often one more session accrues to the global allowance.
+    pub fn interval(&self) -> Duration {
+        self.global.interval
+    }
+
+    /// The address groups currently remembered.
+    pub fn tracked_groups(&self) -> usize {
+        self.addresses.groups.len()
+    }
+
+    /// The settings this allowance was built with.
+    pub fn config(&self) -> &MintConfig {
+        &self.config
+    }
+}
+
+const HOUR_NANOS: u64 = 3_600_000_000_000;
+
+/// Rounds a wait up to whole seconds, at least one.
+fn whole_seconds(wait: Duration) -> Duration {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    Duration::from_secs(seconds.max(1))
+}
+
+/// Whether a mint at `at` is outside every closed hour that ends at `now`.
+fn outside_hour(at: Instant, now: Instant) -> bool {
+    now.saturating_duration_since(at) > HOUR
+}
+
+/// The global allowance as GCRA: a mint conforms when `now` is no earlier
+/// than the theoretical arrival time minus the burst tolerance.
+#[derive(Debug, Clone)]
+struct Gcra {
+    interval: Duration,
+    /// `(burst - 1) * interval`: how far ahead of schedule a mint may be.
+    tolerance: Duration,
+    burst: u32,
+    /// `None` until the first mint: the whole burst is available.
+    theoretical_arrival: Option<Instant>,
+}
+
+impl Gcra {
+    /// How long until a mint conforms; `None` if it does now.
+    fn wait(&self, now: Instant) -> Option<Duration> {
+        let arrival = self.theoretical_arrival?;
+        let allowed_from = now + self.tolerance;
+        (allowed_from < arrival).then(|| arrival - allowed_from)
+    }
+
+    fn charge(&mut self, now: Instant) {
+        let base = match self.theoretical_arrival {
+            Some(arrival) if arrival > now => arrival,
+            _ => now,
+        };
+        self.theoretical_arrival = Some(base + self.interval);
+    }
+}
+
+/// Per-group sliding logs with an index ordered by each group's latest mint.
+#[derive(Debug, Clone)]
+struct AddressLimit {
+    limit: usize,
+    capacity: usize,
+    groups: HashMap<AddressGroup, GroupMints>,
+    /// `(latest mint, sequence)` of every group: stale and least recently
+    /// minting groups are found at the front in `O(log n)`.
+    by_latest: BTreeMap<(Instant, u64), AddressGroup>,
+    next_seq: u64,
+}
+
+#[derive(Debug, Clone)]
+struct GroupMints {
+    /// The group's mints within the last hour, oldest first; never empty.
+    mints: VecDeque<Instant>,
+    /// This group's key in `by_latest`.
+    index: (Instant, u64),
+}
+
+impl AddressLimit {
+    /// Drops groups whose latest mint is over an hour old.
+    fn forget_stale(&mut self, now: Instant) {
+        while let Some(entry) = self.by_latest.first_entry() {
+            if !outside_hour(entry.key().0, now) {
+                break;
+            }
+            let group = entry.remove();
+            self.groups.remove(&group);
+        }
+    }
+
+    /// How long until `group` may mint; `None` if it may now.
+    fn wait(&mut self, group: AddressGroup, now: Instant) -> Option<Duration> {
+        let log = &mut self.groups.get_mut(&group)?.mints;
+        while log.front().is_some_and(|&at| outside_hour(at, now)) {
+            log.pop_front();
+        }
+        if log.len() < self.limit {
+            return None;
+        }
+        // The mint that must leave the window first; it leaves just after
+        // being exactly an hour old (the window is closed).
+        let oldest = log[log.len() - self.limit];
+        Some(HOUR + Duration::from_nanos(1) - now.saturating_duration_since(oldest))
+    }
+
+    fn charge(&mut self, group: AddressGroup, now: Instant) {
+        let index = (now, self.next_seq);
+        self.next_seq += 1;
+        if let Some(entry) = self.groups.get_mut(&group) {
+            self.by_latest.remove(&entry.index);
+            entry.index = index;
+            entry.mints.push_back(now);
+        } else {
+            if self.groups.len() >= self.capacity {
+                if let Some((_, evicted)) = self.by_latest.pop_first() {
+                    self.groups.remove(&evicted);
+                }
+            }
+            self.groups.insert(
+                group,
+                GroupMints {
+                    mints: VecDeque::from([now]),
+                    index,
+                },
+            );
+        }
+        self.by_latest.insert(index, group);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(n: u32) -> AddressGroup {
+        std::net::Ipv4Addr::from(n).into()
+    }
+
+    #[test]
+    fn burst_and_interval_follow_per_hour() {
+        let cases = [(1_000, 100, 4_000_000_000), (2, 1, 3_600_000_000_000)];
+        for (per_hour, burst, interval_nanos) in cases {
+            let mint = MintAllowance::new(MintConfig {
+                per_hour,
+                ..MintConfig::default()
+            })
+            .unwrap();
+            assert_eq!(mint.burst(), burst);
+            assert_eq!(mint.interval(), Duration::from_nanos(interval_nanos));
+        }
+    }
+
+    #[test]
+    fn interval_is_rounded_up() {
+        // 3,600 s / 7 accruing is not a whole number of nanoseconds.
+        let mint = MintAllowance::new(MintConfig {
+            per_hour: 8,
+            ..MintConfig::default()
+        })
+        .unwrap();
+        assert_eq!(mint.interval(), Duration::from_nanos(514_285_714_286));
+    }
+
+    #[test]
+    fn whole_seconds_rounds_up_and_is_at_least_one() {
+        assert_eq!(whole_seconds(Duration::ZERO), Duration::from_secs(1));
+        assert_eq!(
+            whole_seconds(Duration::from_nanos(1)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            whole_seconds(Duration::from_secs(4)),
+            Duration::from_secs(4)
+        );
+        assert_eq!(
+            whole_seconds(Duration::from_millis(4_001)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn stale_groups_are_dropped() {
+        let mut mint = MintAllowance::new(MintConfig::default()).unwrap();
+        let start = Instant::now();
+        assert!(mint.check(group(1), start).is_allowed());
+        assert!(mint.check(group(2), start + HOUR).is_allowed());
+        assert_eq!(mint.tracked_groups(), 2);
+        assert!(
+            mint.check(group(2), start + HOUR + Duration::from_nanos(1))
+                .is_allowed()
+        );
+        assert_eq!(mint.tracked_groups(), 1);
+    }
+
+    #[test]
+    fn capacity_forgets_least_recently_minting_group() {
+        let mut mint = MintAllowance::new(MintConfig {
+            per_address_per_hour: 1,
+            address_capacity: 2,
+            ..MintConfig::default()
+        })
+        .unwrap();
+        let now = Instant::now();
+        assert!(mint.check(group(1), now).is_allowed());
+        assert!(mint.check(group(2), now).is_allowed());
+        assert!(mint.check(group(3), now).is_allowed());
+        assert_eq!(mint.tracked_groups(), 2);
+        // Group 1 was forgotten; groups 2 and 3 are still limited.
+        assert!(mint.check(group(1), now).is_allowed());
+        assert!(!mint.check(group(3), now).is_allowed());
+    }
+
+    #[test]
+    fn earlier_instants_count_as_the_latest_seen() {
+        let mut mint = MintAllowance::new(MintConfig {
+            per_hour: 20,
+            ..MintConfig::default()
+        })
+        .unwrap();
+        let start = Instant::now() + HOUR;
+        let refused_at = |mint: &mut MintAllowance, now| mint.check(group(9), now).retry_after();
+        assert!(mint.check(group(1), start).is_allowed());
+        assert!(mint.check(group(2), start).is_allowed());
+        // Burst of 2 spent; interval 200 s. A call from the past waits as if
+        // made at `start`.
+        assert_eq!(
+            refused_at(&mut mint, start - HOUR),
+            Some(Duration::from_secs(200))
+        );
+    }
+}

@@ -267,6 +267,12 @@ impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
 mod tests {
     use super::*;
 
+    /// An arbitrary origin for hand-driven time; nothing waits on the clock.
+    #[expect(clippy::disallowed_methods, reason = "an origin, not a reading")]
+    fn origin() -> Instant {
+        Instant::now()
+    }
+
     fn pacing(capacity: usize) -> IdlePacing<u32, u32> {
         IdlePacing::new(IdleConfig { capacity }).unwrap()
     }
@@ -286,7 +292,7 @@ mod tests {
     #[test]
     fn side_maps_shrink_with_eviction() {
         let mut idle = pacing(3);
-        let now = Instant::now();
+        let now = origin();
         for round in 0..50u32 {
             let _ = idle.empty(&(round % 7), &(round % 5), now);
             idle.granted(&(round % 3));
@@ -298,7 +304,7 @@ mod tests {
     #[test]
     fn reset_keeps_entry_until_next_empty() {
         let mut idle = pacing(10);
-        let now = Instant::now();
+        let now = origin();
         let _ = idle.empty(&1, &1, now);
         idle.granted(&1);
         assert_eq!(idle.len(), 1);

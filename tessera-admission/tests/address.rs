@@ -79,9 +79,9 @@ fn usable_as_a_map_key() {
     let ordered: BTreeSet<_> = addresses.iter().map(|a| group(a)).collect();
     assert_eq!(hashed.len(), 2);
     assert_eq!(ordered.len(), 2);
-    // Copy, Clone and Debug.
-    let copy = group("192.0.2.1");
-    let _ = copy.clone();
+    let original = group("192.0.2.1");
+    let copy = original;
+    assert_eq!(copy, original);
     assert_eq!(format!("{copy:?}"), "AddressGroup(192.0.2.1)");
 }
 

@@ -6,6 +6,12 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use tessera_admission::{IDLE_HINTS, IdleConfig, IdlePacing, PolicyConfigError};
 
+/// An arbitrary origin for hand-driven time; nothing waits on the clock.
+#[expect(clippy::disallowed_methods, reason = "an origin, not a reading")]
+fn origin() -> Instant {
+    Instant::now()
+}
+
 fn pacing(capacity: usize) -> IdlePacing<&'static str, &'static str> {
     IdlePacing::new(IdleConfig { capacity }).unwrap()
 }
@@ -27,7 +33,7 @@ fn ladder(
 #[test]
 fn ladder_doubles_from_5_to_a_60_ceiling() {
     let mut idle = pacing(100);
-    let start = Instant::now();
+    let start = origin();
     assert_eq!(
         ladder(&mut idle, "k", "q", start, 8),
         [5, 10, 20, 40, 60, 60, 60, 60]
@@ -38,7 +44,7 @@ fn ladder_doubles_from_5_to_a_60_ceiling() {
 #[test]
 fn grant_resets_every_queue_of_that_key_only() {
     let mut idle = pacing(100);
-    let start = Instant::now();
+    let start = origin();
     ladder(&mut idle, "k", "q1", start, 4);
     ladder(&mut idle, "k", "q2", start, 3);
     ladder(&mut idle, "other", "q1", start, 4);
@@ -53,7 +59,7 @@ fn grant_resets_every_queue_of_that_key_only() {
 #[test]
 fn enqueue_resets_every_key_on_that_queue_only() {
     let mut idle = pacing(100);
-    let start = Instant::now();
+    let start = origin();
     ladder(&mut idle, "a", "q", start, 5);
     ladder(&mut idle, "b", "q", start, 2);
     ladder(&mut idle, "a", "other", start, 3);
@@ -68,7 +74,7 @@ fn enqueue_resets_every_key_on_that_queue_only() {
 #[test]
 fn repeated_resets_and_resets_before_any_empty() {
     let mut idle = pacing(100);
-    let start = Instant::now();
+    let start = origin();
     idle.granted(&"k");
     idle.enqueued(&"q");
     assert_eq!(ladder(&mut idle, "k", "q", start, 3), [5, 10, 20]);
@@ -81,7 +87,7 @@ fn repeated_resets_and_resets_before_any_empty() {
 #[test]
 fn peek_shows_the_next_hint_without_recording() {
     let mut idle = pacing(100);
-    let start = Instant::now();
+    let start = origin();
     assert_eq!(idle.peek(&"k", &"q"), Duration::from_secs(5));
     ladder(&mut idle, "k", "q", start, 2);
     assert_eq!(idle.peek(&"k", &"q"), Duration::from_secs(20));
@@ -94,7 +100,7 @@ fn peek_shows_the_next_hint_without_recording() {
 #[test]
 fn capacity_forgets_the_least_recently_seen_entry() {
     let mut idle = pacing(2);
-    let start = Instant::now();
+    let start = origin();
     let at = |s| start + Duration::from_secs(s);
     ladder(&mut idle, "a", "q", at(0), 3);
     ladder(&mut idle, "b", "q", at(10), 3);
@@ -111,7 +117,7 @@ fn capacity_forgets_the_least_recently_seen_entry() {
 #[test]
 fn recency_follows_now_not_call_order() {
     let mut idle = pacing(2);
-    let start = Instant::now();
+    let start = origin();
     let _ = idle.empty(&"late", &"q", start + Duration::from_secs(60));
     let _ = idle.empty(&"early", &"q", start);
     let _ = idle.empty(&"new", &"q", start + Duration::from_secs(61));
@@ -122,7 +128,7 @@ fn recency_follows_now_not_call_order() {
 #[test]
 fn entries_never_exceed_capacity() {
     let mut idle = IdlePacing::new(IdleConfig { capacity: 10 }).unwrap();
-    let start = Instant::now();
+    let start = origin();
     for i in 0..1_000u32 {
         let _ = idle.empty(&i, &(i % 3), start + Duration::from_millis(u64::from(i)));
         assert!(idle.len() <= idle.capacity());
@@ -172,11 +178,12 @@ fn ops(keys: u8, queues: u8) -> impl Strategy<Value = Vec<Op>> {
 /// A direct model: resets and eviction by scanning every entry.
 #[derive(Default)]
 struct Model {
-    /// (key, queue) -> (index of the last hint, `None` once reset;
-    /// (last seen, sequence)).
-    entries: HashMap<(u8, u8), (Option<usize>, (u64, u64))>,
+    entries: HashMap<(u8, u8), ModelEntry>,
     seq: u64,
 }
+
+/// (index of the last hint, `None` once reset; (last seen, sequence)).
+type ModelEntry = (Option<usize>, (u64, u64));
 
 impl Model {
     fn empty(&mut self, key: u8, queue: u8, at: u64, capacity: usize) -> Duration {
@@ -218,7 +225,7 @@ proptest! {
     fn matches_model(capacity in 1usize..8, ops in ops(4, 3)) {
         let mut idle = IdlePacing::new(IdleConfig { capacity }).unwrap();
         let mut model = Model::default();
-        let start = Instant::now();
+        let start = origin();
         for op in ops {
             match op {
                 Op::Empty { key, queue, at } => {
@@ -248,7 +255,7 @@ proptest! {
     fn hints_climb_the_ladder_and_fall_only_on_reset(ops in ops(4, 3)) {
         let mut idle = IdlePacing::new(IdleConfig::default()).unwrap();
         let mut last: HashMap<(u8, u8), Duration> = HashMap::new();
-        let start = Instant::now();
+        let start = origin();
         for op in ops {
             match op {
                 Op::Empty { key, queue, at } => {

@@ -145,7 +145,10 @@ mod tests {
     fn different_digest_conflicts() {
         let stored = receipt(Digest::from_bytes([1; 32]));
         let new = submission(Digest::from_bytes([2; 32]));
-        assert_eq!(decide_idempotency(Some(&stored), &new), Idempotency::Conflict);
+        assert_eq!(
+            decide_idempotency(Some(&stored), &new),
+            Idempotency::Conflict
+        );
     }
 
     #[test]

@@ -183,7 +183,10 @@ mod tests {
             TaskState::Backoff { until },
         ];
         for state in states {
-            assert_eq!(TaskState::from_parts(state.name(), state.until()), Ok(state));
+            assert_eq!(
+                TaskState::from_parts(state.name(), state.until()),
+                Ok(state)
+            );
             let json = serde_json::to_string(&state).unwrap();
             assert_eq!(serde_json::from_str::<TaskState>(&json).unwrap(), state);
         }

@@ -338,10 +338,7 @@ impl Task {
         let index = self.live_attempt(holder, token, now)?;
         let candidate = time::add(now, extension)?;
         let attempt = &mut self.0.attempts[index];
-        let lease = attempt
-            .lease
-            .as_mut()
-            .expect("a live attempt has a lease");
+        let lease = attempt.lease.as_mut().expect("a live attempt has a lease");
         lease.expires_at = lease.expires_at.max(candidate);
         Ok(Lease::new(&self.0.id, attempt.number, lease))
     }
@@ -513,10 +510,15 @@ impl Task {
         token: FencingToken,
         now: DateTime<Utc>,
     ) -> Result<usize, LeaseError> {
-        let found = self.0.attempts.iter().enumerate().find_map(|(index, attempt)| {
-            let lease = attempt.lease.as_ref()?;
-            (lease.token == token).then_some((index, attempt, lease))
-        });
+        let found = self
+            .0
+            .attempts
+            .iter()
+            .enumerate()
+            .find_map(|(index, attempt)| {
+                let lease = attempt.lease.as_ref()?;
+                (lease.token == token).then_some((index, attempt, lease))
+            });
         let Some((index, attempt, lease)) = found else {
             // Tokens are granted in order, so one at or below the last was
             // granted and then superseded on its attempt.
@@ -759,7 +761,10 @@ mod tests {
         task.claim(&who("a"), t0(), LEASE).unwrap();
         let err = refused(&mut task, |t| t.claim(&who("b"), at(45), LEASE));
         assert_eq!(err, LeaseError::NoAttemptReady { next_at: at(90) });
-        assert_eq!(task.claim(&who("b"), at(90), LEASE).unwrap().token(), token(2));
+        assert_eq!(
+            task.claim(&who("b"), at(90), LEASE).unwrap().token(),
+            token(2)
+        );
     }
 
     #[test]
@@ -825,7 +830,9 @@ mod tests {
     fn heartbeat_extends_from_now() {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
-        let extended = task.heartbeat(&who("a"), lease.token(), at(20), LEASE).unwrap();
+        let extended = task
+            .heartbeat(&who("a"), lease.token(), at(20), LEASE)
+            .unwrap();
         assert_eq!(extended.expires_at(), at(50));
         assert_eq!(extended.token(), lease.token());
         assert_eq!(extended.granted_at(), t0());
@@ -846,7 +853,9 @@ mod tests {
     fn heartbeat_at_or_after_expiry_is_refused() {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
-        let err = refused(&mut task, |t| t.heartbeat(&who("a"), lease.token(), at(30), LEASE));
+        let err = refused(&mut task, |t| {
+            t.heartbeat(&who("a"), lease.token(), at(30), LEASE)
+        });
         assert_eq!(
             err,
             LeaseError::LeaseExpired {
@@ -856,7 +865,9 @@ mod tests {
         );
         // Also after a sweep made the attempt ready.
         assert_eq!(task.expire(at(31)), [AttemptNumber::FIRST]);
-        let err = refused(&mut task, |t| t.heartbeat(&who("a"), lease.token(), at(31), LEASE));
+        let err = refused(&mut task, |t| {
+            t.heartbeat(&who("a"), lease.token(), at(31), LEASE)
+        });
         assert!(matches!(err, LeaseError::LeaseExpired { .. }));
     }
 
@@ -864,7 +875,9 @@ mod tests {
     fn heartbeat_by_another_holder_is_refused() {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
-        let err = refused(&mut task, |t| t.heartbeat(&who("b"), lease.token(), at(1), LEASE));
+        let err = refused(&mut task, |t| {
+            t.heartbeat(&who("b"), lease.token(), at(1), LEASE)
+        });
         assert_eq!(
             err,
             LeaseError::WrongHolder {
@@ -878,9 +891,13 @@ mod tests {
         let mut task = task();
         let old = task.claim(&who("a"), t0(), LEASE).unwrap();
         task.claim(&who("a"), at(30), LEASE).unwrap();
-        let err = refused(&mut task, |t| t.heartbeat(&who("a"), old.token(), at(31), LEASE));
+        let err = refused(&mut task, |t| {
+            t.heartbeat(&who("a"), old.token(), at(31), LEASE)
+        });
         assert_eq!(err, LeaseError::StaleToken { token: old.token() });
-        let err = refused(&mut task, |t| t.heartbeat(&who("a"), token(3), at(31), LEASE));
+        let err = refused(&mut task, |t| {
+            t.heartbeat(&who("a"), token(3), at(31), LEASE)
+        });
         assert_eq!(err, LeaseError::UnknownToken { token: token(3) });
     }
 
@@ -891,7 +908,8 @@ mod tests {
         let failed = task.claim(&who("a"), t0(), LEASE).unwrap();
         let retried = task.claim(&who("a"), t0(), LEASE).unwrap();
         accept(&mut task, &submission("a", done.token(), "k", 1), at(1));
-        task.fail(&who("a"), failed.token(), at(1), Retry::Never).unwrap();
+        task.fail(&who("a"), failed.token(), at(1), Retry::Never)
+            .unwrap();
         task.fail(
             &who("a"),
             retried.token(),
@@ -904,7 +922,9 @@ mod tests {
             (&failed, StateName::Failed),
             (&retried, StateName::Backoff),
         ] {
-            let err = refused(&mut task, |t| t.heartbeat(&who("a"), lease.token(), at(2), LEASE));
+            let err = refused(&mut task, |t| {
+                t.heartbeat(&who("a"), lease.token(), at(2), LEASE)
+            });
             assert_eq!(
                 err,
                 LeaseError::LeaseEnded {
@@ -980,7 +1000,11 @@ mod tests {
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
         let receipt = accept(&mut task, &submission("a", lease.token(), "k", 1), at(1));
         let err = refused(&mut task, |t| {
-            t.submit(&submission("a", lease.token(), "k", 2), Some(&receipt), at(2))
+            t.submit(
+                &submission("a", lease.token(), "k", 2),
+                Some(&receipt),
+                at(2),
+            )
         });
         assert_eq!(err, LeaseError::IdempotencyConflict);
     }
@@ -1047,7 +1071,9 @@ mod tests {
     fn fail_never_is_final() {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
-        let state = task.fail(&who("a"), lease.token(), at(1), Retry::Never).unwrap();
+        let state = task
+            .fail(&who("a"), lease.token(), at(1), Retry::Never)
+            .unwrap();
         assert_eq!(state, TaskState::Failed);
         assert!(task.is_finished());
         assert_eq!(
@@ -1061,14 +1087,22 @@ mod tests {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
         let state = task
-            .fail(&who("a"), lease.token(), at(5), Retry::After(Duration::from_secs(60)))
+            .fail(
+                &who("a"),
+                lease.token(),
+                at(5),
+                Retry::After(Duration::from_secs(60)),
+            )
             .unwrap();
         assert_eq!(state, TaskState::Backoff { until: at(65) });
         assert_eq!(
             refused(&mut task, |t| t.claim(&who("b"), at(64), LEASE)),
             LeaseError::NoAttemptReady { next_at: at(65) }
         );
-        assert_eq!(task.claim(&who("b"), at(65), LEASE).unwrap().token(), token(2));
+        assert_eq!(
+            task.claim(&who("b"), at(65), LEASE).unwrap().token(),
+            token(2)
+        );
     }
 
     #[test]
@@ -1076,10 +1110,18 @@ mod tests {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
         let state = task
-            .fail(&who("a"), lease.token(), at(5), Retry::After(Duration::ZERO))
+            .fail(
+                &who("a"),
+                lease.token(),
+                at(5),
+                Retry::After(Duration::ZERO),
+            )
             .unwrap();
         assert_eq!(state, TaskState::Ready);
-        assert_eq!(task.claim(&who("a"), at(5), LEASE).unwrap().token(), token(2));
+        assert_eq!(
+            task.claim(&who("a"), at(5), LEASE).unwrap().token(),
+            token(2)
+        );
     }
 
     #[test]
@@ -1087,7 +1129,12 @@ mod tests {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
         let err = refused(&mut task, |t| {
-            t.fail(&who("a"), lease.token(), at(1), Retry::After(MAX_BACKOFF * 2))
+            t.fail(
+                &who("a"),
+                lease.token(),
+                at(1),
+                Retry::After(MAX_BACKOFF * 2),
+            )
         });
         assert!(matches!(
             err,
@@ -1096,9 +1143,13 @@ mod tests {
                 ..
             }
         ));
-        let err = refused(&mut task, |t| t.fail(&who("b"), lease.token(), at(1), Retry::Never));
+        let err = refused(&mut task, |t| {
+            t.fail(&who("b"), lease.token(), at(1), Retry::Never)
+        });
         assert!(matches!(err, LeaseError::WrongHolder { .. }));
-        let err = refused(&mut task, |t| t.fail(&who("a"), lease.token(), at(30), Retry::Never));
+        let err = refused(&mut task, |t| {
+            t.fail(&who("a"), lease.token(), at(30), Retry::Never)
+        });
         assert!(matches!(err, LeaseError::LeaseExpired { .. }));
     }
 
@@ -1113,7 +1164,10 @@ mod tests {
         assert_eq!(task.expire(at(30)), [AttemptNumber::FIRST]);
         assert_eq!(state(&task, 1), TaskState::Ready);
         assert_eq!(state(&task, 2), TaskState::Leased);
-        assert!(task.expire(at(30)).is_empty(), "a second sweep writes nothing");
+        assert!(
+            task.expire(at(30)).is_empty(),
+            "a second sweep writes nothing"
+        );
     }
 
     #[test]
@@ -1139,8 +1193,13 @@ mod tests {
     fn expire_ends_elapsed_backoffs_only() {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
-        task.fail(&who("a"), lease.token(), at(1), Retry::After(Duration::from_secs(10)))
-            .unwrap();
+        task.fail(
+            &who("a"),
+            lease.token(),
+            at(1),
+            Retry::After(Duration::from_secs(10)),
+        )
+        .unwrap();
         assert!(task.expire(at(10)).is_empty());
         assert_eq!(task.expire(at(11)), [AttemptNumber::FIRST]);
         assert_eq!(state(&task, 1), TaskState::Ready);
@@ -1165,14 +1224,22 @@ mod tests {
         let l3 = task.claim(&who("c"), t0(), LEASE).unwrap();
         let r2 = accept(&mut task, &submission("b", l2.token(), "k", 2), at(1));
         let r1 = accept(&mut task, &submission("a", l1.token(), "k", 1), at(2));
-        task.fail(&who("c"), l3.token(), at(3), Retry::Never).unwrap();
+        task.fail(&who("c"), l3.token(), at(3), Retry::Never)
+            .unwrap();
         let mut foreign = r1.clone();
         foreign.task = TaskId::parse("other").unwrap();
         let mut old_version = r1.clone();
         old_version.version = BriefVersion::new(2).unwrap();
         let mut stale = r2.clone();
         stale.token = token(9);
-        let stored = [r2.clone(), foreign, r1.clone(), old_version, stale, r2.clone()];
+        let stored = [
+            r2.clone(),
+            foreign,
+            r1.clone(),
+            old_version,
+            stale,
+            r2.clone(),
+        ];
         assert_eq!(task.alternatives(&stored), [&r1, &r2]);
         assert!(task.is_finished());
     }
@@ -1183,8 +1250,13 @@ mod tests {
     fn records_round_trip_through_restore_and_serde() {
         let mut task = alternatives(2);
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
-        task.fail(&who("a"), lease.token(), at(1), Retry::After(Duration::from_secs(5)))
-            .unwrap();
+        task.fail(
+            &who("a"),
+            lease.token(),
+            at(1),
+            Retry::After(Duration::from_secs(5)),
+        )
+        .unwrap();
         task.claim(&who("b"), at(2), LEASE).unwrap();
         assert_eq!(Task::restore(task.record().clone()).unwrap(), task);
         let json = serde_json::to_string(&task).unwrap();
@@ -1197,31 +1269,25 @@ mod tests {
         base.claim(&who("a"), t0(), LEASE).unwrap();
         base.claim(&who("b"), t0(), LEASE).unwrap();
         let base = base.into_record();
-        let breakages: Vec<(&str, Box<dyn Fn(&mut TaskRecord)>)> = vec![
-            ("no attempts", Box::new(|r| r.attempts.clear())),
-            (
-                "misnumbered",
-                Box::new(|r| r.attempts[1].number = AttemptNumber::FIRST),
-            ),
-            ("leased without lease", Box::new(|r| r.attempts[0].lease = None)),
-            ("untried lease", Box::new(|r| r.attempts[0].tries = 0)),
-            ("token above last", Box::new(|r| r.last_token = Some(token(1)))),
-            ("no last token", Box::new(|r| r.last_token = None)),
-            (
-                "shared token",
-                Box::new(|r| {
-                    let lease = r.attempts[0].lease.clone();
-                    r.attempts[1].lease = lease;
-                }),
-            ),
-            (
-                "empty lease",
-                Box::new(|r| {
-                    let lease = r.attempts[0].lease.as_mut().unwrap();
-                    lease.expires_at = lease.granted_at;
-                }),
-            ),
-            ("long backoff", Box::new(|r| r.lapse_backoff = MAX_BACKOFF * 2)),
+        type Breakage = fn(&mut TaskRecord);
+        let breakages: [(&str, Breakage); 9] = [
+            ("no attempts", |r| r.attempts.clear()),
+            ("misnumbered", |r| {
+                r.attempts[1].number = AttemptNumber::FIRST
+            }),
+            ("leased without lease", |r| r.attempts[0].lease = None),
+            ("untried lease", |r| r.attempts[0].tries = 0),
+            ("token above last", |r| r.last_token = Some(token(1))),
+            ("no last token", |r| r.last_token = None),
+            ("shared token", |r| {
+                let lease = r.attempts[0].lease.clone();
+                r.attempts[1].lease = lease;
+            }),
+            ("empty lease", |r| {
+                let lease = r.attempts[0].lease.as_mut().unwrap();
+                lease.expires_at = lease.granted_at;
+            }),
+            ("long backoff", |r| r.lapse_backoff = MAX_BACKOFF * 2),
         ];
         for (name, breakage) in breakages {
             let mut record = base.clone();

@@ -66,8 +66,11 @@ mod tests {
             })
         );
         assert!(
-            check_lease_duration(MAX_LEASE_DURATION + Duration::from_nanos(1), Field::Extension)
-                .is_err()
+            check_lease_duration(
+                MAX_LEASE_DURATION + Duration::from_nanos(1),
+                Field::Extension
+            )
+            .is_err()
         );
     }
 

@@ -72,7 +72,10 @@ mod tests {
         assert!(FencingToken::new(-5).is_err());
         assert_eq!(FencingToken::new(1).unwrap(), FencingToken::FIRST);
         assert!(serde_json::from_str::<FencingToken>("0").is_err());
-        assert_eq!(serde_json::from_str::<FencingToken>("9").unwrap().as_i64(), 9);
+        assert_eq!(
+            serde_json::from_str::<FencingToken>("9").unwrap().as_i64(),
+            9
+        );
     }
 
     #[test]

@@ -1,0 +1,167 @@
+//! The concurrency limit: additive increase, multiplicative decrease, driven
+//! by an exponentially weighted average of service time.
+
+use std::time::{Duration, Instant};
+
+use crate::AdmissionConfig;
+
+/// Adjusts the limit at most once per target interval.
+#[derive(Debug, Clone)]
+pub(crate) struct Aimd {
+    limit: u32,
+    min: u32,
+    max: u32,
+    /// Seconds; also the length of an interval.
+    target: f64,
+    interval: Duration,
+    weight: f64,
+    /// Seconds; `None` until the first sample.
+    average: Option<f64>,
+    interval_start: Instant,
+    /// Releases since the last adjustment.
+    samples: u32,
+    /// Demand reached the limit since the last adjustment.
+    saturated: bool,
+}
+
+impl Aimd {
+    pub(crate) fn new(config: &AdmissionConfig, now: Instant) -> Self {
+        Self {
+            limit: config.initial_concurrency,
+            min: config.min_concurrency,
+            max: config.max_concurrency,
+            target: config.target.as_secs_f64(),
+            interval: config.target,
+            weight: config.ewma_weight,
+            average: None,
+            interval_start: now,
+            samples: 0,
+            saturated: false,
+        }
+    }
+
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    pub(crate) fn average(&self) -> Option<Duration> {
+        self.average.map(Duration::from_secs_f64)
+    }
+
+    /// Seconds; the target until the first sample.
+    pub(crate) fn service_estimate(&self) -> f64 {
+        self.average.unwrap_or(self.target)
+    }
+
+    /// Feeds one service time into the average.
+    pub(crate) fn record(&mut self, service: Duration) {
+        let sample = service.as_secs_f64();
+        self.average = Some(match self.average {
+            None => sample,
+            Some(average) => average + self.weight * (sample - average),
+        });
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// Notes that in-flight reached the limit or a claim had to wait.
+    pub(crate) fn saturate(&mut self) {
+        self.saturated = true;
+    }
+
+    /// Adjusts the limit if a whole interval has passed since the last
+    /// adjustment. `busy`: demand is at the limit right now, so the next
+    /// interval starts saturated.
+    pub(crate) fn tick(&mut self, now: Instant, busy: bool) {
+        if now.saturating_duration_since(self.interval_start) < self.interval {
+            return;
+        }
+        // An interval in which nothing finished carries no evidence either way.
+        if let (Some(average), true) = (self.average, self.samples > 0) {
+            if average > self.target {
+                let reduced = (u64::from(self.limit) * 7 / 10) as u32;
+                self.limit = reduced.max(self.min);
+            } else if self.saturated {
+                self.limit = self.limit.saturating_add(1).min(self.max);
+            }
+        }
+        self.interval_start = now;
+        self.samples = 0;
+        self.saturated = busy;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests start at a real instant, then move time by hand
+mod tests {
+    use super::*;
+
+    fn aimd(initial: u32) -> (Aimd, Instant) {
+        let now = Instant::now();
+        let config = AdmissionConfig {
+            initial_concurrency: initial,
+            max_concurrency: 40,
+            min_concurrency: 2,
+            ewma_weight: 0.5,
+            ..AdmissionConfig::default()
+        };
+        (Aimd::new(&config, now), now)
+    }
+
+    const HALF: Duration = Duration::from_millis(500);
+
+    #[test]
+    fn the_average_starts_at_the_first_sample_and_moves_by_the_weight() {
+        let (mut aimd, _) = aimd(32);
+        assert_eq!(aimd.average(), None);
+        aimd.record(Duration::from_secs(2));
+        assert_eq!(aimd.average(), Some(Duration::from_secs(2)));
+        aimd.record(Duration::from_secs(1));
+        assert_eq!(aimd.average(), Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn decreases_by_thirty_percent_floored_and_never_below_the_minimum() {
+        let (mut aimd, start) = aimd(10);
+        let mut now = start;
+        for expected in [7, 4, 2, 2] {
+            aimd.record(Duration::from_secs(1));
+            now += HALF;
+            aimd.tick(now, false);
+            assert_eq!(aimd.limit(), expected);
+        }
+    }
+
+    #[test]
+    fn increases_by_one_only_when_saturated_and_never_above_the_maximum() {
+        let (mut aimd, start) = aimd(39);
+        aimd.record(Duration::from_millis(10));
+        aimd.tick(start + HALF, false);
+        assert_eq!(aimd.limit(), 39, "healthy but unsaturated: unchanged");
+        for step in 2..5 {
+            aimd.saturate();
+            aimd.record(Duration::from_millis(10));
+            aimd.tick(start + HALF * step, false);
+        }
+        assert_eq!(aimd.limit(), 40);
+    }
+
+    #[test]
+    fn an_interval_without_releases_changes_nothing() {
+        let (mut aimd, start) = aimd(10);
+        aimd.record(Duration::from_secs(1));
+        aimd.tick(start + HALF, false);
+        assert_eq!(aimd.limit(), 7);
+        aimd.tick(start + HALF * 2, true);
+        assert_eq!(aimd.limit(), 7);
+    }
+
+    #[test]
+    fn adjusts_at_most_once_per_interval() {
+        let (mut aimd, start) = aimd(20);
+        aimd.record(Duration::from_secs(1));
+        aimd.tick(start + HALF, false);
+        aimd.record(Duration::from_secs(1));
+        aimd.tick(start + HALF + HALF / 2, false);
+        assert_eq!(aimd.limit(), 14);
+    }
+}

@@ -1,0 +1,169 @@
+//! How a store is opened: clock, timeouts, quota rules.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::quota::QuotaClassifier;
+
+/// Settings for [`Store::open`](crate::Store::open).
+///
+/// Built from [`Default`] with `with_*` methods:
+///
+/// ```
+/// use std::time::Duration;
+/// use tessera_store::StoreConfig;
+///
+/// let config = StoreConfig::default()
+///     .with_busy_timeout(Duration::from_secs(2))
+///     .with_daily_rows_written_allowance(100_000);
+/// assert_eq!(config.daily_rows_written_allowance(), 100_000);
+/// ```
+#[derive(Clone)]
+pub struct StoreConfig {
+    clock: Arc<dyn Clock>,
+    busy_timeout: Duration,
+    read_connections: usize,
+    daily_rows_written_allowance: u64,
+    quota_classifier: Option<QuotaClassifier>,
+    max_page_count: Option<u64>,
+    refuse_writes: bool,
+    strict_read_audit: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            busy_timeout: Duration::from_secs(5),
+            read_connections: 4,
+            daily_rows_written_allowance: 0,
+            quota_classifier: None,
+            max_page_count: None,
+            refuse_writes: false,
+            strict_read_audit: false,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// The clock the store reads (default [`SystemClock`]).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How long a statement waits for another connection's lock before
+    /// failing (default 5 s); SQLite's `busy_timeout`.
+    pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// How many idle read connections are kept for reuse (default 4, at
+    /// least 1). More are opened while that many are busy, then closed.
+    pub fn with_read_connections(mut self, count: usize) -> Self {
+        self.read_connections = count.max(1);
+        self
+    }
+
+    /// Rows that may be written per UTC day, index entries included
+    /// (default 0: off). A write transaction that would pass it is rolled
+    /// back and refused with `503 storage_quota_exhausted` until 00:00 UTC.
+    /// Counted in process memory from the moment the store opens.
+    pub fn with_daily_rows_written_allowance(mut self, rows: u64) -> Self {
+        self.daily_rows_written_allowance = rows;
+        self
+    }
+
+    /// A host test for its provider's quota refusals (see
+    /// [`QuotaClassifier`]).
+    pub fn with_quota_classifier(mut self, classifier: QuotaClassifier) -> Self {
+        self.quota_classifier = Some(classifier);
+        self
+    }
+
+    /// Caps the database at this many pages on the write connection
+    /// (`PRAGMA max_page_count`, a connection setting that writes nothing);
+    /// writes past it fail with `SQLITE_FULL`, a quota refusal.
+    pub fn with_max_page_count(mut self, pages: u64) -> Self {
+        self.max_page_count = Some(pages);
+        self
+    }
+
+    /// Opens the store already refusing every write-capable statement, as a
+    /// provider with a spent allowance does (see
+    /// [`Store::refuse_writes`](crate::Store::refuse_writes)). Opening an
+    /// up-to-date database still succeeds, because it writes nothing.
+    pub fn with_refuse_writes(mut self, refuse: bool) -> Self {
+        self.refuse_writes = refuse;
+        self
+    }
+
+    /// Whether a successful read fails when its audit row is refused by a
+    /// storage quota (default `false`: the read answers, the lost audit row
+    /// is counted as outcome `audit_refused`). `true` keeps a per-read audit
+    /// trail at the price of reads failing while writes are refused.
+    pub fn with_strict_read_audit(mut self, strict: bool) -> Self {
+        self.strict_read_audit = strict;
+        self
+    }
+
+    /// The clock the store reads.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The busy timeout.
+    pub fn busy_timeout(&self) -> Duration {
+        self.busy_timeout
+    }
+
+    /// Idle read connections kept.
+    pub fn read_connections(&self) -> usize {
+        self.read_connections
+    }
+
+    /// Rows per UTC day, 0 when off.
+    pub fn daily_rows_written_allowance(&self) -> u64 {
+        self.daily_rows_written_allowance
+    }
+
+    /// The host's quota classifier, if any.
+    pub fn quota_classifier(&self) -> Option<&QuotaClassifier> {
+        self.quota_classifier.as_ref()
+    }
+
+    /// The page cap, if any.
+    pub fn max_page_count(&self) -> Option<u64> {
+        self.max_page_count
+    }
+
+    /// Whether the store opens refusing writes.
+    pub fn refuses_writes(&self) -> bool {
+        self.refuse_writes
+    }
+
+    /// Whether read audit rows are mandatory.
+    pub fn strict_read_audit(&self) -> bool {
+        self.strict_read_audit
+    }
+}
+
+impl fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("busy_timeout", &self.busy_timeout)
+            .field("read_connections", &self.read_connections)
+            .field(
+                "daily_rows_written_allowance",
+                &self.daily_rows_written_allowance,
+            )
+            .field("quota_classifier", &self.quota_classifier.is_some())
+            .field("max_page_count", &self.max_page_count)
+            .field("refuse_writes", &self.refuse_writes)
+            .field("strict_read_audit", &self.strict_read_audit)
+            .finish_non_exhaustive()
+    }
+}

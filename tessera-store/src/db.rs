@@ -1,0 +1,555 @@
+//! Connections: one writer behind a mutex, a small pool of readers, and the
+//! hooks that meter the writer and let it refuse writes like a provider with
+//! a spent allowance.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use parking_lot::Mutex;
+use rusqlite::hooks::{Action, AuthAction, AuthContext, Authorization};
+use rusqlite::{Connection, ErrorCode, OpenFlags, Params, Row};
+
+use crate::error::Error;
+use crate::meter::Meter;
+use crate::quota::{DailyAllowance, QuotaRules};
+
+/// Prepared statements kept per connection; above the number of distinct
+/// statements the store runs, so hot statements are prepared once.
+const STATEMENT_CACHE: usize = 128;
+
+/// Where the database lives.
+#[derive(Debug, Clone)]
+pub(crate) enum Location {
+    /// A file on disk, in WAL mode.
+    File(std::path::PathBuf),
+    /// A process-private in-memory database shared by name between the
+    /// store's connections (SQLite's `memdb` VFS); it uses SQLite's default
+    /// rollback journal in memory, since WAL needs a file.
+    Memory(String),
+}
+
+impl Location {
+    pub(crate) fn is_memory(&self) -> bool {
+        matches!(self, Self::Memory(_))
+    }
+
+    fn open(&self, read_only: bool) -> rusqlite::Result<Connection> {
+        let access = if read_only {
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+        } else {
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
+        };
+        // Each connection is used by one thread at a time (the writer's
+        // mutex, the pool's hand-out), so SQLite's own mutex is not needed.
+        let flags = access | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        match self {
+            Self::File(path) => Connection::open_with_flags(path, flags),
+            Self::Memory(uri) => {
+                Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)
+            }
+        }
+    }
+}
+
+/// State shared between the write connection and its SQLite hooks.
+#[derive(Debug, Default)]
+pub(crate) struct HookState {
+    /// Whether the authorizer denies every write-capable statement.
+    pub(crate) refusing: AtomicBool,
+    /// Rows written by the open transaction, index entries included.
+    pending_rows: AtomicU64,
+    inner: Mutex<HookInner>,
+}
+
+#[derive(Debug, Default)]
+struct HookInner {
+    /// Each index's columns, by table; loaded from the live schema.
+    indexes: HashMap<String, Vec<Vec<String>>>,
+    /// `(table, column)` assignments seen while a statement is prepared.
+    collecting: Option<Vec<(String, String)>>,
+    /// The assignments of the statement being run.
+    running: Option<Arc<[(String, String)]>>,
+}
+
+impl HookState {
+    fn rows_for(&self, action: Action, table: &str) -> u64 {
+        let inner = self.inner.lock();
+        let Some(indexes) = inner.indexes.get(table) else {
+            return 1;
+        };
+        let touched = match action {
+            Action::SQLITE_UPDATE => match &inner.running {
+                Some(assigned) => indexes
+                    .iter()
+                    .filter(|columns| {
+                        columns
+                            .iter()
+                            .any(|column| assigned.iter().any(|(t, c)| t == table && c == column))
+                    })
+                    .count(),
+                None => indexes.len(),
+            },
+            _ => indexes.len(),
+        };
+        1 + touched as u64
+    }
+
+    fn authorize(&self, context: &AuthContext<'_>) -> Authorization {
+        if let AuthAction::Update {
+            table_name,
+            column_name,
+        } = context.action
+        {
+            if let Some(collecting) = self.inner.lock().collecting.as_mut() {
+                collecting.push((table_name.to_owned(), column_name.to_owned()));
+            }
+        }
+        if self.refusing.load(Ordering::Relaxed) && is_write_capable(&context.action) {
+            Authorization::Deny
+        } else {
+            Authorization::Allow
+        }
+    }
+
+    pub(crate) fn add_pending(&self, rows: u64) {
+        self.pending_rows.fetch_add(rows, Ordering::Relaxed);
+    }
+}
+
+/// Whether a statement with this action could change the database, as a
+/// provider that refuses every write-capable statement sees it. Reads,
+/// schema introspection (`pragma_table_info(...)` and the like) and opening
+/// or ending transactions are allowed; a pragma assignment is refused.
+fn is_write_capable(action: &AuthAction<'_>) -> bool {
+    match action {
+        AuthAction::Select
+        | AuthAction::Read { .. }
+        | AuthAction::Function { .. }
+        | AuthAction::Recursive
+        | AuthAction::Transaction { .. }
+        | AuthAction::Savepoint { .. } => false,
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } => pragma_value.is_some() && !is_introspection(pragma_name),
+        _ => true,
+    }
+}
+
+/// Pragmas that only describe the schema, whatever their argument.
+fn is_introspection(pragma: &str) -> bool {
+    matches!(
+        pragma.to_ascii_lowercase().as_str(),
+        "table_info"
+            | "table_xinfo"
+            | "table_list"
+            | "index_list"
+            | "index_info"
+            | "index_xinfo"
+            | "foreign_key_list"
+    )
+}
+
+/// Opens a connection with the settings every store connection has.
+fn configure(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<()> {
+    conn.busy_timeout(busy_timeout)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    // A connection setting: it writes nothing to the file.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    Ok(())
+}
+
+/// The one connection that writes.
+pub(crate) struct WriteConnection {
+    conn: Connection,
+    hooks: Arc<HookState>,
+    /// The `(table, column)` assignments of each statement run through
+    /// [`Writer::execute`], learned by the authorizer when it is prepared.
+    assignments: RefCell<HashMap<String, Arc<[(String, String)]>>>,
+    allowance: DailyAllowance,
+}
+
+impl std::fmt::Debug for WriteConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteConnection")
+            .field("refusing", &self.hooks.refusing.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl WriteConnection {
+    /// Opens the write connection with its hooks; writes nothing.
+    pub(crate) fn open(
+        location: &Location,
+        busy_timeout: Duration,
+        max_page_count: Option<u64>,
+        refusing: bool,
+        daily_allowance: u64,
+    ) -> rusqlite::Result<Self> {
+        let conn = location.open(false)?;
+        configure(&conn, busy_timeout)?;
+        if let Some(pages) = max_page_count {
+            // A connection setting; it reads the page count, writes nothing.
+            conn.pragma_update(None, "max_page_count", pages)?;
+        }
+        let hooks = Arc::new(HookState::default());
+        hooks.refusing.store(refusing, Ordering::Relaxed);
+        let for_updates = Arc::clone(&hooks);
+        conn.update_hook(Some(move |action: Action, _: &str, table: &str, _: i64| {
+            let rows = for_updates.rows_for(action, table);
+            for_updates.add_pending(rows);
+        }));
+        let for_authorizer = Arc::clone(&hooks);
+        conn.authorizer(Some(move |context: AuthContext<'_>| {
+            for_authorizer.authorize(&context)
+        }));
+        Ok(Self {
+            conn,
+            hooks,
+            assignments: RefCell::new(HashMap::new()),
+            allowance: DailyAllowance::new(daily_allowance),
+        })
+    }
+
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    pub(crate) fn hooks(&self) -> &HookState {
+        &self.hooks
+    }
+
+    pub(crate) fn is_refusing(&self) -> bool {
+        self.hooks.refusing.load(Ordering::Relaxed)
+    }
+
+    /// Starts or stops refusing write-capable statements.
+    pub(crate) fn set_refusing(&mut self, refuse: bool) {
+        self.hooks.refusing.store(refuse, Ordering::Relaxed);
+        // The authorizer runs when a statement is prepared; cached
+        // statements were authorized under the old setting.
+        self.conn.flush_prepared_statement_cache();
+    }
+
+    /// Loads each table's indexes and their columns, for metering.
+    pub(crate) fn load_indexes(&mut self, tables: &[&str]) -> rusqlite::Result<()> {
+        let mut indexes = HashMap::new();
+        for table in tables {
+            let mut list = Vec::new();
+            let mut statement = self
+                .conn
+                .prepare("SELECT name FROM pragma_index_list(?1)")?;
+            let names = statement
+                .query_map([table], |row| row.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            for name in names {
+                let mut statement = self
+                    .conn
+                    .prepare("SELECT name FROM pragma_index_xinfo(?1) WHERE key = 1")?;
+                let columns = statement
+                    .query_map([&name], |row| row.get::<_, Option<String>>(0))?
+                    .filter_map(|column| column.transpose())
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                list.push(columns);
+            }
+            indexes.insert((*table).to_owned(), list);
+        }
+        self.hooks.inner.lock().indexes = indexes;
+        Ok(())
+    }
+
+    /// Rows written today, for the allowance.
+    pub(crate) fn allowance_used(&mut self, now: DateTime<Utc>) -> u64 {
+        self.allowance.used(now)
+    }
+
+    /// Runs `work` in one `BEGIN IMMEDIATE` transaction: committed if it
+    /// succeeds and fits the daily allowance, rolled back otherwise. Errors
+    /// are classified (quota refusal, corruption) before they are returned.
+    pub(crate) fn transaction<T>(
+        &mut self,
+        now: DateTime<Utc>,
+        meter: &Meter,
+        rules: &QuotaRules,
+        work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        if !self.conn.is_autocommit() {
+            // Left open by a panic inside an earlier transaction.
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        if self.allowance.is_spent(now) {
+            meter.refused();
+            return Err(Error::storage_quota_exhausted(now));
+        }
+        self.hooks.pending_rows.store(0, Ordering::Relaxed);
+        let refusing = self.is_refusing();
+        let classify = |error: Error| {
+            let error = classify(error, rules, refusing, now);
+            if error.is_quota_exhausted() {
+                meter.refused();
+            }
+            error
+        };
+        if let Err(error) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+            return Err(classify(error.into()));
+        }
+        let writer = Writer {
+            reader: Reader {
+                conn: &self.conn,
+                meter,
+            },
+            hooks: &self.hooks,
+            assignments: &self.assignments,
+        };
+        let value = match work(&writer) {
+            Ok(value) => value,
+            Err(error) => {
+                self.rollback();
+                return Err(classify(error));
+            }
+        };
+        let rows = self.hooks.pending_rows.load(Ordering::Relaxed);
+        if !self.allowance.admits(now, rows) {
+            self.rollback();
+            meter.refused();
+            return Err(Error::storage_quota_exhausted(now));
+        }
+        if let Err(error) = self.conn.execute_batch("COMMIT") {
+            self.rollback();
+            return Err(classify(error.into()));
+        }
+        self.allowance.record(now, rows);
+        meter.committed(rows);
+        Ok(value)
+    }
+
+    fn rollback(&self) {
+        if !self.conn.is_autocommit() {
+            // Failing to roll back leaves nothing to do: SQLite has then
+            // already rolled the transaction back itself.
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+}
+
+/// Turns a storage error into what the caller sees: a provider refusal, a
+/// corrupt database, or a plain storage error.
+pub(crate) fn classify(
+    error: Error,
+    rules: &QuotaRules,
+    refusing: bool,
+    now: DateTime<Utc>,
+) -> Error {
+    let Error::Storage(sqlite) = error else {
+        return error;
+    };
+    if rules.is_refusal(&sqlite, refusing) {
+        return Error::storage_quota_exhausted(now);
+    }
+    match sqlite.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => Error::CorruptDatabase {
+            reason: sqlite.to_string(),
+        },
+        _ => Error::Storage(sqlite),
+    }
+}
+
+/// Read access to a connection; counts the rows its queries return.
+#[derive(Clone, Copy)]
+pub(crate) struct Reader<'a> {
+    conn: &'a Connection,
+    meter: &'a Meter,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(conn: &'a Connection, meter: &'a Meter) -> Self {
+        Self { conn, meter }
+    }
+
+    /// The first row, if any.
+    pub(crate) fn optional<T, P: Params>(
+        &self,
+        sql: &str,
+        params: P,
+        map: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<Option<T>> {
+        let mut statement = self.conn.prepare_cached(sql)?;
+        let mut rows = statement.query(params)?;
+        match rows.next()? {
+            Some(row) => {
+                self.meter.read(1);
+                map(row).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Every row.
+    pub(crate) fn all<T, P: Params>(
+        &self,
+        sql: &str,
+        params: P,
+        mut map: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<Vec<T>> {
+        let mut statement = self.conn.prepare_cached(sql)?;
+        let mut rows = statement.query(params)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push(map(row)?);
+        }
+        self.meter.read(out.len() as u64);
+        Ok(out)
+    }
+}
+
+/// Write access inside a transaction (see
+/// [`WriteConnection::transaction`]); reads through [`Reader`] by deref.
+pub(crate) struct Writer<'a> {
+    reader: Reader<'a>,
+    hooks: &'a HookState,
+    assignments: &'a RefCell<HashMap<String, Arc<[(String, String)]>>>,
+}
+
+impl<'a> std::ops::Deref for Writer<'a> {
+    type Target = Reader<'a>;
+
+    fn deref(&self) -> &Reader<'a> {
+        &self.reader
+    }
+}
+
+impl Writer<'_> {
+    /// Runs a write statement; returns the number of rows it changed.
+    pub(crate) fn execute<P: Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        let assigned = self.assignments_of(sql)?;
+        self.hooks.inner.lock().running = Some(assigned);
+        let result = self
+            .reader
+            .conn
+            .prepare_cached(sql)
+            .and_then(|mut statement| statement.execute(params));
+        self.hooks.inner.lock().running = None;
+        result
+    }
+
+    /// Runs an `INSERT` and returns the new row's id.
+    pub(crate) fn insert<P: Params>(&self, sql: &str, params: P) -> rusqlite::Result<i64> {
+        self.execute(sql, params)?;
+        Ok(self.reader.conn.last_insert_rowid())
+    }
+
+    /// Runs DDL, counting one row (its `sqlite_master` entry).
+    pub(crate) fn ddl(&self, sql: &str) -> rusqlite::Result<()> {
+        self.reader.conn.execute_batch(sql)?;
+        self.hooks.add_pending(1);
+        Ok(())
+    }
+
+    fn assignments_of(&self, sql: &str) -> rusqlite::Result<Arc<[(String, String)]>> {
+        if let Some(known) = self.assignments.borrow().get(sql) {
+            return Ok(Arc::clone(known));
+        }
+        self.hooks.inner.lock().collecting = Some(Vec::new());
+        let prepared = self.reader.conn.prepare_cached(sql).map(drop);
+        let collected = self
+            .hooks
+            .inner
+            .lock()
+            .collecting
+            .take()
+            .unwrap_or_default();
+        prepared?;
+        let assigned: Arc<[(String, String)]> = collected.into();
+        self.assignments
+            .borrow_mut()
+            .insert(sql.to_owned(), Arc::clone(&assigned));
+        Ok(assigned)
+    }
+}
+
+/// Idle read connections, handed out one per read.
+pub(crate) struct ReadPool {
+    location: Location,
+    busy_timeout: Duration,
+    keep: usize,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for ReadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadPool")
+            .field("keep", &self.keep)
+            .field("idle", &self.idle.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadPool {
+    pub(crate) fn new(location: Location, busy_timeout: Duration, keep: usize) -> Self {
+        Self {
+            location,
+            busy_timeout,
+            keep,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn open(&self) -> rusqlite::Result<Connection> {
+        let conn = self.location.open(true)?;
+        configure(&conn, self.busy_timeout)?;
+        conn.pragma_update(None, "query_only", true)?;
+        Ok(conn)
+    }
+
+    /// Runs `read` on an idle connection, or a new one when all are busy.
+    pub(crate) fn with<T>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let pooled = self.idle.lock().pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => self.open()?,
+        };
+        let result = read(&conn);
+        let mut idle = self.idle.lock();
+        if idle.len() < self.keep {
+            idle.push(conn);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_capable_actions_are_refused_and_reads_are_not() {
+        assert!(!is_write_capable(&AuthAction::Select));
+        assert!(!is_write_capable(&AuthAction::Read {
+            table_name: "t",
+            column_name: "c"
+        }));
+        assert!(!is_write_capable(&AuthAction::Pragma {
+            pragma_name: "journal_mode",
+            pragma_value: None
+        }));
+        assert!(is_write_capable(&AuthAction::Pragma {
+            pragma_name: "journal_mode",
+            pragma_value: Some("wal")
+        }));
+        assert!(!is_write_capable(&AuthAction::Pragma {
+            pragma_name: "table_info",
+            pragma_value: Some("access_keys")
+        }));
+        assert!(is_write_capable(&AuthAction::Insert { table_name: "t" }));
+        assert!(is_write_capable(&AuthAction::CreateTable {
+            table_name: "t"
+        }));
+    }
+}

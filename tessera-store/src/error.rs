@@ -1,0 +1,334 @@
+//! The store's one error type and its HTTP and tool-protocol forms.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::quota::next_utc_midnight;
+
+/// Everything a store operation can refuse or fail with.
+///
+/// Each variant maps to one HTTP status and one stable `code` in one place
+/// ([`status`](Self::status), [`code`](Self::code)); hosts return
+/// [`body`](Self::body) as JSON or [`tool_error`](Self::tool_error) from a
+/// tool protocol. No message ever contains a key secret: secrets are only
+/// bound as statement parameters and never formatted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The presented key is missing, malformed, unknown, expired or revoked
+    /// (`401 unauthorized`). Which of these it was is deliberately not said.
+    #[error("missing, unknown, expired or revoked key")]
+    Unauthorized,
+    /// The key is valid but does not grant what was asked (`403 forbidden`).
+    #[error("forbidden: {reason}")]
+    Forbidden {
+        /// What the key lacks, e.g. a namespace grant.
+        reason: String,
+    },
+    /// The named thing does not exist or is not visible to the caller
+    /// (`404 not_found`).
+    #[error("not found: {what}")]
+    NotFound {
+        /// What was looked for.
+        what: String,
+    },
+    /// The request contradicts the current state (`409 conflict`), e.g. an
+    /// idempotency key replayed with a different payload.
+    #[error("conflict: {reason}")]
+    Conflict {
+        /// Which state it contradicts.
+        reason: String,
+    },
+    /// The request is malformed (`400 invalid_input`).
+    #[error("invalid input: {reason}")]
+    InvalidInput {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Admission refused the request for now (`429 rate_limited`).
+    #[error("rate limited: {reason}")]
+    RateLimited {
+        /// How long the client should wait (plus its own jitter).
+        retry_after: Duration,
+        /// Why, e.g. `fair share of waiting slots`.
+        reason: String,
+    },
+    /// The storage provider refused a write because an allowance is spent
+    /// (`503 storage_quota_exhausted`). Neither the operation nor its audit
+    /// row happened.
+    #[error("storage quota exhausted; retry after {reset_at}")]
+    StorageQuotaExhausted {
+        /// Time until `reset_at`, at least one second.
+        retry_after: Duration,
+        /// The next 00:00 UTC after the refusal, when daily allowances reset.
+        reset_at: DateTime<Utc>,
+    },
+    /// Any other storage fault (`500 storage_error`). The SQLite error is
+    /// the [`source`](std::error::Error::source); it is not repeated in the
+    /// message a client sees.
+    #[error("storage error")]
+    Storage(#[from] rusqlite::Error),
+    /// The database was written by a newer schema version than this build
+    /// knows (`500 schema_too_new`). The file was left untouched.
+    #[error("database schema version {found} is newer than the supported version {supported}")]
+    SchemaTooNew {
+        /// The version recorded in the database.
+        found: i64,
+        /// The newest version this build supports.
+        supported: i64,
+    },
+    /// The file is not a SQLite database, or is damaged
+    /// (`500 corrupt_database`).
+    #[error("database is corrupt or not a database: {reason}")]
+    CorruptDatabase {
+        /// What SQLite reported.
+        reason: String,
+    },
+    /// The operating system could not supply randomness for a new key
+    /// (`500 internal_error`).
+    #[error("no operating system randomness")]
+    RandomnessUnavailable,
+}
+
+impl Error {
+    /// A `503 storage_quota_exhausted` refusal observed at `now`: the reset
+    /// is the next 00:00 UTC strictly after `now`.
+    pub fn storage_quota_exhausted(now: DateTime<Utc>) -> Self {
+        let reset_at = next_utc_midnight(now);
+        let seconds = (reset_at - now).num_seconds().max(1);
+        Self::StorageQuotaExhausted {
+            retry_after: Duration::from_secs(seconds.unsigned_abs()),
+            reset_at,
+        }
+    }
+
+    /// The HTTP status a host answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::Unauthorized => 401,
+            Self::Forbidden { .. } => 403,
+            Self::NotFound { .. } => 404,
+            Self::Conflict { .. } => 409,
+            Self::InvalidInput { .. } => 400,
+            Self::RateLimited { .. } => 429,
+            Self::StorageQuotaExhausted { .. } => 503,
+            Self::Storage(_)
+            | Self::SchemaTooNew { .. }
+            | Self::CorruptDatabase { .. }
+            | Self::RandomnessUnavailable => 500,
+        }
+    }
+
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden { .. } => "forbidden",
+            Self::NotFound { .. } => "not_found",
+            Self::Conflict { .. } => "conflict",
+            Self::InvalidInput { .. } => "invalid_input",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::StorageQuotaExhausted { .. } => "storage_quota_exhausted",
+            Self::Storage(_) => "storage_error",
+            Self::SchemaTooNew { .. } => "schema_too_new",
+            Self::CorruptDatabase { .. } => "corrupt_database",
+            Self::RandomnessUnavailable => "internal_error",
+        }
+    }
+
+    /// How long the client should wait before retrying, for `429` and `503`.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RateLimited { retry_after, .. }
+            | Self::StorageQuotaExhausted { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// [`retry_after`](Self::retry_after) in whole seconds, rounded up and at
+    /// least one: the value of a `Retry-After` header.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.retry_after().map(|wait| {
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            seconds.max(1)
+        })
+    }
+
+    /// When a provider allowance resets, for `503 storage_quota_exhausted`.
+    pub fn reset_at(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Self::StorageQuotaExhausted { reset_at, .. } => Some(*reset_at),
+            _ => None,
+        }
+    }
+
+    /// Whether this is a storage-provider quota refusal.
+    pub fn is_quota_exhausted(&self) -> bool {
+        matches!(self, Self::StorageQuotaExhausted { .. })
+    }
+
+    /// The JSON body a host returns: `{"error": {"code", "message",
+    /// "retry_after", "reset_at"}}`.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: self.detail(),
+        }
+    }
+
+    /// The handled-error result of a tool protocol call: `isError: true`, the
+    /// message as text content, and the status, code, `retry_after` and
+    /// `reset_at` as structured content.
+    pub fn tool_error(&self) -> ToolError {
+        let detail = self.detail();
+        ToolError {
+            is_error: true,
+            content: vec![ToolContent {
+                kind: "text".to_owned(),
+                text: detail.message.clone(),
+            }],
+            structured_content: ToolErrorDetail {
+                status: self.status(),
+                code: detail.code,
+                message: detail.message,
+                retry_after: detail.retry_after,
+                reset_at: detail.reset_at,
+            },
+        }
+    }
+
+    fn detail(&self) -> ErrorDetail {
+        ErrorDetail {
+            code: self.code().to_owned(),
+            message: self.to_string(),
+            retry_after: self.retry_after_seconds(),
+            reset_at: self.reset_at(),
+        }
+    }
+}
+
+/// The JSON error body: `{"error": {...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error itself.
+    pub error: ErrorDetail,
+}
+
+/// The inside of an [`ErrorBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// The stable code, e.g. `storage_quota_exhausted`.
+    pub code: String,
+    /// A lowercase human-readable message.
+    pub message: String,
+    /// Seconds to wait before retrying, for `429` and `503`.
+    pub retry_after: Option<u64>,
+    /// When a provider allowance resets (RFC 3339, UTC), for `503`.
+    pub reset_at: Option<DateTime<Utc>>,
+}
+
+/// A tool protocol's handled-error result (`isError: true`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolError {
+    /// Always `true`.
+    pub is_error: bool,
+    /// The message as text content.
+    pub content: Vec<ToolContent>,
+    /// The status, code, retry and reset as structured content.
+    pub structured_content: ToolErrorDetail,
+}
+
+/// One content item of a [`ToolError`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolContent {
+    /// Always `text`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The error message.
+    pub text: String,
+}
+
+/// The structured content of a [`ToolError`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolErrorDetail {
+    /// The HTTP status the same error has.
+    pub status: u16,
+    /// The stable code.
+    pub code: String,
+    /// The message.
+    pub message: String,
+    /// Seconds to wait before retrying, for `429` and `503`.
+    pub retry_after: Option<u64>,
+    /// When a provider allowance resets, for `503`.
+    pub reset_at: Option<DateTime<Utc>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn quota_refusal_resets_at_the_next_utc_midnight() {
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 23, 59, 30).unwrap();
+        let error = Error::storage_quota_exhausted(now);
+        assert_eq!(error.status(), 503);
+        assert_eq!(error.code(), "storage_quota_exhausted");
+        assert_eq!(
+            error.reset_at(),
+            Some(Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 0).unwrap())
+        );
+        assert_eq!(error.retry_after_seconds(), Some(30));
+    }
+
+    #[test]
+    fn quota_refusal_at_midnight_waits_a_whole_day() {
+        let now = Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 0).unwrap();
+        let error = Error::storage_quota_exhausted(now);
+        assert_eq!(
+            error.reset_at(),
+            Some(Utc.with_ymd_and_hms(2026, 10, 31, 0, 0, 0).unwrap())
+        );
+        assert_eq!(error.retry_after_seconds(), Some(86_400));
+    }
+
+    #[test]
+    fn body_has_the_documented_shape() {
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+        let body = serde_json::to_value(Error::storage_quota_exhausted(now).body()).unwrap();
+        assert_eq!(body["error"]["code"], "storage_quota_exhausted");
+        assert_eq!(body["error"]["retry_after"], 43_200);
+        assert_eq!(body["error"]["reset_at"], "2026-10-30T00:00:00Z");
+        let body = serde_json::to_value(Error::Unauthorized.body()).unwrap();
+        assert_eq!(body["error"]["code"], "unauthorized");
+        assert!(body["error"]["retry_after"].is_null());
+        assert!(body["error"]["reset_at"].is_null());
+    }
+
+    #[test]
+    fn tool_error_carries_status_retry_and_reset() {
+        let error = Error::RateLimited {
+            retry_after: Duration::from_millis(1_500),
+            reason: "queue full".to_owned(),
+        };
+        let tool = serde_json::to_value(error.tool_error()).unwrap();
+        assert_eq!(tool["isError"], true);
+        assert_eq!(tool["structuredContent"]["status"], 429);
+        assert_eq!(tool["structuredContent"]["retry_after"], 2);
+        assert!(tool["structuredContent"]["reset_at"].is_null());
+        assert_eq!(tool["content"][0]["type"], "text");
+    }
+
+    #[test]
+    fn storage_errors_do_not_repeat_sqlite_text() {
+        let error = Error::Storage(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+            Some("disk I/O error near secret".to_owned()),
+        ));
+        assert_eq!(error.status(), 500);
+        assert_eq!(error.code(), "storage_error");
+        assert_eq!(error.body().error.message, "storage error");
+    }
+}

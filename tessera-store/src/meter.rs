@@ -1,0 +1,117 @@
+//! Counting rows written and read, so cost tables come from code.
+//!
+//! Definitions:
+//! - **Rows written**: every table row inserted, updated or deleted in a
+//!   committed transaction, plus one per index entry that change touches. An
+//!   insert or delete touches every index of its table; an update touches the
+//!   indexes that contain a column the statement assigns. (A partial index is
+//!   counted like a full one: an upper bound.) Creating a schema object counts
+//!   one row (its `sqlite_master` entry). Rolled-back work counts nothing.
+//! - **Rows read**: rows the store's statements returned to it. A lookup that
+//!   finds nothing reads zero rows.
+//!
+//! Rows are counted with SQLite's update hook on the one write connection and
+//! by the store's own query helpers; see [`crate::Store::meter`].
+
+use std::ops::Sub;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// Totals since the store was opened.
+///
+/// Take one before and one after an operation and subtract
+/// ([`since`](Self::since)) for that operation's cost; concurrent operations
+/// on the same store are included in the difference.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MeterSnapshot {
+    /// Rows written, index entries included (see the module docs).
+    pub rows_written: u64,
+    /// Rows returned by the store's statements.
+    pub rows_read: u64,
+    /// Write transactions committed.
+    pub write_transactions: u64,
+    /// Write transactions refused as a storage quota refusal.
+    pub refused_writes: u64,
+}
+
+impl MeterSnapshot {
+    /// What happened between `earlier` and this snapshot.
+    #[must_use]
+    pub fn since(&self, earlier: &MeterSnapshot) -> MeterSnapshot {
+        MeterSnapshot {
+            rows_written: self.rows_written.saturating_sub(earlier.rows_written),
+            rows_read: self.rows_read.saturating_sub(earlier.rows_read),
+            write_transactions: self
+                .write_transactions
+                .saturating_sub(earlier.write_transactions),
+            refused_writes: self.refused_writes.saturating_sub(earlier.refused_writes),
+        }
+    }
+}
+
+impl Sub for MeterSnapshot {
+    type Output = MeterSnapshot;
+
+    fn sub(self, earlier: MeterSnapshot) -> MeterSnapshot {
+        self.since(&earlier)
+    }
+}
+
+/// The live counters behind [`MeterSnapshot`].
+#[derive(Debug, Default)]
+pub(crate) struct Meter {
+    rows_written: AtomicU64,
+    rows_read: AtomicU64,
+    write_transactions: AtomicU64,
+    refused_writes: AtomicU64,
+}
+
+impl Meter {
+    pub(crate) fn read(&self, rows: u64) {
+        self.rows_read.fetch_add(rows, Ordering::Relaxed);
+    }
+
+    pub(crate) fn committed(&self, rows: u64) {
+        self.rows_written.fetch_add(rows, Ordering::Relaxed);
+        self.write_transactions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused(&self) {
+        self.refused_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> MeterSnapshot {
+        MeterSnapshot {
+            rows_written: self.rows_written.load(Ordering::Relaxed),
+            rows_read: self.rows_read.load(Ordering::Relaxed),
+            write_transactions: self.write_transactions.load(Ordering::Relaxed),
+            refused_writes: self.refused_writes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_subtracts_field_by_field() {
+        let meter = Meter::default();
+        meter.committed(3);
+        let before = meter.snapshot();
+        meter.committed(4);
+        meter.read(2);
+        meter.refused();
+        let delta = meter.snapshot() - before;
+        assert_eq!(
+            delta,
+            MeterSnapshot {
+                rows_written: 4,
+                rows_read: 2,
+                write_transactions: 1,
+                refused_writes: 1,
+            }
+        );
+    }
+}

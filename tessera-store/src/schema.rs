@@ -1,0 +1,452 @@
+//! The schema as data, and the cold start that creates only what is missing.
+//!
+//! [`TABLES`] and [`INDEXES`] are the whole schema. Opening a database
+//! inspects `sqlite_master`, each table's columns and the
+//! `tessera_meta.schema_version` marker, then runs only the DDL that is
+//! missing, in one transaction; an up-to-date database costs reads and no
+//! write. Adding a table, an index or a column (nullable or with a constant
+//! default, as `ALTER TABLE ADD COLUMN` requires) is a matter of adding an
+//! entry: existing databases get it on their next open. [`SCHEMA_VERSION`]
+//! moves only for a change an older build cannot work with; a database with a
+//! newer version is refused before anything is written to it.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+
+use crate::db::{Location, Reader, WriteConnection, Writer, classify};
+use crate::error::Error;
+use crate::meter::Meter;
+use crate::quota::QuotaRules;
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The marker table and key that hold the schema version.
+const META_TABLE: &str = "tessera_meta";
+const VERSION_KEY: &str = "schema_version";
+
+/// A table: its columns and table constraints.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Table {
+    pub(crate) name: &'static str,
+    /// `(name, declaration)`; a column added after a table first shipped
+    /// must be nullable or have a constant default.
+    pub(crate) columns: &'static [(&'static str, &'static str)],
+}
+
+/// An index on one table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Index {
+    pub(crate) name: &'static str,
+    pub(crate) table: &'static str,
+    pub(crate) unique: bool,
+    /// The indexed columns, in order.
+    pub(crate) columns: &'static [&'static str],
+    /// A partial index's condition.
+    pub(crate) filter: Option<&'static str>,
+}
+
+/// Every table. Tables are rowid tables (the update hook that meters writes
+/// does not see `WITHOUT ROWID` tables) and uniqueness is declared as a
+/// named unique index rather than a column constraint. Times are Unix
+/// milliseconds (`INTEGER`), counters and ids `INTEGER` (signed 64-bit).
+pub(crate) const TABLES: &[Table] = &[
+    Table {
+        name: META_TABLE,
+        columns: &[("key", "TEXT PRIMARY KEY"), ("value", "TEXT NOT NULL")],
+    },
+    Table {
+        name: "access_principals",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            // keyed | anonymous | admin
+            ("kind", "TEXT NOT NULL"),
+            ("account", "TEXT NOT NULL"),
+            ("created_at", "INTEGER NOT NULL"),
+            ("last_used_at", "INTEGER"),
+            // Set for anonymous principals only: when retention deletes it.
+            ("purge_at", "INTEGER"),
+        ],
+    },
+    Table {
+        name: "access_keys",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            // The public part of the presented key.
+            ("key_id", "TEXT NOT NULL"),
+            ("principal_id", "INTEGER NOT NULL"),
+            // SHA-256 of the whole presented key; the key itself is never
+            // stored.
+            ("secret_hash", "BLOB NOT NULL"),
+            ("label", "TEXT NOT NULL DEFAULT ''"),
+            // JSON arrays of strings.
+            ("scopes", "TEXT NOT NULL"),
+            ("grants", "TEXT NOT NULL"),
+            ("created_at", "INTEGER NOT NULL"),
+            ("expires_at", "INTEGER"),
+            ("revoked_at", "INTEGER"),
+            ("purge_at", "INTEGER"),
+        ],
+    },
+    Table {
+        name: "access_limits",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            // What is limited, e.g. a mint allowance per address group.
+            ("subject", "TEXT NOT NULL"),
+            ("window_start", "INTEGER NOT NULL"),
+            ("count", "INTEGER NOT NULL"),
+            ("purge_at", "INTEGER"),
+        ],
+    },
+    Table {
+        name: "access_audit",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            ("at", "INTEGER NOT NULL"),
+            ("principal", "TEXT NOT NULL"),
+            ("namespace", "TEXT NOT NULL"),
+            ("action", "TEXT NOT NULL"),
+            ("outcome", "TEXT NOT NULL"),
+            ("resource", "TEXT"),
+            ("ip_hash", "TEXT"),
+        ],
+    },
+    Table {
+        name: "access_counters",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            // Minutes since the Unix epoch.
+            ("minute", "INTEGER NOT NULL"),
+            // '' for a request without a principal.
+            ("principal", "TEXT NOT NULL"),
+            ("namespace", "TEXT NOT NULL"),
+            ("action", "TEXT NOT NULL"),
+            ("outcome", "TEXT NOT NULL"),
+            ("count", "INTEGER NOT NULL"),
+        ],
+    },
+];
+
+/// Every index. The partial `*_purge` indexes hold only rows with a purge
+/// time, so keyed principals cost retention nothing.
+pub(crate) const INDEXES: &[Index] = &[
+    Index {
+        name: "access_principals_purge",
+        table: "access_principals",
+        unique: false,
+        columns: &["purge_at"],
+        filter: Some("purge_at IS NOT NULL"),
+    },
+    Index {
+        name: "access_keys_key_id",
+        table: "access_keys",
+        unique: true,
+        columns: &["key_id"],
+        filter: None,
+    },
+    Index {
+        name: "access_keys_principal",
+        table: "access_keys",
+        unique: false,
+        columns: &["principal_id"],
+        filter: None,
+    },
+    Index {
+        name: "access_keys_purge",
+        table: "access_keys",
+        unique: false,
+        columns: &["purge_at"],
+        filter: Some("purge_at IS NOT NULL"),
+    },
+    Index {
+        name: "access_limits_subject",
+        table: "access_limits",
+        unique: true,
+        columns: &["subject", "window_start"],
+        filter: None,
+    },
+    Index {
+        name: "access_limits_purge",
+        table: "access_limits",
+        unique: false,
+        columns: &["purge_at"],
+        filter: Some("purge_at IS NOT NULL"),
+    },
+    Index {
+        name: "access_audit_at",
+        table: "access_audit",
+        unique: false,
+        columns: &["at"],
+        filter: None,
+    },
+    Index {
+        name: "access_audit_principal",
+        table: "access_audit",
+        unique: false,
+        columns: &["principal", "at"],
+        filter: None,
+    },
+    Index {
+        name: "access_counters_key",
+        table: "access_counters",
+        unique: true,
+        columns: &["minute", "principal", "namespace", "action", "outcome"],
+        filter: None,
+    },
+    Index {
+        name: "access_counters_principal",
+        table: "access_counters",
+        unique: false,
+        columns: &["principal", "minute"],
+        filter: None,
+    },
+];
+
+/// The names of every table, for loading index metadata.
+pub(crate) fn table_names() -> Vec<&'static str> {
+    TABLES.iter().map(|table| table.name).collect()
+}
+
+impl Table {
+    fn create_sql(&self) -> String {
+        let columns = self
+            .columns
+            .iter()
+            .map(|(name, declaration)| format!("{name} {declaration}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("CREATE TABLE IF NOT EXISTS {} ({columns})", self.name)
+    }
+}
+
+impl Index {
+    fn create_sql(&self) -> String {
+        let unique = if self.unique { "UNIQUE " } else { "" };
+        let filter = self
+            .filter
+            .map(|condition| format!(" WHERE {condition}"))
+            .unwrap_or_default();
+        format!(
+            "CREATE {unique}INDEX IF NOT EXISTS {} ON {} ({}){filter}",
+            self.name,
+            self.table,
+            self.columns.join(", ")
+        )
+    }
+}
+
+/// What an existing database holds.
+#[derive(Debug, Default)]
+struct Inspection {
+    /// Existing tables and their columns.
+    tables: HashMap<String, HashSet<String>>,
+    indexes: HashSet<String>,
+    /// The marker's value, if the marker row exists.
+    version: Option<i64>,
+}
+
+fn inspect(reader: &Reader<'_>) -> Result<Inspection, Error> {
+    let mut inspection = Inspection::default();
+    let objects = reader.all(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index')",
+        [],
+        |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+    )?;
+    for (kind, name) in objects {
+        if kind == "index" {
+            inspection.indexes.insert(name);
+        } else if TABLES.iter().any(|table| table.name == name) {
+            let columns = reader.all("SELECT name FROM pragma_table_info(?1)", [&name], |row| {
+                row.get::<_, String>(0)
+            })?;
+            inspection
+                .tables
+                .insert(name, columns.into_iter().collect());
+        }
+    }
+    if inspection.tables.contains_key(META_TABLE) {
+        let value = reader.optional(
+            "SELECT value FROM tessera_meta WHERE key = ?1",
+            [VERSION_KEY],
+            |row| row.get::<_, String>(0),
+        )?;
+        inspection.version = match value {
+            None => None,
+            Some(text) => Some(text.parse().map_err(|_| Error::CorruptDatabase {
+                reason: "unreadable schema version marker".to_owned(),
+            })?),
+        };
+    }
+    Ok(inspection)
+}
+
+/// The DDL that is missing, in order; empty when nothing is.
+fn missing_ddl(inspection: &Inspection) -> Vec<String> {
+    let mut ddl = Vec::new();
+    for table in TABLES {
+        match inspection.tables.get(table.name) {
+            None => ddl.push(table.create_sql()),
+            Some(existing) => {
+                for (column, declaration) in table.columns {
+                    if !existing.contains(*column) {
+                        ddl.push(format!(
+                            "ALTER TABLE {} ADD COLUMN {column} {declaration}",
+                            table.name
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    for index in INDEXES {
+        if !inspection.indexes.contains(index.name) {
+            ddl.push(index.create_sql());
+        }
+    }
+    ddl
+}
+
+fn check_version(inspection: &Inspection) -> Result<(), Error> {
+    match inspection.version {
+        Some(found) if found > SCHEMA_VERSION => Err(Error::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn is_up_to_date(inspection: &Inspection, ddl: &[String]) -> bool {
+    ddl.is_empty() && inspection.version == Some(SCHEMA_VERSION)
+}
+
+/// Brings the database to this build's schema, writing only what is
+/// missing. The version is checked before anything that could write,
+/// `journal_mode` included.
+pub(crate) fn cold_start(
+    writer: &mut WriteConnection,
+    location: &Location,
+    meter: &Meter,
+    rules: &QuotaRules,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let refusing = writer.is_refusing();
+    let classify = |error: Error| classify(error, rules, refusing, now);
+    let inspection = inspect(&Reader::new(writer.connection(), meter)).map_err(classify)?;
+    check_version(&inspection)?;
+    if !location.is_memory() {
+        let mode: String = writer
+            .connection()
+            .pragma_query_value(None, "journal_mode", |row| row.get(0))
+            .map_err(|error| classify(error.into()))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            writer
+                .connection()
+                .pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))
+                .map_err(|error| classify(error.into()))?;
+        }
+    }
+    if is_up_to_date(&inspection, &missing_ddl(&inspection)) {
+        return Ok(());
+    }
+    writer.transaction(now, meter, rules, |w| {
+        // Inspected again under the write lock: another process may have
+        // created the schema since.
+        let inspection = inspect(w)?;
+        check_version(&inspection)?;
+        apply(w, &inspection)
+    })
+}
+
+fn apply(writer: &Writer<'_>, inspection: &Inspection) -> Result<(), Error> {
+    for statement in missing_ddl(inspection) {
+        writer.ddl(&statement)?;
+    }
+    if inspection.version != Some(SCHEMA_VERSION) {
+        writer.execute(
+            "INSERT INTO tessera_meta (key, value) VALUES (?1, ?2) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            rusqlite::params![VERSION_KEY, SCHEMA_VERSION.to_string()],
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_index_names_a_declared_table_and_columns() {
+        for index in INDEXES {
+            let table = TABLES
+                .iter()
+                .find(|table| table.name == index.table)
+                .unwrap_or_else(|| panic!("{} has no table", index.name));
+            for column in index.columns {
+                assert!(
+                    table.columns.iter().any(|(name, _)| name == column),
+                    "{}.{column} is not declared",
+                    index.table
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let mut names = HashSet::new();
+        for name in TABLES
+            .iter()
+            .map(|table| table.name)
+            .chain(INDEXES.iter().map(|index| index.name))
+        {
+            assert!(names.insert(name), "{name} declared twice");
+        }
+    }
+
+    #[test]
+    fn a_missing_column_is_added_and_nothing_else() {
+        let mut inspection = Inspection {
+            version: Some(SCHEMA_VERSION),
+            ..Inspection::default()
+        };
+        for table in TABLES {
+            inspection.tables.insert(
+                table.name.to_owned(),
+                table
+                    .columns
+                    .iter()
+                    .map(|(name, _)| (*name).to_owned())
+                    .collect(),
+            );
+        }
+        for index in INDEXES {
+            inspection.indexes.insert(index.name.to_owned());
+        }
+        assert!(missing_ddl(&inspection).is_empty());
+        inspection
+            .tables
+            .get_mut("access_keys")
+            .unwrap()
+            .remove("label");
+        assert_eq!(
+            missing_ddl(&inspection),
+            vec!["ALTER TABLE access_keys ADD COLUMN label TEXT NOT NULL DEFAULT ''".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_newer_version_is_refused() {
+        let inspection = Inspection {
+            version: Some(SCHEMA_VERSION + 1),
+            ..Inspection::default()
+        };
+        assert!(matches!(
+            check_version(&inspection),
+            Err(Error::SchemaTooNew { .. })
+        ));
+    }
+}

@@ -1,0 +1,180 @@
+//! The store: opening, the connection discipline, and the helpers every
+//! operation runs through.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use chrono::{DateTime, Utc};
+use parking_lot::Mutex;
+
+use crate::clock::Clock;
+use crate::config::StoreConfig;
+use crate::db::{Location, ReadPool, Reader, WriteConnection, Writer, classify};
+use crate::error::Error;
+use crate::meter::{Meter, MeterSnapshot};
+use crate::quota::QuotaRules;
+use crate::schema;
+
+/// A Tessera store on one SQLite database.
+///
+/// One write connection behind a mutex runs every write as a
+/// `BEGIN IMMEDIATE` transaction; reads run on their own connections (WAL
+/// mode), so they never wait behind the writer. `Store` is `Send + Sync`;
+/// share it with an `Arc`.
+pub struct Store {
+    pub(crate) config: StoreConfig,
+    pub(crate) clock: Arc<dyn Clock>,
+    location: Location,
+    writer: Mutex<WriteConnection>,
+    readers: ReadPool,
+    pub(crate) meter: Meter,
+    rules: QuotaRules,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("location", &self.location)
+            .field("config", &self.config)
+            .field("meter", &self.meter.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the database file at `path`.
+    ///
+    /// A new file gets the whole schema in one transaction. An existing file
+    /// is inspected and only missing tables, indexes and columns are
+    /// created; an up-to-date file is not written at all. Fails with
+    /// [`Error::SchemaTooNew`] (file untouched) for a newer schema,
+    /// [`Error::CorruptDatabase`] for a damaged or non-SQLite file, and
+    /// [`Error::StorageQuotaExhausted`] when the storage refuses the schema
+    /// writes.
+    pub fn open(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, Error> {
+        Self::open_at(Location::File(path.as_ref().to_owned()), config)
+    }
+
+    /// Opens a new, empty in-memory database private to this store.
+    ///
+    /// It is shared between the store's write and read connections through
+    /// SQLite's `memdb` VFS under a unique name, and disappears with the
+    /// store. It has no WAL (that needs a file), so a read may briefly wait
+    /// for a commit; use a file for anything but tests and examples.
+    pub fn open_in_memory(config: StoreConfig) -> Result<Self, Error> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let mut nonce = [0_u8; 8];
+        // Uniqueness within the process comes from the counter; the random
+        // part keeps two test binaries' names apart in logs.
+        getrandom::fill(&mut nonce).map_err(|_| Error::RandomnessUnavailable)?;
+        let name = format!(
+            "file:/tessera-{}-{}-{}?vfs=memdb",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            crate::key::hex(&nonce)
+        );
+        Self::open_at(Location::Memory(name), config)
+    }
+
+    fn open_at(location: Location, config: StoreConfig) -> Result<Self, Error> {
+        let clock = Arc::clone(config.clock());
+        let now = clock.now_utc();
+        let rules = QuotaRules::new(config.quota_classifier().cloned());
+        let meter = Meter::default();
+        let refusing = config.refuses_writes();
+        let mut writer = WriteConnection::open(
+            &location,
+            config.busy_timeout(),
+            config.max_page_count(),
+            refusing,
+            config.daily_rows_written_allowance(),
+        )
+        .map_err(|error| classify(error.into(), &rules, refusing, now))?;
+        schema::cold_start(&mut writer, &location, &meter, &rules, now)?;
+        writer
+            .load_indexes(&schema::table_names())
+            .map_err(|error| classify(error.into(), &rules, refusing, now))?;
+        let readers = ReadPool::new(
+            location.clone(),
+            config.busy_timeout(),
+            config.read_connections(),
+        );
+        Ok(Self {
+            config,
+            clock,
+            location,
+            writer: Mutex::new(writer),
+            readers,
+            meter,
+            rules,
+        })
+    }
+
+    /// Rows written and read since the store opened (see [`MeterSnapshot`]).
+    pub fn meter(&self) -> MeterSnapshot {
+        self.meter.snapshot()
+    }
+
+    /// Runs `operation` and returns its result with the rows it wrote and
+    /// read (other threads' work on this store in the meantime included).
+    pub fn measure<T>(&self, operation: impl FnOnce(&Self) -> T) -> (T, MeterSnapshot) {
+        let before = self.meter();
+        let value = operation(self);
+        (value, self.meter().since(&before))
+    }
+
+    /// Simulates a storage provider whose allowance is spent: while `true`,
+    /// the write connection refuses every write-capable statement (an
+    /// authorizer denies inserts, updates, deletes, DDL and pragma
+    /// assignments), and each refusal is a `503 storage_quota_exhausted`.
+    /// Reads keep working. Waits for a running write to finish.
+    pub fn refuse_writes(&self, refuse: bool) {
+        self.writer.lock().set_refusing(refuse);
+    }
+
+    /// Whether writes are being refused (see [`refuse_writes`](Self::refuse_writes)).
+    pub fn is_refusing_writes(&self) -> bool {
+        self.writer.lock().is_refusing()
+    }
+
+    /// Rows written today (UTC) by this store, as the daily allowance counts
+    /// them.
+    pub fn rows_written_today(&self) -> u64 {
+        let now = self.now_utc();
+        self.writer.lock().allowance_used(now)
+    }
+
+    /// The schema version this build writes.
+    pub fn schema_version(&self) -> i64 {
+        schema::SCHEMA_VERSION
+    }
+
+    /// The wall-clock time from the store's clock.
+    pub(crate) fn now_utc(&self) -> DateTime<Utc> {
+        self.clock.now_utc()
+    }
+
+    /// Runs `work` as one write transaction (see
+    /// [`WriteConnection::transaction`]).
+    pub(crate) fn write<T>(
+        &self,
+        work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let now = self.now_utc();
+        self.writer
+            .lock()
+            .transaction(now, &self.meter, &self.rules, work)
+    }
+
+    /// Runs `read` on a read connection; errors are classified.
+    pub(crate) fn read<T>(
+        &self,
+        read: impl FnOnce(&Reader<'_>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.readers
+            .with(|conn| read(&Reader::new(conn, &self.meter)))
+            .map_err(|error| classify(error, &self.rules, false, self.now_utc()))
+    }
+}

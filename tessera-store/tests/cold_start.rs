@@ -1,0 +1,173 @@
+//! Opening databases: new, up to date, too new, corrupt.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+use tessera_store::{Error, SCHEMA_VERSION, Store, StoreConfig};
+
+fn fingerprint(path: &Path) -> ([u8; 32], SystemTime) {
+    let bytes = std::fs::read(path).unwrap();
+    let modified = std::fs::metadata(path).unwrap().modified().unwrap();
+    (Sha256::digest(&bytes).into(), modified)
+}
+
+#[test]
+fn a_new_file_gets_the_whole_schema_in_one_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let store = Store::open(&path, StoreConfig::default()).unwrap();
+    let meter = store.meter();
+    assert_eq!(meter.write_transactions, 1);
+    assert!(meter.rows_written > 0);
+    assert_eq!(store.schema_version(), SCHEMA_VERSION);
+    drop(store);
+    // File format write and read versions 2: WAL.
+    let header = std::fs::read(&path).unwrap();
+    assert_eq!(&header[18..20], &[2, 2]);
+}
+
+#[test]
+fn reopening_an_up_to_date_file_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    drop(Store::open(&path, StoreConfig::default()).unwrap());
+    let before = fingerprint(&path);
+
+    // Refusing every write-capable statement from the first one: the open
+    // must not need any.
+    let store = Store::open(&path, StoreConfig::default().with_refuse_writes(true)).unwrap();
+    let meter = store.meter();
+    assert_eq!(meter.rows_written, 0);
+    assert_eq!(meter.write_transactions, 0);
+    assert_eq!(meter.refused_writes, 0);
+    drop(store);
+
+    let store = Store::open(&path, StoreConfig::default()).unwrap();
+    assert_eq!(store.meter().rows_written, 0);
+    drop(store);
+    assert_eq!(fingerprint(&path), before);
+}
+
+#[test]
+fn a_new_file_while_writes_are_refused_is_a_quota_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = Store::open(
+        dir.path().join("t.db"),
+        StoreConfig::default().with_refuse_writes(true),
+    )
+    .unwrap_err();
+    assert_eq!(error.code(), "storage_quota_exhausted");
+    assert_eq!(error.status(), 503);
+    assert!(error.reset_at().is_some());
+}
+
+/// A database written by other hands: plain SQLite in rollback-journal
+/// mode with a schema marker of `version`.
+fn write_foreign(path: &Path, version: &str) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode = DELETE;
+         CREATE TABLE tessera_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+         INSERT INTO tessera_meta VALUES ('schema_version', '{version}');
+         CREATE TABLE future_things (id INTEGER PRIMARY KEY, payload BLOB);"
+    ))
+    .unwrap();
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_the_file_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    write_foreign(&path, &(SCHEMA_VERSION + 1).to_string());
+    let before = fingerprint(&path);
+    let error = Store::open(&path, StoreConfig::default()).unwrap_err();
+    assert!(
+        matches!(error, Error::SchemaTooNew { found, supported } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), "schema_too_new");
+    assert_eq!(fingerprint(&path), before);
+    // Still a rollback-journal database: journal_mode was never set.
+    assert!(!dir.path().join("t.db-wal").exists());
+}
+
+#[test]
+fn an_unreadable_marker_is_a_corrupt_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    write_foreign(&path, "not a number");
+    let before = fingerprint(&path);
+    let error = Store::open(&path, StoreConfig::default()).unwrap_err();
+    assert_eq!(error.code(), "corrupt_database");
+    assert_eq!(fingerprint(&path), before);
+}
+
+#[test]
+fn random_bytes_are_a_corrupt_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let mut bytes = vec![0_u8; 8192];
+    getrandom::fill(&mut bytes).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let error = Store::open(&path, StoreConfig::default()).unwrap_err();
+    assert!(matches!(error, Error::CorruptDatabase { .. }), "{error:?}");
+    assert_eq!(error.status(), 500);
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+}
+
+#[test]
+fn a_truncated_database_is_a_corrupt_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    drop(Store::open(&path, StoreConfig::default()).unwrap());
+    let bytes = std::fs::read(&path).unwrap();
+    // Cut inside the header, and at page boundaries (a cut inside the last
+    // page is only noticed when that page is read).
+    let page = 4096;
+    assert!(bytes.len() > 4 * page);
+    for len in [
+        50,
+        100,
+        page,
+        bytes.len() / 2 / page * page,
+        bytes.len() - page,
+    ] {
+        std::fs::write(&path, &bytes[..len]).unwrap();
+        match Store::open(&path, StoreConfig::default()) {
+            Err(Error::CorruptDatabase { .. }) => {}
+            other => panic!("truncated to {len}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_missing_index_and_column_are_added_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    drop(Store::open(&path, StoreConfig::default()).unwrap());
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP INDEX access_audit_principal;
+             ALTER TABLE access_keys DROP COLUMN label;",
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path, StoreConfig::default()).unwrap();
+    let meter = store.meter();
+    assert_eq!(meter.write_transactions, 1);
+    // Two schema objects changed; no table row was written.
+    assert_eq!(meter.rows_written, 2);
+    drop(store);
+    let store = Store::open(&path, StoreConfig::default()).unwrap();
+    assert_eq!(store.meter().rows_written, 0);
+}
+
+#[test]
+fn in_memory_stores_are_private() {
+    let first = Store::open_in_memory(StoreConfig::default()).unwrap();
+    let second = Store::open_in_memory(StoreConfig::default()).unwrap();
+    assert_eq!(first.meter().write_transactions, 1);
+    assert_eq!(second.meter().write_transactions, 1);
+}

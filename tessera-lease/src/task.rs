@@ -135,7 +135,9 @@ pub struct TaskRecord {
 /// Times are wall-clock `DateTime<Utc>` passed in, because leases outlive
 /// the process. The wall clock may step backwards; the rules never move a
 /// lease's expiry earlier (a heartbeat sets `max(expiry, now + extension)`)
-/// and never date a receipt before its lease was granted.
+/// and never date a receipt before its lease was granted. A lapse that
+/// [`Task::expire`] recorded stays recorded if the clock then steps back; one
+/// not yet recorded is judged by the `now` of each call.
 ///
 /// Calls scan the task's attempts, at most [`MAX_ALTERNATIVES`], so each is
 /// O(1) in the number of tasks.
@@ -1203,6 +1205,25 @@ mod tests {
         assert!(task.expire(at(10)).is_empty());
         assert_eq!(task.expire(at(11)), [AttemptNumber::FIRST]);
         assert_eq!(state(&task, 1), TaskState::Ready);
+    }
+
+    #[test]
+    fn a_recorded_lapse_survives_the_clock_stepping_back() {
+        let mut task = task();
+        let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
+        let _ = task.expire(at(30));
+        let err = refused(&mut task, |t| {
+            t.heartbeat(&who("a"), lease.token(), at(25), LEASE)
+        });
+        assert_eq!(
+            err,
+            LeaseError::LeaseEnded {
+                token: lease.token(),
+                attempt: AttemptNumber::FIRST,
+                state: StateName::Ready
+            }
+        );
+        assert_eq!(task.live_lease(AttemptNumber::FIRST, at(25)), None);
     }
 
     #[test]

@@ -86,7 +86,8 @@ pub enum LeaseError {
         /// When the lease lapsed.
         expired_at: DateTime<Utc>,
     },
-    /// The lease ended by a submission or a failure report; its attempt is in
+    /// The lease ended (by a submission, a failure report, or a lapse that
+    /// [`Task::expire`](crate::Task::expire) recorded); its attempt is in
     /// `state`, so the lease can no longer be heartbeat, submitted or failed.
     #[error("lease {token} has ended: attempt {attempt} is {state}")]
     LeaseEnded {

@@ -433,7 +433,10 @@ fn legacy_quota_rejects_a_principal_beyond_its_claims_per_minute() {
         gate.offer("a", t0 + Duration::from_secs(1)),
         Offer::Rejected(_)
     ));
-    rejected(gate.offer("a", t0 + Duration::from_secs(1)));
+    assert_eq!(
+        rejected(gate.offer("a", t0 + Duration::from_secs(1))).reason(),
+        RejectReason::ClaimsPerMinute
+    );
 }
 
 #[test]

@@ -402,6 +402,53 @@ mod tests {
         assert_eq!(queue.oldest(), Some((second, later)));
     }
 
+    proptest::proptest! {
+        /// Against a plain list: counts, arrival order, rotation FIFO, and
+        /// the largest holder's newest waiter.
+        #[test]
+        fn agrees_with_a_naive_model(ops in proptest::collection::vec((0u8..3, 0u8..5), 0..300)) {
+            let now = Instant::now();
+            let mut queue = WaitQueue::new();
+            let mut model: Vec<(Ticket, u8)> = Vec::new();
+            for (kind, principal) in ops {
+                match kind {
+                    0 => model.push((queue.push(principal, now), principal)),
+                    1 if !model.is_empty() => {
+                        let (ticket, _) = model.remove(usize::from(principal) % model.len());
+                        proptest::prop_assert_eq!(queue.remove(ticket), Some(now));
+                    }
+                    _ => {
+                        if let Some((ticket, _)) = queue.pop_next() {
+                            let at = model.iter().position(|&(t, _)| t == ticket).unwrap();
+                            let (_, owner) = model.remove(at);
+                            // FIFO within the principal.
+                            proptest::prop_assert!(model[..at].iter().all(|&(_, p)| p != owner));
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(queue.len(), model.len());
+                proptest::prop_assert_eq!(queue.oldest().map(|(t, _)| t), model.first().map(|&(t, _)| t));
+                let count = |p: u8| model.iter().filter(|&&(_, q)| q == p).count();
+                let most = (0..5).map(count).max().unwrap_or(0);
+                match queue.largest() {
+                    None => proptest::prop_assert_eq!(most, 0),
+                    Some((ticket, held)) => {
+                        proptest::prop_assert_eq!(held, most);
+                        let owner = model.iter().find(|&&(t, _)| t == ticket).unwrap().1;
+                        proptest::prop_assert_eq!(count(owner), most);
+                        let newest = model.iter().rev().find(|&&(_, p)| p == owner).unwrap().0;
+                        proptest::prop_assert_eq!(ticket, newest);
+                    }
+                }
+                let waiting = (0..5).filter(|&p| count(p) > 0).count();
+                proptest::prop_assert_eq!(queue.principals(), waiting);
+                for p in 0..5 {
+                    proptest::prop_assert_eq!(queue.held_by(&p), count(p));
+                }
+            }
+        }
+    }
+
     #[test]
     fn removal_from_the_middle_keeps_arrival_order() {
         let now = Instant::now();

@@ -1,6 +1,7 @@
 //! How a store is opened: clock, timeouts, quota rules.
 
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ pub struct StoreConfig {
     max_page_count: Option<u64>,
     refuse_writes: bool,
     strict_read_audit: bool,
+    observation_capacity: NonZeroUsize,
 }
 
 impl Default for StoreConfig {
@@ -43,6 +45,7 @@ impl Default for StoreConfig {
             max_page_count: None,
             refuse_writes: false,
             strict_read_audit: false,
+            observation_capacity: NonZeroUsize::new(10_000).expect("not zero"),
         }
     }
 }
@@ -110,6 +113,14 @@ impl StoreConfig {
         self
     }
 
+    /// How many principals the `last_used_at` coalescing remembers (default
+    /// 10,000); past that the least recently seen is forgotten, which costs
+    /// it one extra write on its next request.
+    pub fn with_observation_capacity(mut self, capacity: NonZeroUsize) -> Self {
+        self.observation_capacity = capacity;
+        self
+    }
+
     /// The clock the store reads.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
@@ -149,6 +160,11 @@ impl StoreConfig {
     pub fn strict_read_audit(&self) -> bool {
         self.strict_read_audit
     }
+
+    /// Principals the `last_used_at` coalescing remembers.
+    pub fn observation_capacity(&self) -> NonZeroUsize {
+        self.observation_capacity
+    }
 }
 
 impl fmt::Debug for StoreConfig {
@@ -164,6 +180,7 @@ impl fmt::Debug for StoreConfig {
             .field("max_page_count", &self.max_page_count)
             .field("refuse_writes", &self.refuse_writes)
             .field("strict_read_audit", &self.strict_read_audit)
+            .field("observation_capacity", &self.observation_capacity)
             .finish_non_exhaustive()
     }
 }

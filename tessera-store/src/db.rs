@@ -219,10 +219,6 @@ impl WriteConnection {
         &self.conn
     }
 
-    pub(crate) fn hooks(&self) -> &HookState {
-        &self.hooks
-    }
-
     pub(crate) fn is_refusing(&self) -> bool {
         self.hooks.refusing.load(Ordering::Relaxed)
     }
@@ -386,6 +382,19 @@ impl<'a> Reader<'a> {
             }
             None => Ok(None),
         }
+    }
+
+    /// The `EXPLAIN QUERY PLAN` detail lines of `sql`.
+    #[cfg(test)]
+    pub(crate) fn explain(&self, sql: &str) -> rusqlite::Result<Vec<String>> {
+        let mut statement = self.conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+        // Parameters stay unbound (NULL): the plan does not depend on them.
+        let mut rows = statement.raw_query();
+        let mut lines = Vec::new();
+        while let Some(row) = rows.next()? {
+            lines.push(row.get::<_, String>(3)?);
+        }
+        Ok(lines)
     }
 
     /// Every row.

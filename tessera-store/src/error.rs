@@ -164,6 +164,24 @@ impl Error {
         }
     }
 
+    /// How a request that failed with this error is counted.
+    pub fn outcome(&self) -> tessera_audit::Outcome {
+        use tessera_audit::Outcome;
+        match self {
+            Self::Unauthorized => Outcome::Unauthorized,
+            Self::Forbidden { .. } => Outcome::Forbidden,
+            Self::NotFound { .. } => Outcome::NotFound,
+            Self::Conflict { .. } => Outcome::Conflict,
+            Self::InvalidInput { .. } => Outcome::InvalidInput,
+            Self::RateLimited { .. } => Outcome::RateLimited,
+            Self::StorageQuotaExhausted { .. } => Outcome::StorageQuotaExhausted,
+            Self::Storage(_)
+            | Self::SchemaTooNew { .. }
+            | Self::CorruptDatabase { .. }
+            | Self::RandomnessUnavailable => Outcome::StorageError,
+        }
+    }
+
     /// Whether this is a storage-provider quota refusal.
     pub fn is_quota_exhausted(&self) -> bool {
         matches!(self, Self::StorageQuotaExhausted { .. })

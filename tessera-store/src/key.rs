@@ -88,21 +88,21 @@ impl fmt::Display for KeySecret {
 }
 
 /// A generated key and what the store keeps of it.
-pub(crate) struct Generated {
+pub(crate) struct IssuedSecret {
     pub(crate) key_id: KeyId,
     pub(crate) secret: KeySecret,
     pub(crate) hash: [u8; 32],
 }
 
 /// Draws a new key from the operating system's randomness.
-pub(crate) fn generate() -> Result<Generated, Error> {
+pub(crate) fn generate() -> Result<IssuedSecret, Error> {
     let mut id = [0_u8; KEY_ID_BYTES];
     let mut secret = [0_u8; SECRET_BYTES];
     getrandom::fill(&mut id).map_err(|_| Error::RandomnessUnavailable)?;
     getrandom::fill(&mut secret).map_err(|_| Error::RandomnessUnavailable)?;
     let key_id = KeyId(hex(&id));
     let presented = format!("{PREFIX}{key_id}_{}", hex(&secret));
-    Ok(Generated {
+    Ok(IssuedSecret {
         hash: hash(&presented),
         key_id,
         secret: KeySecret(presented),

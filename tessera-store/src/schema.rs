@@ -150,7 +150,7 @@ pub(crate) const INDEXES: &[Index] = &[
         name: "access_keys_principal",
         table: "access_keys",
         unique: false,
-        columns: &["principal_id"],
+        columns: &["principal_id", "key_id"],
         filter: None,
     },
     Index {

@@ -9,6 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 
+use tessera_audit::{CounterBuffer, ObservationCoalescer};
+
+use crate::access::{PrincipalId, PrincipalKind};
+use crate::audit::Retention;
 use crate::clock::Clock;
 use crate::config::StoreConfig;
 use crate::db::{Location, ReadPool, Reader, WriteConnection, Writer, classify};
@@ -31,6 +35,11 @@ pub struct Store {
     readers: ReadPool,
     pub(crate) meter: Meter,
     rules: QuotaRules,
+    /// Counts of requests that are not audited, waiting to be written.
+    pub(crate) counters: Mutex<CounterBuffer>,
+    pub(crate) retention: Mutex<Retention>,
+    /// The `last_used_at` coalescing memory: principal to (account, kind).
+    pub(crate) observations: Mutex<ObservationCoalescer<PrincipalId, (String, PrincipalKind)>>,
 }
 
 impl fmt::Debug for Store {
@@ -101,6 +110,7 @@ impl Store {
             config.busy_timeout(),
             config.read_connections(),
         );
+        let observations = ObservationCoalescer::new(config.observation_capacity());
         Ok(Self {
             config,
             clock,
@@ -109,6 +119,9 @@ impl Store {
             readers,
             meter,
             rules,
+            counters: Mutex::new(CounterBuffer::new()),
+            retention: Mutex::new(Retention::default()),
+            observations: Mutex::new(observations),
         })
     }
 

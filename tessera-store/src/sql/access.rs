@@ -1,0 +1,194 @@
+//! Principals and keys.
+
+use rusqlite::{Row, params};
+
+use crate::db::{Reader, Writer};
+
+/// A key joined with its principal, in [`KeyRow::from_row`] column order,
+/// followed by `$tail`.
+macro_rules! select_keys {
+    ($tail:literal) => {
+        concat!(
+            "SELECT k.id, k.key_id, k.principal_id, k.secret_hash, k.label, k.scopes, ",
+            "k.grants, k.created_at, k.expires_at, k.revoked_at, p.kind, p.account, ",
+            "p.last_used_at FROM access_keys AS k ",
+            "JOIN access_principals AS p ON p.id = k.principal_id ",
+            $tail
+        )
+    };
+}
+
+pub(crate) const KEY_BY_KEY_ID: &str = select_keys!("WHERE k.key_id = ?1");
+
+pub(crate) const KEYS_OF_PRINCIPAL: &str =
+    select_keys!("WHERE k.principal_id = ?1 AND k.key_id > ?2 ORDER BY k.key_id LIMIT ?3");
+
+pub(crate) const KEYS_ALL: &str = select_keys!("WHERE k.key_id > ?1 ORDER BY k.key_id LIMIT ?2");
+
+const INSERT_PRINCIPAL: &str = "INSERT INTO access_principals \
+     (kind, account, created_at, last_used_at, purge_at) VALUES (?1, ?2, ?3, NULL, ?4)";
+
+const PRINCIPAL_BY_ID: &str = "SELECT kind, account FROM access_principals WHERE id = ?1";
+
+const INSERT_KEY: &str = "INSERT INTO access_keys (key_id, principal_id, secret_hash, label, \
+     scopes, grants, created_at, expires_at, revoked_at, purge_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL, ?9)";
+
+pub(crate) const REVOKE_KEY: &str = "UPDATE access_keys SET revoked_at = ?2 WHERE id = ?1";
+
+pub(crate) const EXPIRE_KEY: &str = "UPDATE access_keys SET expires_at = ?2 WHERE id = ?1";
+
+pub(crate) const TOUCH_PRINCIPAL: &str =
+    "UPDATE access_principals SET last_used_at = ?2 WHERE id = ?1";
+
+/// A key row with its principal's columns; times in Unix milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyRow {
+    pub(crate) id: i64,
+    pub(crate) key_id: String,
+    pub(crate) principal_id: i64,
+    pub(crate) secret_hash: Vec<u8>,
+    pub(crate) label: String,
+    /// JSON array of scope names.
+    pub(crate) scopes: String,
+    /// JSON array of grant strings.
+    pub(crate) grants: String,
+    pub(crate) created_at: i64,
+    pub(crate) expires_at: Option<i64>,
+    pub(crate) revoked_at: Option<i64>,
+    pub(crate) kind: String,
+    pub(crate) account: String,
+    pub(crate) last_used_at: Option<i64>,
+}
+
+impl KeyRow {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get(0)?,
+            key_id: row.get(1)?,
+            principal_id: row.get(2)?,
+            secret_hash: row.get(3)?,
+            label: row.get(4)?,
+            scopes: row.get(5)?,
+            grants: row.get(6)?,
+            created_at: row.get(7)?,
+            expires_at: row.get(8)?,
+            revoked_at: row.get(9)?,
+            kind: row.get(10)?,
+            account: row.get(11)?,
+            last_used_at: row.get(12)?,
+        })
+    }
+}
+
+/// A new key's columns; times in Unix milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct NewKey<'a> {
+    pub(crate) key_id: &'a str,
+    pub(crate) principal_id: i64,
+    pub(crate) secret_hash: &'a [u8],
+    pub(crate) label: &'a str,
+    pub(crate) scopes: &'a str,
+    pub(crate) grants: &'a str,
+    pub(crate) created_at: i64,
+    pub(crate) expires_at: Option<i64>,
+    pub(crate) purge_at: Option<i64>,
+}
+
+/// The key with this public id, with its principal: one lookup through the
+/// unique `access_keys_key_id` index and one by the principal's rowid.
+pub(crate) fn key_by_key_id(reader: &Reader<'_>, key_id: &str) -> rusqlite::Result<Option<KeyRow>> {
+    reader.optional(KEY_BY_KEY_ID, [key_id], KeyRow::from_row)
+}
+
+/// Up to `limit` keys of one principal after `after` in key id order.
+pub(crate) fn keys_of_principal(
+    reader: &Reader<'_>,
+    principal_id: i64,
+    after: &str,
+    limit: i64,
+) -> rusqlite::Result<Vec<KeyRow>> {
+    reader.all(
+        KEYS_OF_PRINCIPAL,
+        params![principal_id, after, limit],
+        KeyRow::from_row,
+    )
+}
+
+/// Up to `limit` keys after `after` in key id order.
+pub(crate) fn keys_all(
+    reader: &Reader<'_>,
+    after: &str,
+    limit: i64,
+) -> rusqlite::Result<Vec<KeyRow>> {
+    reader.all(KEYS_ALL, params![after, limit], KeyRow::from_row)
+}
+
+/// A principal's kind and account.
+pub(crate) fn principal_by_id(
+    reader: &Reader<'_>,
+    principal_id: i64,
+) -> rusqlite::Result<Option<(String, String)>> {
+    reader.optional(PRINCIPAL_BY_ID, [principal_id], |row| {
+        Ok((row.get(0)?, row.get(1)?))
+    })
+}
+
+/// Inserts a principal; returns its id.
+pub(crate) fn insert_principal(
+    writer: &Writer<'_>,
+    kind: &str,
+    account: &str,
+    created_at: i64,
+    purge_at: Option<i64>,
+) -> rusqlite::Result<i64> {
+    writer.insert(
+        INSERT_PRINCIPAL,
+        params![kind, account, created_at, purge_at],
+    )
+}
+
+/// Inserts a key; `Ok(None)` if its key id is already taken.
+pub(crate) fn insert_key(writer: &Writer<'_>, key: &NewKey<'_>) -> rusqlite::Result<Option<i64>> {
+    writer
+        .insert(
+            INSERT_KEY,
+            params![
+                key.key_id,
+                key.principal_id,
+                key.secret_hash,
+                key.label,
+                key.scopes,
+                key.grants,
+                key.created_at,
+                key.expires_at,
+                key.purge_at
+            ],
+        )
+        .map(Some)
+        .or_else(|error| match error.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::ConstraintViolation) => Ok(None),
+            _ => Err(error),
+        })
+}
+
+/// Marks a key revoked at `at`.
+pub(crate) fn revoke_key(writer: &Writer<'_>, id: i64, at: i64) -> rusqlite::Result<()> {
+    writer.execute(REVOKE_KEY, params![id, at]).map(drop)
+}
+
+/// Sets a key's expiry.
+pub(crate) fn expire_key(writer: &Writer<'_>, id: i64, at: i64) -> rusqlite::Result<()> {
+    writer.execute(EXPIRE_KEY, params![id, at]).map(drop)
+}
+
+/// Records a principal's `last_used_at`.
+pub(crate) fn touch_principal(
+    writer: &Writer<'_>,
+    principal_id: i64,
+    at: i64,
+) -> rusqlite::Result<()> {
+    writer
+        .execute(TOUCH_PRINCIPAL, params![principal_id, at])
+        .map(drop)
+}

@@ -1,0 +1,164 @@
+//! Every SQL statement the store runs, behind one narrow seam.
+//!
+//! Operations call the functions here with typed arguments and get typed rows
+//! back; no SQL text lives elsewhere except the schema list and the cold
+//! start's introspection. Another backend (PostgreSQL) would reimplement this
+//! module.
+//!
+//! [`HOT_STATEMENTS`] lists every statement on a request path; a test runs
+//! `EXPLAIN QUERY PLAN` over each and fails on a full table scan. A new
+//! statement on a request path is added there.
+
+pub(crate) mod access;
+pub(crate) mod audit;
+
+use chrono::{DateTime, Utc};
+
+/// A statement on a request path, named for the failure message.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HotStatement {
+    pub(crate) name: &'static str,
+    pub(crate) sql: &'static str,
+}
+
+/// Every statement on a request path (see the module docs).
+#[cfg(test)]
+pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
+    HotStatement {
+        name: "key by key id",
+        sql: access::KEY_BY_KEY_ID,
+    },
+    HotStatement {
+        name: "keys of a principal",
+        sql: access::KEYS_OF_PRINCIPAL,
+    },
+    HotStatement {
+        name: "all keys",
+        sql: access::KEYS_ALL,
+    },
+    HotStatement {
+        name: "revoke key",
+        sql: access::REVOKE_KEY,
+    },
+    HotStatement {
+        name: "expire key",
+        sql: access::EXPIRE_KEY,
+    },
+    HotStatement {
+        name: "touch principal",
+        sql: access::TOUCH_PRINCIPAL,
+    },
+    HotStatement {
+        name: "insert audit event",
+        sql: audit::INSERT_EVENT,
+    },
+    HotStatement {
+        name: "add to counter",
+        sql: audit::ADD_TO_COUNTER,
+    },
+    HotStatement {
+        name: "events of a principal",
+        sql: audit::EVENTS_OF_PRINCIPAL,
+    },
+    HotStatement {
+        name: "all events",
+        sql: audit::EVENTS_ALL,
+    },
+    HotStatement {
+        name: "counters of a principal",
+        sql: audit::COUNTERS_OF_PRINCIPAL,
+    },
+    HotStatement {
+        name: "all counters",
+        sql: audit::COUNTERS_ALL,
+    },
+    HotStatement {
+        name: "purge audit events",
+        sql: audit::PURGE_EVENTS,
+    },
+    HotStatement {
+        name: "purge counters",
+        sql: audit::PURGE_COUNTERS,
+    },
+    HotStatement {
+        name: "purge keys",
+        sql: audit::PURGE_KEYS,
+    },
+    HotStatement {
+        name: "purge principals",
+        sql: audit::PURGE_PRINCIPALS,
+    },
+    HotStatement {
+        name: "purge limits",
+        sql: audit::PURGE_LIMITS,
+    },
+];
+
+/// A stored time: Unix milliseconds.
+pub(crate) fn millis(time: DateTime<Utc>) -> i64 {
+    time.timestamp_millis()
+}
+
+/// A stored time read back; out-of-range values clamp to the representable
+/// range rather than fail a read.
+pub(crate) fn from_millis(value: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(value).unwrap_or(if value < 0 {
+        DateTime::<Utc>::MIN_UTC
+    } else {
+        DateTime::<Utc>::MAX_UTC
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Store, StoreConfig};
+
+    /// The plan lines of every hot statement, against the real schema.
+    fn plans() -> Vec<(&'static str, Vec<String>)> {
+        let store = Store::open_in_memory(StoreConfig::default()).unwrap();
+        store
+            .read(|reader| {
+                let mut out = Vec::new();
+                for statement in HOT_STATEMENTS {
+                    let lines = reader.explain(statement.sql)?;
+                    out.push((statement.name, lines));
+                }
+                Ok(out)
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn hot_statements_never_scan_a_table() {
+        // A plain INSERT has no plan lines; everything else must search.
+        for (name, lines) in plans() {
+            for line in &lines {
+                assert!(
+                    !line.starts_with("SCAN "),
+                    "{name} scans: {line}\nwhole plan: {lines:#?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_scan_would_be_caught() {
+        let store = Store::open_in_memory(StoreConfig::default()).unwrap();
+        let lines = store
+            .read(|reader| Ok(reader.explain("SELECT id FROM access_keys WHERE label = ?1")?))
+            .unwrap();
+        assert!(
+            lines.iter().any(|line| line.starts_with("SCAN ")),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn millis_round_trip() {
+        let now = DateTime::from_timestamp_millis(1_793_000_000_123).unwrap();
+        assert_eq!(from_millis(millis(now)), now);
+        assert_eq!(from_millis(i64::MAX), DateTime::<Utc>::MAX_UTC);
+    }
+}

@@ -464,6 +464,16 @@ impl KeySpec {
         .with_grant(Grant::Admin)
     }
 
+    /// A key for a new anonymous principal of `account`; made only by the
+    /// store's session minting, which sets its purge time.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn anonymous(account: &str) -> Self {
+        Self::new(Owner::New {
+            kind: PrincipalKind::Anonymous,
+            account: account.to_owned(),
+        })
+    }
+
     /// Another key for an existing keyed or admin principal.
     pub fn for_principal(principal: PrincipalId) -> Self {
         Self::new(Owner::Existing(principal))
@@ -861,6 +871,11 @@ pub(crate) fn insert_key(
     let (principal, kind, account) = match &spec.owner {
         Owner::New { kind, account } => {
             check_text("account", account, MAX_ACCOUNT_LEN, false)?;
+            if (*kind == PrincipalKind::Anonymous) != purge_at.is_some() {
+                return Err(Error::InvalidInput {
+                    reason: "anonymous principals, and only they, have a purge time".to_owned(),
+                });
+            }
             let id = sql::insert_principal(
                 writer,
                 kind.as_str(),

@@ -467,7 +467,59 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::{KeySpec, insert_key};
+    use crate::{Grant, ManualClock, StoreConfig};
     use chrono::TimeZone;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn anonymous_principals_their_keys_and_limits_are_purged_keyed_ones_kept() {
+        let start = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+        let clock = ManualClock::new(start);
+        let store =
+            Store::open_in_memory(StoreConfig::default().with_clock(Arc::new(clock.clone())))
+                .unwrap();
+        let admin = store.create_admin_key("ops").unwrap();
+        let purge_at = start + chrono::TimeDelta::hours(1);
+        let session = store
+            .write(|writer| {
+                let issued = insert_key(
+                    writer,
+                    &KeySpec::anonymous("demo").with_grant(Grant::AllNamespaces),
+                    start,
+                    Some(purge_at),
+                )?;
+                writer.execute(
+                    "INSERT INTO access_limits (subject, window_start, count, purge_at) \
+                     VALUES ('mint:group', ?1, 1, ?2)",
+                    [millis(start), millis(purge_at)],
+                )?;
+                Ok(issued)
+            })
+            .unwrap();
+        assert_eq!(session.info.expires_at, Some(purge_at));
+        assert!(store.authenticate(Some(session.secret.expose())).is_ok());
+
+        clock.advance(Duration::from_secs(2 * 3600));
+        // Past its purge time the key no longer works, even before retention.
+        assert!(store.authenticate(Some(session.secret.expose())).is_err());
+        let report = store.maintain().unwrap();
+        assert!(report.retention_ran);
+        // Its key, its principal and its limit row.
+        assert_eq!(report.rows_deleted, 3);
+        assert!(store.authenticate(Some(admin.secret.expose())).is_ok());
+        let left: i64 = store
+            .read(|reader| {
+                Ok(reader
+                    .optional("SELECT count(*) FROM access_principals", [], |row| {
+                        row.get(0)
+                    })?
+                    .unwrap_or(0))
+            })
+            .unwrap();
+        assert_eq!(left, 1);
+    }
 
     #[test]
     fn the_first_visible_minute_starts_inside_the_window() {

@@ -1,0 +1,301 @@
+//! Keys, grants and authentication through the public API.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Fixture, namespace};
+use tessera_store::{Action, AuditQuery, Error, Grant, KeyFilter, KeyId, KeySpec, Scope};
+
+fn assert_unauthorized(result: Result<tessera_store::Caller, Error>) {
+    let error = result.unwrap_err();
+    assert!(matches!(error, Error::Unauthorized), "{error:?}");
+    assert_eq!(error.status(), 401);
+    assert_eq!(error.code(), "unauthorized");
+}
+
+#[test]
+fn missing_malformed_and_unknown_keys_are_401_and_write_nothing() {
+    let f = Fixture::new();
+    let key = f.worker(Grant::AllNamespaces);
+    let genuine = key.secret.expose().to_owned();
+    let unknown_id = format!("tsk_{}_{}", "f".repeat(16), &genuine[21..]);
+    let wrong_secret = format!("{}{}", &genuine[..21], "0".repeat(64));
+    let before = f.store.meter();
+    for presented in [
+        None,
+        Some(""),
+        Some("Bearer x"),
+        Some("tsk_nonsense"),
+        Some(unknown_id.as_str()),
+        Some(wrong_secret.as_str()),
+    ] {
+        assert_unauthorized(f.store.authenticate(presented));
+    }
+    let cost = f.store.meter().since(&before);
+    assert_eq!(cost.rows_written, 0);
+    assert_eq!(cost.write_transactions, 0);
+    // Only the two well-formed keys were looked up, and only the one with a
+    // real key id found a row.
+    assert_eq!(cost.rows_read, 1);
+    // Counted in memory instead.
+    assert_eq!(f.store.pending_counters(), 6);
+}
+
+#[test]
+fn expired_and_revoked_keys_are_401() {
+    let f = Fixture::new();
+    let expiring = f
+        .store
+        .create_key(
+            &f.admin,
+            &KeySpec::keyed("acme")
+                .with_grant(Grant::AllNamespaces)
+                .with_expiry(common::noon() + chrono::TimeDelta::hours(1)),
+        )
+        .unwrap();
+    assert!(f.store.authenticate(Some(expiring.secret.expose())).is_ok());
+    f.clock.advance(Duration::from_secs(3600));
+    assert_unauthorized(f.store.authenticate(Some(expiring.secret.expose())));
+
+    let revoked = f.worker(Grant::AllNamespaces);
+    let worker = f.login(&revoked);
+    let info = f.store.revoke_key(&f.admin, worker.key_id()).unwrap();
+    assert!(info.revoked_at.is_some());
+    assert_unauthorized(f.store.authenticate(Some(revoked.secret.expose())));
+    // A caller resolved before the revocation fails its re-check.
+    assert_unauthorized(f.store.recheck(&worker));
+}
+
+#[test]
+fn grants_decide_403_before_any_namespace_work() {
+    let f = Fixture::new();
+    let one = f.login(&f.worker(Grant::Namespace(namespace("renders"))));
+    let every = f.login(&f.worker(Grant::AllNamespaces));
+    let renders = namespace("renders");
+    let other = namespace("billing");
+
+    assert!(
+        f.store
+            .authorize(&one, &renders, Scope::Claim, Action::Claim)
+            .is_ok()
+    );
+    let denied = f
+        .store
+        .authorize(&one, &other, Scope::Claim, Action::Claim)
+        .unwrap_err();
+    assert_eq!((denied.status(), denied.code()), (403, "forbidden"));
+    let no_scope = f
+        .store
+        .authorize(&one, &renders, Scope::Enqueue, Action::Enqueue)
+        .unwrap_err();
+    assert_eq!(no_scope.status(), 403);
+
+    assert!(
+        f.store
+            .authorize(&every, &other, Scope::Read, Action::ReadTask)
+            .is_ok()
+    );
+    assert!(every.require_admin().is_err());
+    assert!(
+        f.store
+            .authorize(&f.admin, &other, Scope::Enqueue, Action::Enqueue)
+            .is_ok()
+    );
+    assert!(f.admin.is_admin());
+}
+
+#[test]
+fn only_admins_create_keys_and_the_admin_grant_needs_an_admin_principal() {
+    let f = Fixture::new();
+    let worker = f.login(&f.worker(Grant::AllNamespaces));
+    let error = f
+        .store
+        .create_key(&worker, &KeySpec::keyed("acme"))
+        .unwrap_err();
+    assert_eq!(error.status(), 403);
+    let error = f
+        .store
+        .create_key(&f.admin, &KeySpec::keyed("acme").with_grant(Grant::Admin))
+        .unwrap_err();
+    assert_eq!(error.code(), "invalid_input");
+    let second_admin = f
+        .store
+        .create_key(&f.admin, &KeySpec::admin("ops"))
+        .unwrap();
+    assert!(f.login(&second_admin).is_admin());
+}
+
+#[test]
+fn another_key_for_the_same_principal_shares_its_identity() {
+    let f = Fixture::new();
+    let first = f.login(&f.worker(Grant::AllNamespaces));
+    let second = f
+        .store
+        .create_key(
+            &f.admin,
+            &KeySpec::for_principal(first.principal()).with_scopes([Scope::Read]),
+        )
+        .unwrap();
+    let second = f.login(&second);
+    assert_eq!(second.principal(), first.principal());
+    assert_ne!(second.key_id(), first.key_id());
+    assert_eq!(second.scopes(), &[Scope::Read]);
+}
+
+#[test]
+fn listing_never_shows_a_secret_and_respects_ownership() {
+    let f = Fixture::new();
+    let key = f.worker(Grant::AllNamespaces);
+    let other = f.worker(Grant::AllNamespaces);
+    let worker = f.login(&key);
+
+    let own = f.store.list_keys(&worker, &KeyFilter::default()).unwrap();
+    assert_eq!(own.len(), 1);
+    assert_eq!(&own[0].key_id, worker.key_id());
+    let json = serde_json::to_string(&own).unwrap();
+    assert!(!json.contains(&key.secret.expose()[21..]));
+
+    let all = f.store.list_keys(&f.admin, &KeyFilter::default()).unwrap();
+    assert_eq!(all.len(), 3);
+    let paged = f
+        .store
+        .list_keys(
+            &f.admin,
+            &KeyFilter {
+                after: Some(all[0].key_id.clone()),
+                limit: 1,
+                ..KeyFilter::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(paged, vec![all[1].clone()]);
+
+    let theirs = KeyFilter {
+        principal: Some(other.info.principal),
+        ..KeyFilter::default()
+    };
+    assert_eq!(
+        f.store.list_keys(&worker, &theirs).unwrap_err().status(),
+        403
+    );
+    assert_eq!(f.store.list_keys(&f.admin, &theirs).unwrap().len(), 1);
+    // Another principal's key is not found, rather than forbidden.
+    let error = f.store.revoke_key(&worker, &other.info.key_id).unwrap_err();
+    assert_eq!(error.status(), 404);
+}
+
+#[test]
+fn key_management_is_audited_and_no_ops_are_not() {
+    let f = Fixture::new();
+    let key = f.worker(Grant::AllNamespaces);
+    let worker = f.login(&key);
+    f.store.revoke_key(&worker, worker.key_id()).unwrap();
+    let before = f.store.meter();
+    // Revoking again changes nothing and writes nothing.
+    f.store.revoke_key(&f.admin, worker.key_id()).unwrap();
+    assert_eq!(f.store.meter().since(&before).rows_written, 0);
+
+    let expiry = common::noon() + chrono::TimeDelta::days(1);
+    let other = f.login(&f.worker(Grant::AllNamespaces));
+    let info = f
+        .store
+        .expire_key(&f.admin, other.key_id(), expiry)
+        .unwrap();
+    assert_eq!(info.expires_at, Some(expiry));
+
+    let page = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    let actions: Vec<Action> = page.events.iter().map(|event| event.action).collect();
+    for expected in [Action::CreateKey, Action::RevokeKey, Action::ExpireKey] {
+        assert!(actions.contains(&expected), "{expected:?} in {actions:?}");
+    }
+    let revocations = actions.iter().filter(|a| **a == Action::RevokeKey).count();
+    assert_eq!(revocations, 1);
+    let revoke = page
+        .events
+        .iter()
+        .find(|event| event.action == Action::RevokeKey)
+        .unwrap();
+    assert_eq!(
+        revoke.resource.as_ref().unwrap().as_str(),
+        format!("key:{}", worker.key_id())
+    );
+    assert_eq!(revoke.principal.as_str(), worker.principal().to_string());
+}
+
+#[test]
+fn expiring_a_key_now_stops_it() {
+    let f = Fixture::new();
+    let key = f.worker(Grant::AllNamespaces);
+    let worker = f.login(&key);
+    f.store
+        .expire_key(&worker, worker.key_id(), common::noon())
+        .unwrap();
+    assert_unauthorized(f.store.authenticate(Some(key.secret.expose())));
+}
+
+#[test]
+fn last_used_at_is_written_at_most_once_per_interval() {
+    let f = Fixture::new();
+    let key = f.worker(Grant::AllNamespaces);
+
+    // First sight of this principal: one row (no index holds last_used_at).
+    let (_, cost) = f
+        .store
+        .measure(|s| s.authenticate(Some(key.secret.expose())));
+    assert_eq!(cost.rows_written, 1);
+    // Within the interval: nothing, however often.
+    for _ in 0..5 {
+        f.clock.advance(Duration::from_secs(10));
+        let (caller, cost) = f
+            .store
+            .measure(|s| s.authenticate(Some(key.secret.expose())));
+        assert!(caller.is_ok());
+        assert_eq!(cost.rows_written, 0);
+    }
+    // The interval has passed: exactly one refresh.
+    f.clock.advance(Duration::from_secs(10));
+    let (_, cost) = f
+        .store
+        .measure(|s| s.authenticate(Some(key.secret.expose())));
+    assert_eq!(cost.rows_written, 1);
+    let listed = f
+        .store
+        .list_keys(
+            &f.admin,
+            &KeyFilter {
+                principal: Some(key.info.principal),
+                ..KeyFilter::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        listed[0].last_used_at,
+        Some(common::noon() + chrono::TimeDelta::seconds(60))
+    );
+}
+
+#[test]
+fn a_refused_last_used_write_does_not_fail_authentication() {
+    let f = Fixture::new();
+    let key = f.worker(Grant::AllNamespaces);
+    f.store.refuse_writes(true);
+    let before = f.store.meter();
+    let caller = f.store.authenticate(Some(key.secret.expose())).unwrap();
+    assert_eq!(caller.principal(), key.info.principal);
+    let cost = f.store.meter().since(&before);
+    assert_eq!(cost.rows_written, 0);
+    assert_eq!(cost.refused_writes, 1);
+    // The refusal is remembered: the next request does not try again.
+    let (_, cost) = f
+        .store
+        .measure(|s| s.authenticate(Some(key.secret.expose())));
+    assert_eq!(cost.refused_writes, 0);
+}
+
+#[test]
+fn key_ids_parse_strictly() {
+    assert!(KeyId::parse("0123456789abcdef").is_ok());
+    assert!(KeyId::parse("0123456789ABCDEF").is_err());
+    assert!(KeyId::parse("0123").is_err());
+}

@@ -1,0 +1,145 @@
+//! Audit rows, counters and retention through the public API.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Fixture, namespace};
+use tessera_store::{Action, AuditQuery, Grant, KeyFilter, Outcome, STORE_NAMESPACE, Scope};
+
+#[test]
+fn an_audit_read_writes_waiting_counters_first() {
+    let f = Fixture::new();
+    let worker = f.login(&f.worker(Grant::Namespace(namespace("renders"))));
+    let before = f.store.meter();
+    for _ in 0..3 {
+        assert!(f.store.authenticate(Some("tsk_bogus")).is_err());
+    }
+    assert!(
+        f.store
+            .authorize(&worker, &namespace("billing"), Scope::Claim, Action::Claim)
+            .is_err()
+    );
+    assert_eq!(f.store.meter().since(&before).rows_written, 0);
+    assert_eq!(f.store.pending_counters(), 4);
+
+    // Same minute: not due on their own, but the audit read writes them.
+    let page = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    assert_eq!(f.store.pending_counters(), 0);
+    let unauthorized = page
+        .counters
+        .iter()
+        .find(|c| c.key.outcome() == Outcome::Unauthorized)
+        .unwrap();
+    assert_eq!(unauthorized.count, 3);
+    assert_eq!(unauthorized.key.principal(), None);
+    assert_eq!(unauthorized.key.namespace().as_str(), STORE_NAMESPACE);
+    assert_eq!(unauthorized.key.action(), Action::Authenticate);
+    let forbidden = page
+        .counters
+        .iter()
+        .find(|c| c.key.outcome() == Outcome::Forbidden)
+        .unwrap();
+    assert_eq!(forbidden.count, 1);
+    assert_eq!(forbidden.key.namespace().as_str(), "billing");
+    assert_eq!(
+        forbidden.key.principal().map(|p| p.as_str().to_owned()),
+        Some(worker.principal().to_string())
+    );
+
+    // A later flush adds to the same rows rather than duplicating them.
+    assert!(f.store.authenticate(Some("tsk_bogus")).is_err());
+    let page = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    let unauthorized: Vec<_> = page
+        .counters
+        .iter()
+        .filter(|c| c.key.outcome() == Outcome::Unauthorized)
+        .collect();
+    assert_eq!(unauthorized.len(), 1);
+    assert_eq!(unauthorized[0].count, 4);
+}
+
+#[test]
+fn counters_are_written_once_their_minute_has_passed() {
+    let f = Fixture::new();
+    assert!(f.store.authenticate(None).is_err());
+    assert!(f.store.maintain().unwrap().counters_written == 0);
+    assert_eq!(f.store.pending_counters(), 1);
+    let due = f.store.next_maintenance().unwrap();
+    assert!(due <= common::noon() + chrono::TimeDelta::minutes(1));
+    f.clock.advance(Duration::from_secs(60));
+    let report = f.store.maintain().unwrap();
+    assert_eq!(report.counters_written, 1);
+    assert_eq!(f.store.pending_counters(), 0);
+}
+
+#[test]
+fn callers_read_their_own_audit_and_admins_everyones() {
+    let f = Fixture::new();
+    let worker = f.login(&f.worker(Grant::AllNamespaces));
+    let other = f.login(&f.worker(Grant::AllNamespaces));
+    f.store.list_keys(&worker, &KeyFilter::default()).unwrap();
+    f.store.list_keys(&other, &KeyFilter::default()).unwrap();
+
+    let own = f.store.audit(&worker, &AuditQuery::default()).unwrap();
+    assert_eq!(own.events.len(), 1);
+    assert_eq!(own.events[0].action, Action::ListKeys);
+    assert_eq!(
+        own.events[0].principal.as_str(),
+        worker.principal().to_string()
+    );
+
+    let theirs = AuditQuery {
+        principal: Some(other.principal()),
+        ..AuditQuery::default()
+    };
+    assert_eq!(f.store.audit(&worker, &theirs).unwrap_err().status(), 403);
+    let as_admin = f.store.audit(&f.admin, &theirs).unwrap();
+    assert_eq!(as_admin.events.len(), 1);
+    assert_eq!(
+        as_admin.events[0].principal.as_str(),
+        other.principal().to_string()
+    );
+
+    let everyone = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    // Three keys created, two listings, and two audit reads before this one.
+    assert_eq!(everyone.events.len(), 7);
+    // Newest first.
+    assert!(everyone.events.windows(2).all(|w| w[0].time >= w[1].time));
+}
+
+#[test]
+fn reads_hide_expired_rows_and_retention_deletes_them_in_batches() {
+    let f = Fixture::new();
+    let worker = f.login(&f.worker(Grant::AllNamespaces));
+    for _ in 0..1200 {
+        f.store.list_keys(&worker, &KeyFilter::default()).unwrap();
+    }
+    // Admin key, worker key, 1,200 listings.
+    let events = 1202;
+
+    f.clock.advance(Duration::from_secs(24 * 3600 + 60));
+    // With writes refused, retention cannot run: the expired rows are still
+    // there, and the read must hide them itself.
+    f.store.refuse_writes(true);
+    let page = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    assert!(page.events.is_empty(), "{:?}", page.events.first());
+    f.store.refuse_writes(false);
+
+    let before = f.store.meter();
+    let report = f.store.maintain().unwrap();
+    let cost = f.store.meter().since(&before);
+    assert!(report.retention_ran);
+    assert_eq!(report.rows_deleted, events);
+    // Events in batches of 500, 500 and 202; one short batch for each of
+    // keys, principals, limits and counters.
+    assert_eq!(cost.write_transactions, 3 + 4);
+    // Each deleted event is its row and two index entries.
+    assert_eq!(cost.rows_written, events * 3);
+
+    // At most once per five minutes.
+    f.clock.advance(Duration::from_secs(299));
+    assert!(!f.store.maintain().unwrap().retention_ran);
+    f.clock.advance(Duration::from_secs(1));
+    assert!(f.store.maintain().unwrap().retention_ran);
+}

@@ -55,6 +55,12 @@ impl Location {
     }
 }
 
+/// The `(table, column)` pairs a statement assigns.
+type Assignments = Arc<[(String, String)]>;
+
+/// What each statement run through [`Writer::execute`] assigns, by SQL text.
+type AssignmentCache = RefCell<HashMap<String, Assignments>>;
+
 /// State shared between the write connection and its SQLite hooks.
 #[derive(Debug, Default)]
 pub(crate) struct HookState {
@@ -72,7 +78,7 @@ struct HookInner {
     /// `(table, column)` assignments seen while a statement is prepared.
     collecting: Option<Vec<(String, String)>>,
     /// The assignments of the statement being run.
-    running: Option<Arc<[(String, String)]>>,
+    running: Option<Assignments>,
 }
 
 impl HookState {
@@ -169,7 +175,7 @@ pub(crate) struct WriteConnection {
     hooks: Arc<HookState>,
     /// The `(table, column)` assignments of each statement run through
     /// [`Writer::execute`], learned by the authorizer when it is prepared.
-    assignments: RefCell<HashMap<String, Arc<[(String, String)]>>>,
+    assignments: AssignmentCache,
     allowance: DailyAllowance,
 }
 
@@ -420,7 +426,7 @@ impl<'a> Reader<'a> {
 pub(crate) struct Writer<'a> {
     reader: Reader<'a>,
     hooks: &'a HookState,
-    assignments: &'a RefCell<HashMap<String, Arc<[(String, String)]>>>,
+    assignments: &'a AssignmentCache,
 }
 
 impl<'a> std::ops::Deref for Writer<'a> {
@@ -458,7 +464,7 @@ impl Writer<'_> {
         Ok(())
     }
 
-    fn assignments_of(&self, sql: &str) -> rusqlite::Result<Arc<[(String, String)]>> {
+    fn assignments_of(&self, sql: &str) -> rusqlite::Result<Assignments> {
         if let Some(known) = self.assignments.borrow().get(sql) {
             return Ok(Arc::clone(known));
         }
@@ -472,7 +478,7 @@ impl Writer<'_> {
             .take()
             .unwrap_or_default();
         prepared?;
-        let assigned: Arc<[(String, String)]> = collected.into();
+        let assigned: Assignments = collected.into();
         self.assignments
             .borrow_mut()
             .insert(sql.to_owned(), Arc::clone(&assigned));
@@ -536,6 +542,110 @@ impl ReadPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
+
+    fn scratch() -> (WriteConnection, Meter) {
+        let location = Location::Memory(format!(
+            "file:/tessera-db-test-{}?vfs=memdb",
+            crate::key::hex(&rand_bytes())
+        ));
+        let mut writer =
+            WriteConnection::open(&location, Duration::from_secs(1), None, false, 0).unwrap();
+        writer
+            .connection()
+            .execute_batch(
+                "CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b INTEGER, c INTEGER);
+                 CREATE INDEX t_a ON t (a);
+                 CREATE INDEX t_bc ON t (b, c);",
+            )
+            .unwrap();
+        writer.load_indexes(&["t"]).unwrap();
+        (writer, Meter::default())
+    }
+
+    fn rand_bytes() -> [u8; 8] {
+        let mut bytes = [0; 8];
+        getrandom::fill(&mut bytes).unwrap();
+        bytes
+    }
+
+    fn rows(writer: &mut WriteConnection, meter: &Meter, sql: &str) -> u64 {
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+        let before = meter.snapshot();
+        writer
+            .transaction(now, meter, &QuotaRules::default(), |w| {
+                w.execute(sql, [])?;
+                Ok(())
+            })
+            .unwrap();
+        meter.snapshot().since(&before).rows_written
+    }
+
+    #[test]
+    fn rows_written_count_the_index_entries_a_change_touches() {
+        let (mut writer, meter) = scratch();
+        // A row and its two index entries.
+        assert_eq!(
+            rows(
+                &mut writer,
+                &meter,
+                "INSERT INTO t (a, b, c) VALUES (1, 2, 3)"
+            ),
+            3
+        );
+        // An update touches only the indexes holding an assigned column.
+        assert_eq!(rows(&mut writer, &meter, "UPDATE t SET a = 5"), 2);
+        assert_eq!(rows(&mut writer, &meter, "UPDATE t SET c = 5"), 2);
+        assert_eq!(rows(&mut writer, &meter, "UPDATE t SET a = 6, b = 6"), 3);
+        assert_eq!(
+            rows(
+                &mut writer,
+                &meter,
+                "INSERT INTO t (a, b, c) VALUES (1, 2, 3)"
+            ),
+            3
+        );
+        // Two rows deleted, each with two index entries.
+        assert_eq!(rows(&mut writer, &meter, "DELETE FROM t WHERE id > 0"), 6);
+    }
+
+    #[test]
+    fn a_failed_transaction_counts_nothing_and_leaves_nothing() {
+        let (mut writer, meter) = scratch();
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+        let result: Result<(), Error> =
+            writer.transaction(now, &meter, &QuotaRules::default(), |w| {
+                w.execute("INSERT INTO t (a) VALUES (1)", [])?;
+                Err(Error::Conflict {
+                    reason: "test".to_owned(),
+                })
+            });
+        assert!(result.is_err());
+        assert_eq!(meter.snapshot().rows_written, 0);
+        let count: i64 = writer
+            .connection()
+            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(count, 0);
+    }
+
+    #[test]
+    fn refusing_applies_to_statements_prepared_before() {
+        let (mut writer, meter) = scratch();
+        assert_eq!(rows(&mut writer, &meter, "INSERT INTO t (a) VALUES (1)"), 3);
+        writer.set_refusing(true);
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+        let error = writer
+            .transaction(now, &meter, &QuotaRules::default(), |w| {
+                w.execute("INSERT INTO t (a) VALUES (1)", [])?;
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(error.is_quota_exhausted(), "{error:?}");
+        assert_eq!(meter.snapshot().refused_writes, 1);
+        writer.set_refusing(false);
+        assert_eq!(rows(&mut writer, &meter, "INSERT INTO t (a) VALUES (1)"), 3);
+    }
 
     #[test]
     fn write_capable_actions_are_refused_and_reads_are_not() {

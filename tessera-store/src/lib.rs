@@ -1,4 +1,90 @@
-//! The SQLite work-queue store for Tessera.
+//! The SQLite store for Tessera: schema and cold start, access control,
+//! audit persistence, storage-quota handling and metering, composing the
+//! sans-IO crates `tessera-lease`, `tessera-audit` and `tessera-admission`.
+//!
+//! This is the crate that does I/O. It still never reads the operating
+//! system's clock directly: all time comes from the [`Clock`] in its
+//! [`StoreConfig`] ([`SystemClock`] by default, [`ManualClock`] in tests and
+//! simulations), so nothing in a test sleeps to make time pass.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tessera_store::{Action, Grant, KeySpec, ManualClock, Namespace, Scope, Store, StoreConfig};
+//!
+//! let clock = ManualClock::new("2026-10-29T12:00:00Z".parse()?);
+//! let store = Store::open_in_memory(StoreConfig::default().with_clock(Arc::new(clock.clone())))?;
+//!
+//! // Setting up: the first admin key, shown once and stored only as a hash.
+//! let admin_key = store.create_admin_key("operators")?;
+//! let admin = store.authenticate(Some(admin_key.secret.expose()))?;
+//! let renders = Namespace::parse("renders")?;
+//! let worker_key = store.create_key(
+//!     &admin,
+//!     &KeySpec::keyed("acme").with_scopes([Scope::Claim]).with_grant(Grant::Namespace(renders.clone())),
+//! )?;
+//!
+//! // A request: 401 before anything else, 403 before any namespace data.
+//! assert_eq!(store.authenticate(Some("tsk_not_a_key")).unwrap_err().status(), 401);
+//! let worker = store.authenticate(Some(worker_key.secret.expose()))?;
+//! store.authorize(&worker, &renders, Scope::Claim, Action::Claim)?;
+//! let billing = Namespace::parse("billing")?;
+//! assert_eq!(store.authorize(&worker, &billing, Scope::Claim, Action::Claim).unwrap_err().status(), 403);
+//!
+//! // The provider's allowance is spent: reads answer, writes are a 503 that
+//! // resets at the next UTC midnight.
+//! store.refuse_writes(true);
+//! assert!(store.authenticate(Some(worker_key.secret.expose())).is_ok());
+//! let refused = store.revoke_key(&admin, worker.key_id()).unwrap_err();
+//! assert_eq!((refused.status(), refused.code()), (503, "storage_quota_exhausted"));
+//! assert_eq!(refused.reset_at(), Some("2026-10-30T00:00:00Z".parse()?));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Shape
+//!
+//! ```text
+//!            Store (Send + Sync)
+//!   ┌──────────────┬───────────────────────────────┐
+//!   │ write        │ Mutex<write connection>       │  BEGIN IMMEDIATE, update hook
+//!   │              │   + daily allowance           │  (meter), authorizer (refusal)
+//!   │ read         │ pool of read-only connections │  WAL: never wait for the writer
+//!   │ audit        │ CounterBuffer, retention,     │  tessera-audit's rules
+//!   │              │ last_used_at coalescing       │
+//!   └──────────────┴───────────────────────────────┘
+//!   every SQL statement lives in one internal module (the backend seam)
+//! ```
+//!
+//! - **Opening** ([`Store::open`], [`Store::open_in_memory`]): a new file
+//!   gets the whole schema in one transaction; an existing one is inspected
+//!   (`sqlite_master`, columns, the `tessera_meta` `schema_version` marker)
+//!   and only missing tables, indexes and columns are created, so opening an
+//!   up-to-date database writes nothing. A newer [`SCHEMA_VERSION`] is
+//!   refused before anything could write (`journal_mode` included); a damaged
+//!   or foreign file is [`Error::CorruptDatabase`].
+//! - **Access**: keys are `tsk_<key id>_<secret>` with 256 random bits,
+//!   stored as the SHA-256 of the whole key beside the public [`KeyId`].
+//!   [`Store::authenticate`] is one indexed read and a constant-time compare;
+//!   [`Caller`] decides grants and scopes; [`Store::recheck`] re-reads a key
+//!   after a wait. Keys are created, listed, revoked and expired through the
+//!   store, each an audited action.
+//! - **Audit**: every successful action writes one row in its own
+//!   transaction; denied, failed and no-op requests are counted in memory and
+//!   written per minute ([`Store::maintain`]) or before an audit read
+//!   ([`Store::audit`]). Retention deletes rows older than 24 hours, and
+//!   anonymous principals, their keys and limit rows past their purge time,
+//!   at most every five minutes in batches of 500, through indexes.
+//! - **Storage quota**: `SQLITE_FULL`, a configured daily rows-written
+//!   allowance, a host [`QuotaClassifier`] and [`Store::refuse_writes`] are
+//!   all `503 storage_quota_exhausted` with the next 00:00 UTC as
+//!   `reset_at`. Nothing is retried, reset or deleted to get around one;
+//!   a refused transaction is rolled back whole.
+//! - **Errors**: one [`Error`] with `status`, `code`, `retry_after`,
+//!   `reset_at`, a JSON [`body`](Error::body) and a
+//!   [`tool_error`](Error::tool_error) form.
+//! - **Metering**: [`Store::meter`] and [`Store::measure`] count rows
+//!   written (index entries included) and rows read; see [`MeterSnapshot`].
 
 #![forbid(unsafe_code)]
 

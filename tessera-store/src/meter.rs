@@ -1,17 +1,4 @@
 //! Counting rows written and read, so cost tables come from code.
-//!
-//! Definitions:
-//! - **Rows written**: every table row inserted, updated or deleted in a
-//!   committed transaction, plus one per index entry that change touches. An
-//!   insert or delete touches every index of its table; an update touches the
-//!   indexes that contain a column the statement assigns. (A partial index is
-//!   counted like a full one: an upper bound.) Creating a schema object counts
-//!   one row (its `sqlite_master` entry). Rolled-back work counts nothing.
-//! - **Rows read**: rows the store's statements returned to it. A lookup that
-//!   finds nothing reads zero rows.
-//!
-//! Rows are counted with SQLite's update hook on the one write connection and
-//! by the store's own query helpers; see [`crate::Store::meter`].
 
 use std::ops::Sub;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +6,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 /// Totals since the store was opened.
+///
+/// - **Rows written**: every table row inserted, updated or deleted in a
+///   committed transaction, plus one per index entry the change touches, as
+///   storage providers bill them. An insert or delete touches every index of
+///   its table; an update touches the indexes holding a column the statement
+///   assigns (a partial index is counted like a full one: an upper bound).
+///   Creating a schema object counts one row, its `sqlite_master` entry.
+///   Rolled-back and refused work counts nothing. Measured with SQLite's
+///   update hook on the write connection.
+/// - **Rows read**: rows the store's statements returned to it; a lookup
+///   that finds nothing reads zero rows.
 ///
 /// Take one before and one after an operation and subtract
 /// ([`since`](Self::since)) for that operation's cost; concurrent operations

@@ -191,3 +191,47 @@ impl Store {
             .map_err(|error| classify(error, &self.rules, false, self.now_utc()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn reads_do_not_wait_behind_an_open_write_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("t.db"), StoreConfig::default()).unwrap();
+        store.create_admin_key("ops").unwrap();
+        let (started, wait_started) = mpsc::channel();
+        let (release, wait_release) = mpsc::channel::<()>();
+        let store = &store;
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(move || {
+                store.write(|writer| {
+                    writer.execute(
+                        "UPDATE access_principals SET account = 'changed' WHERE id = 1",
+                        [],
+                    )?;
+                    started.send(()).unwrap();
+                    wait_release.recv().unwrap();
+                    Ok(())
+                })
+            });
+            wait_started.recv().unwrap();
+            // The writer holds its lock and an uncommitted change; a read
+            // answers at once with the last committed state.
+            let account = store
+                .read(|reader| {
+                    Ok(reader.optional(
+                        "SELECT account FROM access_principals WHERE id = 1",
+                        [],
+                        |row| row.get::<_, String>(0),
+                    )?)
+                })
+                .unwrap();
+            assert_eq!(account.as_deref(), Some("ops"));
+            release.send(()).unwrap();
+            writer.join().unwrap().unwrap();
+        });
+    }
+}

@@ -97,9 +97,12 @@ impl Error {
     /// is the next 00:00 UTC strictly after `now`.
     pub fn storage_quota_exhausted(now: DateTime<Utc>) -> Self {
         let reset_at = next_utc_midnight(now);
-        let seconds = (reset_at - now).num_seconds().max(1);
+        let retry_after = (reset_at - now)
+            .to_std()
+            .unwrap_or_default()
+            .max(Duration::from_secs(1));
         Self::StorageQuotaExhausted {
-            retry_after: Duration::from_secs(seconds.unsigned_abs()),
+            retry_after,
             reset_at,
         }
     }
@@ -299,6 +302,15 @@ mod tests {
             Some(Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 0).unwrap())
         );
         assert_eq!(error.retry_after_seconds(), Some(30));
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_reach_the_reset() {
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 23, 59, 29).unwrap()
+            + chrono::TimeDelta::milliseconds(500);
+        let error = Error::storage_quota_exhausted(now);
+        assert_eq!(error.retry_after(), Some(Duration::from_millis(30_500)));
+        assert_eq!(error.retry_after_seconds(), Some(31));
     }
 
     #[test]

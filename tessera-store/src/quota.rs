@@ -147,6 +147,33 @@ mod tests {
         assert!(allowance.admits(at(29, 10, 0, 0), u64::MAX));
     }
 
+    proptest::proptest! {
+        /// Against a model: a transaction is admitted exactly when the day's
+        /// committed rows plus its own fit, and a day never exceeds the limit.
+        #[test]
+        fn allowance_matches_a_per_day_model(
+            limit in 0_u64..50,
+            steps in proptest::collection::vec((0_u64..20, 0_i64..30_000), 1..60),
+        ) {
+            let mut allowance = DailyAllowance::new(limit);
+            let mut now = at(29, 0, 0, 0);
+            let mut model: std::collections::HashMap<NaiveDate, u64> = Default::default();
+            for (rows, advance_seconds) in steps {
+                now += chrono::TimeDelta::seconds(advance_seconds);
+                let used = model.entry(now.date_naive()).or_default();
+                let fits = limit == 0 || *used + rows <= limit;
+                proptest::prop_assert_eq!(allowance.admits(now, rows), fits);
+                proptest::prop_assert_eq!(allowance.is_spent(now), limit != 0 && *used >= limit);
+                if fits {
+                    allowance.record(now, rows);
+                    *used += rows;
+                }
+                proptest::prop_assert!(limit == 0 || *used <= limit);
+                proptest::prop_assert_eq!(allowance.used(now), *used);
+            }
+        }
+    }
+
     #[test]
     fn disk_full_is_a_refusal_and_auth_only_while_refusing() {
         let rules = QuotaRules::default();

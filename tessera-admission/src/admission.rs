@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::aimd::Aimd;
-use crate::config::optional_seconds;
 use crate::queue::WaitQueue;
 use crate::quota::Quota;
 use crate::{AdmissionConfig, ConfigError, RejectReason, Rejection, Ticket};
@@ -347,7 +346,7 @@ pub struct Stats {
     pub waiting_principals: usize,
     /// The exponentially weighted average service time; `None` before the
     /// first release.
-    #[serde(with = "optional_seconds")]
+    #[serde(with = "crate::seconds::optional_number")]
     pub latency_average: Option<Duration>,
 }
 

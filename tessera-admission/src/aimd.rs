@@ -11,15 +11,15 @@ pub(crate) struct Aimd {
     limit: u32,
     min: u32,
     max: u32,
-    /// Seconds; also the length of an interval.
-    target: f64,
-    interval: Duration,
+    /// The service time to stay under, and the length of an interval.
+    target: Duration,
     weight: f64,
     /// Seconds; `None` until the first sample.
     average: Option<f64>,
     interval_start: Instant,
-    /// Releases since the last adjustment.
-    samples: u32,
+    /// A claim was released since the last adjustment: the average carries
+    /// evidence about this interval.
+    released: bool,
     /// Demand reached the limit since the last adjustment.
     saturated: bool,
 }
@@ -30,12 +30,11 @@ impl Aimd {
             limit: config.initial_concurrency,
             min: config.min_concurrency,
             max: config.max_concurrency,
-            target: config.target.as_secs_f64(),
-            interval: config.target,
+            target: config.target,
             weight: config.ewma_weight,
             average: None,
             interval_start: now,
-            samples: 0,
+            released: false,
             saturated: false,
         }
     }
@@ -45,12 +44,14 @@ impl Aimd {
     }
 
     pub(crate) fn average(&self) -> Option<Duration> {
-        self.average.map(Duration::from_secs_f64)
+        // Saturates: an average past `Duration::MAX` still reads as slow.
+        self.average
+            .map(|seconds| Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
     }
 
     /// Seconds; the target until the first sample.
     pub(crate) fn service_estimate(&self) -> f64 {
-        self.average.unwrap_or(self.target)
+        self.average.unwrap_or(self.target.as_secs_f64())
     }
 
     /// Feeds one service time into the average.
@@ -60,7 +61,7 @@ impl Aimd {
             None => sample,
             Some(average) => average + self.weight * (sample - average),
         });
-        self.samples = self.samples.saturating_add(1);
+        self.released = true;
     }
 
     /// Notes that in-flight reached the limit or a claim had to wait.
@@ -72,12 +73,12 @@ impl Aimd {
     /// adjustment. `busy`: demand is at the limit right now, so the next
     /// interval starts saturated.
     pub(crate) fn tick(&mut self, now: Instant, busy: bool) {
-        if now.saturating_duration_since(self.interval_start) < self.interval {
+        if now.saturating_duration_since(self.interval_start) < self.target {
             return;
         }
         // An interval in which nothing finished carries no evidence either way.
-        if let (Some(average), true) = (self.average, self.samples > 0) {
-            if average > self.target {
+        if let Some(average) = self.average.filter(|_| self.released) {
+            if average > self.target.as_secs_f64() {
                 let reduced = (u64::from(self.limit) * 7 / 10) as u32;
                 self.limit = reduced.max(self.min);
             } else if self.saturated {
@@ -85,7 +86,7 @@ impl Aimd {
             }
         }
         self.interval_start = now;
-        self.samples = 0;
+        self.released = false;
         self.saturated = busy;
     }
 }

@@ -1,5 +1,6 @@
 //! Settings of the admission controller, their defaults and the environment.
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -42,11 +43,11 @@ pub struct AdmissionConfig {
     /// How long a claim may wait before it is rejected with
     /// [`RejectReason::WaitExpired`](crate::RejectReason::WaitExpired); also
     /// the longest `Retry-After` handed out.
-    #[serde(with = "seconds")]
+    #[serde(with = "crate::seconds::number")]
     pub max_wait: Duration,
     /// The service time the average should stay under, and the interval
     /// between two limit adjustments.
-    #[serde(with = "seconds")]
+    #[serde(with = "crate::seconds::number")]
     pub target: Duration,
     /// Legacy per-principal quota of claims a minute; 0 turns it off.
     ///
@@ -156,44 +157,54 @@ impl AdmissionConfig {
     }
 
     fn check(&self, names: &Names) -> Result<(), ConfigError> {
-        let at_least_one = |name, value: u64| {
+        let counts = [
+            (
+                names.initial_concurrency,
+                u64::from(self.initial_concurrency),
+            ),
+            (names.max_concurrency, u64::from(self.max_concurrency)),
+            (names.min_concurrency, u64::from(self.min_concurrency)),
+            (names.max_pending, self.max_pending as u64),
+        ];
+        for (name, value) in counts {
             if value == 0 {
-                return Err(ConfigError::OutOfRange {
-                    name,
-                    value: value.to_string(),
-                    expected: "at least 1",
-                });
+                return Err(ConfigError::out_of_range(name, 0, "at least 1"));
             }
-            Ok(())
-        };
-        at_least_one(names.initial_concurrency, self.initial_concurrency.into())?;
-        at_least_one(names.max_concurrency, self.max_concurrency.into())?;
-        at_least_one(names.min_concurrency, self.min_concurrency.into())?;
-        at_least_one(names.max_pending, self.max_pending as u64)?;
+        }
         if self.max_pending > MAX_PENDING_CAP {
-            return Err(ConfigError::OutOfRange {
-                name: names.max_pending,
-                value: self.max_pending.to_string(),
-                expected: "at most 2147483648",
-            });
+            return Err(ConfigError::out_of_range(
+                names.max_pending,
+                self.max_pending,
+                "at most 2147483648",
+            ));
         }
         for (name, duration) in [(names.max_wait, self.max_wait), (names.target, self.target)] {
             if duration.is_zero() {
-                return Err(ConfigError::OutOfRange {
-                    name,
-                    value: "0".to_owned(),
-                    expected: "seconds above zero",
-                });
+                return Err(ConfigError::out_of_range(name, 0, "seconds above zero"));
             }
         }
-        if !(self.ewma_weight > 0.0 && self.ewma_weight <= 1.0) {
-            return Err(ConfigError::OutOfRange {
-                name: names.ewma_weight,
-                value: self.ewma_weight.to_string(),
-                expected: "a weight above 0 and at most 1",
-            });
+        if !is_weight(self.ewma_weight) {
+            return Err(ConfigError::out_of_range(
+                names.ewma_weight,
+                self.ewma_weight,
+                WEIGHT,
+            ));
         }
-        let exceeds = |name, value: u32, other, other_value: u32| {
+        let bounds = [
+            (
+                names.initial_concurrency,
+                self.initial_concurrency,
+                names.max_concurrency,
+                self.max_concurrency,
+            ),
+            (
+                names.min_concurrency,
+                self.min_concurrency,
+                names.initial_concurrency,
+                self.initial_concurrency,
+            ),
+        ];
+        for (name, value, other, other_value) in bounds {
             if value > other_value {
                 return Err(ConfigError::Exceeds {
                     name,
@@ -202,20 +213,8 @@ impl AdmissionConfig {
                     other_value: other_value.to_string(),
                 });
             }
-            Ok(())
-        };
-        exceeds(
-            names.initial_concurrency,
-            self.initial_concurrency,
-            names.max_concurrency,
-            self.max_concurrency,
-        )?;
-        exceeds(
-            names.min_concurrency,
-            self.min_concurrency,
-            names.initial_concurrency,
-            self.initial_concurrency,
-        )
+        }
+        Ok(())
     }
 }
 
@@ -256,24 +255,41 @@ const ENVIRONMENT: Names = Names {
     ewma_weight: "TESSERA_CLAIM_EWMA_WEIGHT",
 };
 
+/// What `ewma_weight` accepts, in words.
+const WEIGHT: &str = "a weight above 0 and at most 1";
+
+/// Whether `weight` lies in `(0, 1]`; false for NaN.
+fn is_weight(weight: f64) -> bool {
+    weight > 0.0 && weight <= 1.0
+}
+
+/// Parses `raw` (surrounding spaces ignored) as a `T`, or names the setting
+/// and what it accepts.
+fn parse<T: FromStr>(
+    name: &'static str,
+    raw: &str,
+    expected: &'static str,
+) -> Result<T, ConfigError> {
+    raw.trim().parse().map_err(|_| ConfigError::Unparsable {
+        name,
+        value: raw.to_owned(),
+        expected,
+    })
+}
+
 fn parse_whole<T: TryFrom<i128>>(
     name: &'static str,
     raw: &str,
     minimum: i128,
 ) -> Result<T, ConfigError> {
-    let value: i128 = raw.trim().parse().map_err(|_| ConfigError::Unparsable {
-        name,
-        value: raw.to_owned(),
-        expected: "a whole number",
-    })?;
-    let out_of_range = || ConfigError::OutOfRange {
-        name,
-        value: raw.to_owned(),
-        expected: if minimum == 0 {
+    let value: i128 = parse(name, raw, "a whole number")?;
+    let out_of_range = || {
+        let expected = if minimum == 0 {
             "a whole number, 0 or more"
         } else {
             "a whole number, 1 or more"
-        },
+        };
+        ConfigError::out_of_range(name, raw, expected)
     };
     if value < minimum {
         return Err(out_of_range());
@@ -282,87 +298,20 @@ fn parse_whole<T: TryFrom<i128>>(
 }
 
 fn parse_seconds(name: &'static str, raw: &str) -> Result<Duration, ConfigError> {
-    let seconds: f64 = raw.trim().parse().map_err(|_| ConfigError::Unparsable {
-        name,
-        value: raw.to_owned(),
-        expected: "a number of seconds",
-    })?;
-    let out_of_range = || ConfigError::OutOfRange {
-        name,
-        value: raw.to_owned(),
-        expected: "seconds above zero",
-    };
-    // `partial_cmp` keeps NaN out along with zero and negatives.
-    if seconds.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
-        return Err(out_of_range());
-    }
-    let duration = Duration::try_from_secs_f64(seconds).map_err(|_| out_of_range())?;
-    if duration.is_zero() {
-        return Err(out_of_range());
-    }
-    Ok(duration)
+    let seconds: f64 = parse(name, raw, "a number of seconds")?;
+    // Refuses NaN, infinities, negatives and anything that rounds to zero.
+    Duration::try_from_secs_f64(seconds)
+        .ok()
+        .filter(|duration| !duration.is_zero())
+        .ok_or_else(|| ConfigError::out_of_range(name, raw, "seconds above zero"))
 }
 
 fn parse_weight(name: &'static str, raw: &str) -> Result<f64, ConfigError> {
-    let weight: f64 = raw.trim().parse().map_err(|_| ConfigError::Unparsable {
-        name,
-        value: raw.to_owned(),
-        expected: "a number",
-    })?;
-    if !(weight > 0.0 && weight <= 1.0) {
-        return Err(ConfigError::OutOfRange {
-            name,
-            value: raw.to_owned(),
-            expected: "a weight above 0 and at most 1",
-        });
+    let weight: f64 = parse(name, raw, "a number")?;
+    if !is_weight(weight) {
+        return Err(ConfigError::out_of_range(name, raw, WEIGHT));
     }
     Ok(weight)
-}
-
-/// Serde for a [`Duration`] as a number of seconds.
-pub(crate) mod seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
-
-    pub(crate) fn serialize<S: Serializer>(
-        duration: &Duration,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.serialize_f64(duration.as_secs_f64())
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Duration, D::Error> {
-        let seconds = f64::deserialize(deserializer)?;
-        Duration::try_from_secs_f64(seconds).map_err(D::Error::custom)
-    }
-}
-
-/// Serde for an optional [`Duration`] as a number of seconds or null.
-pub(crate) mod optional_seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer, de::Error};
-
-    pub(crate) fn serialize<S: Serializer>(
-        duration: &Option<Duration>,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        match duration {
-            Some(duration) => serializer.serialize_some(&duration.as_secs_f64()),
-            None => serializer.serialize_none(),
-        }
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        Option::<f64>::deserialize(deserializer)?
-            .map(|seconds| Duration::try_from_secs_f64(seconds).map_err(D::Error::custom))
-            .transpose()
-    }
 }
 
 #[cfg(test)]

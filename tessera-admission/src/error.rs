@@ -1,19 +1,29 @@
-//! The error of this crate: a setting that cannot be used.
+//! The one error of this crate: a setting that cannot be used.
 
 /// A setting that cannot be used, naming the setting and the value given.
 ///
-/// `name` is the environment variable when the value came from
-/// [`AdmissionConfig::from_env`](crate::AdmissionConfig::from_env) or
-/// [`AdmissionConfig::from_lookup`](crate::AdmissionConfig::from_lookup), and
-/// the field name when a config built in code fails
-/// [`AdmissionConfig::validate`](crate::AdmissionConfig::validate).
+/// Only building a controller or a policy fails; once built, every decision
+/// is a value (a [`Rejection`](crate::Rejection), a hint, a
+/// [`MintDecision`](crate::MintDecision)), never an error.
+///
+/// [`name`](Self::name) says where the value came from:
+///
+/// - the environment variable, for
+///   [`AdmissionConfig::from_env`](crate::AdmissionConfig::from_env) and
+///   [`AdmissionConfig::from_lookup`](crate::AdmissionConfig::from_lookup)
+///   (`TESSERA_CLAIM_MAX_PENDING`);
+/// - the field, for [`AdmissionConfig::validate`](crate::AdmissionConfig::validate)
+///   (`max_pending`);
+/// - `policy.field`, for [`IdleConfig::validate`](crate::IdleConfig::validate)
+///   and [`MintConfig::validate`](crate::MintConfig::validate)
+///   (`idle.capacity`, `mint.per_hour`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The value does not parse as the setting's type.
     #[error("{name}: cannot read {value:?} as {expected}")]
     Unparsable {
-        /// The environment variable or field.
+        /// The environment variable, field or `policy.field`.
         name: &'static str,
         /// The value as given.
         value: String,
@@ -24,7 +34,7 @@ pub enum ConfigError {
     /// (zero, negative, not finite, too large).
     #[error("{name}: {value} is out of range, expected {expected}")]
     OutOfRange {
-        /// The environment variable or field.
+        /// The environment variable, field or `policy.field`.
         name: &'static str,
         /// The value as given.
         value: String,
@@ -47,7 +57,20 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// The environment variable or field at fault.
+    /// An [`OutOfRange`](Self::OutOfRange) error.
+    pub(crate) fn out_of_range(
+        name: &'static str,
+        value: impl ToString,
+        expected: &'static str,
+    ) -> Self {
+        Self::OutOfRange {
+            name,
+            value: value.to_string(),
+            expected,
+        }
+    }
+
+    /// The environment variable, field or `policy.field` at fault.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Unparsable { name, .. }

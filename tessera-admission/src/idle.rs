@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::PolicyConfigError;
+use crate::ConfigError;
 
 /// The idle hints in order; the last one repeats.
 pub const IDLE_HINTS: [Duration; 5] = [
@@ -53,13 +53,13 @@ impl Default for IdleConfig {
 }
 
 impl IdleConfig {
-    /// Checks every setting against its minimum.
-    pub fn validate(&self) -> Result<(), PolicyConfigError> {
-        PolicyConfigError::check(
-            "idle.capacity",
-            self.capacity.try_into().unwrap_or(u64::MAX),
-            1,
-        )
+    /// Checks every setting against its minimum; errors name the setting as
+    /// `idle.<field>`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.capacity == 0 {
+            return Err(ConfigError::out_of_range("idle.capacity", 0, "at least 1"));
+        }
+        Ok(())
     }
 }
 
@@ -76,16 +76,16 @@ impl IdleConfig {
 ///
 /// idle.enqueued(&"jobs");
 /// assert_eq!(idle.empty(&"key-1", &"jobs", now), Duration::from_secs(5));
-/// # Ok::<(), tessera_admission::PolicyConfigError>(())
+/// # Ok::<(), tessera_admission::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct IdlePacing<K, Q> {
     capacity: usize,
     keys: HashMap<K, KeyState<Q>>,
     queues: HashMap<Q, QueueState>,
-    /// `(last seen, sequence)` of every entry, least recently seen first.
+    /// `(last seen, sequence)` of every entry, least recently seen first:
+    /// one entry per (key, queue), so its length is the number remembered.
     by_last_seen: BTreeMap<(Instant, u64), (K, Q)>,
-    len: usize,
     next_seq: u64,
 }
 
@@ -118,16 +118,23 @@ struct Streak {
     last_seen: (Instant, u64),
 }
 
+impl Streak {
+    /// Whether neither the key nor the queue was reset since the hint was
+    /// last given.
+    fn is_current(&self, key_epoch: u64, queue_epoch: u64) -> bool {
+        self.key_epoch == key_epoch && self.queue_epoch == queue_epoch
+    }
+}
+
 impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
     /// An empty pacing table: every key starts at 5 s.
-    pub fn new(config: IdleConfig) -> Result<Self, PolicyConfigError> {
+    pub fn new(config: IdleConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
             capacity: config.capacity,
             keys: HashMap::new(),
             queues: HashMap::new(),
             by_last_seen: BTreeMap::new(),
-            len: 0,
             next_seq: 0,
         })
     }
@@ -138,80 +145,25 @@ impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
     pub fn empty(&mut self, key: &K, queue: &Q, now: Instant) -> Duration {
         let seen = (now, self.next_seq);
         self.next_seq += 1;
-
-        if let Some(state) = self.keys.get_mut(key) {
-            if let Some(streak) = state.streaks.get_mut(queue) {
-                let queue_epoch = self.queues[queue].epoch;
-                let current = streak.key_epoch == state.epoch && streak.queue_epoch == queue_epoch;
-                streak.level = if current {
-                    (streak.level + 1).min(LAST_LEVEL)
-                } else {
-                    0
-                };
-                streak.key_epoch = state.epoch;
-                streak.queue_epoch = queue_epoch;
-                let pair = self
-                    .by_last_seen
-                    .remove(&streak.last_seen)
-                    .expect("every entry is indexed by its last-seen stamp");
-                streak.last_seen = seen;
-                self.by_last_seen.insert(seen, pair);
-                return IDLE_HINTS[usize::from(streak.level)];
-            }
-        }
-
-        if self.len >= self.capacity {
-            self.forget_least_recently_seen();
-        }
-        let queue_epoch = match self.queues.get_mut(queue) {
-            Some(state) => {
-                state.streaks += 1;
-                state.epoch
-            }
+        let level = match self.again(key, queue, seen) {
+            Some(level) => level,
             None => {
-                let state = QueueState {
-                    epoch: 0,
-                    streaks: 1,
-                };
-                self.queues.insert(queue.clone(), state);
+                self.remember(key, queue, seen);
                 0
             }
         };
-        if !self.keys.contains_key(key) {
-            let state = KeyState {
-                epoch: 0,
-                streaks: HashMap::new(),
-            };
-            self.keys.insert(key.clone(), state);
-        }
-        let state = self.keys.get_mut(key).expect("inserted above");
-        let streak = Streak {
-            level: 0,
-            key_epoch: state.epoch,
-            queue_epoch,
-            last_seen: seen,
-        };
-        state.streaks.insert(queue.clone(), streak);
-        self.by_last_seen.insert(seen, (key.clone(), queue.clone()));
-        self.len += 1;
-        IDLE_HINTS[0]
+        IDLE_HINTS[usize::from(level)]
     }
 
     /// The hint the next empty claim of `key` on `queue` would get, without
     /// recording anything.
     pub fn peek(&self, key: &K, queue: &Q) -> Duration {
-        let Some(state) = self.keys.get(key) else {
-            return IDLE_HINTS[0];
-        };
-        let Some(streak) = state.streaks.get(queue) else {
-            return IDLE_HINTS[0];
-        };
-        let current =
-            streak.key_epoch == state.epoch && streak.queue_epoch == self.queues[queue].epoch;
-        if !current {
-            return IDLE_HINTS[0];
-        }
-        IDLE_HINTS[usize::from((streak.level + 1).min(LAST_LEVEL))]
+        let level = self.keys.get(key).and_then(|state| {
+            let streak = state.streaks.get(queue)?;
+            let current = streak.is_current(state.epoch, self.queue_epoch(queue));
+            current.then(|| (streak.level + 1).min(LAST_LEVEL))
+        });
+        IDLE_HINTS[usize::from(level.unwrap_or(0))]
     }
 
     /// `key` was granted a lease: its hints start again at 5 s on every queue.
@@ -230,17 +182,81 @@ impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
 
     /// The (key, queue) entries remembered, including ones a reset made fresh.
     pub fn len(&self) -> usize {
-        self.len
+        self.by_last_seen.len()
     }
 
     /// Whether no entry is remembered.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.by_last_seen.is_empty()
     }
 
     /// Most entries remembered at once.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Another empty claim of a remembered (key, queue): moves its streak one
+    /// level up (or back to the start after a reset) and returns the level;
+    /// `None` if the pair is not remembered.
+    fn again(&mut self, key: &K, queue: &Q, seen: (Instant, u64)) -> Option<u8> {
+        let queue_epoch = self.queue_epoch(queue);
+        let state = self.keys.get_mut(key)?;
+        let streak = state.streaks.get_mut(queue)?;
+        streak.level = if streak.is_current(state.epoch, queue_epoch) {
+            (streak.level + 1).min(LAST_LEVEL)
+        } else {
+            0
+        };
+        streak.key_epoch = state.epoch;
+        streak.queue_epoch = queue_epoch;
+        // Move the pair to the most recently seen end, reusing its stored
+        // clones.
+        let pair = self
+            .by_last_seen
+            .remove(&streak.last_seen)
+            .unwrap_or_else(|| (key.clone(), queue.clone()));
+        streak.last_seen = seen;
+        self.by_last_seen.insert(seen, pair);
+        Some(streak.level)
+    }
+
+    /// Starts a streak for a (key, queue) not remembered, forgetting the
+    /// least recently seen pair first when full.
+    fn remember(&mut self, key: &K, queue: &Q, seen: (Instant, u64)) {
+        if self.len() >= self.capacity {
+            self.forget_least_recently_seen();
+        }
+        let queue_epoch = match self.queues.get_mut(queue) {
+            Some(state) => {
+                state.streaks += 1;
+                state.epoch
+            }
+            None => {
+                let state = QueueState {
+                    epoch: 0,
+                    streaks: 1,
+                };
+                self.queues.insert(queue.clone(), state);
+                0
+            }
+        };
+        let state = self.keys.entry(key.clone()).or_insert_with(|| KeyState {
+            epoch: 0,
+            streaks: HashMap::new(),
+        });
+        let streak = Streak {
+            level: 0,
+            key_epoch: state.epoch,
+            queue_epoch,
+            last_seen: seen,
+        };
+        state.streaks.insert(queue.clone(), streak);
+        self.by_last_seen.insert(seen, (key.clone(), queue.clone()));
+    }
+
+    /// The queue's reset epoch; a queue no entry refers to has none yet.
+    fn queue_epoch(&self, queue: &Q) -> u64 {
+        self.queues.get(queue).map_or(0, |state| state.epoch)
     }
 
     fn forget_least_recently_seen(&mut self) {
@@ -259,7 +275,6 @@ impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
                 self.queues.remove(&queue);
             }
         }
-        self.len -= 1;
     }
 }
 
@@ -281,10 +296,9 @@ mod tests {
     fn assert_bounded(idle: &IdlePacing<u32, u32>) {
         let streaks: usize = idle.keys.values().map(|state| state.streaks.len()).sum();
         let queue_refs: usize = idle.queues.values().map(|state| state.streaks).sum();
-        assert_eq!(streaks, idle.len);
-        assert_eq!(queue_refs, idle.len);
-        assert_eq!(idle.by_last_seen.len(), idle.len);
-        assert!(idle.len <= idle.capacity);
+        assert_eq!(streaks, idle.len());
+        assert_eq!(queue_refs, idle.len());
+        assert!(idle.len() <= idle.capacity);
         assert!(idle.keys.values().all(|state| !state.streaks.is_empty()));
         assert!(idle.queues.values().all(|state| state.streaks > 0));
     }

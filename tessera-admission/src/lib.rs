@@ -1,5 +1,7 @@
-//! Sans-IO claim admission for Tessera: decides which new claims run now,
-//! which wait their turn, and which are turned away with `429 rate_limited`.
+//! Sans-IO admission rules for Tessera: which new claims run now, which wait
+//! their turn and which are turned away with `429 rate_limited`; what
+//! `Retry-After` an empty claim answers; and how many anonymous sessions may
+//! be minted, per hour and per address.
 //!
 //! A service that hands out work meets bursts: many workers claim at once.
 //! Rather than rejecting a burst because it crossed a per-minute quota,
@@ -12,8 +14,9 @@
 //!
 //! Nothing in this crate reads a clock, sleeps, spawns or does I/O: all time
 //! is external input (`now: Instant`), and outputs are pulled. The host
-//! decides how to share a controller (it is `&mut self` and `Send`): behind a
-//! mutex in a thread-per-request server, in one task of an async one.
+//! decides how to share a controller or a policy (each is `&mut self` and
+//! `Send`): behind a mutex in a thread-per-request server, in one task of an
+//! async one.
 //!
 //! ```text
 //!          offer(principal, now)
@@ -115,27 +118,68 @@
 //! quota when on): per-principal FIFO lists, a rotation list, count buckets
 //! to find the largest holder, and one arrival-ordered list that is also
 //! deadline order, all linked through slabs with exact removal.
+//!
+//! # Policies beside the controller
+//!
+//! Two smaller rules share the same contract (time is an argument, state is
+//! bounded memory, every call O(log n) at most):
+//!
+//! - [`IdlePacing`]: the `Retry-After` of an empty claim. It doubles from 5 s
+//!   to 60 s ([`IDLE_HINTS`]) while the same key keeps finding the same queue
+//!   empty, and starts again at 5 s when the key is granted a lease or the
+//!   queue receives an enqueue. A hint, never a limit.
+//! - [`MintAllowance`]: anonymous sessions. A global hourly allowance of
+//!   which a tenth is available at once and the rest accrues evenly, and an
+//!   hourly limit per [`AddressGroup`]: an IPv6 caller is grouped by its /64,
+//!   an IPv4-mapped address by its IPv4 address, so rotating addresses inside
+//!   one prefix gains nothing. A refusal carries its `Retry-After`.
+//!
+//! ```
+//! use std::net::IpAddr;
+//! use std::time::{Duration, Instant};
+//!
+//! use tessera_admission::{AddressGroup, IdleConfig, IdlePacing, MintAllowance, MintConfig};
+//!
+//! let now = Instant::now();
+//! let mut idle = IdlePacing::new(IdleConfig::default())?;
+//! assert_eq!(idle.empty(&"key-1", &"jobs", now), Duration::from_secs(5));
+//! assert_eq!(idle.empty(&"key-1", &"jobs", now), Duration::from_secs(10));
+//!
+//! let mut mint = MintAllowance::new(MintConfig::default())?;
+//! let caller: IpAddr = "2001:db8:1:2::7".parse().unwrap();
+//! assert!(mint.check(AddressGroup::from(caller), now).is_allowed());
+//! # Ok::<(), tessera_admission::ConfigError>(())
+//! ```
+//!
+//! Every setting is checked when a controller or policy is built; a bad one
+//! is a [`ConfigError`] naming it, the crate's one error type.
 
+mod address;
 mod admission;
 mod aimd;
 mod config;
 mod error;
+mod idle;
+mod mint;
 mod queue;
 mod quota;
 mod rejection;
+mod seconds;
 
-// -- idle pacing, mint allowance, address grouping (begin) --
-mod address;
-mod idle;
-mod mint;
+// The public surface, in full.
 
-pub use address::AddressGroup;
-pub use idle::{IDLE_HINTS, IdleConfig, IdlePacing};
-pub use mint::{MintAllowance, MintConfig, MintDecision, MintRefusal, PolicyConfigError};
-// -- idle pacing, mint allowance, address grouping (end) --
-
+// The claim admission controller and its inputs and outputs.
 pub use admission::{Admission, Event, Offer, Permit, Stats};
 pub use config::AdmissionConfig;
-pub use error::ConfigError;
 pub use queue::Ticket;
 pub use rejection::{RejectReason, Rejection};
+
+// Idle pacing hints.
+pub use idle::{IDLE_HINTS, IdleConfig, IdlePacing};
+
+// The anonymous session mint allowance and address grouping.
+pub use address::AddressGroup;
+pub use mint::{MintAllowance, MintConfig, MintDecision, MintRefusal};
+
+// The one error type.
+pub use error::ConfigError;

@@ -33,10 +33,11 @@
 //! small, and several people may share one address).
 //!
 //! Memory stays bounded without configuration: only allowed mints are
-//! recorded, and no more than `per_hour` fall inside any hour, so the logs
-//! hold at most `per_hour` instants in total. A group whose latest mint is
-//! more than an hour old is dropped (oldest first, `O(log n)` each, from an
-//! ordered index). `address_capacity` caps the number of groups as well; past
+//! recorded, a group's log keeps only the mints of the hour before its latest
+//! one, and a group whose latest mint is more than an hour old is dropped
+//! (oldest first, `O(log n)` each, from an ordered index). So the logs hold
+//! mints of the last two hours only, at most `2 × per_hour` instants in all,
+//! and at most `per_address_per_hour` per group. `address_capacity` caps the number of groups as well; past
 //! it the least recently minting group is forgotten, which lets that group
 //! mint again early. With `address_capacity >= per_hour` (the defaults) that
 //! never happens.
@@ -56,9 +57,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::AddressGroup;
+use crate::{AddressGroup, ConfigError, seconds};
 
 const HOUR: Duration = Duration::from_secs(3600);
+const HOUR_NANOS: u64 = HOUR.as_secs() * 1_000_000_000;
 
 /// Settings of a [`MintAllowance`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -86,47 +88,30 @@ impl Default for MintConfig {
 }
 
 impl MintConfig {
-    /// Checks every setting against its minimum.
-    pub fn validate(&self) -> Result<(), PolicyConfigError> {
+    /// Checks every setting against its minimum; errors name the setting as
+    /// `mint.<field>`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         // Two is the least that leaves something to accrue after the burst.
-        PolicyConfigError::check("mint.per_hour", self.per_hour.into(), 2)?;
-        PolicyConfigError::check(
-            "mint.per_address_per_hour",
-            self.per_address_per_hour.into(),
-            1,
-        )?;
-        PolicyConfigError::check(
-            "mint.address_capacity",
-            self.address_capacity.try_into().unwrap_or(u64::MAX),
-            1,
-        )
-    }
-}
-
-/// An invalid setting of an idle pacing or mint allowance policy.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
-#[non_exhaustive]
-pub enum PolicyConfigError {
-    /// A setting is below the smallest value the policy can honour.
-    #[error("{setting} must be at least {minimum}, got {value}")]
-    TooSmall {
-        /// The setting, as `policy.field` (for example `mint.per_hour`).
-        setting: &'static str,
-        /// The value given.
-        value: u64,
-        /// The smallest accepted value.
-        minimum: u64,
-    },
-}
-
-impl PolicyConfigError {
-    pub(crate) fn check(setting: &'static str, value: u64, minimum: u64) -> Result<(), Self> {
-        if value < minimum {
-            return Err(Self::TooSmall {
-                setting,
-                value,
-                minimum,
-            });
+        if self.per_hour < 2 {
+            return Err(ConfigError::out_of_range(
+                "mint.per_hour",
+                self.per_hour,
+                "at least 2",
+            ));
+        }
+        if self.per_address_per_hour == 0 {
+            return Err(ConfigError::out_of_range(
+                "mint.per_address_per_hour",
+                0,
+                "at least 1",
+            ));
+        }
+        if self.address_capacity == 0 {
+            return Err(ConfigError::out_of_range(
+                "mint.address_capacity",
+                0,
+                "at least 1",
+            ));
         }
         Ok(())
     }
@@ -207,7 +192,7 @@ impl fmt::Display for MintRefusal {
 /// // The eleventh in one hour is refused until the first one is an hour old.
 /// let refused = mint.check(group, now);
 /// assert_eq!(refused.retry_after(), Some(Duration::from_secs(3601)));
-/// # Ok::<(), tessera_admission::PolicyConfigError>(())
+/// # Ok::<(), tessera_admission::ConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct MintAllowance {
@@ -219,7 +204,7 @@ pub struct MintAllowance {
 
 impl MintAllowance {
     /// A fresh allowance: the burst and every group's limit available at once.
-    pub fn new(config: MintConfig) -> Result<Self, PolicyConfigError> {
+    pub fn new(config: MintConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let burst = (config.per_hour / 10).max(1);
         let accruing = u64::from(config.per_hour - burst);
@@ -248,10 +233,7 @@ impl MintAllowance {
     /// Decides whether `group` may mint a session at `now`, and charges both
     /// limits when it may.
     pub fn check(&mut self, group: AddressGroup, now: Instant) -> MintDecision {
-        let now = match self.latest {
-            Some(latest) if latest > now => latest,
-            _ => now,
-        };
+        let now = self.latest.map_or(now, |latest| latest.max(now));
         self.latest = Some(now);
         self.addresses.forget_stale(now);
 
@@ -268,7 +250,7 @@ impl MintAllowance {
             (_, Some(address)) => (address, MintRefusal::Address),
         };
         MintDecision::Refused {
-            retry_after: whole_seconds(wait),
+            retry_after: Duration::from_secs(seconds::retry_after_seconds(wait)),
             reason,
         }
     }
@@ -295,14 +277,6 @@ impl MintAllowance {
     }
 }
 
-const HOUR_NANOS: u64 = 3_600_000_000_000;
-
-/// Rounds a wait up to whole seconds, at least one.
-fn whole_seconds(wait: Duration) -> Duration {
-    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    Duration::from_secs(seconds.max(1))
-}
-
 /// Whether a mint at `at` is outside every closed hour that ends at `now`.
 fn outside_hour(at: Instant, now: Instant) -> bool {
     now.saturating_duration_since(at) > HOUR
@@ -323,17 +297,21 @@ struct Gcra {
 impl Gcra {
     /// How long until a mint conforms; `None` if it does now.
     fn wait(&self, now: Instant) -> Option<Duration> {
-        let arrival = self.theoretical_arrival?;
-        let allowed_from = now + self.tolerance;
-        (allowed_from < arrival).then(|| arrival - allowed_from)
+        // `arrival - now - tolerance`, kept in durations so that no instant
+        // is ever moved past the end of its range.
+        let ahead = self.theoretical_arrival?.saturating_duration_since(now);
+        ahead
+            .checked_sub(self.tolerance)
+            .filter(|wait| !wait.is_zero())
     }
 
     fn charge(&mut self, now: Instant) {
-        let base = match self.theoretical_arrival {
-            Some(arrival) if arrival > now => arrival,
-            _ => now,
-        };
-        self.theoretical_arrival = Some(base + self.interval);
+        let base = self
+            .theoretical_arrival
+            .map_or(now, |arrival| arrival.max(now));
+        // At the end of `Instant`'s range the allowance stops accruing debt
+        // instead of panicking; no real clock gets there.
+        self.theoretical_arrival = Some(base.checked_add(self.interval).unwrap_or(base));
     }
 }
 
@@ -446,23 +424,6 @@ mod tests {
         })
         .unwrap();
         assert_eq!(mint.interval(), Duration::from_nanos(514_285_714_286));
-    }
-
-    #[test]
-    fn whole_seconds_rounds_up_and_is_at_least_one() {
-        assert_eq!(whole_seconds(Duration::ZERO), Duration::from_secs(1));
-        assert_eq!(
-            whole_seconds(Duration::from_nanos(1)),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            whole_seconds(Duration::from_secs(4)),
-            Duration::from_secs(4)
-        );
-        assert_eq!(
-            whole_seconds(Duration::from_millis(4_001)),
-            Duration::from_secs(5)
-        );
     }
 
     #[test]

@@ -132,6 +132,22 @@ fn in_bucket<P>(principal: &mut Principal<P>) -> &mut Link {
     &mut principal.in_bucket
 }
 
+/// Stores `value` in a free slot of `slab`, or a new one, and returns its
+/// index. Slots stay below `u32::MAX` (`NIL`): the configuration caps
+/// `max_pending` at 2³¹, and no more principals than waiters are kept.
+fn allocate<T>(slab: &mut Vec<T>, free: &mut Vec<u32>, value: T) -> u32 {
+    match free.pop() {
+        Some(index) => {
+            slab[index as usize] = value;
+            index
+        }
+        None => {
+            slab.push(value);
+            (slab.len() - 1) as u32
+        }
+    }
+}
+
 /// Waiting claims of all principals. A principal is known here only while it
 /// has waiters.
 #[derive(Debug)]
@@ -196,18 +212,11 @@ impl<P: Hash + Eq + Clone> WaitQueue<P> {
                     in_rotation: Link::DETACHED,
                     in_bucket: Link::DETACHED,
                 };
-                let slot = match self.free_principals.pop() {
-                    Some(slot) => {
-                        self.principals[slot as usize] = fresh;
-                        slot
-                    }
-                    None => {
-                        self.principals.push(fresh);
-                        (self.principals.len() - 1) as u32
-                    }
-                };
-                entry.insert(slot);
-                slot
+                *entry.insert(allocate(
+                    &mut self.principals,
+                    &mut self.free_principals,
+                    fresh,
+                ))
             }
         };
         let held = self.principals[slot as usize].waiters.len;
@@ -226,16 +235,7 @@ impl<P: Hash + Eq + Clone> WaitQueue<P> {
             by_arrival: Link::DETACHED,
             by_principal: Link::DETACHED,
         };
-        let index = match self.free_waiters.pop() {
-            Some(index) => {
-                self.waiters[index as usize] = waiter;
-                index
-            }
-            None => {
-                self.waiters.push(waiter);
-                (self.waiters.len() - 1) as u32
-            }
-        };
+        let index = allocate(&mut self.waiters, &mut self.free_waiters, waiter);
         self.arrival.push_back(&mut self.waiters, index, by_arrival);
         self.principals[slot as usize]
             .waiters

@@ -59,7 +59,9 @@ impl<P: Hash + Eq + Clone> Quota<P> {
             }
             None => now,
         };
-        let theoretical = start + self.emission;
+        // Past the end of `Instant`'s range the principal is simply not
+        // limited any further, rather than the controller panicking.
+        let theoretical = start.checked_add(self.emission).unwrap_or(start);
         self.by_time.insert((theoretical, entry), principal.clone());
         self.theoretical.insert(principal, (theoretical, entry));
     }

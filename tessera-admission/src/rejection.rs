@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::seconds;
+
 /// Why a claim was turned away. Only overload conditions reject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -53,10 +55,9 @@ impl Rejection {
 
     /// `retry_after` is rounded up to whole seconds, at least one.
     pub(crate) fn new(reason: RejectReason, retry_after: Duration) -> Self {
-        let whole = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
         Self {
             reason,
-            retry_after_seconds: whole.max(1),
+            retry_after_seconds: seconds::retry_after_seconds(retry_after),
         }
     }
 
@@ -112,6 +113,8 @@ mod tests {
         assert_eq!(r(1000).retry_after_seconds(), 1);
         assert_eq!(r(1001).retry_after_seconds(), 2);
         assert_eq!(r(9500).retry_after(), Duration::from_secs(10));
+        let longest = Rejection::new(RejectReason::QueueFull, Duration::MAX);
+        assert_eq!(longest.retry_after_seconds(), u64::MAX);
     }
 
     #[test]

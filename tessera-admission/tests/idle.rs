@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use tessera_admission::{IDLE_HINTS, IdleConfig, IdlePacing, PolicyConfigError};
+use tessera_admission::{ConfigError, IDLE_HINTS, IdleConfig, IdlePacing};
 
 /// An arbitrary origin for hand-driven time; nothing waits on the clock.
 #[expect(clippy::disallowed_methods, reason = "an origin, not a reading")]
@@ -141,13 +141,16 @@ fn zero_capacity_is_a_config_error() {
     let error = IdlePacing::<u32, u32>::new(IdleConfig { capacity: 0 }).unwrap_err();
     assert_eq!(
         error,
-        PolicyConfigError::TooSmall {
-            setting: "idle.capacity",
-            value: 0,
-            minimum: 1
+        ConfigError::OutOfRange {
+            name: "idle.capacity",
+            value: "0".into(),
+            expected: "at least 1"
         }
     );
-    assert_eq!(error.to_string(), "idle.capacity must be at least 1, got 0");
+    assert_eq!(
+        error.to_string(),
+        "idle.capacity: 0 is out of range, expected at least 1"
+    );
     assert_eq!(IdleConfig::default().capacity, 100_000);
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use tessera_admission::{
-    AddressGroup, MintAllowance, MintConfig, MintDecision, MintRefusal, PolicyConfigError,
+    AddressGroup, ConfigError, MintAllowance, MintConfig, MintDecision, MintRefusal,
 };
 
 /// An arbitrary origin for hand-driven time; nothing waits on the clock.
@@ -259,17 +259,12 @@ fn invalid_settings_are_typed_errors() {
     ];
     for (config, setting, value, minimum) in cases {
         let error = MintAllowance::new(config).unwrap_err();
-        assert_eq!(
-            error,
-            PolicyConfigError::TooSmall {
-                setting,
-                value,
-                minimum
-            }
-        );
+        assert!(matches!(error, ConfigError::OutOfRange { .. }), "{error:?}");
+        assert_eq!(error.name(), setting);
+        assert_eq!(error.value(), value.to_string());
         assert_eq!(
             error.to_string(),
-            format!("{setting} must be at least {minimum}, got {value}")
+            format!("{setting}: {value} is out of range, expected at least {minimum}")
         );
     }
     assert!(MintConfig::default().validate().is_ok());

@@ -381,7 +381,7 @@ impl CounterBuffer {
     }
 
     fn hand_out(&mut self, minutes: BTreeMap<Minute, HashMap<Subject, u64>>) -> CounterBatch {
-        let mut counters = Vec::new();
+        let mut counters = Vec::with_capacity(minutes.values().map(HashMap::len).sum());
         let mut total = 0;
         for (minute, counts) in minutes {
             for (subject, count) in counts {

@@ -5,8 +5,9 @@ use chrono::{DateTime, Utc};
 /// Why a value could not be built or read back.
 ///
 /// Every variant is bad input; nothing in this crate fails at run time once its
-/// values exist. Messages never repeat an identifier or a secret, since the value
-/// that failed may be one pasted in the wrong place.
+/// values exist. Messages never repeat an identifier, a secret or an address
+/// hash, since the value that failed may be one pasted in the wrong place; only
+/// an unknown action or outcome name, which is neither, is quoted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

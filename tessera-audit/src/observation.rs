@@ -81,10 +81,11 @@ impl<P: Hash + Eq + Clone, S: Eq + Clone> ObservationCoalescer<P, S> {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         if let Some(entry) = self.entries.get_mut(principal) {
+            // Move to the most recently seen end, reusing the stored clone.
             let key = self
                 .by_seen
                 .remove(&entry.seen)
-                .expect("every entry has a seen stamp");
+                .unwrap_or_else(|| principal.clone());
             self.by_seen.insert(stamp, key);
             entry.seen = stamp;
             let elapsed = now.signed_duration_since(entry.written_at);

@@ -337,12 +337,16 @@ impl Task {
         extension: Duration,
     ) -> Result<Lease, LeaseError> {
         time::check_lease_duration(extension, Field::Extension)?;
-        let index = self.live_attempt(holder, token, now)?;
+        let TaskRecord {
+            id,
+            attempts,
+            last_token,
+            ..
+        } = &mut self.0;
+        let live = live_attempt(attempts, *last_token, holder, token, now)?;
         let candidate = time::add(now, extension)?;
-        let attempt = &mut self.0.attempts[index];
-        let lease = attempt.lease.as_mut().expect("a live attempt has a lease");
-        lease.expires_at = lease.expires_at.max(candidate);
-        Ok(Lease::new(&self.0.id, attempt.number, lease))
+        live.lease.expires_at = live.lease.expires_at.max(candidate);
+        Ok(Lease::new(id, live.number, live.lease))
     }
 
     /// Accepts a submission, or replays its receipt.
@@ -385,21 +389,32 @@ impl Task {
             Idempotency::Conflict => return Err(LeaseError::IdempotencyConflict),
             Idempotency::Fresh => {}
         }
-        let index = self.live_attempt(&submission.principal, submission.token, now)?;
-        let attempt = &mut self.0.attempts[index];
-        let lease = attempt.lease.as_ref().expect("a live attempt has a lease");
+        let TaskRecord {
+            id,
+            version,
+            attempts,
+            last_token,
+            ..
+        } = &mut self.0;
+        let live = live_attempt(
+            attempts,
+            *last_token,
+            &submission.principal,
+            submission.token,
+            now,
+        )?;
         let receipt = Receipt {
-            task: self.0.id.clone(),
-            version: self.0.version,
-            attempt: attempt.number,
-            token: lease.token,
+            task: id.clone(),
+            version: *version,
+            attempt: live.number,
+            token: live.lease.token,
             principal: submission.principal.clone(),
             idempotency_key: submission.key.clone(),
-            artifact: ArtifactKey::for_grant(&self.0.id, attempt.number, lease.token),
+            artifact: ArtifactKey::for_grant(id, live.number, live.lease.token),
             digest: submission.digest,
-            accepted_at: now.max(lease.granted_at),
+            accepted_at: now.max(live.lease.granted_at),
         };
-        attempt.state = TaskState::Done;
+        *live.state = TaskState::Done;
         Ok(Submitted::Accepted(receipt))
     }
 
@@ -430,8 +445,8 @@ impl Task {
                 }
             }
         };
-        let index = self.live_attempt(holder, token, now)?;
-        self.0.attempts[index].state = state;
+        let live = live_attempt(&mut self.0.attempts, self.0.last_token, holder, token, now)?;
+        *live.state = state;
         Ok(state)
     }
 
@@ -504,54 +519,67 @@ impl Task {
             (TaskState::Leased, None) | (TaskState::Done | TaskState::Failed, _) => None,
         }
     }
+}
 
-    /// Finds the attempt whose live lease is `token`, held by `holder`.
-    fn live_attempt(
-        &self,
-        holder: &Principal,
-        token: FencingToken,
-        now: DateTime<Utc>,
-    ) -> Result<usize, LeaseError> {
-        let found = self
-            .0
-            .attempts
-            .iter()
-            .enumerate()
-            .find_map(|(index, attempt)| {
-                let lease = attempt.lease.as_ref()?;
-                (lease.token == token).then_some((index, attempt, lease))
-            });
-        let Some((index, attempt, lease)) = found else {
-            // Tokens are granted in order, so one at or below the last was
-            // granted and then superseded on its attempt.
-            return Err(if self.0.last_token.is_some_and(|last| token <= last) {
-                LeaseError::StaleToken { token }
-            } else {
-                LeaseError::UnknownToken { token }
-            });
-        };
-        if lease.holder != *holder {
-            return Err(LeaseError::WrongHolder { token });
-        }
-        let ended = LeaseError::LeaseEnded {
-            token,
-            attempt: attempt.number,
-            state: attempt.state.name(),
-        };
-        if attempt.state.is_final() {
-            return Err(ended);
-        }
-        if lease.is_expired(now) {
-            return Err(LeaseError::LeaseExpired {
-                token,
-                expired_at: lease.expires_at,
-            });
-        }
-        if attempt.state != TaskState::Leased {
-            return Err(ended);
-        }
-        Ok(index)
+/// The attempt holding a live lease, borrowed for one rule to change.
+struct LiveAttempt<'a> {
+    number: AttemptNumber,
+    state: &'a mut TaskState,
+    lease: &'a mut LeaseRecord,
+}
+
+/// Finds the attempt whose live lease is `token`, held by `holder`; the
+/// check that heartbeat, submit and fail share.
+fn live_attempt<'a>(
+    attempts: &'a mut [AttemptRecord],
+    last_token: Option<FencingToken>,
+    holder: &Principal,
+    token: FencingToken,
+    now: DateTime<Utc>,
+) -> Result<LiveAttempt<'a>, LeaseError> {
+    let found = attempts.iter_mut().find_map(|attempt| match attempt {
+        AttemptRecord {
+            number,
+            state,
+            lease: Some(lease),
+            ..
+        } if lease.token == token => Some(LiveAttempt {
+            number: *number,
+            state,
+            lease,
+        }),
+        _ => None,
+    });
+    let Some(live) = found else {
+        // Tokens are granted in order, so one at or below the last was
+        // granted and then superseded on its attempt.
+        return Err(if last_token.is_some_and(|last| token <= last) {
+            LeaseError::StaleToken { token }
+        } else {
+            LeaseError::UnknownToken { token }
+        });
+    };
+    if live.lease.holder != *holder {
+        return Err(LeaseError::WrongHolder { token });
     }
+    let ended = LeaseError::LeaseEnded {
+        token,
+        attempt: live.number,
+        state: live.state.name(),
+    };
+    if live.state.is_final() {
+        return Err(ended);
+    }
+    if live.lease.is_expired(now) {
+        return Err(LeaseError::LeaseExpired {
+            token,
+            expired_at: live.lease.expires_at,
+        });
+    }
+    if *live.state != TaskState::Leased {
+        return Err(ended);
+    }
+    Ok(live)
 }
 
 /// When an attempt whose lease lapsed at `expires_at` becomes claimable.

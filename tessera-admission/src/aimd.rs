@@ -121,6 +121,15 @@ mod tests {
     }
 
     #[test]
+    fn an_average_past_the_longest_duration_saturates() {
+        // Instants may span more than `Duration::MAX` seconds once rounded to
+        // a float; reading the average back must not panic.
+        let (mut aimd, _) = aimd(32);
+        aimd.record(Duration::MAX);
+        assert_eq!(aimd.average(), Some(Duration::MAX));
+    }
+
+    #[test]
     fn decreases_by_thirty_percent_floored_and_never_below_the_minimum() {
         let (mut aimd, start) = aimd(10);
         let mut now = start;

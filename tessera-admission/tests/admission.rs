@@ -501,6 +501,36 @@ fn a_lone_principal_may_fill_every_slot() {
 }
 
 #[test]
+fn an_overflowing_drain_estimate_gives_the_longest_retry_after() {
+    // No practical wait bound, and one claim that ran for 2^63 s: the drain
+    // estimate overflows a `Duration` and falls back to `max_wait`.
+    let now = start();
+    let span = Duration::from_secs(1 << 62);
+    let (Some(early), Some(late)) = (now.checked_sub(span), now.checked_add(span)) else {
+        return; // this platform's `Instant` cannot span 2^63 s
+    };
+    let config = AdmissionConfig {
+        initial_concurrency: 1,
+        max_pending: 1,
+        max_wait: Duration::MAX,
+        ..AdmissionConfig::default()
+    };
+    let mut gate = Admission::new(config, early).unwrap();
+    let permit = admitted(gate.offer("a", early));
+    gate.release(permit, late);
+    let _running = admitted(gate.offer("a", late));
+    let _waiting = queued(gate.offer("b", late));
+    let rejection = rejected(gate.offer("b", late));
+    assert_eq!(rejection.reason(), RejectReason::QueueFull);
+    // Rounding up must saturate, not wrap around to a one-second hint.
+    assert_eq!(rejection.retry_after_seconds(), u64::MAX);
+    assert_eq!(
+        gate.stats().latency_average,
+        Some(Duration::from_secs(1 << 63))
+    );
+}
+
+#[test]
 fn poll_timeout_names_the_oldest_deadline() {
     let (mut gate, t0) = gate(AdmissionConfig {
         max_wait: Duration::from_secs(3),

@@ -114,10 +114,10 @@
 //!
 //! # Cost
 //!
-//! Every call is O(1) in principals and waiters (O(log n) for the legacy
-//! quota when on): per-principal FIFO lists, a rotation list, count buckets
-//! to find the largest holder, and one arrival-ordered list that is also
-//! deadline order, all linked through slabs with exact removal.
+//! Every call of the controller is O(1) in principals and waiters (O(log n)
+//! for the legacy quota when on): per-principal FIFO lists, a rotation list,
+//! count buckets to find the largest holder, and one arrival-ordered list
+//! that is also deadline order, all linked through slabs with exact removal.
 //!
 //! # Policies beside the controller
 //!
@@ -140,7 +140,7 @@
 //!
 //! use tessera_admission::{AddressGroup, IdleConfig, IdlePacing, MintAllowance, MintConfig};
 //!
-//! let now = Instant::now();
+//! let now = Instant::now(); // the host's clock reading, passed in
 //! let mut idle = IdlePacing::new(IdleConfig::default())?;
 //! assert_eq!(idle.empty(&"key-1", &"jobs", now), Duration::from_secs(5));
 //! assert_eq!(idle.empty(&"key-1", &"jobs", now), Duration::from_secs(10));

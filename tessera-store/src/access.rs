@@ -466,7 +466,6 @@ impl KeySpec {
 
     /// A key for a new anonymous principal of `account`; made only by the
     /// store's session minting, which sets its purge time.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn anonymous(account: &str) -> Self {
         Self::new(Owner::New {
             kind: PrincipalKind::Anonymous,

@@ -60,6 +60,12 @@ impl ActionScope {
         }
     }
 
+    /// The same scope with the caller's hashed address group.
+    pub(crate) fn with_ip_hash(mut self, ip_hash: IpHash) -> Self {
+        self.ip_hash = Some(ip_hash);
+        self
+    }
+
     fn audit_namespace(&self) -> tessera_audit::Namespace {
         let name = self
             .namespace
@@ -89,6 +95,15 @@ impl ActionScope {
             outcome,
         )
     }
+}
+
+/// What a write action leaves behind (see [`Store::perform_or_count`]).
+#[derive(Debug, Clone)]
+pub(crate) enum Trail {
+    /// Its audit row, naming this resource.
+    Row(Option<Resource>),
+    /// Nothing written; counted with this outcome.
+    Count(Outcome),
 }
 
 /// Appends `event` inside `writer`'s transaction.
@@ -280,6 +295,66 @@ impl Store {
             Ok(value) => {
                 self.after_write();
                 Ok(value)
+            }
+            Err(error) => {
+                self.count(scope, error.outcome());
+                Err(error)
+            }
+        }
+    }
+
+    /// Runs a write action that may turn out to be a no-op: `work` says
+    /// whether it leaves an audit row ([`Trail::Row`], written in the same
+    /// transaction) or is only counted ([`Trail::Count`], e.g. a replayed
+    /// submission or an empty claim, which write nothing). A failure is
+    /// counted with its outcome.
+    pub(crate) fn perform_or_count<T>(
+        &self,
+        scope: &ActionScope,
+        work: impl FnOnce(&Writer<'_>) -> Result<(T, Trail), Error>,
+    ) -> Result<T, Error> {
+        let now = self.now_utc();
+        let result = self.write(|writer| {
+            let (value, trail) = work(writer)?;
+            if let Trail::Row(resource) = &trail {
+                insert_event(writer, &scope.event(now, resource.clone()))?;
+            }
+            Ok((value, trail))
+        });
+        match result {
+            Ok((value, Trail::Row(_))) => {
+                self.after_write();
+                Ok(value)
+            }
+            Ok((value, Trail::Count(outcome))) => {
+                self.count(scope, outcome);
+                Ok(value)
+            }
+            Err(error) => {
+                self.count(scope, error.outcome());
+                Err(error)
+            }
+        }
+    }
+
+    /// Writes the audit row of a read action that already answered (a
+    /// long-poll); like [`perform_read`](Self::perform_read), a quota
+    /// refusal of the row is counted and does not fail the request unless
+    /// the store was opened with strict read audit.
+    pub(crate) fn audit_read(
+        &self,
+        scope: &ActionScope,
+        resource: Option<Resource>,
+    ) -> Result<(), Error> {
+        let now = self.now_utc();
+        match self.write(|writer| insert_event(writer, &scope.event(now, resource))) {
+            Ok(()) => {
+                self.after_write();
+                Ok(())
+            }
+            Err(error) if error.is_quota_exhausted() && !self.config.strict_read_audit() => {
+                self.count(scope, Outcome::StorageQuotaExhausted);
+                Ok(())
             }
             Err(error) => {
                 self.count(scope, error.outcome());

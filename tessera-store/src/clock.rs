@@ -18,6 +18,17 @@ pub trait Clock: Send + Sync + 'static {
 
     /// The monotonic time, used for waiting and service time.
     fn now(&self) -> Instant;
+
+    /// The longest a thread blocked in the store (a waiting claim, a
+    /// long-poll) sleeps in real time before reading this clock again.
+    ///
+    /// `None` (the default) says the clock follows real time, so a blocked
+    /// thread sleeps until its deadline or until it is woken. A clock that
+    /// jumps when told to, like [`ManualClock`], returns a short slice so
+    /// blocked threads notice a jump soon after it happens.
+    fn max_park(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// The operating system's clocks.
@@ -88,7 +99,14 @@ impl Clock for ManualClock {
     fn now(&self) -> Instant {
         self.inner.lock().monotonic
     }
+
+    fn max_park(&self) -> Option<Duration> {
+        Some(MANUAL_PARK)
+    }
 }
+
+/// How often a thread blocked on a [`ManualClock`] looks at it again.
+const MANUAL_PARK: Duration = Duration::from_millis(2);
 
 impl fmt::Debug for ManualClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

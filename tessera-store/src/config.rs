@@ -5,6 +5,10 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig};
+use tessera_audit::Secret;
+use tessera_lease::Namespace;
+
 use crate::clock::{Clock, SystemClock};
 use crate::quota::QuotaClassifier;
 
@@ -32,6 +36,14 @@ pub struct StoreConfig {
     refuse_writes: bool,
     strict_read_audit: bool,
     observation_capacity: NonZeroUsize,
+    admission: AdmissionConfig,
+    idle: IdleConfig,
+    mint: MintConfig,
+    lease_duration: Duration,
+    public_namespaces: Vec<Namespace>,
+    address_secret: Option<Secret>,
+    session_lifetime: Duration,
+    session_practice_tasks: u16,
 }
 
 impl Default for StoreConfig {
@@ -46,6 +58,14 @@ impl Default for StoreConfig {
             refuse_writes: false,
             strict_read_audit: false,
             observation_capacity: NonZeroUsize::new(10_000).expect("not zero"),
+            admission: AdmissionConfig::default(),
+            idle: IdleConfig::default(),
+            mint: MintConfig::default(),
+            lease_duration: Duration::from_secs(60),
+            public_namespaces: Vec::new(),
+            address_secret: None,
+            session_lifetime: Duration::from_secs(24 * 60 * 60),
+            session_practice_tasks: 3,
         }
     }
 }
@@ -121,6 +141,113 @@ impl StoreConfig {
         self
     }
 
+    /// Settings of the claim admission controller (default
+    /// [`AdmissionConfig::default`]: 32 at once, 2,048 waiting, 10 s
+    /// wait). Validated when the store opens.
+    pub fn with_admission(mut self, admission: AdmissionConfig) -> Self {
+        self.admission = admission;
+        self
+    }
+
+    /// Settings of the empty-claim `Retry-After` pacing.
+    pub fn with_idle(mut self, idle: IdleConfig) -> Self {
+        self.idle = idle;
+        self
+    }
+
+    /// Settings of the anonymous session mint allowance (default 1,000 an
+    /// hour, 10 an hour per address group).
+    pub fn with_mint(mut self, mint: MintConfig) -> Self {
+        self.mint = mint;
+        self
+    }
+
+    /// How long a granted lease lasts, and how far a heartbeat extends it
+    /// (default 60 s).
+    pub fn with_lease_duration(mut self, duration: Duration) -> Self {
+        self.lease_duration = duration;
+        self
+    }
+
+    /// Makes `namespace`'s health readable without a key
+    /// ([`Store::public_health`](crate::Store::public_health)). Public is a
+    /// deployment decision, so it lives here rather than in the database:
+    /// answering a public health read then needs no key, identity or
+    /// namespace lookup at all.
+    pub fn with_public_namespace(mut self, namespace: Namespace) -> Self {
+        if !self.public_namespaces.contains(&namespace) {
+            self.public_namespaces.push(namespace);
+        }
+        self
+    }
+
+    /// The server secret the daily address hash is derived from. Without
+    /// one, the store generates 32 random bytes the first time it needs a
+    /// hash and keeps them in `tessera_meta`, so hashes stay comparable
+    /// across restarts.
+    pub fn with_address_secret(mut self, secret: Secret) -> Self {
+        self.address_secret = Some(secret);
+        self
+    }
+
+    /// How long an anonymous session lives before its key stops working
+    /// and retention deletes it (default 24 hours).
+    pub fn with_session_lifetime(mut self, lifetime: Duration) -> Self {
+        self.session_lifetime = lifetime;
+        self
+    }
+
+    /// How many practice tasks a session's namespace gets when the session
+    /// first uses it (default 3, in queue `practice`; 0 for none).
+    pub fn with_session_practice_tasks(mut self, count: u16) -> Self {
+        self.session_practice_tasks = count;
+        self
+    }
+
+    /// The admission settings.
+    pub fn admission(&self) -> &AdmissionConfig {
+        &self.admission
+    }
+
+    /// The idle pacing settings.
+    pub fn idle(&self) -> &IdleConfig {
+        &self.idle
+    }
+
+    /// The mint allowance settings.
+    pub fn mint(&self) -> &MintConfig {
+        &self.mint
+    }
+
+    /// The lease duration and heartbeat extension.
+    pub fn lease_duration(&self) -> Duration {
+        self.lease_duration
+    }
+
+    /// The namespaces whose health needs no key.
+    pub fn public_namespaces(&self) -> &[Namespace] {
+        &self.public_namespaces
+    }
+
+    /// Whether `namespace`'s health needs no key.
+    pub fn is_public(&self, namespace: &Namespace) -> bool {
+        self.public_namespaces.contains(namespace)
+    }
+
+    pub(crate) fn address_secret(&self) -> Option<&Secret> {
+        self.address_secret.as_ref()
+    }
+
+    /// How long an anonymous session lives.
+    pub fn session_lifetime(&self) -> Duration {
+        self.session_lifetime
+    }
+
+    /// Practice tasks per session namespace.
+    pub fn session_practice_tasks(&self) -> u16 {
+        self.session_practice_tasks
+    }
+
     /// The clock the store reads.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
@@ -181,6 +308,14 @@ impl fmt::Debug for StoreConfig {
             .field("refuse_writes", &self.refuse_writes)
             .field("strict_read_audit", &self.strict_read_audit)
             .field("observation_capacity", &self.observation_capacity)
+            .field("admission", &self.admission)
+            .field("idle", &self.idle)
+            .field("mint", &self.mint)
+            .field("lease_duration", &self.lease_duration)
+            .field("public_namespaces", &self.public_namespaces)
+            .field("address_secret", &self.address_secret.is_some())
+            .field("session_lifetime", &self.session_lifetime)
+            .field("session_practice_tasks", &self.session_practice_tasks)
             .finish_non_exhaustive()
     }
 }

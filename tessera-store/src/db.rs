@@ -457,6 +457,11 @@ impl Writer<'_> {
         Ok(self.reader.conn.last_insert_rowid())
     }
 
+    /// The row id of the last row inserted on this connection.
+    pub(crate) fn last_insert_rowid(&self) -> i64 {
+        self.reader.conn.last_insert_rowid()
+    }
+
     /// Runs DDL, counting one row (its `sqlite_master` entry).
     pub(crate) fn ddl(&self, sql: &str) -> rusqlite::Result<()> {
         self.reader.conn.execute_batch(sql)?;

@@ -47,6 +47,11 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The caller withdrew a waiting claim before its turn came
+    /// (`499 cancelled`, the status servers log for a client that closed
+    /// its request). No lease was granted.
+    #[error("claim cancelled while waiting")]
+    Cancelled,
     /// Admission refused the request for now (`429 rate_limited`).
     #[error("rate limited: {reason}")]
     RateLimited {
@@ -116,6 +121,7 @@ impl Error {
             Self::Conflict { .. } => 409,
             Self::InvalidInput { .. } => 400,
             Self::RateLimited { .. } => 429,
+            Self::Cancelled => 499,
             Self::StorageQuotaExhausted { .. } => 503,
             Self::Storage(_)
             | Self::SchemaTooNew { .. }
@@ -133,6 +139,7 @@ impl Error {
             Self::Conflict { .. } => "conflict",
             Self::InvalidInput { .. } => "invalid_input",
             Self::RateLimited { .. } => "rate_limited",
+            Self::Cancelled => "cancelled",
             Self::StorageQuotaExhausted { .. } => "storage_quota_exhausted",
             Self::Storage(_) => "storage_error",
             Self::SchemaTooNew { .. } => "schema_too_new",
@@ -177,6 +184,8 @@ impl Error {
             Self::Conflict { .. } => Outcome::Conflict,
             Self::InvalidInput { .. } => Outcome::InvalidInput,
             Self::RateLimited { .. } => Outcome::RateLimited,
+            // No lease was handed out, as for an empty queue.
+            Self::Cancelled => Outcome::Empty,
             Self::StorageQuotaExhausted { .. } => Outcome::StorageQuotaExhausted,
             Self::Storage(_)
             | Self::SchemaTooNew { .. }
@@ -225,6 +234,31 @@ impl Error {
             message: self.to_string(),
             retry_after: self.retry_after_seconds(),
             reset_at: self.reset_at(),
+        }
+    }
+}
+
+impl From<tessera_lease::LeaseError> for Error {
+    /// A refused lease rule: bad input is `400`, a transition the task's
+    /// state or a fencing token does not allow is `409`, and a stored record
+    /// that breaks the rules' invariants is a corrupt database.
+    fn from(error: tessera_lease::LeaseError) -> Self {
+        use tessera_lease::LeaseError;
+        match error {
+            LeaseError::InvalidInput { .. }
+            | LeaseError::InvalidDuration { .. }
+            | LeaseError::OutOfRange { .. }
+            | LeaseError::TimeOutOfRange => Self::InvalidInput {
+                reason: error.to_string(),
+            },
+            LeaseError::ReceiptMismatch | LeaseError::InvalidRecord { .. } => {
+                Self::CorruptDatabase {
+                    reason: error.to_string(),
+                }
+            }
+            _ => Self::Conflict {
+                reason: error.to_string(),
+            },
         }
     }
 }

@@ -90,29 +90,47 @@
 
 mod access;
 mod audit;
+mod claim;
 mod clock;
 mod config;
 mod db;
 mod error;
+mod health;
 mod key;
 mod meter;
 mod quota;
 mod schema;
+mod session;
 mod sql;
 mod store;
+mod task;
+mod wait;
 
 pub use access::{
     Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, MAX_ACCOUNT_LEN, MAX_KEYS_LISTED,
     MAX_LABEL_LEN, PrincipalId, PrincipalKind, Scope,
 };
 pub use audit::{AuditPage, AuditQuery, MAX_AUDIT_ROWS, Maintenance, STORE_NAMESPACE};
+pub use claim::{
+    CancelToken, ClaimEvent, ClaimOutcome, ClaimPermit, ClaimStart, ClaimWaker, Claimed,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::StoreConfig;
 pub use error::{Error, ErrorBody, ErrorDetail, ToolContent, ToolError, ToolErrorDetail};
+pub use health::{HEALTH_SNAPSHOT_TTL, HealthSnapshot, StateCounts};
 pub use key::{KeyId, KeySecret};
 pub use meter::MeterSnapshot;
 pub use quota::{QuotaClassifier, next_utc_midnight};
 pub use schema::SCHEMA_VERSION;
+pub use session::{ANONYMOUS_ACCOUNT, Session};
 pub use store::Store;
-pub use tessera_audit::{Action, AuditEvent, Counter, CounterKey, IpHash, Outcome};
-pub use tessera_lease::Namespace;
+pub use task::{Brief, EnqueueOptions, Output, PRACTICE_QUEUE, StoredReceipt, TaskRef, TaskView};
+pub use wait::{MAX_LONG_POLL, WaitOutcome};
+
+pub use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig, Stats, Ticket};
+pub use tessera_audit::{Action, AuditEvent, Counter, CounterKey, IpHash, Outcome, Secret};
+pub use tessera_lease::{
+    ArtifactKey, AttemptNumber, AttemptRecord, BriefVersion, Digest, FencingToken, IdempotencyKey,
+    Lease, LeaseError, LeaseRecord, MAX_BRIEF_BYTES, Namespace, QueueName, Receipt, Retry,
+    StateName, Submitted, TaskId, TaskRecord, TaskState,
+};

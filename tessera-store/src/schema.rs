@@ -127,6 +127,76 @@ pub(crate) const TABLES: &[Table] = &[
             ("count", "INTEGER NOT NULL"),
         ],
     },
+    Table {
+        name: "namespaces",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            ("name", "TEXT NOT NULL"),
+            // keyed | session
+            ("kind", "TEXT NOT NULL"),
+            ("created_at", "INTEGER NOT NULL"),
+        ],
+    },
+    Table {
+        name: "tasks",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            ("namespace", "TEXT NOT NULL"),
+            ("queue", "TEXT NOT NULL"),
+            // The brief's id; with `version`, unique in its namespace.
+            ("task_id", "TEXT NOT NULL"),
+            ("version", "INTEGER NOT NULL"),
+            ("brief", "BLOB NOT NULL"),
+            // bytes | json
+            ("brief_format", "TEXT NOT NULL"),
+            ("alternatives", "INTEGER NOT NULL"),
+            ("lapse_backoff_ms", "INTEGER NOT NULL"),
+            // The highest fencing token granted; 0 before the first.
+            ("last_token", "INTEGER NOT NULL"),
+            // When an attempt is next claimable: 0 while one is ready, a
+            // lapse or backoff end otherwise, NULL once every attempt is
+            // done or failed (and the task leaves the claim index).
+            ("claimable_at", "INTEGER"),
+            ("created_at", "INTEGER NOT NULL"),
+            ("enqueued_by", "TEXT NOT NULL"),
+        ],
+    },
+    Table {
+        name: "attempts",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            ("task", "INTEGER NOT NULL"),
+            ("number", "INTEGER NOT NULL"),
+            // Copied from the task, so per-namespace reads use an index.
+            ("namespace", "TEXT NOT NULL"),
+            // ready | leased | done | failed | backoff
+            ("state", "TEXT NOT NULL"),
+            // The end of a backoff.
+            ("until_at", "INTEGER"),
+            ("tries", "INTEGER NOT NULL"),
+            // The lease of the latest grant: holder, fencing token, times.
+            ("holder", "TEXT"),
+            ("token", "INTEGER"),
+            ("granted_at", "INTEGER"),
+            ("expires_at", "INTEGER"),
+        ],
+    },
+    Table {
+        name: "receipts",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            ("task", "INTEGER NOT NULL"),
+            ("attempt", "INTEGER NOT NULL"),
+            ("token", "INTEGER NOT NULL"),
+            ("principal", "TEXT NOT NULL"),
+            ("idempotency_key", "TEXT NOT NULL"),
+            ("artifact", "TEXT NOT NULL"),
+            // SHA-256 of the output, 64 hex digits.
+            ("digest", "TEXT NOT NULL"),
+            ("accepted_at", "INTEGER NOT NULL"),
+            ("output", "BLOB"),
+        ],
+    },
 ];
 
 /// Every index. The partial `*_purge` indexes hold only rows with a purge
@@ -200,6 +270,65 @@ pub(crate) const INDEXES: &[Index] = &[
         table: "access_counters",
         unique: false,
         columns: &["principal", "minute"],
+        filter: None,
+    },
+    Index {
+        name: "namespaces_name",
+        table: "namespaces",
+        unique: true,
+        columns: &["name"],
+        filter: None,
+    },
+    Index {
+        name: "tasks_ref",
+        table: "tasks",
+        unique: true,
+        columns: &["namespace", "task_id", "version"],
+        filter: None,
+    },
+    // Claim order: ready tasks (claimable_at 0) oldest first, then lapsed
+    // leases and ended backoffs; finished tasks are not in it.
+    Index {
+        name: "tasks_claimable",
+        table: "tasks",
+        unique: false,
+        columns: &["namespace", "queue", "claimable_at", "id"],
+        filter: Some("claimable_at IS NOT NULL"),
+    },
+    Index {
+        name: "attempts_task",
+        table: "attempts",
+        unique: true,
+        columns: &["task", "number"],
+        filter: None,
+    },
+    Index {
+        name: "attempts_state",
+        table: "attempts",
+        unique: false,
+        columns: &["namespace", "state"],
+        filter: None,
+    },
+    // Live and lapsed leases only: expired leases in one search.
+    Index {
+        name: "attempts_leased",
+        table: "attempts",
+        unique: false,
+        columns: &["namespace", "expires_at"],
+        filter: Some("state = 'leased'"),
+    },
+    Index {
+        name: "receipts_key",
+        table: "receipts",
+        unique: true,
+        columns: &["principal", "task", "idempotency_key"],
+        filter: None,
+    },
+    Index {
+        name: "receipts_task",
+        table: "receipts",
+        unique: false,
+        columns: &["task", "attempt"],
         filter: None,
     },
 ];

@@ -3,23 +3,27 @@
 
 use std::fmt;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 
-use tessera_audit::{CounterBuffer, ObservationCoalescer};
+use tessera_admission::MintAllowance;
+use tessera_audit::{AddressHasher, CounterBuffer, ObservationCoalescer};
 
 use crate::access::{PrincipalId, PrincipalKind};
 use crate::audit::Retention;
+use crate::claim::Gate;
 use crate::clock::Clock;
 use crate::config::StoreConfig;
 use crate::db::{Location, ReadPool, Reader, WriteConnection, Writer, classify};
 use crate::error::Error;
+use crate::health::HealthCache;
 use crate::meter::{Meter, MeterSnapshot};
 use crate::quota::QuotaRules;
 use crate::schema;
+use crate::wait::QueueSignals;
 
 /// A Tessera store on one SQLite database.
 ///
@@ -40,6 +44,16 @@ pub struct Store {
     pub(crate) retention: Mutex<Retention>,
     /// The `last_used_at` coalescing memory: principal to (account, kind).
     pub(crate) observations: Mutex<ObservationCoalescer<PrincipalId, (String, PrincipalKind)>>,
+    /// Claim admission, idle pacing and the outcomes of waiting claims.
+    pub(crate) gate: Gate,
+    /// Health snapshots by namespace.
+    pub(crate) health: HealthCache,
+    /// What long-polls wait on.
+    pub(crate) signals: QueueSignals,
+    /// The anonymous session mint allowance.
+    pub(crate) mint: Mutex<MintAllowance>,
+    /// The address hasher, keyed once the secret is known.
+    pub(crate) hasher: OnceLock<AddressHasher>,
 }
 
 impl fmt::Debug for Store {
@@ -89,6 +103,12 @@ impl Store {
 
     fn open_at(location: Location, config: StoreConfig) -> Result<Self, Error> {
         let clock = Arc::clone(config.clock());
+        // Settings are checked before the file is touched.
+        let gate = Gate::new(Arc::clone(&clock), config.admission(), config.idle())?;
+        let mint =
+            MintAllowance::new(config.mint().clone()).map_err(|error| Error::InvalidInput {
+                reason: format!("mint settings: {error}"),
+            })?;
         let now = clock.now_utc();
         let rules = QuotaRules::new(config.quota_classifier().cloned());
         let meter = Meter::default();
@@ -122,6 +142,11 @@ impl Store {
             counters: Mutex::new(CounterBuffer::new()),
             retention: Mutex::new(Retention::default()),
             observations: Mutex::new(observations),
+            gate,
+            health: HealthCache::default(),
+            signals: QueueSignals::default(),
+            mint: Mutex::new(mint),
+            hasher: OnceLock::new(),
         })
     }
 

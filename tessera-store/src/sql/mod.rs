@@ -11,6 +11,8 @@
 
 pub(crate) mod access;
 pub(crate) mod audit;
+pub(crate) mod session;
+pub(crate) mod tasks;
 
 use chrono::{DateTime, Utc};
 
@@ -93,6 +95,110 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         name: "purge limits",
         sql: audit::PURGE_LIMITS,
     },
+    HotStatement {
+        name: "insert namespace",
+        sql: tasks::INSERT_NAMESPACE,
+    },
+    HotStatement {
+        name: "namespace exists",
+        sql: tasks::NAMESPACE_EXISTS,
+    },
+    HotStatement {
+        name: "insert task",
+        sql: tasks::INSERT_TASK,
+    },
+    HotStatement {
+        name: "oldest claimable task of a queue",
+        sql: tasks::OLDEST_CLAIMABLE,
+    },
+    HotStatement {
+        name: "queue has a claimable task",
+        sql: tasks::HAS_CLAIMABLE,
+    },
+    HotStatement {
+        name: "task by reference",
+        sql: tasks::TASK_BY_REF,
+    },
+    HotStatement {
+        name: "task with brief by reference",
+        sql: tasks::TASK_WITH_BRIEF_BY_REF,
+    },
+    HotStatement {
+        name: "task by id",
+        sql: tasks::TASK_BY_ID,
+    },
+    HotStatement {
+        name: "update task",
+        sql: tasks::UPDATE_TASK,
+    },
+    HotStatement {
+        name: "update claim time",
+        sql: tasks::UPDATE_CLAIMABLE,
+    },
+    HotStatement {
+        name: "insert attempt",
+        sql: tasks::INSERT_ATTEMPT,
+    },
+    HotStatement {
+        name: "attempts of a task",
+        sql: tasks::ATTEMPTS_OF_TASK,
+    },
+    HotStatement {
+        name: "update attempt",
+        sql: tasks::UPDATE_ATTEMPT,
+    },
+    HotStatement {
+        name: "update attempt state",
+        sql: tasks::UPDATE_ATTEMPT_STATE,
+    },
+    HotStatement {
+        name: "extend attempt",
+        sql: tasks::EXTEND_ATTEMPT,
+    },
+    HotStatement {
+        name: "lapsed leases",
+        sql: tasks::LAPSED_LEASES,
+    },
+    HotStatement {
+        name: "count lapsed leases",
+        sql: tasks::COUNT_LAPSED_LEASES,
+    },
+    HotStatement {
+        name: "attempts by state",
+        sql: tasks::COUNT_BY_STATE,
+    },
+    HotStatement {
+        name: "insert receipt",
+        sql: tasks::INSERT_RECEIPT,
+    },
+    HotStatement {
+        name: "receipt by idempotency key",
+        sql: tasks::RECEIPT_BY_KEY,
+    },
+    HotStatement {
+        name: "receipts of an attempt",
+        sql: tasks::RECEIPTS_OF_ATTEMPT,
+    },
+    HotStatement {
+        name: "receipts of a task",
+        sql: tasks::RECEIPTS_OF_TASK,
+    },
+    HotStatement {
+        name: "meta value",
+        sql: session::META_VALUE,
+    },
+    HotStatement {
+        name: "insert meta value",
+        sql: session::INSERT_META,
+    },
+    HotStatement {
+        name: "mint quota count",
+        sql: session::LIMIT_COUNT,
+    },
+    HotStatement {
+        name: "count a mint",
+        sql: session::BUMP_LIMIT,
+    },
 ];
 
 /// A stored time: Unix milliseconds.
@@ -141,6 +247,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn claim_and_lease_lookups_use_their_indexes() {
+        let plans = plans();
+        let plan = |name: &str| {
+            plans
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, lines)| lines.join(" | "))
+                .unwrap()
+        };
+        let claim = plan("oldest claimable task of a queue");
+        assert!(claim.contains("tasks_claimable"), "{claim}");
+        // The index order is the claim order: no sort step.
+        assert!(!claim.contains("TEMP B-TREE"), "{claim}");
+        let lapsed = plan("count lapsed leases");
+        assert!(lapsed.contains("attempts_leased"), "{lapsed}");
+        let receipt = plan("receipt by idempotency key");
+        assert!(receipt.contains("receipts_key"), "{receipt}");
+        let attempts = plan("attempts of a task");
+        assert!(attempts.contains("attempts_task"), "{attempts}");
     }
 
     #[test]

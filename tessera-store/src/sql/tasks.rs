@@ -1,0 +1,499 @@
+//! Namespaces, tasks, attempts and receipts.
+
+use rusqlite::{Row, params};
+
+use crate::db::{Reader, Writer};
+
+pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at) \
+     VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING";
+
+pub(crate) const NAMESPACE_EXISTS: &str = "SELECT id FROM namespaces WHERE name = ?1";
+
+pub(crate) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
+     brief, brief_format, alternatives, lapse_backoff_ms, last_token, claimable_at, created_at, \
+     enqueued_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, 0, ?9, ?10) \
+     ON CONFLICT (namespace, task_id, version) DO NOTHING";
+
+/// A task row's columns, in [`TaskRow::from_row`] order, with the brief
+/// (`$brief` is `brief`) or without it (`NULL`), followed by `$tail`.
+macro_rules! select_tasks {
+    ($brief:literal, $tail:literal) => {
+        concat!(
+            "SELECT id, namespace, queue, task_id, version, ",
+            $brief,
+            ", brief_format, lapse_backoff_ms, last_token, created_at FROM tasks ",
+            $tail
+        )
+    };
+}
+
+/// The oldest claimable task of a queue: ready ones (`claimable_at` 0) in
+/// enqueue order first, then those whose lease lapsed or backoff ended, by
+/// the time they became claimable. One search of `tasks_claimable`.
+pub(crate) const OLDEST_CLAIMABLE: &str = select_tasks!(
+    "brief",
+    "WHERE namespace = ?1 AND queue = ?2 AND claimable_at IS NOT NULL \
+     AND claimable_at <= ?3 ORDER BY claimable_at, id LIMIT 1"
+);
+
+/// Whether a queue has a claimable task, reading only the index.
+pub(crate) const HAS_CLAIMABLE: &str = "SELECT id FROM tasks WHERE namespace = ?1 AND queue = ?2 \
+     AND claimable_at IS NOT NULL AND claimable_at <= ?3 ORDER BY claimable_at, id LIMIT 1";
+
+pub(crate) const TASK_BY_REF: &str = select_tasks!(
+    "NULL",
+    "WHERE namespace = ?1 AND task_id = ?2 AND version = ?3"
+);
+
+pub(crate) const TASK_BY_ID: &str = select_tasks!("NULL", "WHERE id = ?1");
+
+pub(crate) const TASK_WITH_BRIEF_BY_REF: &str = select_tasks!(
+    "brief",
+    "WHERE namespace = ?1 AND task_id = ?2 AND version = ?3"
+);
+
+pub(crate) const UPDATE_TASK: &str =
+    "UPDATE tasks SET last_token = ?2, claimable_at = ?3 WHERE id = ?1";
+
+pub(crate) const UPDATE_CLAIMABLE: &str = "UPDATE tasks SET claimable_at = ?2 WHERE id = ?1";
+
+pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, state, \
+     until_at, tries, holder, token, granted_at, expires_at) \
+     VALUES (?1, ?2, ?3, 'ready', NULL, 0, NULL, NULL, NULL, NULL)";
+
+pub(crate) const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
+     granted_at, expires_at FROM attempts WHERE task = ?1 ORDER BY number";
+
+pub(crate) const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = ?3, until_at = ?4, \
+     tries = ?5, holder = ?6, token = ?7, granted_at = ?8, expires_at = ?9 \
+     WHERE task = ?1 AND number = ?2";
+
+pub(crate) const UPDATE_ATTEMPT_STATE: &str =
+    "UPDATE attempts SET state = ?3, until_at = ?4 WHERE task = ?1 AND number = ?2";
+
+pub(crate) const EXTEND_ATTEMPT: &str =
+    "UPDATE attempts SET expires_at = ?3 WHERE task = ?1 AND number = ?2";
+
+/// Leased attempts whose lease lapsed, oldest lapse first: one search of
+/// the partial `attempts_leased` index.
+pub(crate) const LAPSED_LEASES: &str = "SELECT task FROM attempts \
+     WHERE namespace = ?1 AND state = 'leased' AND expires_at <= ?2 \
+     ORDER BY expires_at LIMIT ?3";
+
+pub(crate) const COUNT_LAPSED_LEASES: &str = "SELECT count(*) FROM attempts \
+     WHERE namespace = ?1 AND state = 'leased' AND expires_at <= ?2";
+
+/// Attempts per state in a namespace, from the `attempts_state` index alone.
+pub(crate) const COUNT_BY_STATE: &str = "SELECT state, count(*) FROM attempts \
+     WHERE namespace = ?1 GROUP BY state";
+
+pub(crate) const INSERT_RECEIPT: &str = "INSERT INTO receipts (task, attempt, token, principal, \
+     idempotency_key, artifact, digest, accepted_at, output) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+
+/// A receipt row's columns, in [`ReceiptRow::from_row`] order.
+macro_rules! select_receipts {
+    ($tail:literal) => {
+        concat!(
+            "SELECT attempt, token, principal, idempotency_key, artifact, digest, ",
+            "accepted_at, output FROM receipts ",
+            $tail
+        )
+    };
+}
+
+pub(crate) const RECEIPT_BY_KEY: &str =
+    select_receipts!("WHERE principal = ?1 AND task = ?2 AND idempotency_key = ?3");
+
+pub(crate) const RECEIPTS_OF_ATTEMPT: &str =
+    select_receipts!("WHERE task = ?1 AND attempt = ?2 ORDER BY id");
+
+pub(crate) const RECEIPTS_OF_TASK: &str =
+    select_receipts!("WHERE task = ?1 ORDER BY attempt, id LIMIT ?2");
+
+/// A `tasks` row, brief included; times in Unix milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskRow {
+    pub(crate) id: i64,
+    pub(crate) namespace: String,
+    pub(crate) queue: String,
+    pub(crate) task_id: String,
+    pub(crate) version: i64,
+    /// `None` when the statement left the brief out.
+    pub(crate) brief: Option<Vec<u8>>,
+    pub(crate) brief_format: String,
+    pub(crate) lapse_backoff_ms: i64,
+    pub(crate) last_token: i64,
+    pub(crate) created_at: i64,
+}
+
+impl TaskRow {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get(0)?,
+            namespace: row.get(1)?,
+            queue: row.get(2)?,
+            task_id: row.get(3)?,
+            version: row.get(4)?,
+            brief: row.get(5)?,
+            brief_format: row.get(6)?,
+            lapse_backoff_ms: row.get(7)?,
+            last_token: row.get(8)?,
+            created_at: row.get(9)?,
+        })
+    }
+}
+
+/// A new task's columns.
+#[derive(Debug, Clone)]
+pub(crate) struct NewTask<'a> {
+    pub(crate) namespace: &'a str,
+    pub(crate) queue: &'a str,
+    pub(crate) task_id: &'a str,
+    pub(crate) version: i64,
+    pub(crate) brief: &'a [u8],
+    pub(crate) brief_format: &'a str,
+    pub(crate) alternatives: i64,
+    pub(crate) lapse_backoff_ms: i64,
+    pub(crate) created_at: i64,
+    pub(crate) enqueued_by: &'a str,
+}
+
+/// An `attempts` row; times in Unix milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptRow {
+    pub(crate) number: i64,
+    pub(crate) state: String,
+    pub(crate) until_at: Option<i64>,
+    pub(crate) tries: i64,
+    pub(crate) holder: Option<String>,
+    pub(crate) token: Option<i64>,
+    pub(crate) granted_at: Option<i64>,
+    pub(crate) expires_at: Option<i64>,
+}
+
+impl AttemptRow {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            number: row.get(0)?,
+            state: row.get(1)?,
+            until_at: row.get(2)?,
+            tries: row.get(3)?,
+            holder: row.get(4)?,
+            token: row.get(5)?,
+            granted_at: row.get(6)?,
+            expires_at: row.get(7)?,
+        })
+    }
+}
+
+/// A `receipts` row of a known task; times in Unix milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct ReceiptRow {
+    pub(crate) attempt: i64,
+    pub(crate) token: i64,
+    pub(crate) principal: String,
+    pub(crate) idempotency_key: String,
+    pub(crate) artifact: String,
+    pub(crate) digest: String,
+    pub(crate) accepted_at: i64,
+    pub(crate) output: Option<Vec<u8>>,
+}
+
+impl ReceiptRow {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            attempt: row.get(0)?,
+            token: row.get(1)?,
+            principal: row.get(2)?,
+            idempotency_key: row.get(3)?,
+            artifact: row.get(4)?,
+            digest: row.get(5)?,
+            accepted_at: row.get(6)?,
+            output: row.get(7)?,
+        })
+    }
+}
+
+/// Creates a namespace row unless it exists; returns whether it was created.
+pub(crate) fn insert_namespace(
+    writer: &Writer<'_>,
+    name: &str,
+    kind: &str,
+    created_at: i64,
+) -> rusqlite::Result<bool> {
+    Ok(writer.execute(INSERT_NAMESPACE, params![name, kind, created_at])? == 1)
+}
+
+/// Whether a namespace row exists.
+pub(crate) fn namespace_exists(reader: &Reader<'_>, name: &str) -> rusqlite::Result<bool> {
+    Ok(reader
+        .optional(NAMESPACE_EXISTS, [name], |row| row.get::<_, i64>(0))?
+        .is_some())
+}
+
+/// Inserts a task; `None` if one with the same reference exists.
+pub(crate) fn insert_task(
+    writer: &Writer<'_>,
+    task: &NewTask<'_>,
+) -> rusqlite::Result<Option<i64>> {
+    let changed = writer.execute(
+        INSERT_TASK,
+        params![
+            task.namespace,
+            task.queue,
+            task.task_id,
+            task.version,
+            task.brief,
+            task.brief_format,
+            task.alternatives,
+            task.lapse_backoff_ms,
+            task.created_at,
+            task.enqueued_by,
+        ],
+    )?;
+    Ok((changed == 1).then(|| writer.last_insert_rowid()))
+}
+
+/// The oldest task of a queue claimable at `now`.
+pub(crate) fn oldest_claimable(
+    reader: &Reader<'_>,
+    namespace: &str,
+    queue: &str,
+    now: i64,
+) -> rusqlite::Result<Option<TaskRow>> {
+    reader.optional(
+        OLDEST_CLAIMABLE,
+        params![namespace, queue, now],
+        TaskRow::from_row,
+    )
+}
+
+/// Whether a queue has a task claimable at `now`.
+pub(crate) fn has_claimable(
+    reader: &Reader<'_>,
+    namespace: &str,
+    queue: &str,
+    now: i64,
+) -> rusqlite::Result<bool> {
+    Ok(reader
+        .optional(HAS_CLAIMABLE, params![namespace, queue, now], |row| {
+            row.get::<_, i64>(0)
+        })?
+        .is_some())
+}
+
+/// A task by its reference, with its brief if `with_brief`.
+pub(crate) fn task_by_ref(
+    reader: &Reader<'_>,
+    namespace: &str,
+    task_id: &str,
+    version: i64,
+    with_brief: bool,
+) -> rusqlite::Result<Option<TaskRow>> {
+    let sql = if with_brief {
+        TASK_WITH_BRIEF_BY_REF
+    } else {
+        TASK_BY_REF
+    };
+    reader.optional(sql, params![namespace, task_id, version], TaskRow::from_row)
+}
+
+/// A task by its row id, without its brief.
+pub(crate) fn task_by_id(reader: &Reader<'_>, id: i64) -> rusqlite::Result<Option<TaskRow>> {
+    reader.optional(TASK_BY_ID, [id], TaskRow::from_row)
+}
+
+/// Writes a task's token counter and when it is next claimable.
+pub(crate) fn update_task(
+    writer: &Writer<'_>,
+    id: i64,
+    last_token: i64,
+    claimable_at: Option<i64>,
+) -> rusqlite::Result<()> {
+    writer.execute(UPDATE_TASK, params![id, last_token, claimable_at])?;
+    Ok(())
+}
+
+/// Writes when a task is next claimable.
+pub(crate) fn update_claimable(
+    writer: &Writer<'_>,
+    id: i64,
+    claimable_at: Option<i64>,
+) -> rusqlite::Result<()> {
+    writer.execute(UPDATE_CLAIMABLE, params![id, claimable_at])?;
+    Ok(())
+}
+
+/// Inserts a new, ready attempt.
+pub(crate) fn insert_attempt(
+    writer: &Writer<'_>,
+    task: i64,
+    number: i64,
+    namespace: &str,
+) -> rusqlite::Result<()> {
+    writer.execute(INSERT_ATTEMPT, params![task, number, namespace])?;
+    Ok(())
+}
+
+/// A task's attempts in number order.
+pub(crate) fn attempts_of_task(
+    reader: &Reader<'_>,
+    task: i64,
+) -> rusqlite::Result<Vec<AttemptRow>> {
+    reader.all(ATTEMPTS_OF_TASK, [task], AttemptRow::from_row)
+}
+
+/// Writes every column of an attempt.
+pub(crate) fn update_attempt(
+    writer: &Writer<'_>,
+    task: i64,
+    row: &AttemptRow,
+) -> rusqlite::Result<()> {
+    writer.execute(
+        UPDATE_ATTEMPT,
+        params![
+            task,
+            row.number,
+            row.state,
+            row.until_at,
+            row.tries,
+            row.holder,
+            row.token,
+            row.granted_at,
+            row.expires_at,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Writes an attempt's state alone.
+pub(crate) fn update_attempt_state(
+    writer: &Writer<'_>,
+    task: i64,
+    row: &AttemptRow,
+) -> rusqlite::Result<()> {
+    writer.execute(
+        UPDATE_ATTEMPT_STATE,
+        params![task, row.number, row.state, row.until_at],
+    )?;
+    Ok(())
+}
+
+/// Writes an attempt's lease expiry alone.
+pub(crate) fn extend_attempt(
+    writer: &Writer<'_>,
+    task: i64,
+    number: i64,
+    expires_at: i64,
+) -> rusqlite::Result<()> {
+    writer.execute(EXTEND_ATTEMPT, params![task, number, expires_at])?;
+    Ok(())
+}
+
+/// Tasks with a lapsed lease in a namespace, at most `limit`.
+pub(crate) fn lapsed_leases(
+    reader: &Reader<'_>,
+    namespace: &str,
+    now: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<i64>> {
+    reader.all(LAPSED_LEASES, params![namespace, now, limit], |row| {
+        row.get(0)
+    })
+}
+
+/// How many leases in a namespace have lapsed.
+pub(crate) fn count_lapsed_leases(
+    reader: &Reader<'_>,
+    namespace: &str,
+    now: i64,
+) -> rusqlite::Result<i64> {
+    Ok(reader
+        .optional(COUNT_LAPSED_LEASES, params![namespace, now], |row| {
+            row.get(0)
+        })?
+        .unwrap_or(0))
+}
+
+/// Attempts per state name in a namespace.
+pub(crate) fn count_by_state(
+    reader: &Reader<'_>,
+    namespace: &str,
+) -> rusqlite::Result<Vec<(String, i64)>> {
+    reader.all(COUNT_BY_STATE, [namespace], |row| {
+        Ok((row.get(0)?, row.get(1)?))
+    })
+}
+
+/// A new receipt's columns.
+#[derive(Debug, Clone)]
+pub(crate) struct NewReceipt<'a> {
+    pub(crate) task: i64,
+    pub(crate) attempt: i64,
+    pub(crate) token: i64,
+    pub(crate) principal: &'a str,
+    pub(crate) idempotency_key: &'a str,
+    pub(crate) artifact: &'a str,
+    pub(crate) digest: &'a str,
+    pub(crate) accepted_at: i64,
+    pub(crate) output: Option<&'a [u8]>,
+}
+
+/// Inserts a receipt.
+pub(crate) fn insert_receipt(
+    writer: &Writer<'_>,
+    receipt: &NewReceipt<'_>,
+) -> rusqlite::Result<()> {
+    writer.execute(
+        INSERT_RECEIPT,
+        params![
+            receipt.task,
+            receipt.attempt,
+            receipt.token,
+            receipt.principal,
+            receipt.idempotency_key,
+            receipt.artifact,
+            receipt.digest,
+            receipt.accepted_at,
+            receipt.output,
+        ],
+    )?;
+    Ok(())
+}
+
+/// The receipt stored under (principal, task, idempotency key).
+pub(crate) fn receipt_by_key(
+    reader: &Reader<'_>,
+    principal: &str,
+    task: i64,
+    key: &str,
+) -> rusqlite::Result<Option<ReceiptRow>> {
+    reader.optional(
+        RECEIPT_BY_KEY,
+        params![principal, task, key],
+        ReceiptRow::from_row,
+    )
+}
+
+/// The receipts of one attempt (one per accepted submission).
+pub(crate) fn receipts_of_attempt(
+    reader: &Reader<'_>,
+    task: i64,
+    attempt: i64,
+) -> rusqlite::Result<Vec<ReceiptRow>> {
+    reader.all(
+        RECEIPTS_OF_ATTEMPT,
+        params![task, attempt],
+        ReceiptRow::from_row,
+    )
+}
+
+/// A task's receipts in attempt order, at most `limit`.
+pub(crate) fn receipts_of_task(
+    reader: &Reader<'_>,
+    task: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<ReceiptRow>> {
+    reader.all(RECEIPTS_OF_TASK, params![task, limit], ReceiptRow::from_row)
+}

@@ -75,3 +75,61 @@ impl Fixture {
 pub fn file_bytes(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap()
 }
+
+pub fn queue(name: &str) -> tessera_store::QueueName {
+    tessera_store::QueueName::parse(name).unwrap()
+}
+
+pub fn json_brief(n: usize) -> tessera_store::Brief {
+    tessera_store::Brief::Json(serde_json::json!({ "frame": n }))
+}
+
+impl Fixture {
+    /// A keyed worker with every scope and `grant`.
+    pub fn full_worker(&self, grant: Grant) -> IssuedKey {
+        self.store
+            .create_key(
+                &self.admin,
+                &KeySpec::keyed("acme")
+                    .with_scopes(Scope::ALL.iter().copied())
+                    .with_grant(grant),
+            )
+            .unwrap()
+    }
+
+    /// Enqueues `count` tasks with JSON briefs; returns them in order.
+    pub fn enqueue(
+        &self,
+        caller: &Caller,
+        ns: &Namespace,
+        queue: &tessera_store::QueueName,
+        count: usize,
+    ) -> Vec<tessera_store::TaskRef> {
+        (0..count)
+            .map(|n| {
+                self.store
+                    .enqueue(
+                        caller,
+                        ns,
+                        queue,
+                        &json_brief(n),
+                        &tessera_store::EnqueueOptions::default(),
+                    )
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// Claims and expects a lease.
+    pub fn claim(
+        &self,
+        caller: &Caller,
+        ns: &Namespace,
+        queue: &tessera_store::QueueName,
+    ) -> tessera_store::Claimed {
+        match self.store.claim(caller, ns, queue).unwrap() {
+            tessera_store::ClaimOutcome::Granted(claimed) => claimed,
+            other => panic!("expected a lease, got {other:?}"),
+        }
+    }
+}

@@ -145,10 +145,10 @@ impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
     pub fn empty(&mut self, key: &K, queue: &Q, now: Instant) -> Duration {
         let seen = (now, self.next_seq);
         self.next_seq += 1;
-        let level = match self.again(key, queue, seen) {
+        let level = match self.continue_streak(key, queue, seen) {
             Some(level) => level,
             None => {
-                self.remember(key, queue, seen);
+                self.start_streak(key, queue, seen);
                 0
             }
         };
@@ -198,7 +198,7 @@ impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
     /// Another empty claim of a remembered (key, queue): moves its streak one
     /// level up (or back to the start after a reset) and returns the level;
     /// `None` if the pair is not remembered.
-    fn again(&mut self, key: &K, queue: &Q, seen: (Instant, u64)) -> Option<u8> {
+    fn continue_streak(&mut self, key: &K, queue: &Q, seen: (Instant, u64)) -> Option<u8> {
         let queue_epoch = self.queue_epoch(queue);
         let state = self.keys.get_mut(key)?;
         let streak = state.streaks.get_mut(queue)?;
@@ -222,7 +222,7 @@ impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
 
     /// Starts a streak for a (key, queue) not remembered, forgetting the
     /// least recently seen pair first when full.
-    fn remember(&mut self, key: &K, queue: &Q, seen: (Instant, u64)) {
+    fn start_streak(&mut self, key: &K, queue: &Q, seen: (Instant, u64)) {
         if self.len() >= self.capacity {
             self.forget_least_recently_seen();
         }

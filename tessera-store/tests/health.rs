@@ -1,0 +1,115 @@
+//! Health snapshots: counts, lapsed leases, the 15 s cache, invalidation by
+//! state changes, and public namespaces read without a key.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Fixture, namespace, queue};
+use tessera_store::{Grant, HEALTH_SNAPSHOT_TTL, Output, StateCounts};
+
+#[test]
+fn health_counts_states_and_lapsed_leases_and_is_cached_until_a_change() {
+    let f = Fixture::new();
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    f.enqueue(&worker, &ns, &q, 5);
+    let claimed = f.claim(&worker, &ns, &q);
+
+    let (first, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
+    assert_eq!(
+        first.attempts,
+        StateCounts {
+            ready: 4,
+            leased: 1,
+            ..StateCounts::default()
+        }
+    );
+    assert_eq!(first.expired_leases, 0);
+    assert_eq!(first.taken_at, common::noon());
+    assert!(cost.rows_read > 0 && cost.rows_read <= 3, "{cost:?}");
+
+    // Within 15 s: the same snapshot, zero rows read (the audit row is
+    // still written).
+    f.clock.advance(Duration::from_secs(10));
+    let (repeat, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
+    assert_eq!(repeat, first);
+    assert_eq!(cost.rows_read, 0);
+    assert_eq!(cost.rows_written, 3);
+
+    // A successful state change drops it at once.
+    let submitted = f
+        .store
+        .submit(
+            &worker,
+            &claimed.task,
+            claimed.lease.token(),
+            &tessera_store::IdempotencyKey::parse("k").unwrap(),
+            &Output::bytes("x"),
+        )
+        .unwrap();
+    assert!(matches!(submitted, tessera_store::Submitted::Accepted(_)));
+    let (after, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
+    assert_eq!(after.attempts.done, 1);
+    assert_eq!(after.taken_at, common::noon() + chrono::TimeDelta::seconds(10));
+    assert!(cost.rows_read > 0);
+
+    // A lease lapses: time alone changes nothing stored, so the snapshot
+    // stands until it is 15 s old, then shows the lapse.
+    f.claim(&worker, &ns, &q);
+    f.store.health(&worker, &ns).unwrap();
+    f.clock.advance(Duration::from_secs(61));
+    let lapsed = f.store.health(&worker, &ns).unwrap();
+    assert_eq!(lapsed.expired_leases, 1);
+    assert_eq!(lapsed.attempts.leased, 1);
+    f.clock.advance(HEALTH_SNAPSHOT_TTL - Duration::from_secs(1));
+    let (cached, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
+    assert_eq!((cached, cost.rows_read), (lapsed, 0));
+}
+
+#[test]
+fn a_change_elsewhere_keeps_the_snapshot() {
+    let f = Fixture::new();
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (a, b) = (namespace("a"), namespace("b"));
+    f.enqueue(&worker, &a, &queue("q"), 1);
+    f.store.health(&worker, &a).unwrap();
+    f.enqueue(&worker, &b, &queue("q"), 1);
+    let (_, cost) = f.store.measure(|s| s.health(&worker, &a).unwrap());
+    assert_eq!(cost.rows_read, 0);
+}
+
+#[test]
+fn a_public_namespace_answers_without_a_key_or_any_lookup() {
+    let f = Fixture::with(|config| config.with_public_namespace(namespace("main")));
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    f.enqueue(&worker, &namespace("main"), &queue("q"), 3);
+
+    let (health, cost) = f
+        .store
+        .measure(|s| s.public_health(&namespace("main")).unwrap());
+    assert_eq!(health.attempts.ready, 3);
+    // Only the snapshot's own reads: one state group and the lapse count.
+    // No key, principal or namespace row is looked at, nothing is written.
+    assert_eq!(cost.rows_read, 2);
+    assert_eq!(cost.rows_written, 0);
+    let (_, cost) = f
+        .store
+        .measure(|s| s.public_health(&namespace("main")).unwrap());
+    assert_eq!(cost.rows_read, 0);
+
+    let (error, cost) = f
+        .store
+        .measure(|s| s.public_health(&namespace("private")).unwrap_err());
+    assert_eq!(error.status(), 401);
+    assert_eq!(cost.rows_read, 0);
+    // The keyed route still works for a non-public namespace.
+    assert_eq!(
+        f.store
+            .health(&worker, &namespace("private"))
+            .unwrap()
+            .attempts
+            .total(),
+        0
+    );
+}

@@ -1,0 +1,171 @@
+//! Anonymous sessions: mint limits per address group and overall, the
+//! durable per-address quota, what a mint writes, and the namespace made on
+//! first use.
+
+mod common;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use common::{Fixture, noon, queue};
+use tessera_store::{
+    ClaimOutcome, ManualClock, MintConfig, PRACTICE_QUEUE, PrincipalKind, Secret, Store,
+    StoreConfig,
+};
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+fn secret() -> Secret {
+    Secret::new(*b"tessera-test-address-secret-0001").unwrap()
+}
+
+#[test]
+fn ipv6_rotation_inside_one_64_shares_one_limit() {
+    let f = Fixture::with(|config| config.with_address_secret(secret()));
+    for n in 1..=10 {
+        f.store
+            .mint_session(ip(&format!("2001:db8:0:1::{n:x}")))
+            .unwrap();
+    }
+    let refused = f.store.mint_session(ip("2001:db8:0:1:ffff::7")).unwrap_err();
+    assert_eq!((refused.status(), refused.code()), (429, "rate_limited"));
+    assert!(refused.to_string().contains("address"), "{refused}");
+    assert!(refused.retry_after().unwrap().as_secs() >= 1);
+    // The neighbouring /64 is another group.
+    f.store.mint_session(ip("2001:db8:0:2::1")).unwrap();
+    // IPv4 and its mapped form are one group.
+    for _ in 0..10 {
+        f.store.mint_session(ip("192.0.2.7")).unwrap();
+    }
+    assert_eq!(
+        f.store
+            .mint_session(ip("::ffff:192.0.2.7"))
+            .unwrap_err()
+            .status(),
+        429
+    );
+}
+
+#[test]
+fn the_global_allowance_refuses_with_the_time_until_the_next_session() {
+    let f = Fixture::with(|config| {
+        config.with_address_secret(secret()).with_mint(MintConfig {
+            per_hour: 20,
+            ..MintConfig::default()
+        })
+    });
+    // A tenth at once, then the other 18 evenly: one every 200 s.
+    f.store.mint_session(ip("192.0.2.1")).unwrap();
+    f.store.mint_session(ip("192.0.2.2")).unwrap();
+    let refused = f.store.mint_session(ip("192.0.2.3")).unwrap_err();
+    assert_eq!(refused.status(), 429);
+    let wait = refused.retry_after().unwrap();
+    assert_eq!(wait.as_secs(), 200);
+    f.clock.advance(wait);
+    f.store.mint_session(ip("192.0.2.3")).unwrap();
+}
+
+#[test]
+fn the_per_address_quota_is_durable_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tessera.db");
+    let clock = ManualClock::new(noon());
+    let open = || {
+        Store::open(
+            &path,
+            StoreConfig::default()
+                .with_clock(Arc::new(clock.clone()))
+                .with_address_secret(secret()),
+        )
+        .unwrap()
+    };
+    let store = open();
+    for _ in 0..10 {
+        store.mint_session(ip("198.51.100.9")).unwrap();
+    }
+    drop(store);
+    // A new process: the in-memory allowance is fresh, the row is not.
+    let store = open();
+    let refused = store.mint_session(ip("198.51.100.9")).unwrap_err();
+    assert_eq!(refused.status(), 429);
+    store.mint_session(ip("198.51.100.10")).unwrap();
+}
+
+#[test]
+fn a_minted_session_writes_only_its_principal_key_limit_and_audit_rows() {
+    let f = Fixture::with(|config| config.with_address_secret(secret()));
+    let (session, cost) = f.store.measure(|s| s.mint_session(ip("203.0.113.5")).unwrap());
+    // Principal (row + purge index), key (row + 3 indexes), limit (row +
+    // 2 indexes), audit (row + 2 indexes); no namespace, no task.
+    assert_eq!(cost.rows_written, 2 + 4 + 3 + 3);
+    assert_eq!(cost.write_transactions, 1);
+    assert_eq!(session.expires_at, noon() + chrono::TimeDelta::hours(24));
+    // The same address again only counts on its limit row.
+    let (_, cost) = f.store.measure(|s| s.mint_session(ip("203.0.113.5")).unwrap());
+    assert_eq!(cost.rows_written, 2 + 4 + 1 + 3);
+
+    // The session's first claim creates its namespace with practice tasks.
+    let caller = f
+        .store
+        .authenticate(Some(session.key.secret.expose()))
+        .unwrap();
+    assert_eq!(caller.kind(), PrincipalKind::Anonymous);
+    let health = f.store.health(&caller, &session.namespace).unwrap();
+    assert_eq!(health.attempts.total(), 0, "nothing exists before first use");
+    let outcome = f
+        .store
+        .claim(&caller, &session.namespace, &queue(PRACTICE_QUEUE))
+        .unwrap();
+    let ClaimOutcome::Granted(claimed) = outcome else {
+        panic!("the first claim finds a practice task");
+    };
+    assert_eq!(claimed.task.id.as_str(), "practice-1");
+    let health = f.store.health(&caller, &session.namespace).unwrap();
+    assert_eq!(health.attempts.total(), 3);
+    // Another namespace is not the session's.
+    let error = f
+        .store
+        .claim(&caller, &common::namespace("renders"), &queue("jobs"))
+        .unwrap_err();
+    assert_eq!(error.status(), 403);
+
+    // The mint's audit row carries the hashed address, never the address.
+    let page = f
+        .store
+        .audit(&f.admin, &tessera_store::AuditQuery::default())
+        .unwrap();
+    let mint = page
+        .events
+        .iter()
+        .find(|e| e.action.as_str() == "mint_session")
+        .unwrap();
+    let hash = mint.ip_hash.as_ref().unwrap();
+    assert_eq!(hash, &f.store.hash_address(ip("203.0.113.5")).unwrap());
+    assert!(!hash.as_str().contains("203.0.113.5"));
+}
+
+#[test]
+fn a_generated_address_secret_is_kept_once() {
+    let f = Fixture::new();
+    let (first, cost) = f
+        .store
+        .measure(|s| s.hash_address(ip("192.0.2.1")).unwrap());
+    // The marker row and its primary key entry.
+    assert_eq!(cost.rows_written, 2);
+    let (again, cost) = f
+        .store
+        .measure(|s| s.hash_address(ip("192.0.2.1")).unwrap());
+    assert_eq!((first, cost.rows_written, cost.rows_read), (again, 0, 0));
+    // Reopened, the store hashes with the same secret.
+    let reopened = Store::open(
+        f.path(),
+        StoreConfig::default().with_clock(Arc::new(f.clock.clone())),
+    )
+    .unwrap();
+    assert_eq!(
+        reopened.hash_address(ip("192.0.2.1")).unwrap(),
+        f.store.hash_address(ip("192.0.2.1")).unwrap()
+    );
+}

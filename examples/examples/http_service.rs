@@ -1,49 +1,99 @@
 //! A small HTTP service over Tessera's SQLite store, on tokio and axum.
 //!
-//! It shows how an async host drives claim admission: the store's sans-IO
-//! claim steps decide at once (admitted, queued or refused); a queued
-//! request parks on a oneshot channel keyed by its ticket, and one timer
-//! task wakes at the store's `poll_timeout` and hands out the grants and
-//! rejections it drains. Store calls are short blocking SQLite
-//! transactions, so they run on tokio's blocking pool.
+//! It shows how an async host drives claim admission. `begin_claim` decides
+//! at once: admitted, queued, or `429`. A queued request parks on a oneshot
+//! channel keyed by its ticket; one driver task pulls the store's claim
+//! events and answers the parked requests. It wakes when the store says an
+//! outcome is ready (the claim waker) and when the oldest waiter's deadline
+//! (`poll_claim_timeout`) passes. Store calls that touch SQLite are short
+//! blocking transactions, so they run on tokio's blocking pool.
 //!
 //! ```text
 //! cargo run --release --example http_service -- --port 8080 [--db PATH]
 //! ```
 //!
 //! It listens on 127.0.0.1 only (port 0 picks a free port) and prints a
-//! fresh admin key. Routes, all JSON, keys as `Authorization: Bearer <key>`:
+//! fresh admin key. Keys go in `Authorization: Bearer <key>`; bodies are
+//! JSON.
 //!
-//! | route | |
+//! | route | what |
 //! | --- | --- |
 //! | `POST /v1/keys` | admin: create a key |
+//! | `POST /v1/ns/{ns}/queues/{q}/tasks` | enqueue a task |
+//! | `POST /v1/ns/{ns}/queues/{q}/claims` | claim: `200` lease, `204` empty, `429` overload |
+//! | `POST /v1/ns/{ns}/tasks/{task}/heartbeat` | extend a lease |
+//! | `POST /v1/ns/{ns}/tasks/{task}/submit` | submit under an `Idempotency-Key` |
+//! | `GET /v1/ns/{ns}/health` | attempts per state |
 //! | `GET /v1/me/audit` | the caller's audit events and counters |
 //!
 //! Every error is the store's JSON body (`{"error": {"code", "message",
 //! "retry_after", "reset_at"}}`) with its status, and a `Retry-After` header
 //! on `429` and `503`.
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::extract::{FromRequestParts, State};
+use axum::body::Bytes;
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use tessera_store::{
-    AuditQuery, Caller, Error, Grant, KeySpec, PrincipalId, Scope, Store, StoreConfig,
+    AuditQuery, Brief, BriefVersion, Caller, ClaimEvent, ClaimOutcome, ClaimStart, Clock,
+    EnqueueOptions, Error, FencingToken, Grant, IdempotencyKey, KeySpec, LeaseError, Namespace,
+    Output, PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, SystemClock, TaskId,
+    TaskRef, Ticket,
 };
 use tokio::net::TcpListener;
+use tokio::sync::{Notify, oneshot};
+
+/// Serves `store` on `listener` until the listener fails. `clock` must be
+/// the clock the store was opened with: claim deadlines are on it.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    store: Arc<Store>,
+    clock: Arc<dyn Clock>,
+) -> std::io::Result<()> {
+    let state = Arc::new(AppState {
+        store,
+        parked: Mutex::default(),
+    });
+    let driver = tokio::spawn(drive_claims(Arc::clone(&state), clock));
+    let served = axum::serve(listener, app(state)).await;
+    driver.abort();
+    served
+}
+
+/// The service's routes.
+pub(crate) fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/keys", post(create_key))
+        .route("/v1/ns/{ns}/queues/{queue}/tasks", post(enqueue))
+        .route("/v1/ns/{ns}/queues/{queue}/claims", post(claim))
+        .route("/v1/ns/{ns}/tasks/{task}/heartbeat", post(heartbeat))
+        .route("/v1/ns/{ns}/tasks/{task}/submit", post(submit))
+        .route("/v1/ns/{ns}/health", get(health))
+        .route("/v1/me/audit", get(my_audit))
+        .fallback(|| async {
+            ApiError(Error::NotFound {
+                what: "route".to_owned(),
+            })
+        })
+        .with_state(state)
+}
 
 /// What every request shares.
 pub(crate) struct AppState {
     store: Arc<Store>,
+    /// Claims waiting for admission: where to send each one's outcome.
+    parked: Mutex<HashMap<Ticket, oneshot::Sender<ClaimEvent>>>,
 }
 
 impl AppState {
@@ -59,25 +109,11 @@ impl AppState {
             Err(failed) => std::panic::resume_unwind(failed.into_panic()),
         }
     }
-}
 
-/// The service's routes over `store`.
-pub(crate) fn app(store: Arc<Store>) -> Router {
-    let state = Arc::new(AppState { store });
-    Router::new()
-        .route("/v1/keys", post(create_key))
-        .route("/v1/me/audit", get(my_audit))
-        .fallback(|| async {
-            ApiError(Error::NotFound {
-                what: "route".to_owned(),
-            })
-        })
-        .with_state(state)
-}
-
-/// Serves `store` on `listener` until the listener fails.
-pub(crate) async fn serve(listener: TcpListener, store: Arc<Store>) -> std::io::Result<()> {
-    axum::serve(listener, app(store)).await
+    fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<Ticket, oneshot::Sender<ClaimEvent>>> {
+        // The map stays consistent even if a holder panicked.
+        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 // ---- errors: the one place a store error becomes a response ----
@@ -89,6 +125,12 @@ pub(crate) struct ApiError(Error);
 impl From<Error> for ApiError {
     fn from(error: Error) -> Self {
         Self(error)
+    }
+}
+
+impl From<LeaseError> for ApiError {
+    fn from(error: LeaseError) -> Self {
+        Self(error.into())
     }
 }
 
@@ -146,8 +188,8 @@ fn bearer_key(headers: &HeaderMap) -> Option<&str> {
 
 // ---- keys and audit ----
 
-/// `POST /v1/keys`: a new key for a new principal of `account`, or another
-/// key for an existing `principal`.
+/// `POST /v1/keys`: a key for a new principal of `account`, or another key
+/// for an existing `principal`.
 #[derive(Deserialize)]
 struct NewKey {
     account: Option<String>,
@@ -165,7 +207,7 @@ struct NewKey {
 async fn create_key(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
-    body: axum::body::Bytes,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
     let request: NewKey = parse_body(&body)?;
     let spec = match (&request.principal, &request.account) {
@@ -200,6 +242,266 @@ async fn my_audit(
     Ok(Json(page).into_response())
 }
 
+// ---- tasks ----
+
+fn queue_names(ns: &str, queue: &str) -> Result<(Namespace, QueueName), ApiError> {
+    Ok((Namespace::parse(ns)?, QueueName::parse(queue)?))
+}
+
+/// `POST .../tasks`: a JSON brief, and optionally its id, version and
+/// number of competing attempts.
+#[derive(Deserialize)]
+struct NewTask {
+    brief: serde_json::Value,
+    id: Option<String>,
+    version: Option<u32>,
+    alternatives: Option<u16>,
+}
+
+async fn enqueue(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    Path((ns, queue)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (ns, queue) = queue_names(&ns, &queue)?;
+    let request: NewTask = parse_body(&body)?;
+    let mut options = EnqueueOptions::default();
+    if let Some(id) = &request.id {
+        options = options.with_task_id(TaskId::parse(id)?);
+    }
+    if let Some(version) = request.version {
+        options = options.with_version(BriefVersion::new(version)?);
+    }
+    if let Some(alternatives) = request.alternatives {
+        options = options.with_alternatives(alternatives);
+    }
+    let brief = Brief::Json(request.brief);
+    let task = state
+        .call(move |store| store.enqueue(&caller, &ns, &queue, &brief, &options))
+        .await?;
+    Ok((StatusCode::CREATED, Json(task)).into_response())
+}
+
+fn task_ref(ns: &str, task: &str, version: u32) -> Result<TaskRef, ApiError> {
+    Ok(TaskRef::new(
+        Namespace::parse(ns)?,
+        TaskId::parse(task)?,
+        BriefVersion::new(version)?,
+    ))
+}
+
+/// `POST .../heartbeat`: the task's version and the fencing token from the
+/// claim.
+#[derive(Deserialize)]
+struct HeldLease {
+    version: u32,
+    token: i64,
+}
+
+async fn heartbeat(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    Path((ns, task)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: HeldLease = parse_body(&body)?;
+    let task = task_ref(&ns, &task, request.version)?;
+    let token = FencingToken::new(request.token)?;
+    let lease = state
+        .call(move |store| store.heartbeat(&caller, &task, token))
+        .await?;
+    Ok(Json(lease).into_response())
+}
+
+/// `POST .../submit`: like a heartbeat, plus the output: any JSON value,
+/// kept with the receipt.
+#[derive(Deserialize)]
+struct NewSubmission {
+    version: u32,
+    token: i64,
+    output: serde_json::Value,
+}
+
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Submits under the request's `Idempotency-Key`: a retry with the same key
+/// and output gets the same receipt (`Idempotent-Replayed: true`); the same
+/// key with another output is `409`.
+async fn submit(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    Path((ns, task)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = headers
+        .get(IDEMPOTENCY_KEY)
+        .and_then(|value| value.to_str().ok())
+        .ok_or_else(|| invalid("an Idempotency-Key header is required"))?;
+    let key = IdempotencyKey::parse(key)?;
+    let request: NewSubmission = parse_body(&body)?;
+    let task = task_ref(&ns, &task, request.version)?;
+    let token = FencingToken::new(request.token)?;
+    let output = Output::bytes(request.output.to_string());
+    let submitted = state
+        .call(move |store| store.submit(&caller, &task, token, &key, &output))
+        .await?;
+    let (receipt, replayed) = match submitted {
+        Submitted::Accepted(receipt) => (receipt, false),
+        Submitted::Replayed(receipt) => (receipt, true),
+    };
+    let mut response = Json(receipt).into_response();
+    if replayed {
+        response.headers_mut().insert(
+            HeaderName::from_static("idempotent-replayed"),
+            HeaderValue::from_static("true"),
+        );
+    }
+    Ok(response)
+}
+
+/// `GET .../health`: with a key, any namespace it may read; without one,
+/// only a namespace the store was configured to show publicly.
+async fn health(
+    State(state): State<Arc<AppState>>,
+    Path(ns): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let ns = Namespace::parse(&ns)?;
+    let snapshot = match bearer_key(&headers).map(str::to_owned) {
+        None if !headers.contains_key(AUTHORIZATION) => {
+            state.call(move |store| store.public_health(&ns)).await?
+        }
+        key => {
+            state
+                .call(move |store| {
+                    let caller = store.authenticate(key.as_deref())?;
+                    store.health(&caller, &ns)
+                })
+                .await?
+        }
+    };
+    Ok(Json(snapshot).into_response())
+}
+
+// ---- claims: the async admission driver ----
+
+/// `POST .../claims`: `200` with the lease, `204` when the queue is empty,
+/// `429` when admission is overloaded; each with `Retry-After` where it
+/// applies, and the grant's `X-Claim-Wait-Ms` and `X-Claim-Concurrency`.
+async fn claim(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    Path((ns, queue)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let (ns, queue) = queue_names(&ns, &queue)?;
+    let (reply, outcome) = oneshot::channel();
+    // No SQL runs here, so this stays on the async worker. The map is held
+    // across `begin_claim` so the driver cannot pull this ticket's outcome
+    // before its reply channel is filed.
+    let start = {
+        let mut parked = state.parked();
+        let start = state.store.begin_claim(&caller, &ns, &queue)?;
+        if let ClaimStart::Queued(ticket) = &start {
+            parked.insert(*ticket, reply);
+        }
+        start
+    };
+    let permit = match start {
+        ClaimStart::Admitted(permit) => permit,
+        ClaimStart::Queued(ticket) => {
+            let waiting = Waiting {
+                state: &state,
+                ticket,
+            };
+            let event = outcome.await;
+            // Withdrawing a claim whose outcome arrived changes nothing.
+            drop(waiting);
+            match event {
+                Ok(ClaimEvent::Granted { permit, .. }) => permit,
+                Ok(ClaimEvent::Rejected { error, .. }) => return Err(ApiError(error)),
+                // The driver stopped: the server is shutting down.
+                Err(_) => return Err(ApiError(Error::Cancelled)),
+            }
+        }
+    };
+    let outcome = state.call(move |store| store.finish_claim(permit)).await?;
+    Ok(claim_response(&outcome))
+}
+
+/// Withdraws a parked claim whose client went away before its turn: a
+/// dropped request future drops this guard.
+struct Waiting<'a> {
+    state: &'a AppState,
+    ticket: Ticket,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.state.parked().remove(&self.ticket);
+        // A grant already decided for it is handed back to admission.
+        let _ = self.state.store.cancel_claim(self.ticket);
+    }
+}
+
+fn claim_response(outcome: &ClaimOutcome) -> Response {
+    let mut response = match outcome {
+        ClaimOutcome::Granted(claimed) => Json(json!({
+            "task": claimed.task,
+            "queue": claimed.queue,
+            "lease": claimed.lease,
+            "brief": claimed.brief,
+        }))
+        .into_response(),
+        _ => StatusCode::NO_CONTENT.into_response(),
+    };
+    let headers = response.headers_mut();
+    headers.insert("x-claim-wait-ms", HeaderValue::from(outcome.wait_ms()));
+    headers.insert(
+        "x-claim-concurrency",
+        HeaderValue::from(outcome.concurrency_limit()),
+    );
+    if let Some(retry_after) = outcome.retry_after() {
+        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
+    }
+    response
+}
+
+/// Hands waiting claims their outcomes: pulls every ready claim event and
+/// sends it to the request parked under its ticket, then sleeps until the
+/// store's waker fires or the oldest waiter's deadline passes.
+async fn drive_claims(state: Arc<AppState>, clock: Arc<dyn Clock>) {
+    let wake = Arc::new(Notify::new());
+    let waker = Arc::clone(&wake);
+    // `notify_one` keeps a wake-up that comes while the driver is busy.
+    state
+        .store
+        .set_claim_waker(Some(Arc::new(move || waker.notify_one())));
+    loop {
+        while let Some(event) = state.store.poll_claim_event() {
+            let reply = state.parked().remove(&event.ticket());
+            if let Some(reply) = reply {
+                // A client that left drops the event, and a grant's permit
+                // with it, which hands its capacity back.
+                let _ = reply.send(event);
+            }
+        }
+        // Deadlines are instants on the store's clock; a clock that jumps
+        // (a test's) says how often to look at it again.
+        let nap = state.store.poll_claim_timeout().map(|deadline| {
+            let until = deadline.saturating_duration_since(clock.now());
+            clock.max_park().map_or(until, |slice| until.min(slice))
+        });
+        match nap {
+            Some(nap) => {
+                let _ = tokio::time::timeout(nap, wake.notified()).await;
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
 // ---- the program ----
 
 struct Args {
@@ -231,21 +533,15 @@ fn parse_args() -> Result<Args, String> {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()
         .map_err(|problem| format!("{problem}\nusage: http_service [--port PORT] [--db PATH]"))?;
-    let store = Arc::new(Store::open(&args.db, StoreConfig::default())?);
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let config = StoreConfig::default().with_clock(Arc::clone(&clock));
+    let store = Arc::new(Store::open(&args.db, config)?);
     let admin = store.create_admin_key("operator")?;
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port))).await?;
     let address = listener.local_addr()?;
     println!("tessera http service on http://{address}");
     println!("database: {}", args.db.display());
     println!("admin key: {}", admin.secret.expose());
-    println!("try: curl -s -X POST http://{address}/v1/keys \\");
-    println!(
-        "       -H 'Authorization: Bearer {}' \\",
-        admin.secret.expose()
-    );
-    println!(
-        "       -d '{{\"account\":\"acme\",\"scopes\":[\"enqueue\",\"claim\",\"read\"],\"grants\":[\"namespace:demo\"]}}'"
-    );
-    serve(listener, store).await?;
+    serve(listener, store, clock).await?;
     Ok(())
 }

@@ -1,0 +1,432 @@
+//! The `http_service` example on a real loopback port, driven by a small
+//! blocking HTTP/1.1 client. Time is a `ManualClock`: nothing sleeps to let
+//! time pass.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tessera_store::{
+    AdmissionConfig, ClaimPermit, ClaimStart, ManualClock, Namespace, QueueName, Store, StoreConfig,
+};
+
+#[allow(dead_code)]
+#[path = "../examples/http_service.rs"]
+mod http_service;
+
+/// The service on a loopback port, over an in-memory store.
+struct Service {
+    address: SocketAddr,
+    store: Arc<Store>,
+    clock: ManualClock,
+    admin: String,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Service {
+    fn start(admission: AdmissionConfig, at: &str) -> Self {
+        let clock = ManualClock::new(at.parse().expect("an RFC 3339 time"));
+        let config = StoreConfig::default()
+            .with_clock(Arc::new(clock.clone()))
+            .with_admission(admission);
+        let store = Arc::new(Store::open_in_memory(config).expect("store opens"));
+        let admin = store.create_admin_key("operators").expect("admin key");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+            .expect("loopback port");
+        let address = listener.local_addr().expect("bound address");
+        runtime.spawn(http_service::serve(
+            listener,
+            Arc::clone(&store),
+            Arc::new(clock.clone()),
+        ));
+        Self {
+            address,
+            store,
+            clock,
+            admin: admin.secret.expose().to_owned(),
+            _runtime: runtime,
+        }
+    }
+
+    /// A keyed worker with every scope in `namespace`, made over HTTP.
+    fn worker(&self, namespace: &str) -> String {
+        let body = json!({
+            "account": "acme",
+            "scopes": ["enqueue", "claim", "read"],
+            "grants": [format!("namespace:{namespace}")],
+        });
+        let reply = self.send("POST", "/v1/keys", Some(&self.admin), &[], Some(&body));
+        assert_eq!(reply.status, 201, "{}", reply.text());
+        reply.json()["key"].as_str().expect("a key").to_owned()
+    }
+
+    /// Takes the whole admission window (4) for `key`'s principal straight
+    /// from the store, so that claims over HTTP have to wait; dropping the
+    /// permits hands it back.
+    fn hold_window(&self, key: &str) -> Vec<ClaimPermit> {
+        let caller = self.store.authenticate(Some(key)).unwrap();
+        let namespace = Namespace::parse("renders").unwrap();
+        let queue = QueueName::parse("frames").unwrap();
+        (0..4)
+            .map(
+                |_| match self.store.begin_claim(&caller, &namespace, &queue) {
+                    Ok(ClaimStart::Admitted(permit)) => permit,
+                    other => panic!("the window is free: {other:?}"),
+                },
+            )
+            .collect()
+    }
+
+    /// Waits (bounded) until `pending` claims wait for admission.
+    fn until_pending(&self, pending: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.store.claim_stats().pending != pending {
+            assert!(Instant::now() < deadline, "{:?}", self.store.claim_stats());
+            std::thread::yield_now();
+        }
+    }
+
+    fn enqueue(&self, key: &str, path: &str, brief: Value) -> Reply {
+        let body = json!({ "brief": brief });
+        self.send("POST", path, Some(key), &[], Some(&body))
+    }
+
+    fn claim(&self, key: &str, path: &str) -> Reply {
+        self.send("POST", path, Some(key), &[], None)
+    }
+
+    /// One request on its own connection, read to the end.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Reply {
+        let body = body.map(Value::to_string).unwrap_or_default();
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-length: {}\r\n",
+            self.address,
+            body.len()
+        );
+        if let Some(key) = key {
+            request.push_str(&format!("authorization: Bearer {key}\r\n"));
+        }
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        request.push_str(&body);
+        let mut stream = TcpStream::connect(self.address).expect("connects");
+        // Bounds the test if the service never answers.
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        stream.write_all(request.as_bytes()).expect("request sent");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).expect("response read");
+        Reply::parse(&raw)
+    }
+}
+
+/// A response: status, headers (names lowercase) and body.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn parse(raw: &[u8]) -> Self {
+        let split = raw
+            .windows(4)
+            .position(|window| window == b"\r\n\r\n")
+            .expect("a complete head");
+        let head = std::str::from_utf8(&raw[..split]).expect("an ASCII head");
+        let mut lines = head.split("\r\n");
+        let status = lines.next().expect("a status line")[9..12]
+            .parse()
+            .expect("a status code");
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|line| line.split_once(':'))
+            .map(|(name, value)| (name.to_ascii_lowercase(), value.trim().to_owned()))
+            .collect();
+        assert!(
+            !headers.iter().any(|(name, _)| name == "transfer-encoding"),
+            "the service answers with a length"
+        );
+        Self {
+            status,
+            headers,
+            body: raw[split + 4..].to_vec(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("a JSON body")
+    }
+
+    fn error_code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .expect("an error body")
+            .to_owned()
+    }
+}
+
+const START: &str = "2026-10-29T12:00:00Z";
+const TASKS: &str = "/v1/ns/renders/queues/frames/tasks";
+const CLAIMS: &str = "/v1/ns/renders/queues/frames/claims";
+
+fn small_window() -> AdmissionConfig {
+    AdmissionConfig {
+        initial_concurrency: 4,
+        ..AdmissionConfig::default()
+    }
+}
+
+#[test]
+fn a_burst_beyond_the_concurrency_limit_waits_for_leases_instead_of_429() {
+    const BURST: usize = 100;
+    let service = Service::start(small_window(), START);
+    let worker = service.worker("renders");
+    for frame in 0..BURST {
+        let reply = service.enqueue(&worker, TASKS, json!({ "frame": frame }));
+        assert_eq!(reply.status, 201, "{}", reply.text());
+    }
+    let held = service.hold_window(&worker);
+
+    let replies = std::thread::scope(|scope| {
+        let claims: Vec<_> = (0..BURST)
+            .map(|_| scope.spawn(|| service.claim(&worker, CLAIMS)))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while service.store.claim_stats().pending < BURST {
+            assert!(
+                Instant::now() < deadline,
+                "{:?}",
+                service.store.claim_stats()
+            );
+            std::thread::yield_now();
+        }
+        service.clock.advance(Duration::from_millis(100));
+        // Handing the window back lets the driver grant the parked claims.
+        drop(held);
+        claims
+            .into_iter()
+            .map(|claim| claim.join().expect("client thread"))
+            .collect::<Vec<_>>()
+    });
+
+    let mut tasks = std::collections::BTreeSet::new();
+    for reply in &replies {
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.header("x-claim-wait-ms"), Some("100"));
+        assert_eq!(reply.header("x-claim-concurrency"), Some("4"));
+        let body = reply.json();
+        assert_eq!(body["lease"]["token"], 1);
+        tasks.insert(body["task"]["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(tasks.len(), BURST, "no task leased twice");
+    let stats = service.store.claim_stats();
+    assert_eq!((stats.in_flight, stats.pending), (0, 0));
+
+    let health = service.send("GET", "/v1/ns/renders/health", Some(&worker), &[], None);
+    assert_eq!(health.status, 200);
+    assert_eq!(health.json()["attempts"]["leased"], 100);
+    assert_eq!(health.json()["attempts"]["ready"], 0);
+}
+
+#[test]
+fn empty_claims_pace_from_5_to_60_seconds_and_a_grant_starts_again() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    for expected in ["5", "10", "20", "40", "60", "60"] {
+        let reply = service.claim(&worker, CLAIMS);
+        assert_eq!(reply.status, 204);
+        assert_eq!(reply.header("retry-after"), Some(expected));
+        assert!(reply.body.is_empty());
+    }
+    assert_eq!(service.enqueue(&worker, TASKS, json!("one")).status, 201);
+    assert_eq!(service.claim(&worker, CLAIMS).status, 200);
+    let reply = service.claim(&worker, CLAIMS);
+    assert_eq!(reply.status, 204);
+    assert_eq!(reply.header("retry-after"), Some("5"));
+}
+
+#[test]
+fn overload_is_429_with_retry_after() {
+    let legacy_quota = AdmissionConfig {
+        claims_per_minute: 1,
+        ..AdmissionConfig::default()
+    };
+    let service = Service::start(legacy_quota, START);
+    let worker = service.worker("renders");
+    assert_eq!(service.claim(&worker, CLAIMS).status, 204);
+    let reply = service.claim(&worker, CLAIMS);
+    assert_eq!(reply.status, 429, "{}", reply.text());
+    assert_eq!(reply.error_code(), "rate_limited");
+    let retry_after = reply.header("retry-after").expect("a Retry-After");
+    assert_eq!(
+        reply.json()["error"]["retry_after"].to_string(),
+        retry_after
+    );
+    assert!(retry_after.parse::<u64>().unwrap() >= 1);
+}
+
+#[test]
+fn heartbeat_extends_and_submit_is_idempotent() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let body = json!({ "brief": { "frame": 7 }, "id": "frame-7", "version": 2 });
+    let reply = service.send("POST", TASKS, Some(&worker), &[], Some(&body));
+    assert_eq!(reply.status, 201, "{}", reply.text());
+    assert_eq!(
+        reply.json(),
+        json!({ "namespace": "renders", "id": "frame-7", "version": 2 })
+    );
+
+    let claimed = service.claim(&worker, CLAIMS).json();
+    assert_eq!(claimed["brief"]["value"], json!({ "frame": 7 }));
+    assert_eq!(claimed["lease"]["expires_at"], "2026-10-29T12:01:00Z");
+    let token = claimed["lease"]["token"].as_i64().unwrap();
+    let lease = json!({ "version": 2, "token": token });
+
+    service.clock.advance(Duration::from_secs(30));
+    let heartbeat = "/v1/ns/renders/tasks/frame-7/heartbeat";
+    let reply = service.send("POST", heartbeat, Some(&worker), &[], Some(&lease));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["expires_at"], "2026-10-29T12:01:30Z");
+
+    let submit = "/v1/ns/renders/tasks/frame-7/submit";
+    let output = json!({ "version": 2, "token": token, "output": { "pixels": 42 } });
+    let key = [("idempotency-key", "frame-7-result")];
+    let first = service.send("POST", submit, Some(&worker), &key, Some(&output));
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.header("idempotent-replayed"), None);
+    let again = service.send("POST", submit, Some(&worker), &key, Some(&output));
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.json(), first.json(), "the same receipt");
+    assert_eq!(first.json()["token"], token);
+
+    let other = json!({ "version": 2, "token": token, "output": { "pixels": 43 } });
+    let conflict = service.send("POST", submit, Some(&worker), &key, Some(&other));
+    assert_eq!(conflict.status, 409);
+    assert_eq!(conflict.error_code(), "conflict");
+
+    let unkeyed = service.send("POST", submit, Some(&worker), &[], Some(&output));
+    assert_eq!(unkeyed.status, 400);
+    assert_eq!(unkeyed.error_code(), "invalid_input");
+
+    let late = service.send("POST", heartbeat, Some(&worker), &[], Some(&lease));
+    assert_eq!(late.status, 409, "the lease ended with the submission");
+}
+
+#[test]
+fn keys_are_checked_before_any_namespace() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+
+    let missing = service.send("POST", CLAIMS, None, &[], None);
+    assert_eq!(missing.status, 401);
+    assert_eq!(missing.error_code(), "unauthorized");
+    let unknown = service.claim("tsk_0123456789abcdef_nope", CLAIMS);
+    assert_eq!(unknown.status, 401);
+    let not_bearer = service.send(
+        "POST",
+        CLAIMS,
+        None,
+        &[("authorization", worker.as_str())],
+        None,
+    );
+    assert_eq!(not_bearer.status, 401);
+
+    let elsewhere = service.claim(&worker, "/v1/ns/billing/queues/invoices/claims");
+    assert_eq!(elsewhere.status, 403);
+    assert_eq!(elsewhere.error_code(), "forbidden");
+    let health = service.send("GET", "/v1/ns/billing/health", Some(&worker), &[], None);
+    assert_eq!(health.status, 403);
+    let anonymous_health = service.send("GET", "/v1/ns/renders/health", None, &[], None);
+    assert_eq!(anonymous_health.status, 401, "renders is not public");
+    let key = json!({ "account": "mallory", "admin": true });
+    let not_admin = service.send("POST", "/v1/keys", Some(&worker), &[], Some(&key));
+    assert_eq!(not_admin.status, 403);
+
+    let malformed = service.send("POST", TASKS, Some(&worker), &[], None);
+    assert_eq!(malformed.status, 400);
+    assert_eq!(malformed.error_code(), "invalid_input");
+    let nowhere = service.send("GET", "/v1/nothing", Some(&worker), &[], None);
+    assert_eq!(nowhere.status, 404);
+    assert_eq!(nowhere.error_code(), "not_found");
+
+    // The denials are counted, and the worker reads its own counters.
+    let audit = service.send("GET", "/v1/me/audit", Some(&worker), &[], None);
+    assert_eq!(audit.status, 200, "{}", audit.text());
+    let counters = audit.json()["counters"].to_string();
+    assert!(counters.contains("forbidden"), "{counters}");
+}
+
+#[test]
+fn refused_writes_are_503_until_midnight_while_health_answers() {
+    let service = Service::start(AdmissionConfig::default(), "2026-10-29T23:59:30Z");
+    let worker = service.worker("renders");
+    assert_eq!(service.enqueue(&worker, TASKS, json!(1)).status, 201);
+    service.store.refuse_writes(true);
+
+    for reply in [
+        service.enqueue(&worker, TASKS, json!(2)),
+        service.claim(&worker, CLAIMS),
+    ] {
+        assert_eq!(reply.status, 503, "{}", reply.text());
+        assert_eq!(reply.header("retry-after"), Some("30"));
+        let error = &reply.json()["error"];
+        assert_eq!(error["code"], "storage_quota_exhausted");
+        assert_eq!(error["retry_after"], 30);
+        assert_eq!(error["reset_at"], "2026-10-30T00:00:00Z");
+    }
+
+    let health = service.send("GET", "/v1/ns/renders/health", Some(&worker), &[], None);
+    assert_eq!(health.status, 200, "{}", health.text());
+    assert_eq!(health.json()["attempts"]["ready"], 1);
+
+    service.store.refuse_writes(false);
+    assert_eq!(service.claim(&worker, CLAIMS).status, 200);
+}
+
+#[test]
+fn a_client_that_leaves_gives_up_its_place() {
+    let service = Service::start(small_window(), START);
+    let worker = service.worker("renders");
+    let _held = service.hold_window(&worker);
+    let mut client = TcpStream::connect(service.address).unwrap();
+    let request = format!(
+        "POST {CLAIMS} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {worker}\r\ncontent-length: 0\r\n\r\n"
+    );
+    client.write_all(request.as_bytes()).unwrap();
+    service.until_pending(1);
+    drop(client);
+    // The dropped request withdraws its ticket from admission.
+    service.until_pending(0);
+}

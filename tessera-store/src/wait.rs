@@ -69,6 +69,14 @@ impl QueueSignals {
         signal.epoch
     }
 
+    fn waiting(&self) -> usize {
+        self.queues
+            .lock()
+            .values()
+            .map(|signal| signal.waiters)
+            .sum()
+    }
+
     fn unregister(&self, key: &QueueKey) {
         let mut queues = self.queues.lock();
         if let Some(signal) = queues.get_mut(key) {
@@ -101,6 +109,12 @@ impl QueueSignals {
 }
 
 impl Store {
+    /// How many [`wait_for_work`](Self::wait_for_work) calls are waiting,
+    /// for metrics. O(queues being polled).
+    pub fn long_polls_waiting(&self) -> usize {
+        self.signals.waiting()
+    }
+
     /// Long-polls `queue` of `namespace`: returns at once if it has a
     /// claimable task, otherwise when it receives an enqueue or when
     /// `timeout` (at most [`MAX_LONG_POLL`]) passes on the store's clock.

@@ -182,7 +182,10 @@ fn a_key_revoked_while_waiting_gets_401_and_the_task_stays_ready() {
         assert_eq!((error.status(), error.code()), (401, "unauthorized"));
     });
     let view = f.store.read_task(&holder, &task).unwrap();
-    assert_eq!(view.record.attempts[0].state, tessera_store::TaskState::Ready);
+    assert_eq!(
+        view.record.attempts[0].state,
+        tessera_store::TaskState::Ready
+    );
     assert_eq!(view.record.last_token, None, "no token was spent");
     assert_eq!(f.store.claim_stats().in_flight, 0);
 }
@@ -224,8 +227,10 @@ fn a_cancelled_waiting_claim_leaves_the_queue() {
     };
     let token = f.store.cancel_token();
     std::thread::scope(|scope| {
-        let blocked =
-            scope.spawn(|| f.store.claim_cancellable(&worker, &ns, &queue("jobs"), &token));
+        let blocked = scope.spawn(|| {
+            f.store
+                .claim_cancellable(&worker, &ns, &queue("jobs"), &token)
+        });
         until(|| f.store.claim_stats().pending == 1);
         token.cancel();
         let error = blocked.join().unwrap().unwrap_err();
@@ -380,7 +385,11 @@ fn async_steps_report_the_wait_and_the_limit_and_wake_the_host() {
     f.clock.advance(Duration::from_millis(250));
     drop(first);
     assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1);
-    let Some(ClaimEvent::Granted { ticket: granted, permit }) = f.store.poll_claim_event() else {
+    let Some(ClaimEvent::Granted {
+        ticket: granted,
+        permit,
+    }) = f.store.poll_claim_event()
+    else {
         panic!("the dropped permit's capacity went to the waiter");
     };
     assert_eq!(granted, ticket);

@@ -51,7 +51,10 @@ fn health_counts_states_and_lapsed_leases_and_is_cached_until_a_change() {
     assert!(matches!(submitted, tessera_store::Submitted::Accepted(_)));
     let (after, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
     assert_eq!(after.attempts.done, 1);
-    assert_eq!(after.taken_at, common::noon() + chrono::TimeDelta::seconds(10));
+    assert_eq!(
+        after.taken_at,
+        common::noon() + chrono::TimeDelta::seconds(10)
+    );
     assert!(cost.rows_read > 0);
 
     // A lease lapses: time alone changes nothing stored, so the snapshot
@@ -62,7 +65,8 @@ fn health_counts_states_and_lapsed_leases_and_is_cached_until_a_change() {
     let lapsed = f.store.health(&worker, &ns).unwrap();
     assert_eq!(lapsed.expired_leases, 1);
     assert_eq!(lapsed.attempts.leased, 1);
-    f.clock.advance(HEALTH_SNAPSHOT_TTL - Duration::from_secs(1));
+    f.clock
+        .advance(HEALTH_SNAPSHOT_TTL - Duration::from_secs(1));
     let (cached, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
     assert_eq!((cached, cost.rows_read), (lapsed, 0));
 }

@@ -29,7 +29,10 @@ fn ipv6_rotation_inside_one_64_shares_one_limit() {
             .mint_session(ip(&format!("2001:db8:0:1::{n:x}")))
             .unwrap();
     }
-    let refused = f.store.mint_session(ip("2001:db8:0:1:ffff::7")).unwrap_err();
+    let refused = f
+        .store
+        .mint_session(ip("2001:db8:0:1:ffff::7"))
+        .unwrap_err();
     assert_eq!((refused.status(), refused.code()), (429, "rate_limited"));
     assert!(refused.to_string().contains("address"), "{refused}");
     assert!(refused.retry_after().unwrap().as_secs() >= 1);
@@ -96,14 +99,18 @@ fn the_per_address_quota_is_durable_across_a_restart() {
 #[test]
 fn a_minted_session_writes_only_its_principal_key_limit_and_audit_rows() {
     let f = Fixture::with(|config| config.with_address_secret(secret()));
-    let (session, cost) = f.store.measure(|s| s.mint_session(ip("203.0.113.5")).unwrap());
+    let (session, cost) = f
+        .store
+        .measure(|s| s.mint_session(ip("203.0.113.5")).unwrap());
     // Principal (row + purge index), key (row + 3 indexes), limit (row +
     // 2 indexes), audit (row + 2 indexes); no namespace, no task.
     assert_eq!(cost.rows_written, 2 + 4 + 3 + 3);
     assert_eq!(cost.write_transactions, 1);
     assert_eq!(session.expires_at, noon() + chrono::TimeDelta::hours(24));
     // The same address again only counts on its limit row.
-    let (_, cost) = f.store.measure(|s| s.mint_session(ip("203.0.113.5")).unwrap());
+    let (_, cost) = f
+        .store
+        .measure(|s| s.mint_session(ip("203.0.113.5")).unwrap());
     assert_eq!(cost.rows_written, 2 + 4 + 1 + 3);
 
     // The session's first claim creates its namespace with practice tasks.
@@ -113,7 +120,11 @@ fn a_minted_session_writes_only_its_principal_key_limit_and_audit_rows() {
         .unwrap();
     assert_eq!(caller.kind(), PrincipalKind::Anonymous);
     let health = f.store.health(&caller, &session.namespace).unwrap();
-    assert_eq!(health.attempts.total(), 0, "nothing exists before first use");
+    assert_eq!(
+        health.attempts.total(),
+        0,
+        "nothing exists before first use"
+    );
     let outcome = f
         .store
         .claim(&caller, &session.namespace, &queue(PRACTICE_QUEUE))

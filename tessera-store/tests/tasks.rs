@@ -29,7 +29,10 @@ fn claims_take_the_oldest_ready_task_with_its_brief_and_a_first_token() {
         assert_eq!(&claimed.task, task);
         assert_eq!(claimed.brief, json_brief(n));
         assert_eq!(claimed.lease.token().as_i64(), 1);
-        assert_eq!(claimed.lease.holder().as_str(), worker.principal().to_string());
+        assert_eq!(
+            claimed.lease.holder().as_str(),
+            worker.principal().to_string()
+        );
         assert_eq!(
             claimed.lease.expires_at(),
             common::noon() + chrono::TimeDelta::seconds(60)
@@ -125,7 +128,13 @@ fn heartbeats_extend_the_lease_and_keep_others_out() {
     assert_eq!(error.status(), 409, "another holder's token");
     let submitted = f
         .store
-        .submit(&alice, &claimed.task, token, &key("k1"), &Output::bytes("ok"))
+        .submit(
+            &alice,
+            &claimed.task,
+            token,
+            &key("k1"),
+            &Output::bytes("ok"),
+        )
         .unwrap();
     assert!(matches!(submitted, Submitted::Accepted(_)));
 }
@@ -283,7 +292,12 @@ fn competing_attempts_each_get_a_lease_an_artifact_and_a_receipt() {
     digests.dedup();
     assert_eq!(digests.len(), 3);
     let view = f.store.read_task(&workers[0], &task).unwrap();
-    assert!(view.record.attempts.iter().all(|a| a.state == TaskState::Done));
+    assert!(
+        view.record
+            .attempts
+            .iter()
+            .all(|a| a.state == TaskState::Done)
+    );
 }
 
 #[test]
@@ -374,7 +388,11 @@ fn reads_need_the_read_scope_and_name_what_they_read() {
     f.store
         .read_receipt(&worker, &task, AttemptNumber::FIRST)
         .unwrap();
-    let missing = TaskRef::new(ns.clone(), TaskId::parse("nope").unwrap(), BriefVersion::FIRST);
+    let missing = TaskRef::new(
+        ns.clone(),
+        TaskId::parse("nope").unwrap(),
+        BriefVersion::FIRST,
+    );
     assert_eq!(
         f.store.read_task(&worker, &missing).unwrap_err().status(),
         404

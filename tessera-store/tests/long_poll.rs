@@ -1,0 +1,80 @@
+//! The long-poll: woken by an enqueue, ended by its timeout, audited once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Fixture, namespace, queue};
+use tessera_store::{AuditQuery, Grant, WaitOutcome};
+
+fn wait_events(f: &Fixture, caller: &tessera_store::Caller) -> usize {
+    f.store
+        .audit(caller, &AuditQuery::default())
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e.action.as_str() == "wait_for_work")
+        .count()
+}
+
+#[test]
+fn an_enqueue_wakes_the_long_poll_and_it_is_audited_once() {
+    let f = Fixture::new();
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    std::thread::scope(|scope| {
+        let polling = scope.spawn(|| {
+            f.store
+                .wait_for_work(&worker, &ns, &q, Duration::from_secs(30))
+        });
+        // Another queue's enqueue does not end it.
+        f.enqueue(&worker, &ns, &queue("other"), 1);
+        f.enqueue(&worker, &ns, &q, 1);
+        assert_eq!(polling.join().unwrap().unwrap(), WaitOutcome::WorkAvailable);
+    });
+    assert_eq!(wait_events(&f, &worker), 1);
+    assert!(f.claim(&worker, &ns, &q).lease.token().as_i64() == 1);
+}
+
+#[test]
+fn the_long_poll_times_out_on_the_store_clock() {
+    let f = Fixture::new();
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    std::thread::scope(|scope| {
+        let polling = scope.spawn(|| {
+            f.store
+                .measure(|s| s.wait_for_work(&worker, &ns, &q, Duration::from_secs(20)))
+        });
+        // Its deadline is fixed once it is registered.
+        while f.store.long_polls_waiting() == 0 {
+            std::thread::yield_now();
+        }
+        f.clock.advance(Duration::from_secs(21));
+        let (outcome, cost) = polling.join().unwrap();
+        assert_eq!(outcome.unwrap(), WaitOutcome::TimedOut);
+        // However long it waited: its audit row and nothing else.
+        assert_eq!(cost.rows_written, 3);
+        assert_eq!(cost.write_transactions, 1);
+    });
+    assert_eq!(wait_events(&f, &worker), 1);
+}
+
+#[test]
+fn work_already_waiting_answers_at_once() {
+    let f = Fixture::new();
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    f.enqueue(&worker, &ns, &q, 1);
+    let outcome = f
+        .store
+        .wait_for_work(&worker, &ns, &q, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(outcome, WaitOutcome::WorkAvailable);
+    let outsider = f.login(&f.full_worker(Grant::Namespace(namespace("other"))));
+    let error = f
+        .store
+        .wait_for_work(&outsider, &ns, &q, Duration::from_secs(1))
+        .unwrap_err();
+    assert_eq!(error.status(), 403);
+}

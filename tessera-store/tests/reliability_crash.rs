@@ -1,0 +1,196 @@
+//! A worker process killed with SIGKILL at random points, round after
+//! round: the file stays sound, no task is leased twice at once, and every
+//! submission the worker had acknowledged is there.
+
+mod reliability_support;
+
+use std::collections::{HashMap, HashSet};
+use std::io::BufReader;
+
+use chrono::{DateTime, TimeDelta, Utc};
+
+use reliability_support::{
+    ChildOrders, Event, Rng, Setup, integrity_check, noon, output_for, read_events, spawn_child,
+    task_id, task_number, work_namespace, work_queue,
+};
+use tessera_store::{
+    AttemptNumber, BriefVersion, ClaimOutcome, Grant, IdempotencyKey, Scope, Submitted, TaskRef,
+    TaskState,
+};
+
+/// Run by the tests below in their child processes; a no-op otherwise.
+#[test]
+#[ignore = "entry point of the worker child processes the other tests spawn"]
+fn child_process_entry() {
+    reliability_support::child_main();
+}
+
+/// An acknowledged submission: its token, digest and principal.
+type Ack = (i64, String, String);
+
+fn crash_rounds(rounds: usize, tasks: usize, max_events: u64) {
+    let mut rng = Rng::from_env_or_os();
+    let mut setup = Setup::new();
+    let (ns, q) = (work_namespace(), work_queue());
+    let producer = setup.login(&setup.key(&[Scope::Enqueue], Grant::Namespace(ns.clone())));
+    setup.enqueue_range(&producer, &ns, &q, 0, tasks);
+    let reference = |task: usize| TaskRef::new(ns.clone(), task_id(task), BriefVersion::FIRST);
+
+    let mut acked: HashMap<usize, Ack> = HashMap::new();
+    let mut highest_token: HashMap<usize, i64> = HashMap::new();
+    let mut kills = 0;
+    for round in 0..rounds {
+        // Each round starts two minutes after the last, so the leases the
+        // killed worker left behind (60 s) have lapsed and are taken over.
+        let at = round_start(round);
+        setup.clock.set_utc(at);
+        let key = setup.key(&[Scope::Claim], Grant::Namespace(ns.clone()));
+        let principal = key.info.principal.to_string();
+        let mut child = spawn_child(&ChildOrders {
+            db: setup.path(),
+            key: key.secret.expose().to_owned(),
+            at,
+            threads: 2,
+            retries: false,
+        });
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut events = Vec::new();
+        // Zero kills the worker while it starts up and opens the file.
+        let kill_after = rng.between(0, max_events) as usize;
+        if kill_after > 0 {
+            read_events(&mut stdout, &mut events, |_, seen| seen.len() >= kill_after);
+        }
+        // SIGKILL on Unix; a worker that already finished is simply reaped.
+        child.kill().unwrap();
+        read_events(&mut stdout, &mut events, |_, _| false);
+        let status = child.wait().unwrap();
+        kills += usize::from(!status.success());
+
+        // The file is sound after the kill, and opens again.
+        assert_eq!(integrity_check(&setup.path()), "ok", "round {round}");
+        setup.reopen(setup.config());
+
+        // Within a round the clock stands still, so a second grant of the
+        // same task would be a second lease while the first is live.
+        let mut granted = HashSet::new();
+        for event in &events {
+            let task = task_number(event.task());
+            match event {
+                Event::Grant { token, .. } => {
+                    assert!(
+                        granted.insert(task),
+                        "task {task} leased twice in round {round}"
+                    );
+                    let previous = highest_token.insert(task, *token).unwrap_or(0);
+                    assert!(
+                        *token > previous,
+                        "task {task}: token {token} after {previous}"
+                    );
+                    assert!(
+                        !acked.contains_key(&task),
+                        "a finished task {task} was granted"
+                    );
+                }
+                Event::Ack { token, digest, .. } => {
+                    let ack = (*token, digest.clone(), principal.clone());
+                    assert!(acked.insert(task, ack).is_none(), "task {task} acked twice");
+                }
+                Event::Fail { .. } => panic!("this worker never fails a lease"),
+            }
+        }
+        let touched: HashSet<usize> = events.iter().map(|e| task_number(e.task())).collect();
+        check_store(&setup, &acked, &highest_token, touched, &reference);
+    }
+    eprintln!(
+        "{kills} of {rounds} workers killed; {} of {tasks} tasks acknowledged",
+        acked.len()
+    );
+
+    // Whatever the workers left, the store finishes: lapsed leases are taken
+    // over under new tokens, and finished tasks keep their receipts.
+    setup.clock.set_utc(round_start(rounds));
+    let finisher =
+        setup.login(&setup.key(&[Scope::Claim, Scope::Read], Grant::Namespace(ns.clone())));
+    loop {
+        let claimed = match setup.store.claim(&finisher, &ns, &q).unwrap() {
+            ClaimOutcome::Granted(claimed) => claimed,
+            ClaimOutcome::Empty { .. } => break,
+        };
+        let task = task_number(claimed.task.id.as_str());
+        assert!(
+            !acked.contains_key(&task),
+            "a finished task {task} was granted"
+        );
+        let token = claimed.lease.token();
+        assert!(token.as_i64() > highest_token.get(&task).copied().unwrap_or(0));
+        let submitted = setup
+            .store
+            .submit(
+                &finisher,
+                &claimed.task,
+                token,
+                &IdempotencyKey::parse("final").unwrap(),
+                &output_for(claimed.task.id.as_str(), token),
+            )
+            .unwrap();
+        assert!(matches!(submitted, Submitted::Accepted(_)));
+    }
+    check_store(&setup, &acked, &highest_token, 0..tasks, &reference);
+    let health = setup.store.health(&setup.admin, &ns).unwrap();
+    assert_eq!(health.attempts.done, tasks as u64, "{health:?}");
+    assert_eq!(integrity_check(&setup.path()), "ok");
+}
+
+/// Of `tasks`: every acknowledged submission is stored as acknowledged,
+/// and no token counter is behind a grant a worker reported.
+fn check_store(
+    setup: &Setup,
+    acked: &HashMap<usize, Ack>,
+    highest_token: &HashMap<usize, i64>,
+    tasks: impl IntoIterator<Item = usize>,
+    reference: &impl Fn(usize) -> TaskRef,
+) {
+    for task in tasks {
+        let view = setup
+            .store
+            .read_task(&setup.admin, &reference(task))
+            .unwrap();
+        let last = view.record.last_token.map_or(0, |t| t.as_i64());
+        assert!(last >= highest_token.get(&task).copied().unwrap_or(0));
+        let attempt = &view.record.attempts[0];
+        if let Some(lease) = &attempt.lease {
+            assert_eq!(
+                lease.token.as_i64(),
+                last,
+                "the live lease is the latest grant"
+            );
+        }
+        let Some((token, digest, principal)) = acked.get(&task) else {
+            continue;
+        };
+        assert_eq!(attempt.state, TaskState::Done, "task {task}");
+        let stored = setup
+            .store
+            .read_receipt(&setup.admin, &reference(task), AttemptNumber::FIRST)
+            .unwrap();
+        assert_eq!(stored.receipt.token.as_i64(), *token, "task {task}");
+        assert_eq!(&stored.receipt.digest.to_string(), digest);
+        assert_eq!(stored.receipt.principal.as_str(), principal);
+    }
+}
+
+/// Rounds start two minutes apart: longer than a lease (60 s).
+fn round_start(round: usize) -> DateTime<Utc> {
+    noon() + TimeDelta::minutes(2 * i64::try_from(round).unwrap())
+}
+
+#[test]
+fn a_worker_killed_mid_work_loses_nothing() {
+    crash_rounds(3, 200, 150);
+}
+
+#[test]
+#[ignore = "long: run by .ci/run"]
+fn workers_killed_at_random_points_round_after_round() {
+    crash_rounds(60, 8_000, 400);
+}

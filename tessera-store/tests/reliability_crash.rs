@@ -111,11 +111,7 @@ fn crash_rounds(rounds: usize, tasks: usize, max_events: u64) {
     setup.clock.set_utc(round_start(rounds));
     let finisher =
         setup.login(&setup.key(&[Scope::Claim, Scope::Read], Grant::Namespace(ns.clone())));
-    loop {
-        let claimed = match setup.store.claim(&finisher, &ns, &q).unwrap() {
-            ClaimOutcome::Granted(claimed) => claimed,
-            ClaimOutcome::Empty { .. } => break,
-        };
+    while let ClaimOutcome::Granted(claimed) = setup.store.claim(&finisher, &ns, &q).unwrap() {
         let task = task_number(claimed.task.id.as_str());
         assert!(
             !acked.contains_key(&task),

@@ -66,13 +66,14 @@ pub(crate) async fn serve(
         parked: Mutex::default(),
     });
     let driver = tokio::spawn(drive_claims(Arc::clone(&state), clock));
-    let served = axum::serve(listener, app(state)).await;
+    let served = axum::serve(listener, app(Arc::clone(&state))).await;
     driver.abort();
+    state.store.set_claim_waker(None);
     served
 }
 
 /// The service's routes.
-pub(crate) fn app(state: Arc<AppState>) -> Router {
+fn app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/keys", post(create_key))
         .route("/v1/ns/{ns}/queues/{queue}/tasks", post(enqueue))

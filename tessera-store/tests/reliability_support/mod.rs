@@ -17,6 +17,7 @@ use tempfile::TempDir;
 use tessera_store::{
     Caller, ClaimOutcome, EnqueueOptions, FencingToken, Grant, IdempotencyKey, IssuedKey, KeySpec,
     ManualClock, Namespace, Output, QueueName, Retry, Scope, Store, StoreConfig, Submitted, TaskId,
+    TaskRef,
 };
 
 /// 2026-10-29 12:00:00 UTC.
@@ -126,6 +127,21 @@ impl Setup {
                 )
                 .unwrap();
         }
+    }
+}
+
+impl Setup {
+    /// Enqueues task number `n` (id from [`task_id`]) and returns it.
+    pub fn enqueue_one(&self, caller: &Caller, ns: &Namespace, q: &QueueName, n: usize) -> TaskRef {
+        self.store
+            .enqueue(
+                caller,
+                ns,
+                q,
+                &tessera_store::Brief::Json(serde_json::json!({ "n": n })),
+                &EnqueueOptions::default().with_task_id(task_id(n)),
+            )
+            .unwrap()
     }
 }
 

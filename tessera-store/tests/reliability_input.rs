@@ -1,0 +1,680 @@
+//! Bad input: identifiers that are empty, too long, path-like, SQL-like or
+//! full of control characters; bytes that are not UTF-8; oversized briefs
+//! and outputs; invalid store settings; and a wall clock that steps back.
+
+mod reliability_support;
+
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use reliability_support::{Setup, count_rows, namespace, noon, queue};
+use tessera_store::{
+    AdmissionConfig, AttemptNumber, AuditQuery, Brief, ClaimOutcome, EnqueueOptions, Error, Grant,
+    IdempotencyKey, IdleConfig, KeyFilter, KeyId, KeySpec, MAX_BRIEF_BYTES, MintConfig, Namespace,
+    Output, PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef,
+    TaskState,
+};
+
+fn assert_invalid(error: &Error) {
+    assert_eq!(
+        (error.status(), error.code()),
+        (400, "invalid_input"),
+        "{error:?}"
+    );
+}
+
+/// Values no identifier accepts, whatever its kind.
+fn hostile_names() -> Vec<String> {
+    [
+        "",
+        "../x",
+        "..",
+        "a/b",
+        "/etc/passwd",
+        "a\\b",
+        ".hidden",
+        "trailing.",
+        "a..b",
+        "x'; DROP TABLE tasks;--",
+        "x\" OR \"1\"=\"1",
+        "tab\there",
+        "nul\0byte",
+        "new\nline",
+        "bell\u{7}",
+        " padded",
+        "%2e%2e%2f",
+        "ünïcødé",
+        "名前",
+    ]
+    .iter()
+    .map(|name| (*name).to_owned())
+    .collect()
+}
+
+#[test]
+fn hostile_identifiers_are_refused_as_invalid_input_in_every_role() {
+    let mut refused = 0;
+    let too_long = |max: usize| "n".repeat(max + 1);
+    for name in hostile_names() {
+        let label = format!("{name:?}");
+        let errors = [
+            Namespace::parse(&name).map(drop),
+            QueueName::parse(&name).map(drop),
+            TaskId::parse(&name).map(drop),
+            IdempotencyKey::parse(&name).map(drop),
+        ];
+        for error in errors {
+            let error = Error::from(error.expect_err(&label));
+            assert_invalid(&error);
+            // The message says what is wrong, without echoing the value.
+            if name.len() > 3 {
+                assert!(!error.to_string().contains(&name), "{error}");
+            }
+            refused += 1;
+        }
+        // A host decoding a request body gets the same refusal.
+        let body = serde_json::json!({ "namespace": name, "id": "t", "version": 1 });
+        assert!(serde_json::from_value::<TaskRef>(body).is_err(), "{label}");
+        let body = serde_json::json!({ "namespace": "ns", "id": name, "version": 1 });
+        assert!(serde_json::from_value::<TaskRef>(body).is_err(), "{label}");
+        assert_invalid(&Grant::parse(&format!("namespace:{name}")).expect_err(&label));
+        assert_invalid(&KeyId::parse(&name).expect_err(&label));
+        assert_invalid(&PrincipalId::parse(&name).expect_err(&label));
+    }
+    for error in [
+        Namespace::parse(&too_long(Namespace::MAX_LEN)).map(drop),
+        QueueName::parse(&too_long(QueueName::MAX_LEN)).map(drop),
+        TaskId::parse(&too_long(TaskId::MAX_LEN)).map(drop),
+        IdempotencyKey::parse(&too_long(IdempotencyKey::MAX_LEN)).map(drop),
+    ] {
+        let error = Error::from(error.unwrap_err());
+        assert_invalid(&error);
+        assert!(error.to_string().contains("longer than"), "{error}");
+        refused += 1;
+    }
+    assert_eq!(refused, hostile_names().len() * 4 + 4);
+}
+
+#[test]
+fn identifiers_at_their_longest_work_end_to_end() {
+    let setup = Setup::new();
+    let ns = Namespace::parse(&"n".repeat(Namespace::MAX_LEN)).unwrap();
+    let q = QueueName::parse(&"q".repeat(QueueName::MAX_LEN)).unwrap();
+    let id = TaskId::parse(&format!("{}.x-_", "t".repeat(TaskId::MAX_LEN - 4))).unwrap();
+    let key = IdempotencyKey::parse(&"k".repeat(IdempotencyKey::MAX_LEN)).unwrap();
+    let worker = setup.login(&setup.key(Scope::ALL, Grant::Namespace(ns.clone())));
+    let options = EnqueueOptions::default().with_task_id(id.clone());
+    let task = setup
+        .store
+        .enqueue(&worker, &ns, &q, &Brief::Bytes(vec![1]), &options)
+        .unwrap();
+    let ClaimOutcome::Granted(claimed) = setup.store.claim(&worker, &ns, &q).unwrap() else {
+        panic!("the task is claimable");
+    };
+    assert_eq!(claimed.task, task);
+    let output = Output::bytes("done");
+    let submitted = setup
+        .store
+        .submit(&worker, &task, claimed.lease.token(), &key, &output)
+        .unwrap();
+    assert_eq!(submitted.receipt().idempotency_key, key);
+    assert_eq!(submitted.receipt().task, id);
+    // The artifact key has room for the longest task id.
+    assert!(
+        submitted
+            .receipt()
+            .artifact
+            .as_str()
+            .starts_with(id.as_str())
+    );
+}
+
+#[test]
+fn free_text_is_stored_verbatim_and_never_interpreted() {
+    let setup = Setup::new();
+    let texts = [
+        "x'; DROP TABLE tasks;--",
+        "Robert'); DELETE FROM access_keys; --",
+        "../../etc/passwd",
+        "a/b\\c",
+        "%s %n {} {0} $(rm -rf /) `id`",
+        "Ünïcødé ☃ 名前",
+        "",
+    ];
+    let mut issued = Vec::new();
+    for text in texts {
+        // An account may not be empty; a label may.
+        let account = if text.is_empty() { "acme" } else { text };
+        let key = setup
+            .store
+            .create_key(&setup.admin, &KeySpec::keyed(account).with_label(text))
+            .unwrap();
+        issued.push((key.info.key_id.clone(), account, text));
+    }
+    let listed = setup
+        .store
+        .list_keys(&setup.admin, &KeyFilter::default())
+        .unwrap();
+    for (key_id, account, label) in &issued {
+        let info = listed.iter().find(|info| &info.key_id == key_id).unwrap();
+        assert_eq!(
+            (info.account.as_str(), info.label.as_str()),
+            (*account, *label)
+        );
+    }
+    // Nothing was run or created: the tables are all there, and the
+    // directory holds only the database.
+    assert_eq!(count_rows(&setup.path(), "tasks"), 0);
+    assert_eq!(
+        count_rows(&setup.path(), "access_keys"),
+        1 + texts.len() as u64
+    );
+    let mut files: Vec<String> = std::fs::read_dir(setup.dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["tessera.db", "tessera.db-shm", "tessera.db-wal"]);
+    // A hostile presented key is a plain 401.
+    for presented in texts.iter().chain(&["tsk_'; DROP TABLE access_keys;--_x"]) {
+        let error = setup.store.authenticate(Some(presented)).unwrap_err();
+        assert_eq!(error.status(), 401);
+    }
+    assert!(
+        setup
+            .store
+            .authenticate(Some(setup.admin_key.secret.expose()))
+            .is_ok()
+    );
+}
+
+#[test]
+fn bad_account_and_label_text_is_refused_and_writes_nothing() {
+    let setup = Setup::new();
+    let long = "a".repeat(tessera_store::MAX_ACCOUNT_LEN + 1);
+    let long_label = "l".repeat(tessera_store::MAX_LABEL_LEN + 1);
+    let specs = [
+        KeySpec::keyed(""),
+        KeySpec::keyed(&long),
+        KeySpec::keyed("tab\there"),
+        KeySpec::keyed("nul\0"),
+        KeySpec::keyed("acme").with_label("line\nbreak"),
+        KeySpec::keyed("acme").with_label("escape\u{1b}[31m"),
+        KeySpec::keyed("acme").with_label(&long_label),
+    ];
+    for spec in specs {
+        let (result, cost) = setup.store.measure(|s| s.create_key(&setup.admin, &spec));
+        assert_invalid(&result.unwrap_err());
+        assert_eq!(cost.rows_written, 0, "{spec:?}");
+    }
+    // At the limits they are accepted.
+    let longest = "a".repeat(tessera_store::MAX_ACCOUNT_LEN);
+    let label = "l".repeat(tessera_store::MAX_LABEL_LEN);
+    let key = setup
+        .store
+        .create_key(&setup.admin, &KeySpec::keyed(&longest).with_label(&label))
+        .unwrap();
+    assert_eq!(key.info.account, longest);
+}
+
+#[test]
+fn bytes_that_are_not_utf8_are_stored_and_returned_as_they_are() {
+    let setup = Setup::new();
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let worker = setup.login(&setup.key(Scope::ALL, Grant::Namespace(ns.clone())));
+    let mut bytes: Vec<u8> = (0..=255).collect();
+    bytes.extend_from_slice(b"\xff\xfe\xc0\x80'; DROP TABLE tasks;--\0");
+    assert!(String::from_utf8(bytes.clone()).is_err());
+    let json = Brief::Json(serde_json::json!({
+        "sql": "x'; DROP TABLE tasks;--",
+        "path": "../../x",
+        "control": "\u{0}\u{1b}\n",
+        "nested": [[[{"deep": true}]]],
+    }));
+    let raw = setup
+        .store
+        .enqueue(
+            &worker,
+            &ns,
+            &q,
+            &Brief::Bytes(bytes.clone()),
+            &EnqueueOptions::default(),
+        )
+        .unwrap();
+    let structured = setup
+        .store
+        .enqueue(&worker, &ns, &q, &json, &EnqueueOptions::default())
+        .unwrap();
+
+    let ClaimOutcome::Granted(claimed) = setup.store.claim(&worker, &ns, &q).unwrap() else {
+        panic!("the task is claimable");
+    };
+    assert_eq!(claimed.task, raw);
+    assert_eq!(claimed.brief, Brief::Bytes(bytes.clone()));
+    let output = Output::bytes(bytes.iter().rev().copied().collect::<Vec<u8>>());
+    let key = IdempotencyKey::parse("k").unwrap();
+    let submitted = setup
+        .store
+        .submit(&worker, &raw, claimed.lease.token(), &key, &output)
+        .unwrap();
+    assert_eq!(submitted.receipt().digest, output.payload_digest());
+    let stored = setup
+        .store
+        .read_receipt(&worker, &raw, AttemptNumber::FIRST)
+        .unwrap();
+    let reversed: Vec<u8> = bytes.iter().rev().copied().collect();
+    assert_eq!(stored.output, Some(reversed));
+    assert_eq!(
+        setup.store.read_task(&worker, &structured).unwrap().brief,
+        json
+    );
+    assert_eq!(
+        setup.store.read_task(&worker, &raw).unwrap().brief,
+        Brief::Bytes(bytes)
+    );
+    assert_eq!(count_rows(&setup.path(), "tasks"), 2);
+}
+
+#[test]
+fn oversized_briefs_and_outputs_are_refused_with_their_limit() {
+    let setup = Setup::new();
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let worker = setup.login(&setup.key(Scope::ALL, Grant::Namespace(ns.clone())));
+    let limit = MAX_BRIEF_BYTES.to_string();
+
+    // Exactly at the limit: accepted, and handed out whole.
+    let at_limit = setup
+        .store
+        .enqueue(
+            &worker,
+            &ns,
+            &q,
+            &Brief::Bytes(vec![7; MAX_BRIEF_BYTES]),
+            &EnqueueOptions::default(),
+        )
+        .unwrap();
+
+    // One byte over, as bytes or as encoded JSON: refused naming the limit,
+    // counted, nothing written.
+    let over_json = Brief::Json(serde_json::json!({ "pad": "x".repeat(MAX_BRIEF_BYTES) }));
+    for brief in [Brief::Bytes(vec![7; MAX_BRIEF_BYTES + 1]), over_json] {
+        let counted = setup.store.pending_counters();
+        let (result, cost) = setup
+            .store
+            .measure(|s| s.enqueue(&worker, &ns, &q, &brief, &EnqueueOptions::default()));
+        let error = result.unwrap_err();
+        assert_invalid(&error);
+        assert!(error.to_string().contains(&limit), "{error}");
+        assert_eq!(cost.rows_written, 0);
+        assert_eq!(setup.store.pending_counters(), counted + 1);
+    }
+
+    let ClaimOutcome::Granted(claimed) = setup.store.claim(&worker, &ns, &q).unwrap() else {
+        panic!("the task at the limit is claimable");
+    };
+    assert_eq!(claimed.task, at_limit);
+    assert_eq!(claimed.brief, Brief::Bytes(vec![7; MAX_BRIEF_BYTES]));
+
+    // An output one byte over is refused the same way; the lease is
+    // untouched and an output at the limit is then accepted.
+    let token = claimed.lease.token();
+    let key = IdempotencyKey::parse("k").unwrap();
+    let too_big = Output::bytes(vec![1; MAX_BRIEF_BYTES + 1]);
+    let (result, cost) = setup
+        .store
+        .measure(|s| s.submit(&worker, &at_limit, token, &key, &too_big));
+    let error = result.unwrap_err();
+    assert_invalid(&error);
+    assert!(error.to_string().contains(&limit), "{error}");
+    assert_eq!(cost.rows_written, 0);
+    let view = setup.store.read_task(&worker, &at_limit).unwrap();
+    assert_eq!(view.record.attempts[0].state, TaskState::Leased);
+    let fits = Output::bytes(vec![1; MAX_BRIEF_BYTES]);
+    let submitted = setup
+        .store
+        .submit(&worker, &at_limit, token, &key, &fits)
+        .unwrap();
+    assert!(matches!(submitted, Submitted::Accepted(_)));
+}
+
+/// Opens a store on a fresh path with `config`; on failure also checks the
+/// file was never created.
+fn open_fresh(config: StoreConfig) -> Result<Store, Error> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let result = Store::open(&path, config);
+    if result.is_err() {
+        assert!(
+            !path.exists(),
+            "settings are checked before the file is touched"
+        );
+    }
+    result
+}
+
+#[test]
+fn invalid_claim_idle_and_mint_settings_are_refused_before_the_file_is_touched() {
+    let admission = AdmissionConfig::default();
+    let cases: Vec<(StoreConfig, &str)> = vec![
+        (
+            AdmissionConfig {
+                initial_concurrency: 0,
+                ..admission.clone()
+            },
+            "initial_concurrency",
+        ),
+        (
+            AdmissionConfig {
+                max_concurrency: 0,
+                ..admission.clone()
+            },
+            "max_concurrency",
+        ),
+        (
+            AdmissionConfig {
+                min_concurrency: 0,
+                ..admission.clone()
+            },
+            "min_concurrency",
+        ),
+        (
+            AdmissionConfig {
+                max_pending: 0,
+                ..admission.clone()
+            },
+            "max_pending",
+        ),
+        (
+            AdmissionConfig {
+                max_wait: Duration::ZERO,
+                ..admission.clone()
+            },
+            "max_wait",
+        ),
+        (
+            AdmissionConfig {
+                target: Duration::ZERO,
+                ..admission.clone()
+            },
+            "target",
+        ),
+        (
+            AdmissionConfig {
+                ewma_weight: f64::NAN,
+                ..admission.clone()
+            },
+            "ewma_weight",
+        ),
+        (
+            AdmissionConfig {
+                ewma_weight: -0.5,
+                ..admission.clone()
+            },
+            "ewma_weight",
+        ),
+        (
+            AdmissionConfig {
+                initial_concurrency: 64,
+                max_concurrency: 32,
+                ..admission.clone()
+            },
+            "initial_concurrency",
+        ),
+    ]
+    .into_iter()
+    .map(|(config, name)| (StoreConfig::default().with_admission(config), name))
+    .chain([
+        (
+            StoreConfig::default().with_idle(IdleConfig { capacity: 0 }),
+            "idle.capacity",
+        ),
+        (
+            StoreConfig::default().with_mint(MintConfig {
+                per_hour: 1,
+                ..MintConfig::default()
+            }),
+            "mint.per_hour",
+        ),
+        (
+            StoreConfig::default().with_mint(MintConfig {
+                per_address_per_hour: 0,
+                ..MintConfig::default()
+            }),
+            "mint.per_address_per_hour",
+        ),
+        (
+            StoreConfig::default().with_mint(MintConfig {
+                address_capacity: 0,
+                ..MintConfig::default()
+            }),
+            "mint.address_capacity",
+        ),
+    ])
+    .collect();
+    for (config, name) in cases {
+        let error = open_fresh(config).unwrap_err();
+        assert_invalid(&error);
+        assert!(error.to_string().contains(name), "{name}: {error}");
+    }
+}
+
+#[test]
+#[ignore = "bug: a zero or over-long lease duration is accepted when the store opens, then every \
+            claim answers 400 invalid_input"]
+fn known_bug_an_invalid_lease_duration_is_refused_when_the_store_opens() {
+    for duration in [
+        Duration::ZERO,
+        tessera_lease::MAX_LEASE_DURATION + Duration::from_secs(1),
+    ] {
+        let result = open_fresh(StoreConfig::default().with_lease_duration(duration));
+        let error = result.expect_err("an invalid lease duration opens a store");
+        assert_invalid(&error);
+        assert!(error.to_string().contains("lease"), "{error}");
+    }
+}
+
+#[test]
+#[ignore = "bug: a zero session lifetime is accepted; every minted session is expired at once"]
+fn known_bug_a_zero_session_lifetime_is_refused_when_the_store_opens() {
+    let result = open_fresh(StoreConfig::default().with_session_lifetime(Duration::ZERO));
+    let error = result.expect_err("a zero session lifetime opens a store");
+    assert_invalid(&error);
+    assert!(error.to_string().contains("session"), "{error}");
+}
+
+#[test]
+fn the_wall_clock_stepping_back_never_shortens_revives_or_backdates_a_lease() {
+    let setup = Setup::new();
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let alice = setup.login(&setup.key(Scope::ALL, Grant::Namespace(ns.clone())));
+    let bob = setup.login(&setup.key(Scope::ALL, Grant::Namespace(ns.clone())));
+    let first = setup.enqueue_one(&alice, &ns, &q, 1);
+    let ClaimOutcome::Granted(held) = setup.store.claim(&alice, &ns, &q).unwrap() else {
+        panic!("claimable");
+    };
+    let expiry = held.lease.expires_at();
+    assert_eq!(expiry, noon() + TimeDelta::seconds(60));
+
+    // An hour back: the lease is not shortened, and nobody else gets it.
+    setup.clock.set_utc(noon() - TimeDelta::hours(1));
+    let beat = setup
+        .store
+        .heartbeat(&alice, &first, held.lease.token())
+        .unwrap();
+    assert_eq!(beat.expires_at(), expiry);
+    assert!(matches!(
+        setup.store.claim(&bob, &ns, &q).unwrap(),
+        ClaimOutcome::Empty { .. }
+    ));
+    assert!(setup.store.expire_leases(&ns, 10).unwrap().is_empty());
+    assert_eq!(setup.store.health(&alice, &ns).unwrap().expired_leases, 0);
+
+    // A lease granted in the past-stepped time lapses when the clock comes
+    // back; a later step back never revives it for its old holder.
+    let second = setup.enqueue_one(&alice, &ns, &q, 2);
+    let ClaimOutcome::Granted(early) = setup.store.claim(&alice, &ns, &q).unwrap() else {
+        panic!("claimable");
+    };
+    assert_eq!(early.task, second);
+    assert_eq!(early.lease.granted_at(), noon() - TimeDelta::hours(1));
+    setup.clock.set_utc(noon());
+    let ClaimOutcome::Granted(taken) = setup.store.claim(&bob, &ns, &q).unwrap() else {
+        panic!("the lapsed lease is taken over");
+    };
+    assert_eq!(taken.task, second);
+    assert!(taken.lease.token() > early.lease.token());
+    setup
+        .clock
+        .set_utc(noon() - TimeDelta::minutes(59) - TimeDelta::seconds(30));
+    let stale = setup
+        .store
+        .heartbeat(&alice, &second, early.lease.token())
+        .unwrap_err();
+    assert_eq!(stale.status(), 409);
+    let key = IdempotencyKey::parse("k").unwrap();
+    let stale = setup
+        .store
+        .submit(
+            &alice,
+            &second,
+            early.lease.token(),
+            &key,
+            &Output::bytes("late"),
+        )
+        .unwrap_err();
+    assert_eq!(stale.status(), 409);
+
+    // A submission while the clock is behind is never dated before its
+    // grant.
+    let receipt = setup
+        .store
+        .submit(
+            &bob,
+            &second,
+            taken.lease.token(),
+            &key,
+            &Output::bytes("bob"),
+        )
+        .unwrap();
+    assert_eq!(receipt.receipt().accepted_at, noon());
+    let receipt = setup
+        .store
+        .submit(
+            &alice,
+            &first,
+            held.lease.token(),
+            &key,
+            &Output::bytes("alice"),
+        )
+        .unwrap();
+    assert!(receipt.receipt().accepted_at >= held.lease.granted_at());
+    for task in [&first, &second] {
+        let view = setup.store.read_task(&alice, task).unwrap();
+        assert_eq!(view.record.attempts[0].state, TaskState::Done);
+    }
+}
+
+#[test]
+fn the_wall_clock_stepping_back_loses_no_count_and_deletes_nothing_young() {
+    let setup = Setup::new();
+    let minute = |m: i64| noon() + TimeDelta::minutes(m);
+    // Three denials at 12:00:30, two after a step back to 11:58:10.
+    setup.clock.set_utc(minute(0) + TimeDelta::seconds(30));
+    for _ in 0..3 {
+        assert!(setup.store.authenticate(None).is_err());
+    }
+    setup.clock.set_utc(minute(-2) + TimeDelta::seconds(10));
+    for _ in 0..2 {
+        assert!(setup.store.authenticate(None).is_err());
+    }
+    // Nothing is due yet: neither minute has passed on the clock as it is.
+    assert_eq!(setup.store.maintain().unwrap().counters_written, 0);
+    assert_eq!(setup.store.pending_counters(), 5);
+    setup.clock.set_utc(minute(2));
+    assert_eq!(setup.store.maintain().unwrap().counters_written, 2);
+    // Back into a minute already written: the count is added to its row.
+    setup.clock.set_utc(minute(0) + TimeDelta::seconds(45));
+    assert!(setup.store.authenticate(None).is_err());
+    setup.store.flush_counters().unwrap();
+    let denied = |page: &tessera_store::AuditPage| -> Vec<(i64, u64)> {
+        let mut rows: Vec<(i64, u64)> = page
+            .counters
+            .iter()
+            .filter(|c| c.key.action().as_str() == "authenticate")
+            .map(|c| ((c.key.minute().start() - noon()).num_minutes(), c.count))
+            .collect();
+        rows.sort_unstable();
+        rows
+    };
+    setup.clock.set_utc(minute(3));
+    let page = setup
+        .store
+        .audit(&setup.admin, &AuditQuery::default())
+        .unwrap();
+    assert_eq!(denied(&page), [(-2, 2), (0, 4)]);
+    let young: Vec<_> = page.events.iter().map(|e| (e.time, e.action)).collect();
+    assert!(!young.is_empty());
+
+    // Two days back: retention runs (a step back must not stall it) but
+    // deletes nothing, and no row is lost when the clock returns.
+    setup.clock.set_utc(noon() - TimeDelta::days(2));
+    let report = setup.store.maintain().unwrap();
+    assert!(report.retention_ran);
+    assert_eq!(report.rows_deleted, 0);
+    setup.clock.set_utc(noon() + TimeDelta::hours(23));
+    setup.store.maintain().unwrap();
+    let page = setup
+        .store
+        .audit(&setup.admin, &AuditQuery::default())
+        .unwrap();
+    for event in &young {
+        assert!(
+            page.events.iter().any(|e| (e.time, e.action) == *event),
+            "{event:?} was lost"
+        );
+    }
+    assert_eq!(denied(&page), [(-2, 2), (0, 4)]);
+    // Once they are past the window, they go.
+    setup.clock.set_utc(noon() + TimeDelta::hours(25));
+    let report = setup.store.maintain().unwrap();
+    assert!(report.rows_deleted >= young.len() as u64);
+    let page = setup
+        .store
+        .audit(&setup.admin, &AuditQuery::default())
+        .unwrap();
+    assert!(page.events.iter().all(|e| e.time > noon()));
+    assert!(denied(&page).is_empty());
+}
+
+#[test]
+#[ignore = "bug: a wall clock stepping back across 00:00 UTC restarts the daily rows-written \
+            allowance, and stepping forward restarts it again"]
+fn known_bug_the_wall_clock_stepping_back_does_not_restart_the_daily_allowance() {
+    let just_after_midnight = noon() + TimeDelta::hours(12) + TimeDelta::seconds(30);
+    let setup = Setup::at(just_after_midnight, |config| {
+        config.with_daily_rows_written_allowance(200)
+    });
+    while setup.store.create_admin_key("operators").is_ok() {}
+    let spent = setup.store.rows_written_today();
+    let refused = setup.store.create_admin_key("operators").unwrap_err();
+    assert!(refused.is_quota_exhausted());
+
+    // Twenty seconds back, into the previous UTC day, then forward again.
+    setup
+        .clock
+        .set_utc(just_after_midnight - TimeDelta::seconds(40));
+    let _ = setup.store.create_admin_key("operators");
+    setup
+        .clock
+        .set_utc(just_after_midnight + TimeDelta::seconds(10));
+    assert!(
+        setup.store.rows_written_today() >= spent,
+        "{spent} rows were written today, the allowance says {}",
+        setup.store.rows_written_today()
+    );
+    let error = setup
+        .store
+        .create_admin_key("operators")
+        .expect_err("the day's allowance is still spent");
+    assert!(error.is_quota_exhausted());
+}

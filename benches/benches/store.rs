@@ -1,0 +1,474 @@
+//! Store benchmarks: the cost of each operation on a real SQLite file, beside
+//! the cheapest durable write SQLite can do on the same settings.
+//!
+//! Run: `cargo bench -p tessera-benches --bench store -- --warm-up-time 1 --measurement-time 3`
+//!
+//! Every store lives on a file in a temporary directory, opened by
+//! `Store::open` with its own settings (WAL, `synchronous=NORMAL`, one
+//! writer behind a mutex, pooled readers) and a one-hour lease, so no lease
+//! lapses during a run. Its clock is a `ManualClock` moved on by a
+//! millisecond before each operation, so every heartbeat really moves its
+//! lease's expiry (two heartbeats within one millisecond of the system
+//! clock would leave the second nothing to write).
+//!
+//! - `store_1_thread/minimal_commit`: the baseline. One row inserted into a
+//!   table without secondary indexes, one `BEGIN IMMEDIATE` … `COMMIT`
+//!   transaction per row, through rusqlite on its own file in the same
+//!   directory with the same journal settings; the three statements are
+//!   prepared once. Nothing durable is cheaper.
+//! - `store_1_thread/enqueue`, `claim`, `heartbeat`, `submit`: one
+//!   operation through the public API, by a caller authenticated once.
+//!   `claim` is admitted at once and runs the lease transaction; its tasks
+//!   are enqueued before the timed run. `heartbeat` extends one lease again
+//!   and again. `submit` hands in a fresh idempotency key on a lease taken
+//!   before the timed run.
+//! - `store_1_thread/claim_empty`: a claim that finds its queue empty
+//!   (nothing written: a read and an in-memory count).
+//! - `store_1_thread/lifecycle`: enqueue, claim, heartbeat and submit of one
+//!   task.
+//! - `store_2_threads/*`: the same, run by 2 threads at once (the machine's
+//!   core count), each with its own key; one iteration is one operation on
+//!   each thread, timed from their common start to the last one's finish.
+//!   The baseline's two threads share one connection behind a
+//!   `parking_lot::Mutex`, as the store's writer is shared.
+//! - `claim_scaling/ready/N`: a claim with N ready tasks in its queue
+//!   (1,000, 100,000, 1,000,000) and 10,000 keys, callers taken in turn;
+//!   each timed claim is followed by an untimed enqueue, so the queue keeps
+//!   N ready tasks. The tasks are enqueued through the public API (the
+//!   store has no bulk path), in one growing store.
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use rusqlite::Connection;
+use tempfile::TempDir;
+use tessera_store::{
+    Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, IdempotencyKey, KeySpec,
+    ManualClock, Namespace, Output, QueueName, Scope, Store, StoreConfig, Submitted, TaskRef,
+};
+
+const THREADS: usize = 2;
+
+/// How far the clock moves before each operation.
+const TICK: Duration = Duration::from_millis(1);
+
+/// The one-row insert per transaction that every figure is compared with.
+struct MinimalCommit {
+    conn: Connection,
+    next: i64,
+}
+
+impl MinimalCommit {
+    fn open(path: &Path) -> Self {
+        let conn = Connection::open(path).unwrap();
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+        conn.execute_batch("CREATE TABLE rows (id INTEGER PRIMARY KEY, value INTEGER NOT NULL)")
+            .unwrap();
+        Self { conn, next: 0 }
+    }
+
+    fn commit(&mut self) {
+        self.next += 1;
+        let conn = &self.conn;
+        conn.prepare_cached("BEGIN IMMEDIATE")
+            .unwrap()
+            .execute([])
+            .unwrap();
+        conn.prepare_cached("INSERT INTO rows (value) VALUES (?1)")
+            .unwrap()
+            .execute([black_box(self.next)])
+            .unwrap();
+        conn.prepare_cached("COMMIT").unwrap().execute([]).unwrap();
+    }
+}
+
+/// A store on a file, with workers that hold every scope in one namespace.
+struct Fixture {
+    _dir: TempDir,
+    clock: ManualClock,
+    store: Store,
+    namespace: Namespace,
+    admin: Caller,
+    workers: Vec<Caller>,
+    next_key: u64,
+}
+
+impl Fixture {
+    fn new(dir: TempDir) -> Self {
+        let clock = ManualClock::new("2026-10-29T12:00:00Z".parse().unwrap());
+        let config = StoreConfig::default()
+            .with_clock(Arc::new(clock.clone()))
+            .with_lease_duration(Duration::from_secs(3600));
+        let store = Store::open(dir.path().join("tessera.db"), config).unwrap();
+        let admin_key = store.create_admin_key("operators").unwrap();
+        let admin = store.authenticate(Some(admin_key.secret.expose())).unwrap();
+        let mut fixture = Self {
+            _dir: dir,
+            clock,
+            store,
+            namespace: Namespace::parse("bench").unwrap(),
+            admin,
+            workers: Vec::new(),
+            next_key: 0,
+        };
+        fixture.add_workers(THREADS);
+        fixture
+    }
+
+    fn add_workers(&mut self, count: usize) {
+        let spec = KeySpec::keyed("bench")
+            .with_scopes(Scope::ALL.iter().copied())
+            .with_grant(Grant::Namespace(self.namespace.clone()));
+        for _ in 0..count {
+            let key = self.store.create_key(&self.admin, &spec).unwrap();
+            let caller = self.store.authenticate(Some(key.secret.expose())).unwrap();
+            self.workers.push(caller);
+        }
+    }
+
+    fn enqueue(&self, caller: &Caller, queue: &QueueName) -> TaskRef {
+        self.clock.advance(TICK);
+        self.store
+            .enqueue(
+                caller,
+                &self.namespace,
+                queue,
+                &Brief::Bytes(br#"{"frame":42}"#.to_vec()),
+                &EnqueueOptions::default(),
+            )
+            .unwrap()
+    }
+
+    fn claim(&self, caller: &Caller, queue: &QueueName) -> Claimed {
+        self.clock.advance(TICK);
+        match self.store.claim(caller, &self.namespace, queue).unwrap() {
+            ClaimOutcome::Granted(claimed) => claimed,
+            other => panic!("expected a lease, got {other:?}"),
+        }
+    }
+
+    fn heartbeat(&self, caller: &Caller, claimed: &Claimed) {
+        self.clock.advance(TICK);
+        self.store
+            .heartbeat(caller, &claimed.task, claimed.lease.token())
+            .unwrap();
+    }
+
+    fn submit(&mut self, caller: &Caller, claimed: &Claimed) {
+        self.next_key += 1;
+        let key = IdempotencyKey::parse(&format!("k{}", self.next_key)).unwrap();
+        self.submit_with(caller, claimed, &key);
+    }
+
+    fn submit_with(&self, caller: &Caller, claimed: &Claimed, key: &IdempotencyKey) {
+        self.clock.advance(TICK);
+        let submitted = self
+            .store
+            .submit(
+                caller,
+                &claimed.task,
+                claimed.lease.token(),
+                key,
+                &Output::bytes(b"rendered".to_vec()),
+            )
+            .unwrap();
+        assert!(matches!(submitted, Submitted::Accepted(_)));
+    }
+}
+
+fn queue(name: &str) -> QueueName {
+    QueueName::parse(name).unwrap()
+}
+
+/// Unique idempotency keys across threads and samples.
+fn idempotency_key(thread: usize, n: u64) -> IdempotencyKey {
+    IdempotencyKey::parse(&format!("t{thread}-{n}")).unwrap()
+}
+
+fn one_thread(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut baseline = MinimalCommit::open(&dir.path().join("baseline.db"));
+    let mut f = Fixture::new(dir);
+    let worker = f.workers[0].clone();
+    let mut group = c.benchmark_group("store_1_thread");
+
+    group.bench_function("minimal_commit", |b| b.iter(|| baseline.commit()));
+
+    let q = queue("enqueue");
+    group.bench_function("enqueue", |b| b.iter(|| f.enqueue(&worker, &q)));
+
+    let q = queue("claim");
+    group.bench_function("claim", |b| {
+        b.iter_custom(|iterations| {
+            for _ in 0..iterations {
+                f.enqueue(&worker, &q);
+            }
+            let began = Instant::now();
+            for _ in 0..iterations {
+                black_box(f.claim(&worker, &q));
+            }
+            began.elapsed()
+        })
+    });
+
+    let q = queue("empty");
+    group.bench_function("claim_empty", |b| {
+        b.iter(|| {
+            f.clock.advance(TICK);
+            let outcome = f.store.claim(&worker, &f.namespace, &q).unwrap();
+            assert!(outcome.claimed().is_none());
+        })
+    });
+
+    let q = queue("heartbeat");
+    f.enqueue(&worker, &q);
+    let held = f.claim(&worker, &q);
+    group.bench_function("heartbeat", |b| b.iter(|| f.heartbeat(&worker, &held)));
+
+    let q = queue("submit");
+    group.bench_function("submit", |b| {
+        b.iter_custom(|iterations| {
+            let leases: Vec<Claimed> = (0..iterations)
+                .map(|_| {
+                    f.enqueue(&worker, &q);
+                    f.claim(&worker, &q)
+                })
+                .collect();
+            let began = Instant::now();
+            for claimed in &leases {
+                f.submit(&worker, claimed);
+            }
+            began.elapsed()
+        })
+    });
+
+    let q = queue("lifecycle");
+    group.bench_function("lifecycle", |b| {
+        b.iter(|| {
+            f.enqueue(&worker, &q);
+            let claimed = f.claim(&worker, &q);
+            f.heartbeat(&worker, &claimed);
+            f.submit(&worker, &claimed);
+        })
+    });
+    group.finish();
+}
+
+/// Runs `work(thread, iterations)` on `THREADS` threads released together,
+/// after each ran `prepare(thread, iterations)`, and returns the time from
+/// their common start to the last one's finish.
+fn on_threads<T: Send>(
+    iterations: u64,
+    prepare: impl Fn(usize, u64) -> T + Sync,
+    work: impl Fn(usize, T) + Sync,
+) -> Duration {
+    let start = Barrier::new(THREADS);
+    thread::scope(|scope| {
+        let runs: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let (start, prepare, work) = (&start, &prepare, &work);
+                scope.spawn(move || {
+                    let prepared = prepare(thread, iterations);
+                    start.wait();
+                    let began = Instant::now();
+                    work(thread, prepared);
+                    (began, Instant::now())
+                })
+            })
+            .collect();
+        let spans: Vec<(Instant, Instant)> =
+            runs.into_iter().map(|run| run.join().unwrap()).collect();
+        let began = spans.iter().map(|span| span.0).min().unwrap();
+        let ended = spans.iter().map(|span| span.1).max().unwrap();
+        ended - began
+    })
+}
+
+fn two_threads(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let baseline = parking_lot::Mutex::new(MinimalCommit::open(&dir.path().join("baseline.db")));
+    let f = Arc::new(Fixture::new(dir));
+    let queues: Vec<QueueName> = (0..THREADS).map(|t| queue(&format!("q{t}"))).collect();
+    let mut group = c.benchmark_group("store_2_threads");
+
+    group.bench_function("minimal_commit", |b| {
+        b.iter_custom(|iterations| {
+            on_threads(
+                iterations,
+                |_, iterations| iterations,
+                |_, iterations| {
+                    for _ in 0..iterations {
+                        baseline.lock().commit();
+                    }
+                },
+            )
+        })
+    });
+
+    group.bench_function("enqueue", |b| {
+        b.iter_custom(|iterations| {
+            on_threads(
+                iterations,
+                |_, iterations| iterations,
+                |t, iterations| {
+                    for _ in 0..iterations {
+                        black_box(f.enqueue(&f.workers[t], &queues[t]));
+                    }
+                },
+            )
+        })
+    });
+
+    group.bench_function("claim", |b| {
+        b.iter_custom(|iterations| {
+            on_threads(
+                iterations,
+                |t, iterations| {
+                    for _ in 0..iterations {
+                        f.enqueue(&f.workers[t], &queues[t]);
+                    }
+                    iterations
+                },
+                |t, iterations| {
+                    for _ in 0..iterations {
+                        black_box(f.claim(&f.workers[t], &queues[t]));
+                    }
+                },
+            )
+        })
+    });
+
+    let held: Vec<Claimed> = (0..THREADS)
+        .map(|t| {
+            let q = queue(&format!("held{t}"));
+            f.enqueue(&f.workers[t], &q);
+            f.claim(&f.workers[t], &q)
+        })
+        .collect();
+    group.bench_function("heartbeat", |b| {
+        b.iter_custom(|iterations| {
+            on_threads(
+                iterations,
+                |_, iterations| iterations,
+                |t, iterations| {
+                    for _ in 0..iterations {
+                        f.heartbeat(&f.workers[t], &held[t]);
+                    }
+                },
+            )
+        })
+    });
+
+    let mut sample = 0_u64;
+    group.bench_function("submit", |b| {
+        b.iter_custom(|iterations| {
+            sample += 1;
+            on_threads(
+                iterations,
+                |t, iterations| {
+                    (0..iterations)
+                        .map(|n| {
+                            f.enqueue(&f.workers[t], &queues[t]);
+                            let claimed = f.claim(&f.workers[t], &queues[t]);
+                            let key =
+                                idempotency_key(t, sample.wrapping_mul(1 << 32).wrapping_add(n));
+                            (claimed, key)
+                        })
+                        .collect::<Vec<_>>()
+                },
+                |t, leases| {
+                    for (claimed, key) in &leases {
+                        f.submit_with(&f.workers[t], claimed, key);
+                    }
+                },
+            )
+        })
+    });
+
+    group.bench_function("lifecycle", |b| {
+        b.iter_custom(|iterations| {
+            sample += 1;
+            on_threads(
+                iterations,
+                |_, iterations| iterations,
+                |t, iterations| {
+                    let worker = &f.workers[t];
+                    for n in 0..iterations {
+                        f.enqueue(worker, &queues[t]);
+                        let claimed = f.claim(worker, &queues[t]);
+                        f.heartbeat(worker, &claimed);
+                        let key = idempotency_key(t, sample.wrapping_mul(1 << 32).wrapping_add(n));
+                        f.submit_with(worker, &claimed, &key);
+                    }
+                },
+            )
+        })
+    });
+    group.finish();
+}
+
+/// Enqueues through the API until `queue` holds `ready` ready tasks,
+/// reporting how long it took.
+fn fill(f: &Fixture, queue: &QueueName, from: usize, ready: usize) {
+    let began = Instant::now();
+    for _ in from..ready {
+        f.enqueue(&f.workers[0], queue);
+    }
+    eprintln!(
+        "claim_scaling: {} tasks enqueued in {:.1?} ({ready} ready)",
+        ready - from,
+        began.elapsed(),
+    );
+}
+
+fn claim_scaling(c: &mut Criterion) {
+    const KEYS: usize = 10_000;
+    // Built on first use, so a filter that skips these benchmarks skips
+    // the minute of seeding too.
+    let mut fixture: Option<Fixture> = None;
+    let mut ready = 0;
+    let mut turn = 0;
+    let q = queue("scaling");
+    let mut group = c.benchmark_group("claim_scaling");
+    group.sample_size(10);
+    for size in [1_000, 100_000, 1_000_000] {
+        group.bench_with_input(BenchmarkId::new("ready", size), &size, |b, &size| {
+            let f = fixture.get_or_insert_with(|| {
+                let mut f = Fixture::new(tempfile::tempdir().unwrap());
+                let began = Instant::now();
+                f.add_workers(KEYS - THREADS);
+                eprintln!("claim_scaling: {KEYS} keys made in {:.1?}", began.elapsed());
+                f
+            });
+            if ready < size {
+                fill(f, &q, ready, size);
+                ready = size;
+            }
+            b.iter_custom(|iterations| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iterations {
+                    turn = (turn + 1) % f.workers.len();
+                    let caller = &f.workers[turn];
+                    let began = Instant::now();
+                    black_box(f.claim(caller, &q));
+                    timed += began.elapsed();
+                    f.enqueue(caller, &q);
+                }
+                timed
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, one_thread, two_threads, claim_scaling);
+criterion_main!(benches);

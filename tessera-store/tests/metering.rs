@@ -121,3 +121,136 @@ fn cost_table() {
         println!("| {name} | {} | {} |", cost.rows_written, cost.rows_read);
     }
 }
+
+/// Rows written and read per work-queue request, measured by the store's
+/// meter with warm caches (each key's `last_used_at` already observed).
+/// Run with `--nocapture` to print the table.
+#[test]
+fn operation_cost_table() {
+    use std::net::IpAddr;
+    use tessera_store::{
+        ClaimOutcome, EnqueueOptions, IdempotencyKey, Output, QueueName, Retry, Secret,
+    };
+
+    let f = Fixture::with(|config| {
+        config.with_address_secret(Secret::new(*b"tessera-cost-table-secret-000001").unwrap())
+    });
+    let key = f.full_worker(Grant::AllNamespaces);
+    let worker = f.store.authenticate(Some(key.secret.expose())).unwrap();
+    let ns = common::namespace("renders");
+    let jobs = QueueName::parse("jobs").unwrap();
+    let brief = common::json_brief(0);
+    let mut table: Vec<(&str, MeterSnapshot)> = Vec::new();
+    let mut row = |name, cost: MeterSnapshot, written: u64| {
+        assert_eq!(cost.rows_written, written, "{name}: {cost:?}");
+        table.push((name, cost));
+    };
+
+    let enqueue = |s: &Store| {
+        s.enqueue(&worker, &ns, &jobs, &brief, &EnqueueOptions::default())
+            .unwrap()
+    };
+    // Namespace row (+ name index) on first use, then task (+ 2 indexes),
+    // attempt (+ 3 indexes), audit (+ 2 indexes).
+    let (_, cost) = f.store.measure(enqueue);
+    row("enqueue, first in a namespace", cost, 2 + 3 + 4 + 3);
+    let (task, cost) = f.store.measure(enqueue);
+    row("enqueue", cost, 3 + 4 + 3);
+
+    // Task (token and claim time: row + claim index), attempt (row + state
+    // and lease indexes), audit.
+    let (claimed, cost) = f
+        .store
+        .measure(|s| match s.claim(&worker, &ns, &jobs).unwrap() {
+            ClaimOutcome::Granted(claimed) => claimed,
+            other => panic!("{other:?}"),
+        });
+    row("claim, granted", cost, 2 + 3 + 3);
+    let _ = task;
+
+    // Attempt expiry (row + lease index), task claim time (row + index),
+    // audit. (At the claim's own instant the expiry would not move and only
+    // the audit row would be written.)
+    f.clock.advance(Duration::from_secs(20));
+    let (_, cost) = f.store.measure(|s| {
+        s.heartbeat(&worker, &claimed.task, claimed.lease.token())
+            .unwrap()
+    });
+    row("heartbeat", cost, 2 + 2 + 3);
+
+    let output = Output::bytes("rendered");
+    let submit_key = IdempotencyKey::parse("upload-1").unwrap();
+    let submit = |s: &Store| {
+        s.submit(
+            &worker,
+            &claimed.task,
+            claimed.lease.token(),
+            &submit_key,
+            &output,
+        )
+        .unwrap()
+    };
+    // Receipt (row + 2 indexes), attempt state (row + state index), task
+    // claim time (row + index), audit.
+    let (_, cost) = f.store.measure(submit);
+    row("submit", cost, 3 + 2 + 2 + 3);
+    let (_, cost) = f.store.measure(submit);
+    row("submit, replayed", cost, 0);
+
+    let (_, cost) = f.store.measure(|s| {
+        s.claim(&worker, &ns, &QueueName::parse("idle").unwrap())
+            .unwrap()
+    });
+    row("claim, empty queue", cost, 0);
+
+    let second = f.claim(&worker, &ns, &jobs);
+    let (_, cost) = f.store.measure(|s| {
+        s.fail(
+            &worker,
+            &second.task,
+            second.lease.token(),
+            Retry::After(Duration::from_secs(30)),
+        )
+        .unwrap()
+    });
+    row("fail with retry", cost, 2 + 2 + 3);
+
+    // The same however long it waits; here it times out at once.
+    let (_, cost) = f.store.measure(|s| {
+        s.wait_for_work(&worker, &ns, &jobs, Duration::ZERO)
+            .unwrap()
+    });
+    row("long-poll", cost, 3);
+
+    let (_, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
+    row("health, first", cost, 3);
+    let (_, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
+    assert_eq!(cost.rows_read, 0);
+    row("health, repeated within 15 s", cost, 3);
+
+    let (_, cost) = f
+        .store
+        .measure(|s| s.read_task(&worker, &claimed.task).unwrap());
+    row("read task", cost, 3);
+
+    let address: IpAddr = "192.0.2.1".parse().unwrap();
+    let (session, cost) = f.store.measure(|s| s.mint_session(address).unwrap());
+    row("anonymous session minted", cost, 2 + 4 + 3 + 3);
+    let anonymous = f
+        .store
+        .authenticate(Some(session.key.secret.expose()))
+        .unwrap();
+    let practice = QueueName::parse(tessera_store::PRACTICE_QUEUE).unwrap();
+    let (_, cost) = f
+        .store
+        .measure(|s| s.claim(&anonymous, &session.namespace, &practice).unwrap());
+    // Namespace row, three practice tasks with their attempts, the lease
+    // and its audit row.
+    row("session's first claim", cost, 2 + 3 * (3 + 4) + 2 + 3 + 3);
+
+    println!("| request | rows written | rows read |");
+    println!("| --- | ---: | ---: |");
+    for (name, cost) in table {
+        println!("| {name} | {} | {} |", cost.rows_written, cost.rows_read);
+    }
+}

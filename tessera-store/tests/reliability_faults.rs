@@ -323,8 +323,9 @@ fn fill_the_disk(output_len: usize) {
     let claim_stats = setup.store.claim_stats();
     assert_eq!(claim_stats.in_flight, 0);
 
-    // The file is sound; it opens again with room to grow.
-    setup.reopen(setup.config());
+    // The file is sound; it opens again with a higher cap.
+    let pages = page_count(&setup.path());
+    setup.reopen(setup.config().with_max_page_count(pages + 1000));
     assert_eq!(integrity_check(&setup.path()), "ok");
     let worker = setup.login(&worker_key);
     for &n in &enqueued {

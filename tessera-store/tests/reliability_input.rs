@@ -678,3 +678,35 @@ fn known_bug_the_wall_clock_stepping_back_does_not_restart_the_daily_allowance()
         .expect_err("the day's allowance is still spent");
     assert!(error.is_quota_exhausted());
 }
+
+#[test]
+fn a_truncated_database_is_refused_and_left_as_it_was() {
+    let setup = Setup::new();
+    let worker = setup.login(&setup.key(Scope::ALL, Grant::AllNamespaces));
+    setup.enqueue_range(&worker, &namespace("farm"), &queue("frames"), 0, 50);
+    let path = setup.path();
+    let Setup { dir, store, .. } = setup;
+    drop(store);
+    // Everything folded into the one file, then cut short.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    drop(conn);
+    let bytes = std::fs::read(&path).unwrap();
+    for keep in [bytes.len() / 3, bytes.len() - 4096 - 17] {
+        std::fs::write(&path, &bytes[..keep]).unwrap();
+        let _ = std::fs::remove_file(dir.path().join("tessera.db-wal"));
+        let _ = std::fs::remove_file(dir.path().join("tessera.db-shm"));
+        let error = Store::open(&path, StoreConfig::default()).unwrap_err();
+        assert_eq!(
+            (error.status(), error.code()),
+            (500, "corrupt_database"),
+            "{error:?}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            &bytes[..keep],
+            "the file was changed"
+        );
+    }
+}

@@ -1,6 +1,9 @@
-//! The SQLite store for Tessera: schema and cold start, access control,
-//! audit persistence, storage-quota handling and metering, composing the
-//! sans-IO crates `tessera-lease`, `tessera-audit` and `tessera-admission`.
+//! The SQLite store for Tessera: the work-queue operations (enqueue, claims
+//! through adaptive admission, heartbeat, idempotent submission, competing
+//! attempts, health, long-polls, anonymous sessions) over schema and cold
+//! start, access control, audit persistence, storage-quota handling and
+//! metering, composing the sans-IO crates `tessera-admission`,
+//! `tessera-lease` and `tessera-audit`.
 //!
 //! This is the crate that does I/O. It still never reads the operating
 //! system's clock directly: all time comes from the [`Clock`] in its
@@ -11,7 +14,10 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tessera_store::{Action, Grant, KeySpec, ManualClock, Namespace, Scope, Store, StoreConfig};
+//! use tessera_store::{
+//!     Brief, ClaimOutcome, EnqueueOptions, Grant, IdempotencyKey, KeySpec, ManualClock,
+//!     Namespace, Output, QueueName, Scope, Store, StoreConfig, Submitted,
+//! };
 //!
 //! let clock = ManualClock::new("2026-10-29T12:00:00Z".parse()?);
 //! let store = Store::open_in_memory(StoreConfig::default().with_clock(Arc::new(clock.clone())))?;
@@ -22,21 +28,44 @@
 //! let renders = Namespace::parse("renders")?;
 //! let worker_key = store.create_key(
 //!     &admin,
-//!     &KeySpec::keyed("acme").with_scopes([Scope::Claim]).with_grant(Grant::Namespace(renders.clone())),
+//!     &KeySpec::keyed("acme")
+//!         .with_scopes([Scope::Enqueue, Scope::Claim, Scope::Read])
+//!         .with_grant(Grant::Namespace(renders.clone())),
 //! )?;
 //!
 //! // A request: 401 before anything else, 403 before any namespace data.
 //! assert_eq!(store.authenticate(Some("tsk_not_a_key")).unwrap_err().status(), 401);
 //! let worker = store.authenticate(Some(worker_key.secret.expose()))?;
-//! store.authorize(&worker, &renders, Scope::Claim, Action::Claim)?;
 //! let billing = Namespace::parse("billing")?;
-//! assert_eq!(store.authorize(&worker, &billing, Scope::Claim, Action::Claim).unwrap_err().status(), 403);
+//! let jobs = QueueName::parse("jobs")?;
+//! assert_eq!(store.claim(&worker, &billing, &jobs).unwrap_err().status(), 403);
+//!
+//! // Enqueue, claim (through admission; the lease is one transaction),
+//! // heartbeat and submit under an idempotency key.
+//! let brief = Brief::Json(serde_json::json!({ "frame": 1 }));
+//! let task = store.enqueue(&worker, &renders, &jobs, &brief, &EnqueueOptions::default())?;
+//! let ClaimOutcome::Granted(claimed) = store.claim(&worker, &renders, &jobs)? else {
+//!     unreachable!("one task is ready");
+//! };
+//! assert_eq!((claimed.task.clone(), claimed.brief.clone()), (task.clone(), brief));
+//! println!("X-Claim-Wait-Ms: {}", claimed.waited.as_millis());
+//! let token = claimed.lease.token();
+//! store.heartbeat(&worker, &task, token)?;
+//! let key = IdempotencyKey::parse("upload-1")?;
+//! let first = store.submit(&worker, &task, token, &key, &Output::bytes("done"))?;
+//! // A retry with the same key and output replays the receipt, writing nothing.
+//! let retry = store.submit(&worker, &task, token, &key, &Output::bytes("done"))?;
+//! assert_eq!(retry, Submitted::Replayed(first.receipt().clone()));
+//!
+//! // An empty queue: no lease, nothing written, and a pacing hint.
+//! let empty = store.claim(&worker, &renders, &jobs)?;
+//! assert_eq!(empty.retry_after().map(|wait| wait.as_secs()), Some(5));
 //!
 //! // The provider's allowance is spent: reads answer, writes are a 503 that
 //! // resets at the next UTC midnight.
 //! store.refuse_writes(true);
-//! assert!(store.authenticate(Some(worker_key.secret.expose())).is_ok());
-//! let refused = store.revoke_key(&admin, worker.key_id()).unwrap_err();
+//! assert_eq!(store.health(&worker, &renders)?.attempts.done, 1);
+//! let refused = store.enqueue(&worker, &renders, &jobs, &Brief::Bytes(vec![]), &EnqueueOptions::default()).unwrap_err();
 //! assert_eq!((refused.status(), refused.code()), (503, "storage_quota_exhausted"));
 //! assert_eq!(refused.reset_at(), Some("2026-10-30T00:00:00Z".parse()?));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -56,6 +85,31 @@
 //!   every SQL statement lives in one internal module (the backend seam)
 //! ```
 //!
+//! - **Tasks** ([`Store::enqueue`]): a versioned [`Brief`] with 1 to 32
+//!   competing attempts; `tasks`, `attempts` and `receipts` rows carry
+//!   `tessera-lease`'s records, and every rule ([`Store::heartbeat`],
+//!   [`Store::submit`], [`Store::fail`], [`Store::expire_leases`]) runs on
+//!   them inside one `BEGIN IMMEDIATE` transaction. A `claimable_at`
+//!   column (0 while an attempt is ready, else the lapse or backoff end)
+//!   and its partial index give the claim order: oldest ready first, then
+//!   lapsed leases and ended backoffs, one index search however many
+//!   tasks wait.
+//! - **Claims**: only new claims enter admission, one [`Admission`]
+//!   controller per store behind a `parking_lot` mutex. Thread-per-request
+//!   hosts call the blocking [`Store::claim`]; async hosts drive
+//!   [`Store::begin_claim`], [`Store::poll_claim_event`],
+//!   [`Store::poll_claim_timeout`], [`Store::cancel_claim`] and
+//!   [`Store::finish_claim`] (see `begin_claim` for the driver loop). A
+//!   [`ClaimPermit`] hands its capacity back when dropped, so no error or
+//!   panic leaks it. Empty claims get the idle-pacing `Retry-After`.
+//! - **Reads**: [`Store::read_task`], [`Store::read_receipt`] (the audit
+//!   row names the run), [`Store::alternatives`], [`Store::health`] (a
+//!   15-second snapshot dropped by any change in the namespace;
+//!   [`Store::public_health`] for configured public namespaces, without a
+//!   key) and the long-poll [`Store::wait_for_work`].
+//! - **Anonymous sessions** ([`Store::mint_session`]): the mint allowance
+//!   and per-address-group limits, a durable quota row; the session's
+//!   namespace and practice tasks are made on its first use.
 //! - **Opening** ([`Store::open`], [`Store::open_in_memory`]): a new file
 //!   gets the whole schema in one transaction; an existing one is inspected
 //!   (`sqlite_master`, columns, the `tessera_meta` `schema_version` marker)
@@ -127,7 +181,7 @@ pub use store::Store;
 pub use task::{Brief, EnqueueOptions, Output, PRACTICE_QUEUE, StoredReceipt, TaskRef, TaskView};
 pub use wait::{MAX_LONG_POLL, WaitOutcome};
 
-pub use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig, Stats, Ticket};
+pub use tessera_admission::{Admission, AdmissionConfig, IdleConfig, MintConfig, Stats, Ticket};
 pub use tessera_audit::{Action, AuditEvent, Counter, CounterKey, IpHash, Outcome, Secret};
 pub use tessera_lease::{
     ArtifactKey, AttemptNumber, AttemptRecord, BriefVersion, Digest, FencingToken, IdempotencyKey,

@@ -7,8 +7,8 @@ mod reliability_support;
 
 use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::mpsc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use reliability_support::{namespace, queue};
@@ -88,11 +88,15 @@ fn hammer(cycles: usize, max_pending: usize, retry: bool) -> (u32, Vec<String>) 
     // Threads are detached, so a deadlocked one cannot hang the test: the
     // watchdog below gives up on it and fails.
     let (done, finished) = mpsc::channel();
+    // All threads offer their first claim at once.
+    let start = Arc::new(Barrier::new(THREADS));
     for n in 0..THREADS {
+        let start = Arc::clone(&start);
         let (store, caller) = (Arc::clone(&store), workers[n / THREADS_PER_KEY].clone());
         let (ns, q, done) = (ns.clone(), q.clone(), done.clone());
         std::thread::spawn(move || {
             let result = catch_unwind(AssertUnwindSafe(|| {
+                start.wait();
                 let mut seen = Seen {
                     lowest_limit: u32::MAX,
                     ..Seen::default()

@@ -204,6 +204,31 @@ impl StoreConfig {
         self
     }
 
+    /// Checks the store's own settings (the admission, idle and mint
+    /// settings are checked by their policies): a lease duration between
+    /// one millisecond and [`MAX_LEASE_DURATION`](tessera_lease::MAX_LEASE_DURATION),
+    /// and a session lifetime of at least a second. Opening a store runs it;
+    /// an invalid setting is `400 invalid_input` naming it.
+    pub fn validate(&self) -> Result<(), crate::Error> {
+        let invalid = |reason: String| Err(crate::Error::InvalidInput { reason });
+        if self.lease_duration < Duration::from_millis(1)
+            || self.lease_duration > tessera_lease::MAX_LEASE_DURATION
+        {
+            return invalid(format!(
+                "lease duration must be between 1 ms and {} s, got {:?}",
+                tessera_lease::MAX_LEASE_DURATION.as_secs(),
+                self.lease_duration
+            ));
+        }
+        if self.session_lifetime < Duration::from_secs(1) {
+            return invalid(format!(
+                "session lifetime must be at least 1 s, got {:?}",
+                self.session_lifetime
+            ));
+        }
+        Ok(())
+    }
+
     /// The admission settings.
     pub fn admission(&self) -> &AdmissionConfig {
         &self.admission

@@ -76,9 +76,12 @@ impl DailyAllowance {
         }
     }
 
+    /// Starts a new day's count when `now` is in a later UTC day. A wall
+    /// clock that steps back into an earlier day keeps counting against the
+    /// latest day seen, so stepping back and forth never restarts it.
     fn roll(&mut self, now: DateTime<Utc>) {
         let today = now.date_naive();
-        if today != self.day {
+        if today > self.day {
             self.day = today;
             self.used = 0;
         }
@@ -137,6 +140,16 @@ mod tests {
         assert!(allowance.is_spent(at(29, 23, 59, 59)));
         assert!(!allowance.is_spent(at(30, 0, 0, 0)));
         assert_eq!(allowance.used(at(30, 0, 0, 0)), 0);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_a_day_does_not_restart_the_count() {
+        let mut allowance = DailyAllowance::new(10);
+        allowance.record(at(30, 0, 0, 30), 10);
+        assert!(allowance.is_spent(at(29, 23, 59, 50)));
+        allowance.record(at(29, 23, 59, 50), 1);
+        assert_eq!(allowance.used(at(30, 0, 0, 40)), 11);
+        assert!(allowance.is_spent(at(30, 0, 0, 40)));
     }
 
     #[test]

@@ -104,6 +104,7 @@ impl Store {
     fn open_at(location: Location, config: StoreConfig) -> Result<Self, Error> {
         let clock = Arc::clone(config.clock());
         // Settings are checked before the file is touched.
+        config.validate()?;
         let gate = Gate::new(Arc::clone(&clock), config.admission(), config.idle())?;
         let mint =
             MintAllowance::new(config.mint().clone()).map_err(|error| Error::InvalidInput {

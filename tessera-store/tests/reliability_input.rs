@@ -459,9 +459,7 @@ fn invalid_claim_idle_and_mint_settings_are_refused_before_the_file_is_touched()
 }
 
 #[test]
-#[ignore = "bug: a zero or over-long lease duration is accepted when the store opens, then every \
-            claim answers 400 invalid_input"]
-fn known_bug_an_invalid_lease_duration_is_refused_when_the_store_opens() {
+fn an_invalid_lease_duration_is_refused_when_the_store_opens() {
     for duration in [
         Duration::ZERO,
         tessera_lease::MAX_LEASE_DURATION + Duration::from_secs(1),
@@ -474,8 +472,7 @@ fn known_bug_an_invalid_lease_duration_is_refused_when_the_store_opens() {
 }
 
 #[test]
-#[ignore = "bug: a zero session lifetime is accepted; every minted session is expired at once"]
-fn known_bug_a_zero_session_lifetime_is_refused_when_the_store_opens() {
+fn a_zero_session_lifetime_is_refused_when_the_store_opens() {
     let result = open_fresh(StoreConfig::default().with_session_lifetime(Duration::ZERO));
     let error = result.expect_err("a zero session lifetime opens a store");
     assert_invalid(&error);
@@ -647,9 +644,7 @@ fn the_wall_clock_stepping_back_loses_no_count_and_deletes_nothing_young() {
 }
 
 #[test]
-#[ignore = "bug: a wall clock stepping back across 00:00 UTC restarts the daily rows-written \
-            allowance, and stepping forward restarts it again"]
-fn known_bug_the_wall_clock_stepping_back_does_not_restart_the_daily_allowance() {
+fn the_wall_clock_stepping_back_does_not_restart_the_daily_allowance() {
     let just_after_midnight = noon() + TimeDelta::hours(12) + TimeDelta::seconds(30);
     let setup = Setup::at(just_after_midnight, |config| {
         config.with_daily_rows_written_allowance(200)

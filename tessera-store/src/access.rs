@@ -12,7 +12,7 @@ use crate::audit::{ActionScope, insert_event};
 use crate::error::Error;
 use crate::key::{self, IssuedSecret, KeyId, KeySecret, constant_time_eq};
 use crate::sql::access::{self as sql, KeyRow, NewKey};
-use crate::sql::{from_millis, millis};
+use crate::sql::{from_millis, millis, storable};
 use crate::store::Store;
 
 /// The most keys one [`Store::list_keys`] call returns.
@@ -781,7 +781,7 @@ impl Store {
         key_id: &KeyId,
         at: DateTime<Utc>,
     ) -> Result<KeyInfo, Error> {
-        let at = from_millis(millis(at));
+        let at = storable(at);
         self.change_key(caller, key_id, Action::ExpireKey, move |info, _| {
             (info.expires_at != Some(at)).then_some(KeyChange::Expire(at))
         })
@@ -853,8 +853,9 @@ enum KeyChange {
     Expire(DateTime<Utc>),
 }
 
-/// Inserts a key (and its principal, if new) inside `writer`'s transaction.
-/// `purge_at` marks an anonymous principal and its key for retention.
+/// Inserts a key (and its principal, if new) inside `writer`'s transaction
+/// at the store's `now`. `purge_at` marks an anonymous principal and its key
+/// for retention.
 pub(crate) fn insert_key(
     writer: &crate::db::Writer<'_>,
     spec: &KeySpec,
@@ -942,8 +943,8 @@ pub(crate) fn insert_key(
                 label: spec.label.clone(),
                 scopes: spec.scopes.clone(),
                 grants: spec.grants.clone(),
-                created_at: from_millis(millis(now)),
-                expires_at: expires_at.map(|at| from_millis(millis(at))),
+                created_at: now,
+                expires_at: expires_at.map(storable),
                 revoked_at: None,
                 last_used_at: None,
             };

@@ -163,7 +163,7 @@ impl StoreConfig {
     }
 
     /// How long a granted lease lasts, and how far a heartbeat extends it
-    /// (default 60 s).
+    /// (default 60 s; whole milliseconds, as times are stored).
     pub fn with_lease_duration(mut self, duration: Duration) -> Self {
         self.lease_duration = duration;
         self
@@ -205,17 +205,21 @@ impl StoreConfig {
     }
 
     /// Checks the store's own settings (the admission, idle and mint
-    /// settings are checked by their policies): a lease duration between
-    /// one millisecond and [`MAX_LEASE_DURATION`](tessera_lease::MAX_LEASE_DURATION),
+    /// settings are checked by their policies): a lease duration of whole
+    /// milliseconds between one millisecond and
+    /// [`MAX_LEASE_DURATION`](tessera_lease::MAX_LEASE_DURATION),
     /// and a session lifetime of at least a second. Opening a store runs it;
     /// an invalid setting is `400 invalid_input` naming it.
     pub fn validate(&self) -> Result<(), crate::Error> {
         let invalid = |reason: String| Err(crate::Error::InvalidInput { reason });
+        // Whole milliseconds, as times are stored: a lease's expiry then
+        // reads back as it was handed out.
         if self.lease_duration < Duration::from_millis(1)
             || self.lease_duration > tessera_lease::MAX_LEASE_DURATION
+            || self.lease_duration.subsec_nanos() % 1_000_000 != 0
         {
             return invalid(format!(
-                "lease duration must be between 1 ms and {} s, got {:?}",
+                "lease duration must be whole milliseconds between 1 ms and {} s, got {:?}",
                 tessera_lease::MAX_LEASE_DURATION.as_secs(),
                 self.lease_duration
             ));
@@ -342,5 +346,36 @@ impl fmt::Debug for StoreConfig {
             .field("session_lifetime", &self.session_lifetime)
             .field("session_practice_tasks", &self.session_practice_tasks)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(config: &StoreConfig) -> String {
+        let error = config.validate().unwrap_err();
+        assert_eq!(error.code(), "invalid_input", "{error:?}");
+        error.to_string()
+    }
+
+    #[test]
+    fn a_lease_duration_is_whole_milliseconds_within_bounds() {
+        for ok in [Duration::from_millis(1), Duration::from_millis(1_500)] {
+            assert!(
+                StoreConfig::default()
+                    .with_lease_duration(ok)
+                    .validate()
+                    .is_ok()
+            );
+        }
+        for bad in [
+            Duration::from_micros(999),
+            Duration::from_micros(1_500),
+            tessera_lease::MAX_LEASE_DURATION + Duration::from_millis(1),
+        ] {
+            let reason = refusal(&StoreConfig::default().with_lease_duration(bad));
+            assert!(reason.contains("lease duration"), "{reason}");
+        }
     }
 }

@@ -110,7 +110,7 @@ impl Store {
             MintAllowance::new(config.mint().clone()).map_err(|error| Error::InvalidInput {
                 reason: format!("mint settings: {error}"),
             })?;
-        let now = clock.now_utc();
+        let now = crate::sql::storable(clock.now_utc());
         let rules = QuotaRules::new(config.quota_classifier().cloned());
         let meter = Meter::default();
         let refusing = config.refuses_writes();
@@ -190,9 +190,12 @@ impl Store {
         schema::SCHEMA_VERSION
     }
 
-    /// The wall-clock time from the store's clock.
+    /// The wall-clock time from the store's clock, truncated to whole
+    /// milliseconds: the precision times are stored at, so every time the
+    /// lease rules compute from it is stored as it is handed out, and a
+    /// lease or receipt read back equals the one first returned.
     pub(crate) fn now_utc(&self) -> DateTime<Utc> {
-        self.clock.now_utc()
+        crate::sql::storable(self.clock.now_utc())
     }
 
     /// Runs `work` as one write transaction (see

@@ -221,6 +221,11 @@ fn duration_millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// `duration` in the whole milliseconds times are stored at.
+fn whole_millis(duration: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl TaskRow {
     pub(crate) fn task_ref(&self) -> Result<TaskRef, Error> {
         let bad = |_| corrupt("task row");
@@ -633,7 +638,8 @@ impl Store {
 
     /// Ends the lease `token` on `task` with a failure report:
     /// [`Retry::Never`] fails its attempt for good, [`Retry::After`] makes
-    /// it claimable again after the backoff. Returns the attempt's new
+    /// it claimable again after the backoff (counted in whole
+    /// milliseconds, as times are stored). Returns the attempt's new
     /// state. Same permissions and token rules as
     /// [`heartbeat`](Self::heartbeat).
     pub fn fail(
@@ -647,6 +653,10 @@ impl Store {
         self.authorize(caller, &task.namespace, Scope::Claim, Action::Fail)?;
         let now = self.now_utc();
         let holder = caller.lease_principal();
+        let retry = match retry {
+            Retry::After(backoff) => Retry::After(whole_millis(backoff)),
+            Retry::Never => Retry::Never,
+        };
         let state = self.perform(&scope, |writer| {
             let (row, mut rules) = load_ref(writer, task, false)?;
             let before = rules.record().clone();

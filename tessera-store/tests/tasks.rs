@@ -243,6 +243,78 @@ fn a_resubmission_replays_its_receipt_and_writes_nothing() {
 }
 
 #[test]
+fn times_handed_out_read_back_unchanged_on_a_sub_millisecond_clock() {
+    let f = Fixture::new();
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let task = f.enqueue(&worker, &ns, &q, 1).remove(0);
+    let stored_lease = || {
+        let view = f.store.read_task(&worker, &task).unwrap();
+        view.record.attempts[0].lease.clone().unwrap()
+    };
+
+    // Stored times keep whole milliseconds; the clock has nanoseconds.
+    f.clock
+        .set_utc(common::noon() + chrono::TimeDelta::nanoseconds(123_456_789));
+    let claimed = f.claim(&worker, &ns, &q);
+    let granted_at = common::noon() + chrono::TimeDelta::milliseconds(123);
+    assert_eq!(claimed.lease.granted_at(), granted_at);
+    let lease = stored_lease();
+    assert_eq!(
+        (lease.granted_at, lease.expires_at),
+        (claimed.lease.granted_at(), claimed.lease.expires_at())
+    );
+
+    f.clock.advance(Duration::from_nanos(1_234_567_891));
+    let token = claimed.lease.token();
+    let beat = f.store.heartbeat(&worker, &task, token).unwrap();
+    let lease = stored_lease();
+    assert_eq!(
+        (lease.granted_at, lease.expires_at),
+        (beat.granted_at(), beat.expires_at())
+    );
+
+    f.clock.advance(Duration::from_nanos(987_654));
+    let output = Output::bytes("frame-0 rendered");
+    let first = f
+        .store
+        .submit(&worker, &task, token, &key("upload-1"), &output)
+        .unwrap();
+    let replay = f
+        .store
+        .submit(&worker, &task, token, &key("upload-1"), &output)
+        .unwrap();
+    assert!(matches!(replay, Submitted::Replayed(_)));
+    let json = |receipt| serde_json::to_string(receipt).unwrap();
+    assert_eq!(json(replay.receipt()), json(first.receipt()));
+    let stored = f
+        .store
+        .read_receipt(&worker, &task, AttemptNumber::FIRST)
+        .unwrap();
+    assert_eq!(json(&stored.receipt), json(first.receipt()));
+}
+
+#[test]
+fn a_backoff_reads_back_as_it_was_returned() {
+    let f = Fixture::new();
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let task = f.enqueue(&worker, &ns, &q, 1).remove(0);
+    f.clock
+        .set_utc(common::noon() + chrono::TimeDelta::nanoseconds(123_456_789));
+    let claimed = f.claim(&worker, &ns, &q);
+    let backoff = Retry::After(Duration::from_micros(30_000_500));
+    let state = f
+        .store
+        .fail(&worker, &task, claimed.lease.token(), backoff)
+        .unwrap();
+    let until = common::noon() + chrono::TimeDelta::milliseconds(30_123);
+    assert_eq!(state, TaskState::Backoff { until });
+    let view = f.store.read_task(&worker, &task).unwrap();
+    assert_eq!(view.record.attempts[0].state, state);
+}
+
+#[test]
 fn competing_attempts_each_get_a_lease_an_artifact_and_a_receipt() {
     let f = Fixture::new();
     let (ns, q) = (namespace("renders"), queue("jobs"));

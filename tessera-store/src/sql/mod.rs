@@ -206,6 +206,11 @@ pub(crate) fn millis(time: DateTime<Utc>) -> i64 {
     time.timestamp_millis()
 }
 
+/// `time` as it reads back once stored: truncated to whole milliseconds.
+pub(crate) fn storable(time: DateTime<Utc>) -> DateTime<Utc> {
+    from_millis(millis(time))
+}
+
 /// A stored time read back; out-of-range values clamp to the representable
 /// range rather than fail a read.
 pub(crate) fn from_millis(value: i64) -> DateTime<Utc> {
@@ -288,5 +293,9 @@ mod tests {
         let now = DateTime::from_timestamp_millis(1_793_000_000_123).unwrap();
         assert_eq!(from_millis(millis(now)), now);
         assert_eq!(from_millis(i64::MAX), DateTime::<Utc>::MAX_UTC);
+        let fine = now + chrono::TimeDelta::nanoseconds(999_999);
+        assert_eq!(storable(fine), now);
+        let before_epoch = DateTime::from_timestamp_nanos(-1);
+        assert_eq!(storable(before_epoch), from_millis(-1));
     }
 }

@@ -46,26 +46,20 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use tessera_store::{
-    AuditQuery, Brief, BriefVersion, Caller, ClaimEvent, ClaimOutcome, ClaimStart, Clock,
-    EnqueueOptions, Error, FencingToken, Grant, IdempotencyKey, KeySpec, LeaseError, Namespace,
-    Output, PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, SystemClock, TaskId,
-    TaskRef, Ticket,
+    AuditQuery, Brief, BriefVersion, Caller, ClaimEvent, ClaimOutcome, ClaimStart, EnqueueOptions,
+    Error, FencingToken, Grant, IdempotencyKey, KeySpec, LeaseError, Namespace, Output,
+    PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef, Ticket,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 
-/// Serves `store` on `listener` until the listener fails. `clock` must be
-/// the clock the store was opened with: claim deadlines are on it.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    store: Arc<Store>,
-    clock: Arc<dyn Clock>,
-) -> std::io::Result<()> {
+/// Serves `store` on `listener` until the listener fails.
+pub(crate) async fn serve(listener: TcpListener, store: Arc<Store>) -> std::io::Result<()> {
     let state = Arc::new(AppState {
         store,
         parked: Mutex::default(),
     });
-    let driver = tokio::spawn(drive_claims(Arc::clone(&state), clock));
+    let driver = tokio::spawn(drive_claims(Arc::clone(&state)));
     let served = axum::serve(listener, app(Arc::clone(&state))).await;
     driver.abort();
     state.store.set_claim_waker(None);
@@ -472,7 +466,7 @@ fn claim_response(outcome: &ClaimOutcome) -> Response {
 /// Hands waiting claims their outcomes: pulls every ready claim event and
 /// sends it to the request parked under its ticket, then sleeps until the
 /// store's waker fires or the oldest waiter's deadline passes.
-async fn drive_claims(state: Arc<AppState>, clock: Arc<dyn Clock>) {
+async fn drive_claims(state: Arc<AppState>) {
     let wake = Arc::new(Notify::new());
     let waker = Arc::clone(&wake);
     // `notify_one` keeps a wake-up that comes while the driver is busy.
@@ -490,6 +484,7 @@ async fn drive_claims(state: Arc<AppState>, clock: Arc<dyn Clock>) {
         }
         // Deadlines are instants on the store's clock; a clock that jumps
         // (a test's) says how often to look at it again.
+        let clock = state.store.clock();
         let nap = state.store.poll_claim_timeout().map(|deadline| {
             let until = deadline.saturating_duration_since(clock.now());
             clock.max_park().map_or(until, |slice| until.min(slice))
@@ -534,15 +529,13 @@ fn parse_args() -> Result<Args, String> {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()
         .map_err(|problem| format!("{problem}\nusage: http_service [--port PORT] [--db PATH]"))?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let config = StoreConfig::default().with_clock(Arc::clone(&clock));
-    let store = Arc::new(Store::open(&args.db, config)?);
+    let store = Arc::new(Store::open(&args.db, StoreConfig::default())?);
     let admin = store.create_admin_key("operator")?;
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port))).await?;
     let address = listener.local_addr()?;
     println!("tessera http service on http://{address}");
     println!("database: {}", args.db.display());
     println!("admin key: {}", admin.secret.expose());
-    serve(listener, store, clock).await?;
+    serve(listener, store).await?;
     Ok(())
 }

@@ -42,11 +42,7 @@ impl Service {
             .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
             .expect("loopback port");
         let address = listener.local_addr().expect("bound address");
-        runtime.spawn(http_service::serve(
-            listener,
-            Arc::clone(&store),
-            Arc::new(clock.clone()),
-        ));
+        runtime.spawn(http_service::serve(listener, Arc::clone(&store)));
         Self {
             address,
             store,

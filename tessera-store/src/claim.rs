@@ -539,8 +539,8 @@ impl Store {
     ///     }
     /// }
     /// // A client that left: `store.cancel_claim(ticket)`.
-    /// // Sleep until `store.poll_claim_timeout()` (an Instant on the store's
-    /// // clock), or until the waker fires.
+    /// // Sleep until `store.poll_claim_timeout()` (an Instant on
+    /// // `store.clock()`), or until the waker fires.
     /// # Ok(()) }
     /// ```
     pub fn begin_claim(
@@ -580,8 +580,9 @@ impl Store {
     }
 
     /// When the oldest waiting claim's deadline comes, on the store's
-    /// clock: the host calls [`poll_claim_event`](Self::poll_claim_event)
-    /// then. `None` when no claim waits.
+    /// [`clock`](Self::clock): the host calls
+    /// [`poll_claim_event`](Self::poll_claim_event) then. `None` when no
+    /// claim waits.
     pub fn poll_claim_timeout(&self) -> Option<Instant> {
         self.gate.shared.state.lock().admission.poll_timeout()
     }

@@ -146,7 +146,7 @@ impl Store {
     pub fn health(&self, caller: &Caller, namespace: &Namespace) -> Result<HealthSnapshot, Error> {
         let scope = ActionScope::of(caller, Some(namespace), Action::ReadHealth);
         self.authorize(caller, namespace, Scope::Read, Action::ReadHealth)?;
-        if let Some(snapshot) = self.health.fresh(namespace, self.clock.now()) {
+        if let Some(snapshot) = self.health.fresh(namespace, self.clock().now()) {
             self.audit_read(&scope, None)?;
             return Ok(snapshot);
         }
@@ -170,7 +170,7 @@ impl Store {
             self.count(&scope, Outcome::Unauthorized);
             return Err(Error::Unauthorized);
         }
-        let snapshot = match self.health.fresh(namespace, self.clock.now()) {
+        let snapshot = match self.health.fresh(namespace, self.clock().now()) {
             Some(snapshot) => snapshot,
             None => self
                 .read(|reader| self.refresh_health(reader, namespace))
@@ -186,7 +186,7 @@ impl Store {
         namespace: &Namespace,
     ) -> Result<HealthSnapshot, Error> {
         let changes = self.health.changes.load(Ordering::SeqCst);
-        let taken = self.clock.now();
+        let taken = self.clock().now();
         let snapshot = take(reader, namespace, self.now_utc())?;
         self.health.keep(&snapshot, taken, changes);
         Ok(snapshot)

@@ -110,7 +110,7 @@ impl Store {
         let now = self.now_utc();
         let ip_hash = self.address_hasher()?.hash(group.as_bytes(), now);
         let scope = ActionScope::new(None, None, Action::MintSession).with_ip_hash(ip_hash.clone());
-        let decision = self.mint.lock().check(group, self.clock.now());
+        let decision = self.mint.lock().check(group, self.clock().now());
         if let MintDecision::Refused {
             retry_after,
             reason,

@@ -33,7 +33,6 @@ use crate::wait::QueueSignals;
 /// share it with an `Arc`.
 pub struct Store {
     pub(crate) config: StoreConfig,
-    pub(crate) clock: Arc<dyn Clock>,
     location: Location,
     writer: Mutex<WriteConnection>,
     readers: ReadPool,
@@ -102,10 +101,10 @@ impl Store {
     }
 
     fn open_at(location: Location, config: StoreConfig) -> Result<Self, Error> {
-        let clock = Arc::clone(config.clock());
+        let clock = config.clock();
         // Settings are checked before the file is touched.
         config.validate()?;
-        let gate = Gate::new(Arc::clone(&clock), config.admission(), config.idle())?;
+        let gate = Gate::new(Arc::clone(clock), config.admission(), config.idle())?;
         let mint =
             MintAllowance::new(config.mint().clone()).map_err(|error| Error::InvalidInput {
                 reason: format!("mint settings: {error}"),
@@ -134,7 +133,6 @@ impl Store {
         let observations = ObservationCoalescer::new(config.observation_capacity());
         Ok(Self {
             config,
-            clock,
             location,
             writer: Mutex::new(writer),
             readers,
@@ -185,6 +183,15 @@ impl Store {
         self.writer.lock().allowance_used(now)
     }
 
+    /// The clock the store reads, the one its [`StoreConfig`] named.
+    ///
+    /// Instants the store hands out, such as
+    /// [`poll_claim_timeout`](Self::poll_claim_timeout), are on this clock;
+    /// a host driving claims asynchronously measures its sleeps with it.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        self.config.clock()
+    }
+
     /// The schema version this build writes.
     pub fn schema_version(&self) -> i64 {
         schema::SCHEMA_VERSION
@@ -195,7 +202,7 @@ impl Store {
     /// lease rules compute from it is stored as it is handed out, and a
     /// lease or receipt read back equals the one first returned.
     pub(crate) fn now_utc(&self) -> DateTime<Utc> {
-        crate::sql::storable(self.clock.now_utc())
+        crate::sql::storable(self.clock().now_utc())
     }
 
     /// Runs `work` as one write transaction (see
@@ -262,5 +269,23 @@ mod tests {
             release.send(()).unwrap();
             writer.join().unwrap().unwrap();
         });
+    }
+
+    #[test]
+    fn the_clock_is_the_configured_one() {
+        let start = "2026-10-29T12:00:00Z".parse().unwrap();
+        let clock = crate::ManualClock::new(start);
+        let config = StoreConfig::default().with_clock(Arc::new(clock.clone()));
+        let store = Store::open_in_memory(config).unwrap();
+        let before = store.clock().now();
+        clock.advance(std::time::Duration::from_secs(7));
+        assert_eq!(
+            store.clock().now_utc(),
+            start + chrono::TimeDelta::seconds(7)
+        );
+        assert_eq!(
+            store.clock().now() - before,
+            std::time::Duration::from_secs(7)
+        );
     }
 }

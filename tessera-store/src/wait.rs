@@ -134,7 +134,7 @@ impl Store {
     ) -> Result<WaitOutcome, Error> {
         let scope = ActionScope::of(caller, Some(namespace), Action::WaitForWork);
         self.authorize(caller, namespace, Scope::Claim, Action::WaitForWork)?;
-        let deadline = self.clock.now() + timeout.min(MAX_LONG_POLL);
+        let deadline = self.clock().now() + timeout.min(MAX_LONG_POLL);
         let key = (namespace.clone(), queue.clone());
         // Registered before the read, so an enqueue committed after it is
         // seen as a new epoch.
@@ -149,7 +149,11 @@ impl Store {
                 )?)
             })
             .map(|ready| {
-                if ready || self.signals.wait(&key, epoch, deadline, &*self.clock) {
+                if ready
+                    || self
+                        .signals
+                        .wait(&key, epoch, deadline, self.clock().as_ref())
+                {
                     WaitOutcome::WorkAvailable
                 } else {
                     WaitOutcome::TimedOut

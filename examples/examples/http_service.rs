@@ -20,7 +20,7 @@
 //! | --- | --- |
 //! | `POST /v1/keys` | admin: create a key |
 //! | `POST /v1/ns/{ns}/queues/{q}/tasks` | enqueue a task |
-//! | `POST /v1/ns/{ns}/queues/{q}/claims` | claim: `200` lease, `204` empty, `429` overload |
+//! | `POST /v1/ns/{ns}/queues/{q}/claims` | claim: `200` lease and artifact key, `204` empty, `429` overload |
 //! | `POST /v1/ns/{ns}/tasks/{task}/heartbeat` | extend a lease |
 //! | `POST /v1/ns/{ns}/tasks/{task}/submit` | submit under an `Idempotency-Key` |
 //! | `GET /v1/ns/{ns}/health` | attempts per state |
@@ -442,13 +442,9 @@ impl Drop for Waiting<'_> {
 
 fn claim_response(outcome: &ClaimOutcome) -> Response {
     let mut response = match outcome {
-        ClaimOutcome::Granted(claimed) => Json(json!({
-            "task": claimed.task,
-            "queue": claimed.queue,
-            "lease": claimed.lease,
-            "brief": claimed.brief,
-        }))
-        .into_response(),
+        // The store's JSON of a claim: task, queue, brief, and the lease
+        // with the artifact key the worker writes its output under.
+        ClaimOutcome::Granted(claimed) => Json(claimed).into_response(),
         _ => StatusCode::NO_CONTENT.into_response(),
     };
     let headers = response.headers_mut();

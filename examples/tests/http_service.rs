@@ -306,6 +306,8 @@ fn heartbeat_extends_and_submit_is_idempotent() {
     let claimed = service.claim(&worker, CLAIMS).json();
     assert_eq!(claimed["brief"]["value"], json!({ "frame": 7 }));
     assert_eq!(claimed["lease"]["expires_at"], "2026-10-29T12:01:00Z");
+    // Where the worker writes its output; the receipt names the same key.
+    assert_eq!(claimed["lease"]["artifact"], "frame-7.a1.t1");
     let token = claimed["lease"]["token"].as_i64().unwrap();
     let lease = json!({ "version": 2, "token": token });
 
@@ -326,6 +328,7 @@ fn heartbeat_extends_and_submit_is_idempotent() {
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(again.json(), first.json(), "the same receipt");
     assert_eq!(first.json()["token"], token);
+    assert_eq!(first.json()["artifact"], claimed["lease"]["artifact"]);
 
     let other = json!({ "version": 2, "token": token, "output": { "pixels": 43 } });
     let conflict = service.send("POST", submit, Some(&worker), &key, Some(&other));

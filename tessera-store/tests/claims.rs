@@ -431,3 +431,21 @@ fn claims_without_the_scope_or_grant_never_enter_admission() {
     let stats = f.store.claim_stats();
     assert_eq!((stats.in_flight, stats.pending), (0, 0));
 }
+
+#[test]
+fn a_granted_claim_serializes_its_artifact_key_with_the_lease() {
+    let f = Fixture::new();
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("frames"));
+    f.enqueue(&worker, &ns, &q, 1);
+    let claimed = f.claim(&worker, &ns, &q);
+    let json = serde_json::to_value(&claimed).unwrap();
+    let expected = format!("{}.a1.t1", claimed.task.id);
+    assert_eq!(json["lease"]["artifact"], expected.as_str());
+    assert_eq!(claimed.lease.artifact().as_str(), expected);
+    // The key is derived from the lease, so reading it back ignores it.
+    let back: tessera_store::Claimed = serde_json::from_value(json).unwrap();
+    assert_eq!(back, claimed);
+    let outcome = serde_json::to_value(ClaimOutcome::Granted(claimed)).unwrap();
+    assert_eq!(outcome["lease"]["artifact"], expected.as_str());
+}

@@ -109,7 +109,8 @@ impl StoreConfig {
 
     /// Caps the database at this many pages on the write connection
     /// (`PRAGMA max_page_count`, a connection setting that writes nothing);
-    /// writes past it fail with `SQLITE_FULL`, a quota refusal.
+    /// writes past it fail with `SQLITE_FULL`, a quota refusal. At least 1
+    /// and at most `i64::MAX`: SQLite would read 0 as no cap.
     pub fn with_max_page_count(mut self, pages: u64) -> Self {
         self.max_page_count = Some(pages);
         self
@@ -207,9 +208,10 @@ impl StoreConfig {
     /// Checks the store's own settings (the admission, idle and mint
     /// settings are checked by their policies): a lease duration of whole
     /// milliseconds between one millisecond and
-    /// [`MAX_LEASE_DURATION`](tessera_lease::MAX_LEASE_DURATION),
-    /// and a session lifetime of at least a second. Opening a store runs it;
-    /// an invalid setting is `400 invalid_input` naming it.
+    /// [`MAX_LEASE_DURATION`](tessera_lease::MAX_LEASE_DURATION), a page
+    /// cap (if set) of at least 1, and a session lifetime of at least a
+    /// second. Opening a store runs it; an invalid setting is
+    /// `400 invalid_input` naming it.
     pub fn validate(&self) -> Result<(), crate::Error> {
         let invalid = |reason: String| Err(crate::Error::InvalidInput { reason });
         // Whole milliseconds, as times are stored: a lease's expiry then
@@ -223,6 +225,14 @@ impl StoreConfig {
                 tessera_lease::MAX_LEASE_DURATION.as_secs(),
                 self.lease_duration
             ));
+        }
+        if let Some(pages) = self.max_page_count {
+            if pages == 0 || i64::try_from(pages).is_err() {
+                return invalid(format!(
+                    "max page count must be between 1 and {}, got {pages}",
+                    i64::MAX
+                ));
+            }
         }
         if self.session_lifetime < Duration::from_secs(1) {
             return invalid(format!(
@@ -376,6 +386,20 @@ mod tests {
         ] {
             let reason = refusal(&StoreConfig::default().with_lease_duration(bad));
             assert!(reason.contains("lease duration"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_page_cap_is_at_least_one_page() {
+        assert!(
+            StoreConfig::default()
+                .with_max_page_count(1)
+                .validate()
+                .is_ok()
+        );
+        for bad in [0, u64::MAX] {
+            let reason = refusal(&StoreConfig::default().with_max_page_count(bad));
+            assert!(reason.contains("max page count"), "{reason}");
         }
     }
 }

@@ -480,6 +480,17 @@ fn a_zero_session_lifetime_is_refused_when_the_store_opens() {
 }
 
 #[test]
+fn a_page_cap_of_zero_is_refused_when_the_store_opens() {
+    // SQLite reads `max_page_count = 0` as "leave the cap as it is".
+    for pages in [0, u64::MAX] {
+        let result = open_fresh(StoreConfig::default().with_max_page_count(pages));
+        let error = result.expect_err("an invalid page cap opens a store");
+        assert_invalid(&error);
+        assert!(error.to_string().contains("max page count"), "{error}");
+    }
+}
+
+#[test]
 fn the_wall_clock_stepping_back_never_shortens_revives_or_backdates_a_lease() {
     let setup = Setup::new();
     let (ns, q) = (namespace("farm"), queue("frames"));

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
+use rusqlite::config::DbConfig;
 use rusqlite::hooks::{Action, AuthAction, AuthContext, Authorization};
 use rusqlite::{Connection, ErrorCode, OpenFlags, Params, Row};
 
@@ -329,6 +330,25 @@ impl WriteConnection {
         Ok(value)
     }
 
+    /// Folds the write-ahead log into the database file before the
+    /// connection closes, and empties it; best effort: it never waits for
+    /// another connection's readers and never fails. While writes are
+    /// refused the file is left as it is, SQLite's own checkpoint on close
+    /// included; the next open reads the log.
+    pub(crate) fn checkpoint_on_close(&mut self) {
+        if self.is_refusing() {
+            let _ = self
+                .conn
+                .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
+            return;
+        }
+        self.rollback();
+        let _ = self.conn.busy_timeout(Duration::ZERO);
+        let _ = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    }
+
     fn rollback(&self) {
         if !self.conn.is_autocommit() {
             // Failing to roll back leaves nothing to do: SQLite has then
@@ -523,6 +543,11 @@ impl ReadPool {
         configure(&conn, self.busy_timeout)?;
         conn.pragma_update(None, "query_only", true)?;
         Ok(conn)
+    }
+
+    /// Closes the idle connections.
+    pub(crate) fn close_idle(&mut self) {
+        self.idle.get_mut().clear();
     }
 
     /// Runs `read` on an idle connection, or a new one when all are busy.

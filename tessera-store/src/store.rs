@@ -31,6 +31,10 @@ use crate::wait::QueueSignals;
 /// `BEGIN IMMEDIATE` transaction; reads run on their own connections (WAL
 /// mode), so they never wait behind the writer. `Store` is `Send + Sync`;
 /// share it with an `Arc`.
+///
+/// Dropping it folds the write-ahead log into the database file, so a
+/// closed store leaves no log behind (best effort; unless writes are
+/// refused, see [`refuse_writes`](Self::refuse_writes)).
 pub struct Store {
     pub(crate) config: StoreConfig,
     location: Location,
@@ -62,6 +66,16 @@ impl fmt::Debug for Store {
             .field("config", &self.config)
             .field("meter", &self.meter.snapshot())
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // Readers first: the write connection is then the store's last, and
+        // SQLite itself folds the log in and deletes it as that closes,
+        // when no other connection has the file open.
+        self.readers.close_idle();
+        self.writer.get_mut().checkpoint_on_close();
     }
 }
 
@@ -166,7 +180,9 @@ impl Store {
     /// the write connection refuses every write-capable statement (an
     /// authorizer denies inserts, updates, deletes, DDL and pragma
     /// assignments), and each refusal is a `503 storage_quota_exhausted`.
-    /// Reads keep working. Waits for a running write to finish.
+    /// Reads keep working. Waits for a running write to finish. A store
+    /// dropped while refusing leaves its write-ahead log as it is (the next
+    /// open reads it) rather than fold it into the file.
     pub fn refuse_writes(&self, refuse: bool) {
         self.writer.lock().set_refusing(refuse);
     }

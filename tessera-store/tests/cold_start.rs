@@ -171,3 +171,63 @@ fn in_memory_stores_are_private() {
     assert_eq!(first.meter().write_transactions, 1);
     assert_eq!(second.meter().write_transactions, 1);
 }
+
+/// The size of the store's write-ahead log, 0 when there is none.
+fn log_len(path: &Path) -> u64 {
+    let log = path.with_extension("db-wal");
+    std::fs::metadata(log).map_or(0, |meta| meta.len())
+}
+
+/// A store on `path` that wrote (a key) and read (authenticated it).
+fn used_store(path: &Path) -> (Store, String) {
+    let store = Store::open(path, StoreConfig::default()).unwrap();
+    let key = store.create_admin_key("operators").unwrap();
+    let secret = key.secret.expose().to_owned();
+    store.authenticate(Some(&secret)).unwrap();
+    assert!(log_len(path) > 0);
+    (store, secret)
+}
+
+#[test]
+fn closing_a_store_folds_its_log_into_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let (store, secret) = used_store(&path);
+    drop(store);
+    assert_eq!(log_len(&path), 0);
+    let store = Store::open(&path, StoreConfig::default()).unwrap();
+    assert!(store.authenticate(Some(&secret)).is_ok());
+}
+
+#[test]
+fn closing_beside_another_connection_still_empties_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let (store, _) = used_store(&path);
+    let other = rusqlite::Connection::open(&path).unwrap();
+    let tables: i64 = other
+        .query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get(0))
+        .unwrap();
+    assert!(tables > 0);
+    drop(store);
+    assert!(
+        path.with_extension("db-wal").exists(),
+        "another connection holds it"
+    );
+    assert_eq!(log_len(&path), 0);
+    drop(other);
+}
+
+#[test]
+fn a_store_refusing_writes_leaves_its_log_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let (store, secret) = used_store(&path);
+    store.refuse_writes(true);
+    let before = (fingerprint(&path), log_len(&path));
+    drop(store);
+    assert_eq!((fingerprint(&path), log_len(&path)), before);
+    // Nothing is lost: the next open reads the log.
+    let store = Store::open(&path, StoreConfig::default()).unwrap();
+    assert!(store.authenticate(Some(&secret)).is_ok());
+}

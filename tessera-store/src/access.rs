@@ -9,7 +9,7 @@ use tessera_audit::{Action, IpHash, Outcome, Resource};
 use tessera_lease::Namespace;
 
 use crate::audit::{ActionScope, insert_event};
-use crate::error::Error;
+use crate::error::{Error, corrupt};
 use crate::key::{self, IssuedSecret, KeyId, KeySecret, constant_time_eq};
 use crate::sql::access::{self as sql, KeyRow, NewKey};
 use crate::sql::{from_millis, millis, storable};
@@ -555,21 +555,18 @@ fn to_json<T: Serialize>(value: &T) -> String {
 /// Names read back from a row; ones this build does not know are skipped,
 /// which can only take permissions away.
 fn names<T>(json: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, Error> {
-    let raw: Vec<String> = serde_json::from_str(json).map_err(|_| Error::CorruptDatabase {
-        reason: "unreadable key scopes or grants".to_owned(),
-    })?;
+    let raw: Vec<String> =
+        serde_json::from_str(json).map_err(|_| corrupt("key scopes or grants"))?;
     Ok(raw.iter().filter_map(|name| parse(name)).collect())
 }
 
 impl KeyRow {
     fn info(&self) -> Result<KeyInfo, Error> {
-        let corrupt = || Error::CorruptDatabase {
-            reason: "unreadable key row".to_owned(),
-        };
+        let bad = || corrupt("key row");
         Ok(KeyInfo {
-            key_id: KeyId::parse(&self.key_id).map_err(|_| corrupt())?,
+            key_id: KeyId::parse(&self.key_id).map_err(|_| bad())?,
             principal: PrincipalId(self.principal_id),
-            kind: PrincipalKind::parse(&self.kind).ok_or_else(corrupt)?,
+            kind: PrincipalKind::parse(&self.kind).ok_or_else(bad)?,
             account: self.account.clone(),
             label: self.label.clone(),
             scopes: names(&self.scopes, Scope::parse)?,
@@ -686,15 +683,29 @@ impl Store {
         scope: Scope,
         action: Action,
     ) -> Result<(), Error> {
-        caller
+        self.admit(caller, namespace, scope, action).map(drop)
+    }
+
+    /// [`authorize`](Self::authorize), returning what the action is then
+    /// audited or counted under.
+    pub(crate) fn admit(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        scope: Scope,
+        action: Action,
+    ) -> Result<ActionScope, Error> {
+        let recorded = ActionScope::of(caller, Some(namespace), action);
+        match caller
             .require_scope(scope)
             .and_then(|()| caller.require_namespace(namespace))
-            .inspect_err(|_| {
-                self.count(
-                    &ActionScope::of(caller, Some(namespace), action),
-                    Outcome::Forbidden,
-                );
-            })
+        {
+            Ok(()) => Ok(recorded),
+            Err(error) => {
+                self.count(&recorded, Outcome::Forbidden);
+                Err(error)
+            }
+        }
     }
 
     /// Creates the first admin key, for a host setting a store up: a new
@@ -890,9 +901,7 @@ pub(crate) fn insert_key(
                 sql::principal_by_id(writer, principal.0)?.ok_or_else(|| Error::NotFound {
                     what: format!("principal {principal}"),
                 })?;
-            let kind = PrincipalKind::parse(&kind).ok_or_else(|| Error::CorruptDatabase {
-                reason: "unreadable principal kind".to_owned(),
-            })?;
+            let kind = PrincipalKind::parse(&kind).ok_or_else(|| corrupt("principal kind"))?;
             if kind == PrincipalKind::Anonymous && purge_at.is_none() {
                 return Err(Error::InvalidInput {
                     reason: "anonymous principals get keys only as sessions".to_owned(),

@@ -14,7 +14,7 @@ use tessera_lease::Namespace;
 
 use crate::access::{Caller, PrincipalId};
 use crate::db::{Reader, Writer};
-use crate::error::Error;
+use crate::error::{Error, corrupt};
 use crate::sql::audit::{self as sql, CounterRow, EventRow};
 use crate::sql::{from_millis, millis};
 use crate::store::Store;
@@ -199,15 +199,9 @@ fn first_visible_minute(cutoff: DateTime<Utc>) -> i64 {
     millis(cutoff).div_euclid(60_000) + i64::from(millis(cutoff).rem_euclid(60_000) != 0)
 }
 
-fn corrupt(what: &str) -> Error {
-    Error::CorruptDatabase {
-        reason: format!("unreadable {what} row"),
-    }
-}
-
 impl EventRow {
     fn event(&self) -> Result<AuditEvent, Error> {
-        let bad = |_| corrupt("audit");
+        let bad = |_| corrupt("audit row");
         Ok(AuditEvent {
             time: from_millis(self.at),
             principal: tessera_audit::Principal::new(&self.principal).map_err(bad)?,
@@ -246,12 +240,12 @@ impl CounterRow {
     }
 
     fn counter(&self) -> Result<Counter, Error> {
-        let bad = |_| corrupt("counter");
+        let bad = |_| corrupt("counter row");
         let start = self
             .minute
             .checked_mul(60_000)
             .and_then(DateTime::from_timestamp_millis)
-            .ok_or_else(|| corrupt("counter"))?;
+            .ok_or_else(|| corrupt("counter row"))?;
         let principal = match self.principal.as_str() {
             "" => None,
             name => Some(tessera_audit::Principal::new(name).map_err(bad)?),
@@ -337,9 +331,9 @@ impl Store {
         }
     }
 
-    /// Writes the audit row of a read action that already answered (a
-    /// long-poll); like [`perform_read`](Self::perform_read), a quota
-    /// refusal of the row is counted and does not fail the request unless
+    /// Writes the audit row of a read action that already answered. If
+    /// storage refuses the row for a quota, the read still answers and the
+    /// loss is counted as `storage_quota_exhausted` for the action, unless
     /// the store was opened with strict read audit.
     pub(crate) fn audit_read(
         &self,
@@ -363,33 +357,18 @@ impl Store {
         }
     }
 
-    /// Runs a read action on a read connection, then writes its audit row.
-    /// If storage refuses that row for a quota, the read still answers and
-    /// the loss is counted as `storage_quota_exhausted` for the action,
-    /// unless the store was opened with strict read audit.
+    /// Runs a read action on a read connection, then writes its audit row
+    /// (see [`audit_read`](Self::audit_read)).
     pub(crate) fn perform_read<T>(
         &self,
         scope: &ActionScope,
         read: impl FnOnce(&Reader<'_>) -> Result<(T, Option<Resource>), Error>,
     ) -> Result<T, Error> {
-        let now = self.now_utc();
         let (value, resource) = self
             .read(read)
             .inspect_err(|error| self.count(scope, error.outcome()))?;
-        match self.write(|writer| insert_event(writer, &scope.event(now, resource))) {
-            Ok(()) => {
-                self.after_write();
-                Ok(value)
-            }
-            Err(error) if error.is_quota_exhausted() && !self.config.strict_read_audit() => {
-                self.count(scope, Outcome::StorageQuotaExhausted);
-                Ok(value)
-            }
-            Err(error) => {
-                self.count(scope, error.outcome());
-                Err(error)
-            }
-        }
+        self.audit_read(scope, resource)?;
+        Ok(value)
     }
 
     /// Maintenance that is due, after a successful write; its failures are

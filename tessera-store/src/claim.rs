@@ -703,8 +703,7 @@ impl Store {
         queue: &QueueName,
         blocking: bool,
     ) -> Result<ClaimStart, Error> {
-        let scope = ActionScope::of(caller, Some(namespace), Action::Claim);
-        self.authorize(caller, namespace, Scope::Claim, Action::Claim)?;
+        let scope = self.admit(caller, namespace, Scope::Claim, Action::Claim)?;
         let request = Arc::new(ClaimRequest {
             caller: caller.clone(),
             namespace: namespace.clone(),

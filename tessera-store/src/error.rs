@@ -238,6 +238,14 @@ impl Error {
     }
 }
 
+/// A stored value this build cannot read back: `500 corrupt_database`
+/// naming `what`.
+pub(crate) fn corrupt(what: &str) -> Error {
+    Error::CorruptDatabase {
+        reason: format!("unreadable {what}"),
+    }
+}
+
 impl From<tessera_lease::LeaseError> for Error {
     /// A refused lease rule: bad input is `400`, a transition the task's
     /// state or a fencing token does not allow is `409`, and a stored record

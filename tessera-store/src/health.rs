@@ -14,7 +14,7 @@ use tessera_lease::{Namespace, StateName};
 use crate::access::{Caller, Scope};
 use crate::audit::ActionScope;
 use crate::db::Reader;
-use crate::error::Error;
+use crate::error::{Error, corrupt};
 use crate::sql::millis;
 use crate::sql::tasks as sql;
 use crate::store::Store;
@@ -124,7 +124,7 @@ fn take(
             Ok(StateName::Done) => attempts.done += count,
             Ok(StateName::Failed) => attempts.failed += count,
             Ok(StateName::Backoff) => attempts.backoff += count,
-            Err(_) => return Err(crate::task::corrupt("attempt state")),
+            Err(_) => return Err(corrupt("attempt state")),
         }
     }
     let expired = sql::count_lapsed_leases(reader, namespace.as_str(), millis(now))?;
@@ -144,8 +144,7 @@ impl Store {
     /// successful state change in the namespace. Audited as `read_health`;
     /// like every read it answers while writes are refused.
     pub fn health(&self, caller: &Caller, namespace: &Namespace) -> Result<HealthSnapshot, Error> {
-        let scope = ActionScope::of(caller, Some(namespace), Action::ReadHealth);
-        self.authorize(caller, namespace, Scope::Read, Action::ReadHealth)?;
+        let scope = self.admit(caller, namespace, Scope::Read, Action::ReadHealth)?;
         if let Some(snapshot) = self.health.fresh(namespace, self.clock().now()) {
             self.audit_read(&scope, None)?;
             return Ok(snapshot);

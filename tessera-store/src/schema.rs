@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 
 use crate::db::{Location, Reader, WriteConnection, Writer, classify};
-use crate::error::Error;
+use crate::error::{Error, corrupt};
 use crate::meter::Meter;
 use crate::quota::QuotaRules;
 
@@ -403,9 +403,7 @@ fn inspect(reader: &Reader<'_>) -> Result<Inspection, Error> {
         )?;
         inspection.version = match value {
             None => None,
-            Some(text) => Some(text.parse().map_err(|_| Error::CorruptDatabase {
-                reason: "unreadable schema version marker".to_owned(),
-            })?),
+            Some(text) => Some(text.parse().map_err(|_| corrupt("schema version marker"))?),
         };
     }
     Ok(inspection)

@@ -11,7 +11,7 @@ use tessera_lease::Namespace;
 
 use crate::access::{Grant, IssuedKey, KeySpec, Scope, insert_key};
 use crate::audit::{ActionScope, insert_event};
-use crate::error::Error;
+use crate::error::{Error, corrupt};
 use crate::sql::session as sql;
 use crate::sql::{from_millis, millis};
 use crate::store::Store;
@@ -75,9 +75,7 @@ impl Store {
     }
 
     fn stored_secret(&self) -> Result<Secret, Error> {
-        let bad = || Error::CorruptDatabase {
-            reason: "unreadable address secret".to_owned(),
-        };
+        let bad = || corrupt("address secret");
         let stored = self.read(|reader| Ok(sql::meta_value(reader, SECRET_KEY)?))?;
         let text = match stored {
             Some(text) => text,

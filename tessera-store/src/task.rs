@@ -17,9 +17,9 @@ use tessera_lease::{
 };
 
 use crate::access::{Caller, PrincipalKind, Scope};
-use crate::audit::{ActionScope, Trail};
+use crate::audit::Trail;
 use crate::db::{Reader, Writer};
-use crate::error::Error;
+use crate::error::{Error, corrupt};
 use crate::sql::tasks::{self as sql, AttemptRow, NewReceipt, NewTask, ReceiptRow, TaskRow};
 use crate::sql::{from_millis, millis};
 use crate::store::Store;
@@ -203,12 +203,6 @@ pub struct TaskView {
     pub created_at: DateTime<Utc>,
     /// Its attempts, their states and leases, and the token counter.
     pub record: TaskRecord,
-}
-
-pub(crate) fn corrupt(what: &str) -> Error {
-    Error::CorruptDatabase {
-        reason: format!("unreadable {what}"),
-    }
 }
 
 fn not_found(task: &TaskRef) -> Error {
@@ -436,8 +430,7 @@ impl Store {
         brief: &Brief,
         options: &EnqueueOptions,
     ) -> Result<TaskRef, Error> {
-        let scope = ActionScope::of(caller, Some(namespace), Action::Enqueue);
-        self.authorize(caller, namespace, Scope::Enqueue, Action::Enqueue)?;
+        let scope = self.admit(caller, namespace, Scope::Enqueue, Action::Enqueue)?;
         let prepared = (|| {
             let (bytes, format) = brief.encode()?;
             let id = match &options.task_id {
@@ -526,8 +519,7 @@ impl Store {
         task: &TaskRef,
         token: FencingToken,
     ) -> Result<Lease, Error> {
-        let scope = ActionScope::of(caller, Some(&task.namespace), Action::Heartbeat);
-        self.authorize(caller, &task.namespace, Scope::Claim, Action::Heartbeat)?;
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Heartbeat)?;
         let now = self.now_utc();
         let holder = caller.lease_principal();
         let extension = self.config.lease_duration();
@@ -562,8 +554,7 @@ impl Store {
         key: &IdempotencyKey,
         output: &Output,
     ) -> Result<Submitted, Error> {
-        let scope = ActionScope::of(caller, Some(&task.namespace), Action::Submit);
-        self.authorize(caller, &task.namespace, Scope::Claim, Action::Submit)?;
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Submit)?;
         if let Some(bytes) = &output.bytes {
             check_brief_size(bytes.len())
                 .map_err(Error::from)
@@ -649,8 +640,7 @@ impl Store {
         token: FencingToken,
         retry: Retry,
     ) -> Result<TaskState, Error> {
-        let scope = ActionScope::of(caller, Some(&task.namespace), Action::Fail);
-        self.authorize(caller, &task.namespace, Scope::Claim, Action::Fail)?;
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Fail)?;
         let now = self.now_utc();
         let holder = caller.lease_principal();
         let retry = match retry {
@@ -713,8 +703,7 @@ impl Store {
     /// `read` scope and the namespace grant; audited as `read_task` naming
     /// the task.
     pub fn read_task(&self, caller: &Caller, task: &TaskRef) -> Result<TaskView, Error> {
-        let scope = ActionScope::of(caller, Some(&task.namespace), Action::ReadTask);
-        self.authorize(caller, &task.namespace, Scope::Read, Action::ReadTask)?;
+        let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ReadTask)?;
         self.perform_read(&scope, |reader| {
             let (mut row, rules) = load_ref(reader, task, true)?;
             let view = TaskView {
@@ -738,8 +727,7 @@ impl Store {
         task: &TaskRef,
         attempt: AttemptNumber,
     ) -> Result<StoredReceipt, Error> {
-        let scope = ActionScope::of(caller, Some(&task.namespace), Action::ReadReceipt);
-        self.authorize(caller, &task.namespace, Scope::Read, Action::ReadReceipt)?;
+        let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ReadReceipt)?;
         self.perform_read(&scope, |reader| {
             let (row, _) = load_ref(reader, task, false)?;
             let stored = sql::receipts_of_attempt(reader, row.id, i64::from(attempt.as_u16()))?
@@ -765,8 +753,7 @@ impl Store {
         caller: &Caller,
         task: &TaskRef,
     ) -> Result<Vec<StoredReceipt>, Error> {
-        let scope = ActionScope::of(caller, Some(&task.namespace), Action::ListAttempts);
-        self.authorize(caller, &task.namespace, Scope::Read, Action::ListAttempts)?;
+        let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ListAttempts)?;
         self.perform_read(&scope, |reader| {
             let (row, rules) = load_ref(reader, task, false)?;
             let stored = sql::receipts_of_task(reader, row.id, i64::from(MAX_ALTERNATIVES))?

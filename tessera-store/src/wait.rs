@@ -9,7 +9,6 @@ use tessera_audit::{Action, Resource};
 use tessera_lease::{Namespace, QueueName};
 
 use crate::access::{Caller, Scope};
-use crate::audit::ActionScope;
 use crate::claim::QueueKey;
 use crate::clock::Clock;
 use crate::error::Error;
@@ -132,8 +131,7 @@ impl Store {
         queue: &QueueName,
         timeout: Duration,
     ) -> Result<WaitOutcome, Error> {
-        let scope = ActionScope::of(caller, Some(namespace), Action::WaitForWork);
-        self.authorize(caller, namespace, Scope::Claim, Action::WaitForWork)?;
+        let scope = self.admit(caller, namespace, Scope::Claim, Action::WaitForWork)?;
         let deadline = self.clock().now() + timeout.min(MAX_LONG_POLL);
         let key = (namespace.clone(), queue.clone());
         // Registered before the read, so an enqueue committed after it is

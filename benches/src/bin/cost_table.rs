@@ -1,14 +1,14 @@
 //! The cost table: rows written and read per request, measured by the
-//! store's own meter, beside the figures of the storage-availability
-//! hardening ("Rows per request before and after the October 29
-//! hardening").
+//! store's own meter, beside the hosted service's figures before and after
+//! its October 29 storage hardening ("Rows per request before and after
+//! the October 29 hardening"; rows written unless marked "read").
 //!
 //! Run: `cargo run --release -p tessera-benches --bin cost_table`
 //!
 //! Every request runs against a store on a real SQLite file, on a
 //! `ManualClock`, warm (its key already observed in the current
 //! `last_used_at` interval) unless the row says otherwise, and includes
-//! resolving its key. Rows written count index entries, as the seed does;
+//! resolving its key. Rows written count index entries, as the hosted figures do;
 //! rows read are the rows the store's statements returned (see
 //! `MeterSnapshot`). The program prints a markdown table with a status
 //! column and always exits 0.
@@ -50,7 +50,8 @@ impl Target {
     }
 }
 
-/// One printed row: what Tessera did, and the seed's two columns.
+/// One printed row: what Tessera did, and the hosted service's figures
+/// before and after its hardening.
 struct Row {
     request: String,
     cost: MeterSnapshot,
@@ -298,7 +299,7 @@ fn health(s: &mut Scenario<'_>) {
         enqueue(&s.store, &worker, &ns, &q, n);
     }
     let (_, cost) = s.request(|store, caller| store.health(caller, &ns).expect("health"));
-    // The seed's keyed namespace health row counts writes only; its read
+    // The hosted keyed namespace health row counts writes only; its read
     // figures are for the health read without a key, below.
     s.push(
         "Keyed health read, 500 tasks, first",
@@ -549,7 +550,7 @@ fn main() {
     });
 
     println!(
-        "| Request (warm unless noted) | Rows written | Rows read | Seed, main | Seed, branch | Status |"
+        "| Request (warm unless noted) | Rows written | Rows read | Hosted, before | Hosted, after | Status |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | --- |");
     for row in &rows {
@@ -581,13 +582,14 @@ fn main() {
         grouped(breakdown.deleted_rows)
     );
     println!(
-        "- The keyed lifecycle has six of the seed's eleven requests (Tessera has no record \
-         writes or blob uploads); the seed's branch figures for those six add up to 60."
+        "- The keyed lifecycle has six of the hosted lifecycle's eleven requests (Tessera has \
+         no record writes or blob uploads); the hosted figures after the hardening for those \
+         six add up to 60."
     );
     println!(
-        "- Rows read are the rows the store's statements returned; the seed's figures count \
-         rows SQLite visited, so a count over 500 index entries reads 1 row here and about \
-         500 there."
+        "- Rows read are the rows the store's statements returned; the hosted figures sum each \
+         cursor's `rowsRead`, rows SQLite visited, so a count over 500 index entries reads 1 \
+         row here and about 500 there."
     );
 }
 

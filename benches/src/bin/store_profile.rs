@@ -5,8 +5,11 @@
 //!
 //! Run: `cargo run --release -p tessera-benches --bin store_profile [OPERATION] [COUNT]`
 //!
-//! `OPERATION` is `all` (the default) or one of the names printed; `COUNT`
-//! (default 5,000) is how many are timed. One operation alone is what
+//! `OPERATION` is `all` (the default), one of the names it prints, or
+//! `claim_behind_100000` / `claim_behind_1000000` (a claim with that many
+//! more tasks ready, seeded through the API first), optionally suffixed
+//! `_10000_keys` (10,000 keys claiming in turn); `COUNT` (default 5,000) is
+//! how many are timed. One operation alone is what
 //! `strace -f -c` or `perf record` should watch.
 
 use std::collections::HashMap;
@@ -27,7 +30,7 @@ const FRAME_BYTES: u64 = 24 + 4096;
 const LOG_HEADER_BYTES: u64 = 32;
 /// Operations whose log pages are counted; few enough that the automatic
 /// checkpoint (at 1,000 pages) cannot run in between.
-const COUNTED: u64 = 40;
+const COUNTED: u64 = 60;
 /// Operations run before anything is counted.
 const WARM_UP: u64 = 200;
 
@@ -176,6 +179,12 @@ impl Operation for RawCommit {
 enum Kind {
     Enqueue,
     Claim,
+    /// A claim with `ready` more tasks ready in its queue, by `keys` keys
+    /// taking turns.
+    ClaimBehind {
+        ready: u64,
+        keys: usize,
+    },
     ClaimEmpty,
     Heartbeat,
     Submit,
@@ -188,6 +197,9 @@ struct StoreOperation {
     clock: ManualClock,
     store: Store,
     worker: Caller,
+    /// Who claims, in turn (the worker alone unless more keys are asked for).
+    claimers: Vec<Caller>,
+    turn: std::cell::Cell<usize>,
     namespace: Namespace,
     queue: QueueName,
     kind: Kind,
@@ -210,21 +222,32 @@ impl StoreOperation {
         let admin_key = store.create_admin_key("operators").unwrap();
         let admin = store.authenticate(Some(admin_key.secret.expose())).unwrap();
         let namespace = Namespace::parse("bench").unwrap();
-        let key = store
-            .create_key(
-                &admin,
-                &KeySpec::keyed("bench")
-                    .with_scopes(Scope::ALL.iter().copied())
-                    .with_grant(Grant::Namespace(namespace.clone())),
-            )
-            .unwrap();
-        let worker = store.authenticate(Some(key.secret.expose())).unwrap();
+        let keys = match kind {
+            Kind::ClaimBehind { keys, .. } => keys.max(1),
+            _ => 1,
+        };
+        let claimers: Vec<Caller> = (0..keys)
+            .map(|_| {
+                let key = store
+                    .create_key(
+                        &admin,
+                        &KeySpec::keyed("bench")
+                            .with_scopes(Scope::ALL.iter().copied())
+                            .with_grant(Grant::Namespace(namespace.clone())),
+                    )
+                    .unwrap();
+                store.authenticate(Some(key.secret.expose())).unwrap()
+            })
+            .collect();
+        let worker = claimers[0].clone();
         let mut operation = Self {
             _dir: dir,
             path,
             clock,
             store,
             worker,
+            claimers,
+            turn: std::cell::Cell::new(0),
             namespace,
             queue: QueueName::parse("profile").unwrap(),
             kind,
@@ -253,9 +276,11 @@ impl StoreOperation {
     }
 
     fn claim(&self) -> Claimed {
+        let turn = (self.turn.get() + 1) % self.claimers.len();
+        self.turn.set(turn);
         match self
             .store
-            .claim(&self.worker, &self.namespace, &self.queue)
+            .claim(&self.claimers[turn], &self.namespace, &self.queue)
             .unwrap()
         {
             ClaimOutcome::Granted(claimed) => claimed,
@@ -267,6 +292,7 @@ impl StoreOperation {
     fn prepare(&mut self, count: u64) {
         match self.kind {
             Kind::Claim => (0..count).for_each(|_| self.enqueue()),
+            Kind::ClaimBehind { ready, .. } => (0..count + ready).for_each(|_| self.enqueue()),
             Kind::Submit => {
                 for _ in 0..count {
                     self.enqueue();
@@ -288,7 +314,7 @@ impl Operation for StoreOperation {
         self.clock.advance(Duration::from_millis(1));
         match self.kind {
             Kind::Enqueue => self.enqueue(),
-            Kind::Claim => drop(self.claim()),
+            Kind::Claim | Kind::ClaimBehind { .. } => drop(self.claim()),
             Kind::ClaimEmpty => {
                 let empty = QueueName::parse("empty").unwrap();
                 let outcome = self
@@ -331,7 +357,8 @@ struct Profile {
     name: String,
     per_operation: Duration,
     frames: f64,
-    /// The tables and indexes whose pages one more operation appended.
+    /// Log pages per operation by table or index (`sqlite_master` is page
+    /// 1, which also holds the file's page count).
     pages: String,
     meter: MeterSnapshot,
     count: u64,
@@ -347,47 +374,39 @@ fn profile(name: &str, mut operation: impl Operation, count: u64) -> Profile {
     for _ in 0..COUNTED {
         operation.run();
     }
-    let frames = log_frames(operation.database()) as f64 / COUNTED as f64;
+    let written = log_pages(operation.database());
+    // Checkpointed, so the file holds every b-tree page the log touched.
+    empty_log(operation.database());
+    let owners = page_owners(operation.database());
+    let mut per_owner: Vec<(String, usize)> = Vec::new();
+    for page in &written {
+        let owner = owners
+            .get(page)
+            .cloned()
+            .unwrap_or_else(|| "other".to_owned());
+        match per_owner.iter_mut().find(|(name, _)| *name == owner) {
+            Some((_, pages)) => *pages += 1,
+            None => per_owner.push((owner, 1)),
+        }
+    }
+    per_owner.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let pages = per_owner
+        .iter()
+        .map(|(name, pages)| format!("{name} {:.1}", *pages as f64 / COUNTED as f64))
+        .collect::<Vec<_>>()
+        .join(", ");
     let before = operation.meter();
     let began = Instant::now();
     for _ in 0..count {
         operation.run();
     }
     let elapsed = began.elapsed();
-    let meter = operation.meter().since(&before);
-    empty_log(operation.database());
-    operation.run();
-    let written = log_pages(operation.database());
-    empty_log(operation.database());
-    let owners = page_owners(operation.database());
-    let mut names: Vec<String> = written
-        .iter()
-        .map(|page| {
-            owners
-                .get(page)
-                .cloned()
-                .unwrap_or_else(|| format!("page {page}"))
-        })
-        .collect();
-    names.sort();
-    let mut pages = Vec::new();
-    for name in &names {
-        let times = names.iter().filter(|other| *other == name).count();
-        let entry = if times > 1 {
-            format!("{name} ×{times}")
-        } else {
-            name.clone()
-        };
-        if !pages.contains(&entry) {
-            pages.push(entry);
-        }
-    }
     Profile {
         name: name.to_owned(),
         per_operation: elapsed / u32::try_from(count).unwrap_or(u32::MAX),
-        frames,
-        pages: pages.join(", "),
-        meter,
+        frames: written.len() as f64 / COUNTED as f64,
+        pages,
+        meter: operation.meter().since(&before),
         count,
     }
 }
@@ -404,6 +423,17 @@ fn main() {
         ("heartbeat", Kind::Heartbeat),
         ("submit", Kind::Submit),
     ];
+    // Seeding a million tasks through the API takes a minute or two, so
+    // these run only when named.
+    let behind = [100_000, 1_000_000].into_iter().flat_map(|ready| {
+        [1, 10_000].map(|keys| {
+            let name = match keys {
+                1 => format!("claim_behind_{ready}"),
+                _ => format!("claim_behind_{ready}_{keys}_keys"),
+            };
+            (name, Kind::ClaimBehind { ready, keys })
+        })
+    });
     let mut profiles = Vec::new();
     for tables in raw {
         let name = format!("raw_commit_{tables}_pages");
@@ -418,12 +448,19 @@ fn main() {
             profiles.push(profile(name, operation, count));
         }
     }
+    for (name, kind) in behind {
+        if only == name {
+            let mut operation = StoreOperation::new(kind);
+            operation.prepare(WARM_UP + COUNTED + count + 1);
+            profiles.push(profile(&name, operation, count));
+        }
+    }
     if profiles.is_empty() {
         eprintln!("unknown operation {only}");
         std::process::exit(2);
     }
     println!(
-        "| operation | time | log pages | write transactions | rows written | rows read | pages of one operation |"
+        "| operation | time | log pages | write transactions | rows written | rows read | log pages by table or index |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | --- |");
     for p in profiles {

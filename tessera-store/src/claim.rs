@@ -20,7 +20,7 @@ use tessera_admission::{
     Ticket,
 };
 use tessera_audit::{Action, Outcome};
-use tessera_lease::{ArtifactKey, Lease, LeaseError, Namespace, QueueName};
+use tessera_lease::{ArtifactKey, Lease, Namespace, QueueName};
 
 use crate::access::{Caller, PrincipalId, PrincipalKind, Scope};
 use crate::audit::{ActionScope, Trail};
@@ -29,7 +29,7 @@ use crate::error::Error;
 use crate::sql::millis;
 use crate::sql::tasks as sql;
 use crate::store::Store;
-use crate::task::{Brief, TaskRef, claimable_at, load, write_changes};
+use crate::task::{Brief, TaskRef, apply, claimable_at, load};
 
 /// A queue, as idle pacing and long-polls key it.
 pub(crate) type QueueKey = (Namespace, QueueName);
@@ -877,29 +877,23 @@ impl Store {
                     break;
                 };
                 let mut rules = load(writer, &row)?;
-                let before = rules.record().clone();
-                match rules.claim(&holder, now, duration) {
-                    Ok(lease) => {
-                        write_changes(writer, row.id, &before, rules.record())?;
-                        let task = row.task_ref()?;
-                        let brief = row.take_brief()?;
-                        let resource = tessera_audit::Resource::new(&format!(
-                            "task:{}@{}/a{}/t{}",
-                            task.id,
-                            task.version,
-                            lease.attempt(),
-                            lease.token()
-                        ))
-                        .ok();
-                        return Ok((Some((task, lease, brief)), Trail::Row(resource)));
-                    }
-                    Err(LeaseError::NoAttemptReady { .. } | LeaseError::TaskFinished) => {
-                        // The stored claim time was stale; correct it and
-                        // look again.
-                        sql::update_claimable(writer, row.id, claimable_at(rules.record()))?;
-                    }
-                    Err(error) => return Err(error.into()),
+                if rules.next_claimable_at(now) != Some(now) {
+                    // The stored claim time was stale; correct it and look
+                    // again.
+                    sql::update_claimable(writer, row.id, claimable_at(rules.record()))?;
+                    continue;
                 }
+                let lease = apply(writer, row.id, &mut rules, |rules| {
+                    rules.claim(&holder, now, duration)
+                })?;
+                let task = TaskRef::new(
+                    namespace.clone(),
+                    lease.task().clone(),
+                    rules.record().version,
+                );
+                let brief = row.take_brief()?;
+                let resource = task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()));
+                return Ok((Some((task, lease, brief)), Trail::Row(resource)));
             }
             Ok((None, Trail::Count(Outcome::Empty)))
         })

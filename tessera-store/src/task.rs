@@ -11,9 +11,9 @@ use sha2::{Digest as _, Sha256};
 use tessera_audit::{Action, Outcome, Resource};
 use tessera_lease::{
     AttemptNumber, AttemptRecord, BriefVersion, Digest, FencingToken, Idempotency, IdempotencyKey,
-    Lease, LeaseRecord, MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Retry, StateName,
-    Submission, Submitted, Task, TaskId, TaskRecord, TaskSpec, TaskState, check_brief_size,
-    decide_idempotency,
+    Lease, LeaseError, LeaseRecord, MAX_ALTERNATIVES, Namespace, Principal, QueueName, Receipt,
+    Retry, StateName, Submission, Submitted, Task, TaskId, TaskRecord, TaskSpec, TaskState,
+    check_brief_size, decide_idempotency,
 };
 
 use crate::access::{Caller, PrincipalKind, Scope};
@@ -50,7 +50,8 @@ impl TaskRef {
         }
     }
 
-    fn resource(&self, suffix: &str) -> Option<Resource> {
+    /// The audit resource naming this task, followed by `suffix`.
+    pub(crate) fn resource(&self, suffix: &str) -> Option<Resource> {
         Resource::new(&format!("task:{}@{}{suffix}", self.id, self.version)).ok()
     }
 }
@@ -221,18 +222,6 @@ fn whole_millis(duration: Duration) -> Duration {
 }
 
 impl TaskRow {
-    pub(crate) fn task_ref(&self) -> Result<TaskRef, Error> {
-        let bad = |_| corrupt("task row");
-        Ok(TaskRef {
-            namespace: Namespace::parse(&self.namespace).map_err(bad)?,
-            id: TaskId::parse(&self.task_id).map_err(bad)?,
-            version: u32::try_from(self.version)
-                .ok()
-                .and_then(|v| BriefVersion::new(v).ok())
-                .ok_or_else(|| corrupt("task version"))?,
-        })
-    }
-
     pub(crate) fn queue_name(&self) -> Result<QueueName, Error> {
         QueueName::parse(&self.queue).map_err(|_| corrupt("task queue"))
     }
@@ -244,10 +233,12 @@ impl TaskRow {
     }
 
     fn record(&self, attempts: Vec<AttemptRow>) -> Result<TaskRecord, Error> {
-        let task = self.task_ref()?;
         Ok(TaskRecord {
-            id: task.id,
-            version: task.version,
+            id: TaskId::parse(&self.task_id).map_err(|_| corrupt("task row"))?,
+            version: u32::try_from(self.version)
+                .ok()
+                .and_then(|v| BriefVersion::new(v).ok())
+                .ok_or_else(|| corrupt("task version"))?,
             lapse_backoff: Duration::from_millis(
                 u64::try_from(self.lapse_backoff_ms).map_err(|_| corrupt("task row"))?,
             ),
@@ -372,14 +363,33 @@ fn load_ref(
     Ok((row, loaded))
 }
 
+/// Applies one lease rule to `task`, stored as row `id`, and writes what it
+/// changed: attempts, the token counter and the claim time.
+pub(crate) fn apply<T>(
+    writer: &Writer<'_>,
+    id: i64,
+    task: &mut Task,
+    rule: impl FnOnce(&mut Task) -> Result<T, LeaseError>,
+) -> Result<T, Error> {
+    let before = task.record().clone();
+    let value = rule(task)?;
+    write_changes(writer, id, &before, task.record())?;
+    Ok(value)
+}
+
 /// Writes the attempts of `after` that differ from `before`, and the task's
 /// token counter and claim time if they changed.
-pub(crate) fn write_changes(
+fn write_changes(
     writer: &Writer<'_>,
     id: i64,
     before: &TaskRecord,
     after: &TaskRecord,
 ) -> Result<(), Error> {
+    /// The grant an attempt's lease names: all of it but the expiry.
+    fn grant(attempt: &AttemptRecord) -> Option<(&Principal, FencingToken, DateTime<Utc>)> {
+        let lease = attempt.lease.as_ref()?;
+        Some((&lease.holder, lease.token, lease.granted_at))
+    }
     for (old, new) in before.attempts.iter().zip(&after.attempts) {
         if old == new {
             continue;
@@ -387,9 +397,11 @@ pub(crate) fn write_changes(
         let row = AttemptRow::from_record(new);
         if old.lease == new.lease && old.tries == new.tries {
             sql::update_attempt_state(writer, id, &row)?;
-        } else if old.state == new.state && old.tries == new.tries {
+        } else if let (Some(expires_at), true) = (
+            row.expires_at,
+            old.state == new.state && old.tries == new.tries && grant(old) == grant(new),
+        ) {
             // Only the expiry moves on a heartbeat.
-            let expires_at = row.expires_at.ok_or_else(|| corrupt("attempt row"))?;
             sql::extend_attempt(writer, id, row.number, expires_at)?;
         } else {
             sql::update_attempt(writer, id, &row)?;
@@ -525,9 +537,9 @@ impl Store {
         let extension = self.config.lease_duration();
         let lease = self.perform(&scope, |writer| {
             let (row, mut rules) = load_ref(writer, task, false)?;
-            let before = rules.record().clone();
-            let lease = rules.heartbeat(&holder, token, now, extension)?;
-            write_changes(writer, row.id, &before, rules.record())?;
+            let lease = apply(writer, row.id, &mut rules, |rules| {
+                rules.heartbeat(&holder, token, now, extension)
+            })?;
             let resource = task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()));
             Ok((lease, resource))
         })?;
@@ -583,7 +595,7 @@ impl Store {
                     Ok(Submitted::Replayed(receipt))
                 }
                 _ => {
-                    let error = Error::from(tessera_lease::LeaseError::IdempotencyConflict);
+                    let error = Error::from(LeaseError::IdempotencyConflict);
                     self.count(&scope, error.outcome());
                     Err(error)
                 }
@@ -597,8 +609,9 @@ impl Store {
             let stored = sql::receipt_by_key(writer, &principal, row.id, key.as_str())?
                 .map(|stored| stored.stored(task))
                 .transpose()?;
-            let before = rules.record().clone();
-            let submitted = rules.submit(&submission, stored.as_ref().map(|s| &s.receipt), now)?;
+            let submitted = apply(writer, row.id, &mut rules, |rules| {
+                rules.submit(&submission, stored.as_ref().map(|s| &s.receipt), now)
+            })?;
             let receipt = match &submitted {
                 Submitted::Replayed(_) => return Ok((submitted, Trail::Count(Outcome::Ok))),
                 Submitted::Accepted(receipt) => receipt,
@@ -617,7 +630,6 @@ impl Store {
                     output: output.bytes.as_deref(),
                 },
             )?;
-            write_changes(writer, row.id, &before, rules.record())?;
             let resource = task.resource(&format!("/a{}/t{}", receipt.attempt, receipt.token));
             Ok((submitted, Trail::Row(resource)))
         })?;
@@ -649,9 +661,9 @@ impl Store {
         };
         let state = self.perform(&scope, |writer| {
             let (row, mut rules) = load_ref(writer, task, false)?;
-            let before = rules.record().clone();
-            let state = rules.fail(&holder, token, now, retry)?;
-            write_changes(writer, row.id, &before, rules.record())?;
+            let state = apply(writer, row.id, &mut rules, |rules| {
+                rules.fail(&holder, token, now, retry)
+            })?;
             Ok((state, task.resource(&format!("/t{token}"))))
         })?;
         self.namespace_changed(&task.namespace);
@@ -684,12 +696,15 @@ impl Store {
                     continue;
                 };
                 let mut rules = load(writer, &row)?;
-                let before = rules.record().clone();
-                if rules.expire(now).is_empty() {
+                if apply(writer, row.id, &mut rules, |rules| Ok(rules.expire(now)))?.is_empty() {
                     continue;
                 }
-                write_changes(writer, row.id, &before, rules.record())?;
-                changed.push(row.task_ref()?);
+                let record = rules.record();
+                changed.push(TaskRef::new(
+                    namespace.clone(),
+                    record.id.clone(),
+                    record.version,
+                ));
             }
             Ok(changed)
         })?;
@@ -821,7 +836,7 @@ mod tests {
 
     #[test]
     fn claimable_at_mirrors_the_lease_rules() {
-        let who = tessera_lease::Principal::parse("p1").unwrap();
+        let who = Principal::parse("p1").unwrap();
         let spec = TaskSpec {
             alternatives: 2,
             lapse_backoff: Duration::from_secs(5),
@@ -841,7 +856,7 @@ mod tests {
 
     #[test]
     fn attempt_rows_round_trip() {
-        let who = tessera_lease::Principal::parse("p1").unwrap();
+        let who = Principal::parse("p1").unwrap();
         let mut task = Task::new(
             TaskId::parse("t").unwrap(),
             BriefVersion::FIRST,

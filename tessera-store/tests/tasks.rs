@@ -194,6 +194,36 @@ fn a_stale_token_after_expiry_and_reclaim_is_refused() {
 }
 
 #[test]
+fn a_takeover_stores_the_new_grant_even_when_the_try_count_is_saturated() {
+    let f = Fixture::new();
+    let alice = f.login(&f.full_worker(Grant::AllNamespaces));
+    let bob = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let task = f.enqueue(&alice, &ns, &q, 1).remove(0);
+    f.claim(&alice, &ns, &q);
+    // The try count can grow no further: a takeover leaves it as it is.
+    let conn = rusqlite::Connection::open(f.path()).unwrap();
+    conn.execute("UPDATE attempts SET tries = ?1", [i64::from(u32::MAX)])
+        .unwrap();
+    drop(conn);
+
+    f.clock.advance(Duration::from_secs(61));
+    let taken = f.claim(&bob, &ns, &q);
+    let stored = f.store.read_task(&bob, &task).unwrap().record.attempts[0].clone();
+    assert_eq!(stored.tries, u32::MAX);
+    let lease = stored.lease.unwrap();
+    assert_eq!(
+        (lease.holder, lease.token, lease.granted_at),
+        (
+            taken.lease.holder().clone(),
+            taken.lease.token(),
+            taken.lease.granted_at()
+        )
+    );
+    assert!(f.store.heartbeat(&bob, &task, taken.lease.token()).is_ok());
+}
+
+#[test]
 fn a_resubmission_replays_its_receipt_and_writes_nothing() {
     let f = Fixture::new();
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));

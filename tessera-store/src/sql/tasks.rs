@@ -19,7 +19,7 @@ pub(crate) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_
 macro_rules! select_tasks {
     ($brief:literal, $tail:literal) => {
         concat!(
-            "SELECT id, namespace, queue, task_id, version, ",
+            "SELECT id, queue, task_id, version, ",
             $brief,
             ", brief_format, lapse_backoff_ms, last_token, created_at FROM tasks ",
             $tail
@@ -115,7 +115,6 @@ pub(crate) const RECEIPTS_OF_TASK: &str =
 #[derive(Debug, Clone)]
 pub(crate) struct TaskRow {
     pub(crate) id: i64,
-    pub(crate) namespace: String,
     pub(crate) queue: String,
     pub(crate) task_id: String,
     pub(crate) version: i64,
@@ -131,15 +130,14 @@ impl TaskRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
             id: row.get(0)?,
-            namespace: row.get(1)?,
-            queue: row.get(2)?,
-            task_id: row.get(3)?,
-            version: row.get(4)?,
-            brief: row.get(5)?,
-            brief_format: row.get(6)?,
-            lapse_backoff_ms: row.get(7)?,
-            last_token: row.get(8)?,
-            created_at: row.get(9)?,
+            queue: row.get(1)?,
+            task_id: row.get(2)?,
+            version: row.get(3)?,
+            brief: row.get(4)?,
+            brief_format: row.get(5)?,
+            lapse_backoff_ms: row.get(6)?,
+            last_token: row.get(7)?,
+            created_at: row.get(8)?,
         })
     }
 }

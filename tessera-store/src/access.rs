@@ -736,7 +736,7 @@ impl Store {
             return Err(error);
         }
         let now = self.now_utc();
-        self.perform(&scope, |writer| {
+        self.perform(&scope, now, |writer| {
             let issued = insert_key(writer, spec, now, None)?;
             let resource = key_resource(&issued.info.key_id);
             Ok((issued, resource))
@@ -823,7 +823,7 @@ impl Store {
             self.count(&scope, Outcome::Ok);
             return Ok(current.1);
         }
-        self.perform(&scope, |writer| {
+        self.perform(&scope, now, |writer| {
             let (id, mut info) = visible(sql::key_by_key_id(writer, key_id.as_str())?)?;
             match change(&info, now) {
                 Some(KeyChange::Revoke(at)) => {

@@ -271,43 +271,33 @@ impl Store {
         self.counters.lock().increment(scope.counter(now, outcome));
     }
 
-    /// Runs a write action: `work` and its audit row in one transaction.
-    /// `work` returns its value and the resource the row names. A failure is
+    /// Runs a write action at `now` (the time its lease, receipt or key
+    /// carries): `work` and its audit row in one transaction. `work`
+    /// returns its value and the resource the row names. A failure is
     /// counted with its outcome; after a success, due maintenance runs.
     pub(crate) fn perform<T>(
         &self,
         scope: &ActionScope,
+        now: DateTime<Utc>,
         work: impl FnOnce(&Writer<'_>) -> Result<(T, Option<Resource>), Error>,
     ) -> Result<T, Error> {
-        let now = self.now_utc();
-        let result = self.write(|writer| {
+        self.perform_or_count(scope, now, |writer| {
             let (value, resource) = work(writer)?;
-            insert_event(writer, &scope.event(now, resource))?;
-            Ok(value)
-        });
-        match result {
-            Ok(value) => {
-                self.after_write();
-                Ok(value)
-            }
-            Err(error) => {
-                self.count(scope, error.outcome());
-                Err(error)
-            }
-        }
+            Ok((value, Trail::Row(resource)))
+        })
     }
 
-    /// Runs a write action that may turn out to be a no-op: `work` says
-    /// whether it leaves an audit row ([`Trail::Row`], written in the same
-    /// transaction) or is only counted ([`Trail::Count`], e.g. a replayed
-    /// submission or an empty claim, which write nothing). A failure is
-    /// counted with its outcome.
+    /// [`perform`](Self::perform) for an action that may turn out to be a
+    /// no-op: `work` says whether it leaves an audit row ([`Trail::Row`],
+    /// written in the same transaction) or is only counted
+    /// ([`Trail::Count`], e.g. a replayed submission or an empty claim,
+    /// which write nothing).
     pub(crate) fn perform_or_count<T>(
         &self,
         scope: &ActionScope,
+        now: DateTime<Utc>,
         work: impl FnOnce(&Writer<'_>) -> Result<(T, Trail), Error>,
     ) -> Result<T, Error> {
-        let now = self.now_utc();
         let result = self.write(|writer| {
             let (value, trail) = work(writer)?;
             if let Trail::Row(resource) = &trail {

@@ -866,7 +866,7 @@ impl Store {
         }
         let holder = caller.lease_principal();
         let duration = self.config.lease_duration();
-        self.perform_or_count(scope, |writer| {
+        self.perform_or_count(scope, now, |writer| {
             if session {
                 self.open_namespace(writer, caller, namespace, now)?;
             }

@@ -458,7 +458,7 @@ impl Store {
             prepared.inspect_err(|error| self.count(&scope, error.outcome()))?;
         let now = self.now_utc();
         let principal = caller.principal().to_string();
-        self.perform(&scope, |writer| {
+        self.perform(&scope, now, |writer| {
             self.open_namespace(writer, caller, namespace, now)?;
             let inserted = insert_task(
                 writer,
@@ -535,7 +535,7 @@ impl Store {
         let now = self.now_utc();
         let holder = caller.lease_principal();
         let extension = self.config.lease_duration();
-        let lease = self.perform(&scope, |writer| {
+        let lease = self.perform(&scope, now, |writer| {
             let (row, mut rules) = load_ref(writer, task, false)?;
             let lease = apply(writer, row.id, &mut rules, |rules| {
                 rules.heartbeat(&holder, token, now, extension)
@@ -602,7 +602,7 @@ impl Store {
             };
         }
         let now = self.now_utc();
-        let submitted = self.perform_or_count(&scope, |writer| {
+        let submitted = self.perform_or_count(&scope, now, |writer| {
             let (row, mut rules) = load_ref(writer, task, false)?;
             // Looked up again under the write lock: a concurrent retry may
             // have stored it since.
@@ -659,7 +659,7 @@ impl Store {
             Retry::After(backoff) => Retry::After(whole_millis(backoff)),
             Retry::Never => Retry::Never,
         };
-        let state = self.perform(&scope, |writer| {
+        let state = self.perform(&scope, now, |writer| {
             let (row, mut rules) = load_ref(writer, task, false)?;
             let state = apply(writer, row.id, &mut rules, |rules| {
                 rules.fail(&holder, token, now, retry)

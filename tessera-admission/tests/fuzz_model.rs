@@ -34,8 +34,6 @@ pub(crate) trait Choices {
 #[derive(Debug, Clone)]
 pub(crate) struct Scenario {
     pub(crate) config: AdmissionConfig,
-    /// Offers come from principals `0..principals`.
-    pub(crate) principals: u8,
     pub(crate) ops: Vec<Op>,
 }
 
@@ -59,8 +57,9 @@ pub(crate) enum Op {
 const STEPS_MS: [u64; 8] = [1, 10, 50, 100, 250, 500, 1_000, 3_000];
 
 impl Scenario {
-    /// Small settings, so that limits, full queues and deadlines are reached
-    /// within a few operations. Always valid.
+    /// Small settings and up to six principals, so that limits, full queues
+    /// and deadlines are reached within a few operations. The settings are
+    /// always valid.
     pub(crate) fn decode(choices: &mut impl Choices) -> Self {
         let min = 1 + choices.pick(2);
         let initial = min + choices.pick(3);
@@ -91,11 +90,7 @@ impl Scenario {
                 _ => Op::Drain,
             });
         }
-        Self {
-            config,
-            principals,
-            ops,
-        }
+        Self { config, ops }
     }
 }
 
@@ -573,7 +568,6 @@ mod tests {
     fn the_largest_choices_decode_to_valid_settings() {
         let largest = Scenario::decode(&mut Largest(10));
         largest.config.validate().unwrap();
-        assert_eq!(largest.principals, 6);
         assert_eq!(largest.config.max_concurrency, 9);
         assert_eq!(largest.config.max_pending, 8);
         assert_eq!(largest.config.max_wait, Duration::from_secs(4));

@@ -267,8 +267,8 @@ impl Store {
     /// Counts a request that is not audited (denied, failed, no-op) in
     /// memory; written later by the counter rules.
     pub(crate) fn count(&self, scope: &ActionScope, outcome: Outcome) {
-        let now = self.now_utc();
-        self.counters.lock().increment(scope.counter(now, outcome));
+        let counter = scope.counter(self.now_utc(), outcome);
+        self.counters.lock().increment(counter);
     }
 
     /// Runs a write action at `now` (the time its lease, receipt or key

@@ -647,16 +647,19 @@ impl Store {
         let now = self.now_utc();
         let result = self.lease(&scope, &caller, &request.namespace, &request.queue, now);
         let principal = caller.principal();
-        let key = (request.namespace.clone(), request.queue.clone());
+        // Only an empty claim moves its queue's pacing; built before the
+        // gate is taken, so the lock covers no allocation.
+        let empty_queue =
+            matches!(result, Ok(None)).then(|| (request.namespace.clone(), request.queue.clone()));
         let raw = permit.permit.take().expect("a permit is finished once");
         let granted = matches!(result, Ok(Some(_)));
-        let (hint, limit) = self.gate.shared.release(raw, |idle, at| match &result {
-            Ok(Some(_)) => {
+        let (hint, limit) = self.gate.shared.release(raw, |idle, at| {
+            if granted {
                 idle.granted(&principal);
-                None
             }
-            Ok(None) => Some(idle.empty(&principal, &key, at)),
-            Err(_) => None,
+            empty_queue
+                .as_ref()
+                .map(|queue| idle.empty(&principal, queue, at))
         });
         if granted {
             self.namespace_changed(&request.namespace);

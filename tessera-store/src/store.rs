@@ -1,5 +1,25 @@
 //! The store: opening, the connection discipline, and the helpers every
 //! operation runs through.
+//!
+//! # Locks
+//!
+//! Threads share these mutexes: the write connection, the read pool's idle
+//! list, the claim gate (admission, idle pacing, waiting claims) and its
+//! waker slot, the health snapshots, the long-poll signals, the counter
+//! buffer, retention, the `last_used_at` coalescing and the mint allowance.
+//! Each is held for one step and none is taken while another is held, so
+//! there is no order between them to get wrong; the only locks taken under
+//! one are leaves that take nothing further (a `ManualClock`'s, and the
+//! write connection's hook state inside a transaction). In particular:
+//!
+//! - the write connection is held for one transaction: nothing inside one
+//!   counts, touches the gate, the health snapshots or the signals, or
+//!   waits for a read connection, and no thread parks holding it;
+//! - a claim parks on the gate's condvar and a long-poll on the signals',
+//!   each releasing its mutex while it sleeps and holding no other; a
+//!   claim waker is called after the gate is released;
+//! - a claim permit is never released (finished or dropped) while the gate
+//!   is held.
 
 use std::fmt;
 use std::path::Path;

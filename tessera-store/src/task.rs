@@ -2,6 +2,7 @@
 //! tasks, receipts and alternatives, each applying `tessera-lease`'s rules
 //! inside one transaction.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
@@ -74,12 +75,13 @@ pub enum Brief {
 }
 
 impl Brief {
-    /// The stored bytes and format name; refuses an oversized brief.
-    fn encode(&self) -> Result<(Vec<u8>, &'static str), Error> {
+    /// The stored bytes (borrowed when they are the brief's own) and
+    /// format name; refuses an oversized brief.
+    fn encode(&self) -> Result<(Cow<'_, [u8]>, &'static str), Error> {
         let (bytes, format) = match self {
-            Self::Bytes(bytes) => (bytes.clone(), "bytes"),
+            Self::Bytes(bytes) => (Cow::Borrowed(bytes.as_slice()), "bytes"),
             Self::Json(value) => (
-                serde_json::to_vec(value).expect("a JSON value always serializes"),
+                Cow::Owned(serde_json::to_vec(value).expect("a JSON value always serializes")),
                 "json",
             ),
         };
@@ -876,7 +878,7 @@ mod tests {
     fn briefs_are_size_checked_and_round_trip() {
         let json = Brief::Json(serde_json::json!({"frame": 7}));
         let (bytes, format) = json.encode().unwrap();
-        assert_eq!(Brief::decode(bytes, format).unwrap(), json);
+        assert_eq!(Brief::decode(bytes.into_owned(), format).unwrap(), json);
         let big = Brief::Bytes(vec![0; tessera_lease::MAX_BRIEF_BYTES + 1]);
         assert_eq!(big.encode().unwrap_err().status(), 400);
     }

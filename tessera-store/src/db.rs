@@ -282,7 +282,7 @@ impl WriteConnection {
     ) -> Result<T, Error> {
         if !self.conn.is_autocommit() {
             // Left open by a panic inside an earlier transaction.
-            let _ = self.conn.execute_batch("ROLLBACK");
+            let _ = self.run("ROLLBACK");
         }
         if self.allowance.is_spent(now) {
             meter.refused();
@@ -297,7 +297,7 @@ impl WriteConnection {
             }
             error
         };
-        if let Err(error) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(error) = self.run("BEGIN IMMEDIATE") {
             return Err(classify(error.into()));
         }
         let writer = Writer {
@@ -321,7 +321,7 @@ impl WriteConnection {
             meter.refused();
             return Err(Error::storage_quota_exhausted(now));
         }
-        if let Err(error) = self.conn.execute_batch("COMMIT") {
+        if let Err(error) = self.run("COMMIT") {
             self.rollback();
             return Err(classify(error.into()));
         }
@@ -349,11 +349,17 @@ impl WriteConnection {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
     }
 
+    /// Runs a transaction statement, prepared once per connection: every
+    /// write runs `BEGIN IMMEDIATE` and `COMMIT`.
+    fn run(&self, sql: &str) -> rusqlite::Result<()> {
+        self.conn.prepare_cached(sql)?.execute([]).map(drop)
+    }
+
     fn rollback(&self) {
         if !self.conn.is_autocommit() {
             // Failing to roll back leaves nothing to do: SQLite has then
             // already rolled the transaction back itself.
-            let _ = self.conn.execute_batch("ROLLBACK");
+            let _ = self.run("ROLLBACK");
         }
     }
 }

@@ -551,6 +551,11 @@ impl ReadPool {
         Ok(conn)
     }
 
+    /// Where the database lives.
+    pub(crate) fn location(&self) -> &Location {
+        &self.location
+    }
+
     /// Closes the idle connections.
     pub(crate) fn close_idle(&mut self) {
         self.idle.get_mut().clear();

@@ -57,7 +57,6 @@ use crate::wait::QueueSignals;
 /// refused, see [`refuse_writes`](Self::refuse_writes)).
 pub struct Store {
     pub(crate) config: StoreConfig,
-    location: Location,
     writer: Mutex<WriteConnection>,
     readers: ReadPool,
     pub(crate) meter: Meter,
@@ -82,7 +81,7 @@ pub struct Store {
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
-            .field("location", &self.location)
+            .field("location", self.readers.location())
             .field("config", &self.config)
             .field("meter", &self.meter.snapshot())
             .finish_non_exhaustive()
@@ -159,15 +158,10 @@ impl Store {
         writer
             .load_indexes(&schema::table_names())
             .map_err(|error| classify(error.into(), &rules, refusing, now))?;
-        let readers = ReadPool::new(
-            location.clone(),
-            config.busy_timeout(),
-            config.read_connections(),
-        );
+        let readers = ReadPool::new(location, config.busy_timeout(), config.read_connections());
         let observations = ObservationCoalescer::new(config.observation_capacity());
         Ok(Self {
             config,
-            location,
             writer: Mutex::new(writer),
             readers,
             meter,

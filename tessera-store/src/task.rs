@@ -347,20 +347,25 @@ pub(crate) fn load(reader: &Reader<'_>, row: &TaskRow) -> Result<Task, Error> {
     Ok(Task::restore(row.record(attempts)?)?)
 }
 
-/// Loads a task by reference: its row (with the brief if asked) and rules.
-fn load_ref(
-    reader: &Reader<'_>,
-    task: &TaskRef,
-    with_brief: bool,
-) -> Result<(TaskRow, Task), Error> {
-    let row = sql::task_by_ref(
+/// A task's row by reference, with its brief if asked; `404` if none.
+fn find_row(reader: &Reader<'_>, task: &TaskRef, with_brief: bool) -> Result<TaskRow, Error> {
+    sql::task_by_ref(
         reader,
         task.namespace.as_str(),
         task.id.as_str(),
         i64::from(task.version.as_u32()),
         with_brief,
     )?
-    .ok_or_else(|| not_found(task))?;
+    .ok_or_else(|| not_found(task))
+}
+
+/// Loads a task by reference: its row (with the brief if asked) and rules.
+fn load_ref(
+    reader: &Reader<'_>,
+    task: &TaskRef,
+    with_brief: bool,
+) -> Result<(TaskRow, Task), Error> {
+    let row = find_row(reader, task, with_brief)?;
     let loaded = load(reader, &row)?;
     Ok((row, loaded))
 }
@@ -584,7 +589,7 @@ impl Store {
         // A replay is decided on a read connection, so it writes nothing.
         let stored = self
             .read(|reader| {
-                let (row, _) = load_ref(reader, task, false)?;
+                let row = find_row(reader, task, false)?;
                 sql::receipt_by_key(reader, &principal, row.id, key.as_str())?
                     .map(|stored| stored.stored(task))
                     .transpose()
@@ -746,7 +751,7 @@ impl Store {
     ) -> Result<StoredReceipt, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ReadReceipt)?;
         self.perform_read(&scope, |reader| {
-            let (row, _) = load_ref(reader, task, false)?;
+            let row = find_row(reader, task, false)?;
             let stored = sql::receipts_of_attempt(reader, row.id, i64::from(attempt.as_u16()))?
                 .into_iter()
                 .next()

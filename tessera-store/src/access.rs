@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use tessera_audit::{Action, IpHash, Outcome, Resource};
 use tessera_lease::Namespace;
 
-use crate::audit::{ActionScope, insert_event};
+use crate::audit::{ActionScope, Trail, insert_event};
 use crate::error::{Error, corrupt};
 use crate::key::{self, IssuedSecret, KeyId, KeySecret, constant_time_eq};
 use crate::sql::access::{self as sql, KeyRow, NewKey};
@@ -823,7 +823,7 @@ impl Store {
             self.count(&scope, Outcome::Ok);
             return Ok(current.1);
         }
-        self.perform(&scope, now, |writer| {
+        self.perform_or_count(&scope, now, |writer| {
             let (id, mut info) = visible(sql::key_by_key_id(writer, key_id.as_str())?)?;
             match change(&info, now) {
                 Some(KeyChange::Revoke(at)) => {
@@ -834,9 +834,10 @@ impl Store {
                     sql::expire_key(writer, id, millis(at))?;
                     info.expires_at = Some(at);
                 }
-                None => {}
+                // Another request made the same change since the read.
+                None => return Ok((info, Trail::Count(Outcome::Ok))),
             }
-            Ok((info, key_resource(key_id)))
+            Ok((info, Trail::Row(key_resource(key_id))))
         })
     }
 

@@ -93,7 +93,9 @@
 //!   column (0 while an attempt is ready, else the lapse or backoff end)
 //!   and its partial index give the claim order: oldest ready first, then
 //!   lapsed leases and ended backoffs, one index search however many
-//!   tasks wait.
+//!   tasks wait. The store reads its clock at whole milliseconds, the
+//!   precision times are stored at, so a lease or receipt read back (or
+//!   replayed) equals the one first handed out.
 //! - **Claims**: only new claims enter admission, one [`Admission`]
 //!   controller per store behind a `parking_lot` mutex. Thread-per-request
 //!   hosts call the blocking [`Store::claim`]; async hosts drive
@@ -101,7 +103,8 @@
 //!   [`Store::poll_claim_timeout`], [`Store::cancel_claim`] and
 //!   [`Store::finish_claim`] (see `begin_claim` for the driver loop). A
 //!   [`ClaimPermit`] hands its capacity back when dropped, so no error or
-//!   panic leaks it. Empty claims get the idle-pacing `Retry-After`.
+//!   panic leaks it. A [`Claimed`] lease serializes with the artifact key
+//!   its output goes under. Empty claims get the idle-pacing `Retry-After`.
 //! - **Reads**: [`Store::read_task`], [`Store::read_receipt`] (the audit
 //!   row names the run), [`Store::alternatives`], [`Store::health`] (a
 //!   15-second snapshot dropped by any change in the namespace;
@@ -116,7 +119,8 @@
 //!   and only missing tables, indexes and columns are created, so opening an
 //!   up-to-date database writes nothing. A newer [`SCHEMA_VERSION`] is
 //!   refused before anything could write (`journal_mode` included); a damaged
-//!   or foreign file is [`Error::CorruptDatabase`].
+//!   or foreign file is [`Error::CorruptDatabase`]. Dropping a store folds
+//!   its write-ahead log into the file.
 //! - **Access**: keys are `tsk_<key id>_<secret>` with 256 random bits,
 //!   stored as the SHA-256 of the whole key beside the public [`KeyId`].
 //!   [`Store::authenticate`] is one indexed read and a constant-time compare;

@@ -1,10 +1,11 @@
 //! Tessera's store, embedded: a burst of one hundred worker threads claims,
 //! heartbeats and submits through the blocking claim gate on a SQLite file.
 //!
-//! It creates the database (default `tessera-quickstart.db` in the working
-//! directory, or `--db PATH`), an admin key and two worker keys (a heavy
-//! one running 90 threads, a light one running 10), enqueues the tasks,
-//! runs the burst, checks that no task was leased twice and no submission
+//! It opens the database (default `tessera-quickstart.db` in the working
+//! directory, or `--db PATH`; created if missing, never deleted), makes an
+//! admin key and two worker keys (a heavy one running 90 threads, a light
+//! one running 10), enqueues the tasks in a namespace of its own, runs the
+//! burst, checks that no task was leased twice and no submission
 //! was lost, and prints what happened. It exits non-zero if a check fails.
 //!
 //! Run: `cargo run --release --example quickstart [-- --db PATH]`
@@ -43,18 +44,15 @@ struct Tally {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = db_path()?;
-    for suffix in ["", "-wal", "-shm"] {
-        let mut file = path.clone().into_os_string();
-        file.push(suffix);
-        // A previous run's file; this program owns that name.
-        let _ = std::fs::remove_file(file);
-    }
+    // An existing file is opened as it is (nothing is deleted); each run
+    // works in a namespace of its own.
     let store = Store::open(&path, StoreConfig::default())?;
-    println!("database: {}", path.display());
+    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let renders = Namespace::parse(&format!("renders-{}", run.as_millis()))?;
+    println!("database: {}, namespace: {renders}", path.display());
 
     let admin_key = store.create_admin_key("operators")?;
     let admin = store.authenticate(Some(admin_key.secret.expose()))?;
-    let renders = Namespace::parse("renders")?;
     let frames = QueueName::parse("frames")?;
     let worker_spec = |account: &str| {
         KeySpec::keyed(account)

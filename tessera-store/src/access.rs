@@ -708,6 +708,29 @@ impl Store {
         }
     }
 
+    /// Whose rows `caller` reads: `asked`, or by default its own (everyone's,
+    /// `None`, for an admin). Another principal's need an admin key: `403`
+    /// for `refusal`, counted under `scope`.
+    pub(crate) fn rows_of(
+        &self,
+        caller: &Caller,
+        scope: &ActionScope,
+        asked: Option<PrincipalId>,
+        refusal: &str,
+    ) -> Result<Option<PrincipalId>, Error> {
+        match asked {
+            Some(principal) if principal != caller.principal && !caller.is_admin() => {
+                self.count(scope, Outcome::Forbidden);
+                Err(Error::Forbidden {
+                    reason: refusal.to_owned(),
+                })
+            }
+            Some(principal) => Ok(Some(principal)),
+            None if caller.is_admin() => Ok(None),
+            None => Ok(Some(caller.principal)),
+        }
+    }
+
     /// Creates the first admin key, for a host setting a store up: a new
     /// admin principal of `account` with an `admin`-granted key. No caller is
     /// needed, so a host exposes it only to its operator (e.g. a setup
@@ -748,17 +771,12 @@ impl Store {
     /// successful read, audited as `list_keys`.
     pub fn list_keys(&self, caller: &Caller, filter: &KeyFilter) -> Result<Vec<KeyInfo>, Error> {
         let scope = ActionScope::of(caller, None, Action::ListKeys);
-        let principal = match filter.principal {
-            Some(principal) if principal != caller.principal && !caller.is_admin() => {
-                self.count(&scope, Outcome::Forbidden);
-                return Err(Error::Forbidden {
-                    reason: "only an admin lists another principal's keys".to_owned(),
-                });
-            }
-            Some(principal) => Some(principal),
-            None if caller.is_admin() => None,
-            None => Some(caller.principal),
-        };
+        let principal = self.rows_of(
+            caller,
+            &scope,
+            filter.principal,
+            "only an admin lists another principal's keys",
+        )?;
         let after = filter.after.as_ref().map_or("", KeyId::as_str);
         let limit = filter.limit.clamp(1, MAX_KEYS_LISTED) as i64;
         self.perform_read(&scope, |reader| {

@@ -469,17 +469,12 @@ impl Store {
     /// `read_audit`.
     pub fn audit(&self, caller: &Caller, query: &AuditQuery) -> Result<AuditPage, Error> {
         let scope = ActionScope::of(caller, None, Action::ReadAudit);
-        let principal = match query.principal {
-            Some(principal) if principal != caller.principal() && !caller.is_admin() => {
-                self.count(&scope, Outcome::Forbidden);
-                return Err(Error::Forbidden {
-                    reason: "only an admin reads another principal's audit".to_owned(),
-                });
-            }
-            Some(principal) => Some(principal),
-            None if caller.is_admin() => None,
-            None => Some(caller.principal()),
-        };
+        let principal = self.rows_of(
+            caller,
+            &scope,
+            query.principal,
+            "only an admin reads another principal's audit",
+        )?;
         match self.flush_counters() {
             Ok(_) => {}
             Err(error) if error.is_quota_exhausted() => {}

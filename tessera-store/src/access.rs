@@ -610,10 +610,16 @@ impl Store {
     ///
     /// One indexed read; the stored hash is compared in constant time.
     /// Missing, malformed, unknown, expired or revoked keys are all
-    /// `401 unauthorized` and are counted, not audited. The only write is the
-    /// principal's coalesced `last_used_at` (at most once per observation
-    /// interval, at once if its account or kind changed); if storage refuses
-    /// that write the caller is still returned.
+    /// `401 unauthorized` and are counted, not audited.
+    ///
+    /// `last_used_at` reflects the last audited action, at most 60 s
+    /// behind: it is written at most once per observation interval, in the
+    /// transaction of the principal's next audited action (one row there),
+    /// so a request that writes nothing (an empty claim, a denied or failed
+    /// request, a replayed submission) pays nothing for it. Resolving the
+    /// key writes only when the principal's account or kind changed since
+    /// it was last seen (at once, in its own transaction); if storage
+    /// refuses that write the caller is still returned.
     pub fn authenticate(&self, presented: Option<&str>) -> Result<Caller, Error> {
         let now = self.now_utc();
         let deny = |principal: Option<PrincipalId>| {
@@ -859,17 +865,18 @@ impl Store {
         })
     }
 
-    /// Writes `last_used_at` when the coalescing rule says so; a refusal or
+    /// Writes `last_used_at` at once if the caller's account or kind
+    /// changed (see [`authenticate`](Self::authenticate)); a refusal or
     /// failure is ignored (it is an observation, not the activity log), and
-    /// the rule's memory is kept so a refusing storage is not asked again
-    /// within the interval.
+    /// the write is remembered as done so a refusing storage is not asked
+    /// again within the interval.
     fn observe(&self, caller: &Caller, now: DateTime<Utc>) {
-        let snapshot = (caller.account.clone(), caller.kind);
-        let due = self
+        let identity = (caller.account.clone(), caller.kind);
+        let changed = self
             .observations
             .lock()
-            .observe(&caller.principal, &snapshot, now);
-        if due {
+            .resolved(caller.principal, &identity, now);
+        if changed {
             let _ = self.write(|writer| {
                 sql::touch_principal(writer, caller.principal.0, millis(now))?;
                 Ok(())

@@ -15,6 +15,7 @@ use tessera_lease::Namespace;
 use crate::access::{Caller, PrincipalId};
 use crate::db::{Reader, Writer};
 use crate::error::{Error, corrupt};
+use crate::sql::access::touch_principal;
 use crate::sql::audit::{self as sql, CounterRow, EventRow};
 use crate::sql::{from_millis, millis};
 use crate::store::Store;
@@ -121,6 +122,14 @@ pub(crate) fn insert_event(writer: &Writer<'_>, event: &AuditEvent) -> Result<()
         },
     )?;
     Ok(())
+}
+
+/// Writes `principal`'s due `last_used_at` as the transaction's optional
+/// tail: a refusal or failure never fails the action it rides with.
+fn carry_observation(writer: &Writer<'_>, due: Option<PrincipalId>, now: DateTime<Utc>) {
+    if let Some(principal) = due {
+        writer.optional(|writer| touch_principal(writer, principal.get(), millis(now)));
+    }
 }
 
 /// Which audit rows [`Store::audit`] returns.
@@ -289,28 +298,31 @@ impl Store {
 
     /// [`perform`](Self::perform) for an action that may turn out to be a
     /// no-op: `work` says whether it leaves an audit row ([`Trail::Row`],
-    /// written in the same transaction) or is only counted
-    /// ([`Trail::Count`], e.g. a replayed submission or an empty claim,
-    /// which write nothing).
+    /// written in the same transaction, with the principal's
+    /// `last_used_at` if it is due) or is only counted ([`Trail::Count`],
+    /// e.g. a replayed submission or an empty claim, which write nothing).
     pub(crate) fn perform_or_count<T>(
         &self,
         scope: &ActionScope,
         now: DateTime<Utc>,
         work: impl FnOnce(&Writer<'_>) -> Result<(T, Trail), Error>,
     ) -> Result<T, Error> {
-        let result = self.write(|writer| {
+        let due = self.due_observation(scope, now);
+        let result = self.write_with_tail(|writer| {
             let (value, trail) = work(writer)?;
             if let Trail::Row(resource) = &trail {
                 insert_event(writer, &scope.event(now, resource.clone()))?;
+                carry_observation(writer, due, now);
             }
             Ok((value, trail))
         });
         match result {
-            Ok((value, Trail::Row(_))) => {
+            Ok(((value, Trail::Row(_)), carried)) => {
+                self.observed(due, carried, now);
                 self.after_write();
                 Ok(value)
             }
-            Ok((value, Trail::Count(outcome))) => {
+            Ok(((value, Trail::Count(outcome)), _)) => {
                 self.count(scope, outcome);
                 Ok(value)
             }
@@ -321,18 +333,26 @@ impl Store {
         }
     }
 
-    /// Writes the audit row of a read action that already answered. If
-    /// storage refuses the row for a quota, the read still answers and the
-    /// loss is counted as `storage_quota_exhausted` for the action, unless
-    /// the store was opened with strict read audit.
+    /// Writes the audit row of a read action that already answered (with
+    /// the principal's `last_used_at` if it is due). If storage refuses the
+    /// row for a quota, the read still answers and the loss is counted as
+    /// `storage_quota_exhausted` for the action, unless the store was
+    /// opened with strict read audit.
     pub(crate) fn audit_read(
         &self,
         scope: &ActionScope,
         resource: Option<Resource>,
     ) -> Result<(), Error> {
         let now = self.now_utc();
-        match self.write(|writer| insert_event(writer, &scope.event(now, resource))) {
-            Ok(()) => {
+        let due = self.due_observation(scope, now);
+        let result = self.write_with_tail(|writer| {
+            insert_event(writer, &scope.event(now, resource))?;
+            carry_observation(writer, due, now);
+            Ok(())
+        });
+        match result {
+            Ok(((), carried)) => {
+                self.observed(due, carried, now);
                 self.after_write();
                 Ok(())
             }
@@ -344,6 +364,23 @@ impl Store {
                 self.count(scope, error.outcome());
                 Err(error)
             }
+        }
+    }
+
+    /// The principal whose `last_used_at` an audited action of `scope` at
+    /// `now` carries, if it is due (see [`Store::authenticate`]).
+    fn due_observation(&self, scope: &ActionScope, now: DateTime<Utc>) -> Option<PrincipalId> {
+        let principal = scope.principal?;
+        self.observations
+            .lock()
+            .is_due(principal, now)
+            .then_some(principal)
+    }
+
+    /// Records a carried `last_used_at` once its transaction committed.
+    fn observed(&self, due: Option<PrincipalId>, committed: bool, now: DateTime<Utc>) {
+        if let (Some(principal), true) = (due, committed) {
+            self.observations.lock().written(principal, now);
         }
     }
 

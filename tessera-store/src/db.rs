@@ -2,7 +2,7 @@
 //! hooks that meter the writer and let it refuse writes like a provider with
 //! a spent allowance.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -178,7 +178,14 @@ pub(crate) struct WriteConnection {
     /// [`Writer::execute`], learned by the authorizer when it is prepared.
     assignments: AssignmentCache,
     allowance: DailyAllowance,
+    /// Whether the last committed transaction kept its optional tail (see
+    /// [`Writer::optional`]).
+    tail_committed: bool,
 }
+
+/// The savepoint an optional tail runs under.
+const TAIL: &str = "SAVEPOINT optional_tail";
+const TAIL_ROLLBACK: &str = "ROLLBACK TO optional_tail";
 
 impl std::fmt::Debug for WriteConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -219,6 +226,7 @@ impl WriteConnection {
             hooks,
             assignments: RefCell::new(HashMap::new()),
             allowance: DailyAllowance::new(daily_allowance),
+            tail_committed: false,
         })
     }
 
@@ -270,9 +278,17 @@ impl WriteConnection {
         self.allowance.used(now)
     }
 
+    /// Whether the last committed transaction kept its optional tail.
+    pub(crate) fn tail_committed(&self) -> bool {
+        self.tail_committed
+    }
+
     /// Runs `work` in one `BEGIN IMMEDIATE` transaction: committed if it
     /// succeeds and fits the daily allowance, rolled back otherwise. Errors
     /// are classified (quota refusal, corruption) before they are returned.
+    /// An optional tail ([`Writer::optional`]) that alone takes the
+    /// transaction past the allowance is rolled back and the rest
+    /// committed.
     pub(crate) fn transaction<T>(
         &mut self,
         now: DateTime<Utc>,
@@ -289,6 +305,7 @@ impl WriteConnection {
             return Err(Error::storage_quota_exhausted(now));
         }
         self.hooks.pending_rows.store(0, Ordering::Relaxed);
+        self.tail_committed = false;
         let refusing = self.is_refusing();
         let classify = |error: Error| {
             let error = classify(error, rules, refusing, now);
@@ -307,6 +324,7 @@ impl WriteConnection {
             },
             hooks: &self.hooks,
             assignments: &self.assignments,
+            tail: Cell::new(None),
         };
         let value = match work(&writer) {
             Ok(value) => value,
@@ -315,11 +333,23 @@ impl WriteConnection {
                 return Err(classify(error));
             }
         };
-        let rows = self.hooks.pending_rows.load(Ordering::Relaxed);
+        let mut tail = writer.tail.get();
+        let mut rows = self.hooks.pending_rows.load(Ordering::Relaxed);
         if !self.allowance.admits(now, rows) {
-            self.rollback();
-            meter.refused();
-            return Err(Error::storage_quota_exhausted(now));
+            let without = tail.map(|tail_rows| rows.saturating_sub(tail_rows));
+            match without {
+                Some(fewer)
+                    if self.allowance.admits(now, fewer) && self.run(TAIL_ROLLBACK).is_ok() =>
+                {
+                    rows = fewer;
+                    tail = None;
+                }
+                _ => {
+                    self.rollback();
+                    meter.refused();
+                    return Err(Error::storage_quota_exhausted(now));
+                }
+            }
         }
         if let Err(error) = self.run("COMMIT") {
             self.rollback();
@@ -327,6 +357,7 @@ impl WriteConnection {
         }
         self.allowance.record(now, rows);
         meter.committed(rows);
+        self.tail_committed = tail.is_some();
         Ok(value)
     }
 
@@ -453,6 +484,8 @@ pub(crate) struct Writer<'a> {
     reader: Reader<'a>,
     hooks: &'a HookState,
     assignments: &'a AssignmentCache,
+    /// The rows of the optional tail, once one ran.
+    tail: Cell<Option<u64>>,
 }
 
 impl<'a> std::ops::Deref for Writer<'a> {
@@ -486,6 +519,41 @@ impl Writer<'_> {
     /// The row id of the last row inserted on this connection.
     pub(crate) fn last_insert_rowid(&self) -> i64 {
         self.reader.conn.last_insert_rowid()
+    }
+
+    /// Runs `work` as the transaction's optional tail: a write the
+    /// transaction may carry but must never fail for, such as an
+    /// observation. It runs under a savepoint; if it fails, it alone is
+    /// rolled back and the error dropped, and if the transaction fits the
+    /// daily allowance only without it, it is rolled back before the
+    /// commit. It must be the transaction's last write, and there is at
+    /// most one. Returns whether it is part of the transaction so far.
+    pub(crate) fn optional(&self, work: impl FnOnce(&Self) -> rusqlite::Result<()>) -> bool {
+        debug_assert!(self.tail.get().is_none(), "one optional tail");
+        let before = self.hooks.pending_rows.load(Ordering::Relaxed);
+        let run = |sql: &str| {
+            self.reader
+                .conn
+                .prepare_cached(sql)
+                .and_then(|mut statement| statement.execute([]))
+        };
+        if run(TAIL).is_err() {
+            return false;
+        }
+        match work(self) {
+            Ok(()) => {
+                let after = self.hooks.pending_rows.load(Ordering::Relaxed);
+                self.tail.set(Some(after.saturating_sub(before)));
+                true
+            }
+            Err(_) => {
+                // If even this fails, SQLite rolled the whole transaction
+                // back, and the commit reports it.
+                let _ = run(TAIL_ROLLBACK);
+                self.hooks.pending_rows.store(before, Ordering::Relaxed);
+                false
+            }
+        }
     }
 
     /// Runs DDL, counting one row (its `sqlite_master` entry).
@@ -586,12 +654,17 @@ mod tests {
     use chrono::TimeZone;
 
     fn scratch() -> (WriteConnection, Meter) {
+        scratch_with_allowance(0)
+    }
+
+    fn scratch_with_allowance(daily_rows: u64) -> (WriteConnection, Meter) {
         let location = Location::Memory(format!(
             "file:/tessera-db-test-{}?vfs=memdb",
             crate::key::hex(&rand_bytes())
         ));
         let mut writer =
-            WriteConnection::open(&location, Duration::from_secs(1), None, false, 0).unwrap();
+            WriteConnection::open(&location, Duration::from_secs(1), None, false, daily_rows)
+                .unwrap();
         writer
             .connection()
             .execute_batch(
@@ -668,6 +741,79 @@ mod tests {
             .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
             .unwrap();
         assert_eq!(count, 0);
+    }
+
+    fn count(writer: &WriteConnection) -> i64 {
+        writer
+            .connection()
+            .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn an_optional_tail_is_committed_and_metered_with_the_rest() {
+        let (mut writer, meter) = scratch();
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+        let carried = writer
+            .transaction(now, &meter, &QuotaRules::default(), |w| {
+                w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
+                Ok(w.optional(|w| w.execute("UPDATE t SET c = 4", []).map(drop)))
+            })
+            .unwrap();
+        assert!(carried && writer.tail_committed());
+        // The insert (row and two index entries), the tail (row and t_bc).
+        assert_eq!(meter.snapshot().rows_written, 3 + 2);
+    }
+
+    #[test]
+    fn a_failing_optional_tail_is_rolled_back_alone() {
+        let (mut writer, meter) = scratch();
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+        let carried = writer
+            .transaction(now, &meter, &QuotaRules::default(), |w| {
+                w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
+                Ok(w.optional(|w| {
+                    w.execute("INSERT INTO t (a) VALUES (5)", [])?;
+                    w.execute("INSERT INTO missing (a) VALUES (1)", [])
+                        .map(drop)
+                }))
+            })
+            .unwrap();
+        assert!(!carried && !writer.tail_committed());
+        assert_eq!(count(&writer), 1, "the tail's first insert was undone too");
+        assert_eq!(meter.snapshot().rows_written, 3);
+    }
+
+    #[test]
+    fn an_optional_tail_past_the_allowance_is_dropped_and_the_rest_committed() {
+        // Room for one insert (3 rows) and not for its 2-row tail.
+        let (mut writer, meter) = scratch_with_allowance(4);
+        let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+        writer
+            .transaction(now, &meter, &QuotaRules::default(), |w| {
+                w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
+                w.optional(|w| w.execute("UPDATE t SET c = 4", []).map(drop));
+                Ok(())
+            })
+            .unwrap();
+        assert!(!writer.tail_committed());
+        let c: i64 = writer
+            .connection()
+            .query_row("SELECT c FROM t", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(c, 3);
+        assert_eq!(meter.snapshot().rows_written, 3);
+        assert_eq!(writer.allowance_used(now), 3);
+        // Without a tail to give up, a transaction past the allowance is
+        // refused whole.
+        let error = writer
+            .transaction(now, &meter, &QuotaRules::default(), |w| {
+                w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(error.is_quota_exhausted());
+        assert_eq!(count(&writer), 1);
     }
 
     #[test]

@@ -126,7 +126,10 @@
 //!   [`Store::authenticate`] is one indexed read and a constant-time compare;
 //!   [`Caller`] decides grants and scopes; [`Store::recheck`] re-reads a key
 //!   after a wait. Keys are created, listed, revoked and expired through the
-//!   store, each an audited action.
+//!   store, each an audited action. `last_used_at` reflects the last
+//!   audited action, at most 60 s behind: it rides in that action's
+//!   transaction at most once a minute, so a request that writes nothing
+//!   pays nothing for it; a changed account or kind is written at once.
 //! - **Audit**: every successful action writes one row in its own
 //!   transaction; denied, failed and no-op requests are counted in memory and
 //!   written per minute ([`Store::maintain`]) or before an audit read
@@ -156,6 +159,7 @@ mod error;
 mod health;
 mod key;
 mod meter;
+mod observation;
 mod quota;
 mod schema;
 mod session;

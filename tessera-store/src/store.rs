@@ -30,9 +30,8 @@ use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 
 use tessera_admission::MintAllowance;
-use tessera_audit::{AddressHasher, CounterBuffer, ObservationCoalescer};
+use tessera_audit::{AddressHasher, CounterBuffer};
 
-use crate::access::{PrincipalId, PrincipalKind};
 use crate::audit::Retention;
 use crate::claim::Gate;
 use crate::clock::Clock;
@@ -41,6 +40,7 @@ use crate::db::{Location, ReadPool, Reader, WriteConnection, Writer, classify};
 use crate::error::Error;
 use crate::health::HealthCache;
 use crate::meter::{Meter, MeterSnapshot};
+use crate::observation::Observations;
 use crate::quota::QuotaRules;
 use crate::schema;
 use crate::wait::QueueSignals;
@@ -64,8 +64,8 @@ pub struct Store {
     /// Counts of requests that are not audited, waiting to be written.
     pub(crate) counters: Mutex<CounterBuffer>,
     pub(crate) retention: Mutex<Retention>,
-    /// The `last_used_at` coalescing memory: principal to (account, kind).
-    pub(crate) observations: Mutex<ObservationCoalescer<PrincipalId, (String, PrincipalKind)>>,
+    /// When each principal's `last_used_at` is next written.
+    pub(crate) observations: Mutex<Observations>,
     /// Claim admission, idle pacing and the outcomes of waiting claims.
     pub(crate) gate: Gate,
     /// Health snapshots by namespace.
@@ -159,7 +159,7 @@ impl Store {
             .load_indexes(&schema::table_names())
             .map_err(|error| classify(error.into(), &rules, refusing, now))?;
         let readers = ReadPool::new(location, config.busy_timeout(), config.read_connections());
-        let observations = ObservationCoalescer::new(config.observation_capacity());
+        let observations = Observations::new(config.observation_capacity());
         Ok(Self {
             config,
             writer: Mutex::new(writer),
@@ -245,6 +245,18 @@ impl Store {
         self.writer
             .lock()
             .transaction(now, &self.meter, &self.rules, work)
+    }
+
+    /// [`write`](Self::write), also saying whether the transaction
+    /// committed its optional tail ([`Writer::optional`]).
+    pub(crate) fn write_with_tail<T>(
+        &self,
+        work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
+    ) -> Result<(T, bool), Error> {
+        let now = self.now_utc();
+        let mut connection = self.writer.lock();
+        let value = connection.transaction(now, &self.meter, &self.rules, work)?;
+        Ok((value, connection.tail_committed()))
     }
 
     /// Runs `read` on a read connection; errors are classified.

@@ -4,8 +4,11 @@ mod common;
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use common::{Fixture, namespace};
-use tessera_store::{Action, AuditQuery, Error, Grant, KeyFilter, KeyId, KeySpec, Scope};
+use tessera_store::{
+    Action, AuditQuery, Error, Grant, KeyFilter, KeyId, KeySpec, PrincipalId, Scope,
+};
 
 fn assert_unauthorized(result: Result<tessera_store::Caller, Error>) {
     let error = result.unwrap_err();
@@ -234,51 +237,119 @@ fn expiring_a_key_now_stops_it() {
     assert_unauthorized(f.store.authenticate(Some(key.secret.expose())));
 }
 
+/// The worker's `last_used_at` as an admin lists it.
+fn last_used_at(f: &Fixture, principal: PrincipalId) -> Option<DateTime<Utc>> {
+    let filter = KeyFilter {
+        principal: Some(principal),
+        ..KeyFilter::default()
+    };
+    f.store.list_keys(&f.admin, &filter).unwrap()[0].last_used_at
+}
+
 #[test]
-fn last_used_at_is_written_at_most_once_per_interval() {
+fn last_used_at_rides_with_audited_actions_at_most_once_per_interval() {
+    let f = Fixture::new();
+    let key = f.full_worker(Grant::AllNamespaces);
+    let (ns, q) = (namespace("renders"), common::queue("jobs"));
+
+    // Resolving a key writes nothing, first sight included.
+    let (worker, cost) = f
+        .store
+        .measure(|s| s.authenticate(Some(key.secret.expose())));
+    let worker = worker.unwrap();
+    assert_eq!(cost.rows_written, 0);
+    // The first audited action carries it: one row (no index holds
+    // last_used_at) beside the action's own.
+    let (_, cost) = f
+        .store
+        .measure(|s| s.list_keys(&worker, &KeyFilter::default()).unwrap());
+    assert_eq!(cost.rows_written, 3 + 1);
+    assert_eq!(cost.write_transactions, 1, "in the action's transaction");
+    assert_eq!(last_used_at(&f, worker.principal()), Some(common::noon()));
+    // Within the interval audited actions carry nothing, however many.
+    f.clock.advance(Duration::from_secs(10));
+    let task = f.enqueue(&worker, &ns, &q, 1).remove(0);
+    let claimed = f.store.claim(&worker, &ns, &q).unwrap();
+    let token = claimed.claimed().unwrap().lease.token();
+    let upload = tessera_store::IdempotencyKey::parse("upload").unwrap();
+    let output = tessera_store::Output::bytes("done");
+    let (_, cost) = f
+        .store
+        .measure(|s| s.submit(&worker, &task, token, &upload, &output).unwrap());
+    assert_eq!(cost.rows_written, 10, "the submission's rows alone");
+
+    // Due again: requests that write nothing still pay nothing for it.
+    f.clock.advance(Duration::from_secs(60));
+    let (_, cost) = f.store.measure(|s| {
+        let caller = s.authenticate(Some(key.secret.expose())).unwrap();
+        // An empty claim, a replayed submission, a conflict and a denial.
+        assert!(s.claim(&caller, &ns, &q).unwrap().claimed().is_none());
+        let replayed = s.submit(&caller, &task, token, &upload, &output).unwrap();
+        assert!(matches!(replayed, tessera_store::Submitted::Replayed(_)));
+        assert_eq!(
+            s.heartbeat(&caller, &task, token).unwrap_err().status(),
+            409
+        );
+        assert_eq!(
+            s.create_key(&caller, &KeySpec::keyed("x"))
+                .unwrap_err()
+                .status(),
+            403
+        );
+    });
+    assert_eq!((cost.rows_written, cost.write_transactions), (0, 0));
+    assert_eq!(last_used_at(&f, worker.principal()), Some(common::noon()));
+    // The next audited action carries it, with its own time.
+    let (_, cost) = f.store.measure(|s| s.read_task(&worker, &task).unwrap());
+    assert_eq!(cost.rows_written, 3 + 1);
+    assert_eq!(
+        last_used_at(&f, worker.principal()),
+        Some(common::noon() + chrono::TimeDelta::seconds(70))
+    );
+}
+
+/// Renames the principal's account behind the store's back.
+fn rename_account(f: &Fixture, principal: PrincipalId, account: &str) {
+    let conn = rusqlite::Connection::open(f.path()).unwrap();
+    conn.execute(
+        "UPDATE access_principals SET account = ?1 WHERE id = ?2",
+        rusqlite::params![account, principal.get()],
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_changed_account_is_written_at_once() {
     let f = Fixture::new();
     let key = f.worker(Grant::AllNamespaces);
-
-    // First sight of this principal: one row (no index holds last_used_at).
-    let (_, cost) = f
+    let worker = f.login(&key);
+    f.store.list_keys(&worker, &KeyFilter::default()).unwrap();
+    f.clock.advance(Duration::from_secs(5));
+    rename_account(&f, worker.principal(), "globex");
+    // Inside the interval, and with no audited action: written at once.
+    let (caller, cost) = f
         .store
         .measure(|s| s.authenticate(Some(key.secret.expose())));
-    assert_eq!(cost.rows_written, 1);
-    // Within the interval: nothing, however often.
-    for _ in 0..5 {
-        f.clock.advance(Duration::from_secs(10));
-        let (caller, cost) = f
-            .store
-            .measure(|s| s.authenticate(Some(key.secret.expose())));
-        assert!(caller.is_ok());
-        assert_eq!(cost.rows_written, 0);
-    }
-    // The interval has passed: exactly one refresh.
-    f.clock.advance(Duration::from_secs(10));
-    let (_, cost) = f
-        .store
-        .measure(|s| s.authenticate(Some(key.secret.expose())));
-    assert_eq!(cost.rows_written, 1);
-    let listed = f
-        .store
-        .list_keys(
-            &f.admin,
-            &KeyFilter {
-                principal: Some(key.info.principal),
-                ..KeyFilter::default()
-            },
-        )
-        .unwrap();
+    assert_eq!(caller.unwrap().account(), "globex");
+    assert_eq!((cost.rows_written, cost.write_transactions), (1, 1));
     assert_eq!(
-        listed[0].last_used_at,
-        Some(common::noon() + chrono::TimeDelta::seconds(60))
+        last_used_at(&f, worker.principal()),
+        Some(common::noon() + chrono::TimeDelta::seconds(5))
     );
+    // That write starts the interval again: the next audited action
+    // carries nothing.
+    let (_, cost) = f
+        .store
+        .measure(|s| s.list_keys(&worker, &KeyFilter::default()).unwrap());
+    assert_eq!(cost.rows_written, 3);
 }
 
 #[test]
 fn a_refused_last_used_write_does_not_fail_authentication() {
     let f = Fixture::new();
     let key = f.worker(Grant::AllNamespaces);
+    let worker = f.login(&key);
+    rename_account(&f, worker.principal(), "globex");
     f.store.refuse_writes(true);
     let before = f.store.meter();
     let caller = f.store.authenticate(Some(key.secret.expose())).unwrap();
@@ -291,6 +362,38 @@ fn a_refused_last_used_write_does_not_fail_authentication() {
         .store
         .measure(|s| s.authenticate(Some(key.secret.expose())));
     assert_eq!(cost.refused_writes, 0);
+}
+
+#[test]
+fn a_due_last_used_write_past_the_daily_allowance_is_dropped_not_the_action() {
+    // The rows a fixture with one worker has written once its worker key
+    // is made, measured on a store without an allowance.
+    let setup = |allowance: u64| {
+        let f = Fixture::with(|config| config.with_daily_rows_written_allowance(allowance));
+        let key = f.worker(Grant::AllNamespaces);
+        (f, key)
+    };
+    let used = {
+        let (f, _) = setup(0);
+        f.store.rows_written_today()
+    };
+    // Room for exactly one more audit row (3 rows) and not its observation.
+    let (f, key) = setup(used + 3);
+    assert_eq!(f.store.rows_written_today(), used);
+    let worker = f.login(&key);
+    let (listed, cost) = f
+        .store
+        .measure(|s| s.list_keys(&worker, &KeyFilter::default()));
+    assert!(listed.is_ok(), "the action succeeds");
+    assert_eq!((cost.rows_written, cost.refused_writes), (3, 0));
+    assert_eq!(f.store.rows_written_today(), used + 3);
+    // The next day the observation is still due and rides again.
+    let midnight = tessera_store::next_utc_midnight(common::noon());
+    f.clock.set_utc(midnight);
+    let (_, cost) = f
+        .store
+        .measure(|s| s.list_keys(&worker, &KeyFilter::default()).unwrap());
+    assert_eq!(cost.rows_written, 3 + 1);
 }
 
 #[test]

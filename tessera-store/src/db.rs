@@ -3,7 +3,7 @@
 //! a spent allowance.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -56,11 +56,19 @@ impl Location {
     }
 }
 
-/// The `(table, column)` pairs a statement assigns.
-type Assignments = Arc<[(String, String)]>;
+/// What a statement writes, learned by the authorizer as it is prepared.
+#[derive(Debug, Default)]
+struct Effects {
+    /// The `(table, column)` pairs it assigns.
+    assigned: Vec<(String, String)>,
+    /// The tables it inserts into or deletes from.
+    whole_rows: Vec<String>,
+    /// The tables it updates.
+    updated: Vec<String>,
+}
 
-/// What each statement run through [`Writer::execute`] assigns, by SQL text.
-type AssignmentCache = RefCell<HashMap<String, Assignments>>;
+/// What each statement run through [`Writer::execute`] writes, by SQL text.
+type AssignmentCache = RefCell<HashMap<String, Arc<Effects>>>;
 
 /// State shared between the write connection and its SQLite hooks.
 #[derive(Debug, Default)]
@@ -76,10 +84,12 @@ pub(crate) struct HookState {
 struct HookInner {
     /// Each index's columns, by table; loaded from the live schema.
     indexes: HashMap<String, Vec<Vec<String>>>,
-    /// `(table, column)` assignments seen while a statement is prepared.
-    collecting: Option<Vec<(String, String)>>,
-    /// The assignments of the statement being run.
-    running: Option<Assignments>,
+    /// `WITHOUT ROWID` tables, which the update hook does not see.
+    without_rowid: HashSet<String>,
+    /// What the statement being prepared writes, as the authorizer sees it.
+    collecting: Option<Effects>,
+    /// What the statement being run writes.
+    running: Option<Arc<Effects>>,
 }
 
 impl HookState {
@@ -90,12 +100,15 @@ impl HookState {
         };
         let touched = match action {
             Action::SQLITE_UPDATE => match &inner.running {
-                Some(assigned) => indexes
+                Some(effects) => indexes
                     .iter()
                     .filter(|columns| {
-                        columns
-                            .iter()
-                            .any(|column| assigned.iter().any(|(t, c)| t == table && c == column))
+                        columns.iter().any(|column| {
+                            effects
+                                .assigned
+                                .iter()
+                                .any(|(t, c)| t == table && c == column)
+                        })
                     })
                     .count(),
                 None => indexes.len(),
@@ -105,17 +118,55 @@ impl HookState {
         1 + touched as u64
     }
 
-    fn authorize(&self, context: &AuthContext<'_>) -> Authorization {
-        if let AuthAction::Update {
-            table_name,
-            column_name,
-        } = context.action
-        {
-            if let Some(collecting) = self.inner.lock().collecting.as_mut() {
-                collecting.push((table_name.to_owned(), column_name.to_owned()));
+    /// Rows written by the running statement, which changed `changed` rows,
+    /// if it writes a `WITHOUT ROWID` table: the update hook does not see
+    /// those, so each changed row counts as a hooked one would (an upsert
+    /// as an insert, an upper bound).
+    fn unhooked_rows(&self, changed: usize) -> u64 {
+        let unhooked = {
+            let inner = self.inner.lock();
+            let Some(effects) = &inner.running else {
+                return 0;
+            };
+            // A statement writes one table: the store uses no triggers.
+            let inserted = effects
+                .whole_rows
+                .iter()
+                .map(|t| (t, Action::SQLITE_INSERT));
+            let updated = effects.updated.iter().map(|t| (t, Action::SQLITE_UPDATE));
+            inserted
+                .chain(updated)
+                .find(|(table, _)| inner.without_rowid.contains(*table))
+                .map(|(table, action)| (table.clone(), action))
+        };
+        unhooked.map_or(0, |(table, action)| {
+            self.rows_for(action, &table) * changed as u64
+        })
+    }
+
+    fn authorize(&self, context: &AuthAction<'_>) -> Authorization {
+        if let Some(effects) = self.inner.lock().collecting.as_mut() {
+            match *context {
+                AuthAction::Update {
+                    table_name,
+                    column_name,
+                } => {
+                    effects
+                        .assigned
+                        .push((table_name.to_owned(), column_name.to_owned()));
+                    if !effects.updated.iter().any(|t| t == table_name) {
+                        effects.updated.push(table_name.to_owned());
+                    }
+                }
+                AuthAction::Insert { table_name } | AuthAction::Delete { table_name }
+                    if !effects.whole_rows.iter().any(|t| t == table_name) =>
+                {
+                    effects.whole_rows.push(table_name.to_owned());
+                }
+                _ => {}
             }
         }
-        if self.refusing.load(Ordering::Relaxed) && is_write_capable(&context.action) {
+        if self.refusing.load(Ordering::Relaxed) && is_write_capable(context) {
             Authorization::Deny
         } else {
             Authorization::Allow
@@ -174,8 +225,8 @@ fn configure(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<()> 
 pub(crate) struct WriteConnection {
     conn: Connection,
     hooks: Arc<HookState>,
-    /// The `(table, column)` assignments of each statement run through
-    /// [`Writer::execute`], learned by the authorizer when it is prepared.
+    /// What each statement run through [`Writer::execute`] writes, learned
+    /// by the authorizer when it is prepared.
     assignments: AssignmentCache,
     allowance: DailyAllowance,
     /// Whether the last committed transaction kept its optional tail (see
@@ -219,7 +270,7 @@ impl WriteConnection {
         }));
         let for_authorizer = Arc::clone(&hooks);
         conn.authorizer(Some(move |context: AuthContext<'_>| {
-            for_authorizer.authorize(&context)
+            for_authorizer.authorize(&context.action)
         }));
         Ok(Self {
             conn,
@@ -246,16 +297,30 @@ impl WriteConnection {
         self.conn.flush_prepared_statement_cache();
     }
 
-    /// Loads each table's indexes and their columns, for metering.
+    /// Loads each table's indexes and their columns, and which tables are
+    /// `WITHOUT ROWID`, for metering.
     pub(crate) fn load_indexes(&mut self, tables: &[&str]) -> rusqlite::Result<()> {
         let mut indexes = HashMap::new();
+        let mut without_rowid = HashSet::new();
         for table in tables {
             let mut list = Vec::new();
-            let mut statement = self
-                .conn
-                .prepare("SELECT name FROM pragma_index_list(?1)")?;
+            let clustered: bool = self.conn.query_row(
+                "SELECT count(*) FROM pragma_table_list WHERE name = ?1 AND wr = 1",
+                [table],
+                |row| row.get::<_, i64>(0).map(|count| count > 0),
+            )?;
+            if clustered {
+                without_rowid.insert((*table).to_owned());
+            }
+            // A WITHOUT ROWID table's primary key is the table itself, not
+            // an index beside it.
+            let mut statement = self.conn.prepare(
+                "SELECT name FROM pragma_index_list(?1) WHERE NOT (?2 AND origin = 'pk')",
+            )?;
             let names = statement
-                .query_map([table], |row| row.get::<_, String>(0))?
+                .query_map(rusqlite::params![table, clustered], |row| {
+                    row.get::<_, String>(0)
+                })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             for name in names {
                 let mut statement = self
@@ -269,7 +334,9 @@ impl WriteConnection {
             }
             indexes.insert((*table).to_owned(), list);
         }
-        self.hooks.inner.lock().indexes = indexes;
+        let mut inner = self.hooks.inner.lock();
+        inner.indexes = indexes;
+        inner.without_rowid = without_rowid;
         Ok(())
     }
 
@@ -499,13 +566,16 @@ impl<'a> std::ops::Deref for Writer<'a> {
 impl Writer<'_> {
     /// Runs a write statement; returns the number of rows it changed.
     pub(crate) fn execute<P: Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
-        let assigned = self.assignments_of(sql)?;
-        self.hooks.inner.lock().running = Some(assigned);
+        let effects = self.effects_of(sql)?;
+        self.hooks.inner.lock().running = Some(effects);
         let result = self
             .reader
             .conn
             .prepare_cached(sql)
             .and_then(|mut statement| statement.execute(params));
+        if let Ok(changed) = result {
+            self.hooks.add_pending(self.hooks.unhooked_rows(changed));
+        }
         self.hooks.inner.lock().running = None;
         result
     }
@@ -563,11 +633,11 @@ impl Writer<'_> {
         Ok(())
     }
 
-    fn assignments_of(&self, sql: &str) -> rusqlite::Result<Assignments> {
+    fn effects_of(&self, sql: &str) -> rusqlite::Result<Arc<Effects>> {
         if let Some(known) = self.assignments.borrow().get(sql) {
             return Ok(Arc::clone(known));
         }
-        self.hooks.inner.lock().collecting = Some(Vec::new());
+        self.hooks.inner.lock().collecting = Some(Effects::default());
         let prepared = self.reader.conn.prepare_cached(sql).map(drop);
         let collected = self
             .hooks
@@ -577,11 +647,11 @@ impl Writer<'_> {
             .take()
             .unwrap_or_default();
         prepared?;
-        let assigned: Assignments = collected.into();
+        let effects = Arc::new(collected);
         self.assignments
             .borrow_mut()
-            .insert(sql.to_owned(), Arc::clone(&assigned));
-        Ok(assigned)
+            .insert(sql.to_owned(), Arc::clone(&effects));
+        Ok(effects)
     }
 }
 
@@ -670,10 +740,13 @@ mod tests {
             .execute_batch(
                 "CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b INTEGER, c INTEGER);
                  CREATE INDEX t_a ON t (a);
-                 CREATE INDEX t_bc ON t (b, c);",
+                 CREATE INDEX t_bc ON t (b, c);
+                 CREATE TABLE w (k INTEGER, v INTEGER, n INTEGER, PRIMARY KEY (k)) WITHOUT ROWID;
+                 CREATE INDEX w_v ON w (v);
+                 CREATE TABLE bare (k INTEGER PRIMARY KEY, n INTEGER) WITHOUT ROWID;",
             )
             .unwrap();
-        writer.load_indexes(&["t"]).unwrap();
+        writer.load_indexes(&["t", "w", "bare"]).unwrap();
         (writer, Meter::default())
     }
 
@@ -721,6 +794,37 @@ mod tests {
         );
         // Two rows deleted, each with two index entries.
         assert_eq!(rows(&mut writer, &meter, "DELETE FROM t WHERE id > 0"), 6);
+    }
+
+    #[test]
+    fn without_rowid_tables_are_metered_from_the_change_count() {
+        let (mut writer, meter) = scratch();
+        // Its key is the table: a row and its one secondary index entry.
+        assert_eq!(
+            rows(
+                &mut writer,
+                &meter,
+                "INSERT INTO w VALUES (1, 1, 0), (2, 2, 0)"
+            ),
+            2 * 2
+        );
+        assert_eq!(rows(&mut writer, &meter, "UPDATE w SET v = v + 1"), 2 * 2);
+        assert_eq!(rows(&mut writer, &meter, "UPDATE w SET n = 5"), 2);
+        assert_eq!(
+            rows(&mut writer, &meter, "UPDATE w SET n = 6 WHERE k = 9"),
+            0
+        );
+        assert_eq!(rows(&mut writer, &meter, "DELETE FROM w WHERE k = 1"), 2);
+        // Without a secondary index, one row per row, upserts included.
+        let upsert = "INSERT INTO bare VALUES (1, 1) \
+                      ON CONFLICT (k) DO UPDATE SET n = n + excluded.n";
+        assert_eq!(rows(&mut writer, &meter, upsert), 1);
+        assert_eq!(rows(&mut writer, &meter, upsert), 1);
+        let n: i64 = writer
+            .connection()
+            .query_row("SELECT n FROM bare", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(n, 2);
     }
 
     #[test]

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 ///   assigns (a partial index is counted like a full one: an upper bound).
 ///   Creating a schema object counts one row, its `sqlite_master` entry.
 ///   Rolled-back and refused work counts nothing. Measured with SQLite's
-///   update hook on the write connection.
+///   update hook on the write connection, and for `WITHOUT ROWID` tables
+///   (whose key is the table, so a row is one entry), which the hook does
+///   not see, from each statement's change count.
 /// - **Rows read**: rows the store's statements returned to it; a lookup
 ///   that finds nothing reads zero rows.
 ///

@@ -26,13 +26,17 @@ pub const SCHEMA_VERSION: i64 = 1;
 const META_TABLE: &str = "tessera_meta";
 const VERSION_KEY: &str = "schema_version";
 
-/// A table: its columns and table constraints.
+/// A table: its columns and, for a `WITHOUT ROWID` table, its primary key.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Table {
     pub(crate) name: &'static str,
     /// `(name, declaration)`; a column added after a table first shipped
     /// must be nullable or have a constant default.
     pub(crate) columns: &'static [(&'static str, &'static str)],
+    /// The primary key of a `WITHOUT ROWID` table: the table is then one
+    /// b-tree in this order, so a row costs one entry and no index beside
+    /// it. `None` for a rowid table.
+    pub(crate) clustered_key: Option<&'static [&'static str]>,
 }
 
 /// An index on one table.
@@ -47,14 +51,16 @@ pub(crate) struct Index {
     pub(crate) filter: Option<&'static str>,
 }
 
-/// Every table. Tables are rowid tables (the update hook that meters writes
-/// does not see `WITHOUT ROWID` tables) and uniqueness is declared as a
-/// named unique index rather than a column constraint. Times are Unix
-/// milliseconds (`INTEGER`), counters and ids `INTEGER` (signed 64-bit).
+/// Every table. Tables are rowid tables, with uniqueness declared as a
+/// named unique index rather than a column constraint, except where one
+/// key orders every read and write (`access_counters`): that table is
+/// `WITHOUT ROWID`, clustered on its key. Times are Unix milliseconds
+/// (`INTEGER`), counters and ids `INTEGER` (signed 64-bit).
 pub(crate) const TABLES: &[Table] = &[
     Table {
         name: META_TABLE,
         columns: &[("key", "TEXT PRIMARY KEY"), ("value", "TEXT NOT NULL")],
+        clustered_key: None,
     },
     Table {
         name: "access_principals",
@@ -68,6 +74,7 @@ pub(crate) const TABLES: &[Table] = &[
             // Set for anonymous principals only: when retention deletes it.
             ("purge_at", "INTEGER"),
         ],
+        clustered_key: None,
     },
     Table {
         name: "access_keys",
@@ -88,6 +95,7 @@ pub(crate) const TABLES: &[Table] = &[
             ("revoked_at", "INTEGER"),
             ("purge_at", "INTEGER"),
         ],
+        clustered_key: None,
     },
     Table {
         name: "access_limits",
@@ -99,6 +107,7 @@ pub(crate) const TABLES: &[Table] = &[
             ("count", "INTEGER NOT NULL"),
             ("purge_at", "INTEGER"),
         ],
+        clustered_key: None,
     },
     Table {
         name: "access_audit",
@@ -112,11 +121,14 @@ pub(crate) const TABLES: &[Table] = &[
             ("resource", "TEXT"),
             ("ip_hash", "TEXT"),
         ],
+        clustered_key: None,
     },
+    // One row per (minute, principal, namespace, action, outcome): the
+    // flush adds to it, a principal's read and retention search it by
+    // minute.
     Table {
         name: "access_counters",
         columns: &[
-            ("id", "INTEGER PRIMARY KEY"),
             // Minutes since the Unix epoch.
             ("minute", "INTEGER NOT NULL"),
             // '' for a request without a principal.
@@ -126,6 +138,7 @@ pub(crate) const TABLES: &[Table] = &[
             ("outcome", "TEXT NOT NULL"),
             ("count", "INTEGER NOT NULL"),
         ],
+        clustered_key: Some(&["minute", "principal", "namespace", "action", "outcome"]),
     },
     Table {
         name: "namespaces",
@@ -136,6 +149,7 @@ pub(crate) const TABLES: &[Table] = &[
             ("kind", "TEXT NOT NULL"),
             ("created_at", "INTEGER NOT NULL"),
         ],
+        clustered_key: None,
     },
     Table {
         name: "tasks",
@@ -160,6 +174,7 @@ pub(crate) const TABLES: &[Table] = &[
             ("created_at", "INTEGER NOT NULL"),
             ("enqueued_by", "TEXT NOT NULL"),
         ],
+        clustered_key: None,
     },
     Table {
         name: "attempts",
@@ -180,6 +195,7 @@ pub(crate) const TABLES: &[Table] = &[
             ("granted_at", "INTEGER"),
             ("expires_at", "INTEGER"),
         ],
+        clustered_key: None,
     },
     Table {
         name: "receipts",
@@ -196,6 +212,7 @@ pub(crate) const TABLES: &[Table] = &[
             ("accepted_at", "INTEGER NOT NULL"),
             ("output", "BLOB"),
         ],
+        clustered_key: None,
     },
 ];
 
@@ -256,20 +273,6 @@ pub(crate) const INDEXES: &[Index] = &[
         table: "access_audit",
         unique: false,
         columns: &["principal", "at"],
-        filter: None,
-    },
-    Index {
-        name: "access_counters_key",
-        table: "access_counters",
-        unique: true,
-        columns: &["minute", "principal", "namespace", "action", "outcome"],
-        filter: None,
-    },
-    Index {
-        name: "access_counters_principal",
-        table: "access_counters",
-        unique: false,
-        columns: &["principal", "minute"],
         filter: None,
     },
     Index {
@@ -346,7 +349,14 @@ impl Table {
             .map(|(name, declaration)| format!("{name} {declaration}"))
             .collect::<Vec<_>>()
             .join(", ");
-        format!("CREATE TABLE IF NOT EXISTS {} ({columns})", self.name)
+        match self.clustered_key {
+            None => format!("CREATE TABLE IF NOT EXISTS {} ({columns})", self.name),
+            Some(key) => format!(
+                "CREATE TABLE IF NOT EXISTS {} ({columns}, PRIMARY KEY ({})) WITHOUT ROWID",
+                self.name,
+                key.join(", ")
+            ),
+        }
     }
 }
 
@@ -520,6 +530,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn clustered_keys_name_declared_columns() {
+        for table in TABLES {
+            for column in table.clustered_key.unwrap_or_default() {
+                assert!(
+                    table.columns.iter().any(|(name, _)| name == column),
+                    "{}.{column} is not declared",
+                    table.name
+                );
+            }
+        }
+        let counters = TABLES
+            .iter()
+            .find(|table| table.name == "access_counters")
+            .unwrap();
+        assert!(counters.create_sql().ends_with(
+            "PRIMARY KEY (minute, principal, namespace, action, outcome)) WITHOUT ROWID"
+        ));
+        assert!(
+            INDEXES.iter().all(|index| index.table != "access_counters"),
+            "the key is the only order counters need"
+        );
     }
 
     #[test]

@@ -143,3 +143,80 @@ fn reads_hide_expired_rows_and_retention_deletes_them_in_batches() {
     f.clock.advance(Duration::from_secs(1));
     assert!(f.store.maintain().unwrap().retention_ran);
 }
+
+fn count_rows(f: &Fixture, table: &str) -> u64 {
+    let conn = rusqlite::Connection::open(f.path()).unwrap();
+    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| {
+        row.get(0)
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_counter_costs_one_row_and_retention_deletes_counters_in_batches() {
+    let f = Fixture::new();
+    let worker = f.login(&f.worker(Grant::Namespace(namespace("renders"))));
+    // A counter of its own each minute, each written once its minute passed.
+    let minutes = 510;
+    for _ in 0..minutes {
+        assert!(f.store.authenticate(None).is_err());
+        f.clock.advance(Duration::from_secs(60));
+        let (report, cost) = f.store.measure(|s| s.maintain().unwrap());
+        assert_eq!(report.counters_written, 1);
+        assert_eq!(cost.rows_written, 1, "one row and no index entry");
+    }
+    // Adding to a stored counter is one row too.
+    let deny = || {
+        let denied = f
+            .store
+            .authorize(&worker, &namespace("billing"), Scope::Claim, Action::Claim);
+        assert!(denied.is_err());
+    };
+    deny();
+    assert_eq!(
+        f.store
+            .measure(|s| s.flush_counters().unwrap())
+            .1
+            .rows_written,
+        1
+    );
+    deny();
+    assert_eq!(
+        f.store
+            .measure(|s| s.flush_counters().unwrap())
+            .1
+            .rows_written,
+        1
+    );
+    // A caller reads only its own counters, out of every minute's.
+    let own = f.store.audit(&worker, &AuditQuery::default()).unwrap();
+    assert_eq!(own.counters.len(), 1);
+    assert_eq!(own.counters[0].count, 2);
+    assert_eq!(
+        own.counters[0]
+            .key
+            .principal()
+            .map(|p| p.as_str().to_owned()),
+        Some(worker.principal().to_string())
+    );
+    let all = AuditQuery {
+        limit: tessera_store::MAX_AUDIT_ROWS,
+        ..AuditQuery::default()
+    };
+    let everyone = f.store.audit(&f.admin, &all).unwrap();
+    assert_eq!(everyone.counters.len(), minutes + 1);
+
+    f.clock.advance(Duration::from_secs(25 * 3600));
+    let events = count_rows(&f, "access_audit");
+    let counters = count_rows(&f, "access_counters");
+    assert_eq!(counters, minutes as u64 + 1);
+    let (report, cost) = f.store.measure(|s| s.maintain().unwrap());
+    assert!(report.retention_ran);
+    assert_eq!(report.rows_deleted, events + counters);
+    // An event is its row and two index entries, a counter one row.
+    assert_eq!(cost.rows_written, events * 3 + counters);
+    // One short batch each for keys, principals, limits and events, and
+    // the counters in batches of 500 and 11.
+    assert_eq!(cost.write_transactions, 4 + 2);
+    assert_eq!(count_rows(&f, "access_counters"), 0);
+}

@@ -20,8 +20,10 @@ pub(crate) const EVENTS_OF_PRINCIPAL: &str = "SELECT at, principal, namespace, a
 pub(crate) const EVENTS_ALL: &str = "SELECT at, principal, namespace, action, outcome, \
      resource, ip_hash FROM access_audit WHERE at >= ?1 ORDER BY at DESC LIMIT ?2";
 
+/// One principal's counters: a search of the clustered key by minute
+/// (from the retention cutoff on), filtered by principal.
 pub(crate) const COUNTERS_OF_PRINCIPAL: &str = "SELECT minute, principal, namespace, action, \
-     outcome, count FROM access_counters WHERE principal = ?1 AND minute >= ?2 \
+     outcome, count FROM access_counters WHERE minute >= ?2 AND principal = ?1 \
      ORDER BY minute DESC LIMIT ?3";
 
 pub(crate) const COUNTERS_ALL: &str = "SELECT minute, principal, namespace, action, outcome, \
@@ -30,8 +32,12 @@ pub(crate) const COUNTERS_ALL: &str = "SELECT minute, principal, namespace, acti
 pub(crate) const PURGE_EVENTS: &str = "DELETE FROM access_audit WHERE id IN \
      (SELECT id FROM access_audit WHERE at < ?1 ORDER BY at LIMIT ?2)";
 
-pub(crate) const PURGE_COUNTERS: &str = "DELETE FROM access_counters WHERE id IN \
-     (SELECT id FROM access_counters WHERE minute < ?1 ORDER BY minute LIMIT ?2)";
+/// The oldest counters before minute `?1`, at most `?2`, found and deleted
+/// through the clustered key's minute prefix.
+pub(crate) const PURGE_COUNTERS: &str = "DELETE FROM access_counters \
+     WHERE (minute, principal, namespace, action, outcome) IN \
+     (SELECT minute, principal, namespace, action, outcome FROM access_counters \
+     WHERE minute < ?1 ORDER BY minute LIMIT ?2)";
 
 pub(crate) const PURGE_KEYS: &str = "DELETE FROM access_keys WHERE id IN \
      (SELECT id FROM access_keys WHERE purge_at IS NOT NULL AND purge_at <= ?1 \

@@ -277,6 +277,30 @@ mod tests {
     }
 
     #[test]
+    fn counters_are_found_through_their_clustered_key_by_minute() {
+        let plans = plans();
+        for name in [
+            "add to counter",
+            "counters of a principal",
+            "all counters",
+            "purge counters",
+        ] {
+            let (_, lines) = plans.iter().find(|(n, _)| *n == name).unwrap();
+            let plan = lines.join(" | ");
+            if name == "add to counter" {
+                // An insert has no search; its conflict target is the key.
+                assert!(!plan.contains("SCAN"), "{name}: {plan}");
+                continue;
+            }
+            assert!(
+                plan.contains("SEARCH access_counters USING PRIMARY KEY (minute"),
+                "{name}: {plan}"
+            );
+            assert!(!plan.contains("TEMP B-TREE"), "{name}: {plan}");
+        }
+    }
+
+    #[test]
     fn a_full_scan_would_be_caught() {
         let store = Store::open_in_memory(StoreConfig::default()).unwrap();
         let lines = store

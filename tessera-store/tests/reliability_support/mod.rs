@@ -172,8 +172,17 @@ pub fn table_snapshot(path: &Path) -> BTreeMap<String, (u64, [u8; 32])> {
         .unwrap();
     let mut snapshot = BTreeMap::new();
     for table in tables {
+        // A WITHOUT ROWID table has no rowid; it is read in its key order.
+        let clustered: bool = conn
+            .query_row(
+                "SELECT wr FROM pragma_table_list WHERE name = ?1",
+                [&table],
+                |row| row.get(0),
+            )
+            .unwrap();
+        let order = if clustered { "" } else { " ORDER BY rowid" };
         let mut statement = conn
-            .prepare(&format!("SELECT * FROM \"{table}\" ORDER BY rowid"))
+            .prepare(&format!("SELECT * FROM \"{table}\"{order}"))
             .unwrap();
         let columns = statement.column_count();
         let mut rows = statement.query([]).unwrap();

@@ -141,17 +141,20 @@ impl Store {
     ///
     /// Needs the `read` scope and the namespace grant. Served from a
     /// snapshot for up to 15 s (repeats read zero rows), dropped by any
-    /// successful state change in the namespace. Audited as `read_health`;
-    /// like every read it answers while writes are refused.
+    /// successful state change in the namespace.
+    ///
+    /// Not audited: health is an aggregate status read served from that
+    /// snapshot, not a read of a resource, so it writes nothing (no audit
+    /// row, no `last_used_at`) and a success is not counted; a denial or a
+    /// failure is counted as `read_health`. It answers while writes are
+    /// refused.
     pub fn health(&self, caller: &Caller, namespace: &Namespace) -> Result<HealthSnapshot, Error> {
         let scope = self.admit(caller, namespace, Scope::Read, Action::ReadHealth)?;
         if let Some(snapshot) = self.health.fresh(namespace, self.clock().now()) {
-            self.audit_read(&scope, None)?;
             return Ok(snapshot);
         }
-        self.perform_read(&scope, |reader| {
-            Ok((self.refresh_health(reader, namespace)?, None))
-        })
+        self.read(|reader| self.refresh_health(reader, namespace))
+            .inspect_err(|error| self.count(&scope, error.outcome()))
     }
 
     /// The health of a public namespace (see
@@ -160,9 +163,9 @@ impl Store {
     ///
     /// Performs no key, identity or namespace lookup: a namespace that is
     /// not public is `401` at once, a public one is served like
-    /// [`health`](Self::health). Counted, not audited (there is no
-    /// principal to name), so it writes nothing and answers while writes
-    /// are refused.
+    /// [`health`](Self::health). Not audited either; counted, success
+    /// included (there is no principal whose activity it is), so it writes
+    /// nothing and answers while writes are refused.
     pub fn public_health(&self, namespace: &Namespace) -> Result<HealthSnapshot, Error> {
         let scope = ActionScope::new(None, Some(namespace), Action::ReadHealth);
         if !self.config.is_public(namespace) {

@@ -131,9 +131,11 @@
 //!   transaction at most once a minute, so a request that writes nothing
 //!   pays nothing for it; a changed account or kind is written at once.
 //! - **Audit**: every successful action writes one row in its own
-//!   transaction; denied, failed and no-op requests are counted in memory and
-//!   written per minute ([`Store::maintain`]) or before an audit read
-//!   ([`Store::audit`]). Retention deletes rows older than 24 hours, and
+//!   transaction, except a health read ([`Store::health`]): that is an
+//!   aggregate status served from a 15-second snapshot, not a read of a
+//!   resource, so it writes nothing, as the hosted service's does. Denied,
+//!   failed and no-op requests are counted in memory and written per minute
+//!   ([`Store::maintain`]) or before an audit read ([`Store::audit`]). Retention deletes rows older than 24 hours, and
 //!   anonymous principals, their keys and limit rows past their purge time,
 //!   at most every five minutes in batches of 500, through indexes.
 //! - **Storage quota**: `SQLITE_FULL`, a configured daily rows-written

@@ -29,13 +29,15 @@ fn health_counts_states_and_lapsed_leases_and_is_cached_until_a_change() {
     assert_eq!(first.taken_at, common::noon());
     assert!(cost.rows_read > 0 && cost.rows_read <= 3, "{cost:?}");
 
-    // Within 15 s: the same snapshot, zero rows read (the audit row is
-    // still written).
+    // Not audited: the first read wrote nothing and counted nothing.
+    assert_eq!(cost.rows_written, 0);
+    assert_eq!(f.store.pending_counters(), 0);
+
+    // Within 15 s: the same snapshot, zero rows read, nothing written.
     f.clock.advance(Duration::from_secs(10));
     let (repeat, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
     assert_eq!(repeat, first);
-    assert_eq!(cost.rows_read, 0);
-    assert_eq!(cost.rows_written, 3);
+    assert_eq!((cost.rows_read, cost.rows_written), (0, 0));
 
     // A successful state change drops it at once.
     let submitted = f
@@ -69,6 +71,50 @@ fn health_counts_states_and_lapsed_leases_and_is_cached_until_a_change() {
         .advance(HEALTH_SNAPSHOT_TTL - Duration::from_secs(1));
     let (cached, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
     assert_eq!((cached, cost.rows_read), (lapsed, 0));
+}
+
+#[test]
+fn health_is_not_audited_but_its_denials_are_counted() {
+    let f = Fixture::new();
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    f.enqueue(&worker, &ns, &q, 1);
+    f.store.flush_counters().unwrap();
+    // Due for its last_used_at, which a health read still does not write.
+    f.clock.advance(Duration::from_secs(120));
+    let audit_rows = |f: &Fixture| {
+        let page = f
+            .store
+            .audit(&f.admin, &tessera_store::AuditQuery::default())
+            .unwrap();
+        page.events
+            .iter()
+            .filter(|event| event.action == tessera_store::Action::ReadHealth)
+            .count()
+    };
+    let (_, cost) = f.store.measure(|s| s.health(&worker, &ns).unwrap());
+    assert_eq!((cost.rows_written, cost.write_transactions), (0, 0));
+    assert_eq!(audit_rows(&f), 0);
+    // It answers while writes are refused.
+    f.store.refuse_writes(true);
+    f.clock.advance(HEALTH_SNAPSHOT_TTL);
+    assert_eq!(f.store.health(&worker, &ns).unwrap().attempts.ready, 1);
+    f.store.refuse_writes(false);
+    // A denial is counted under read_health.
+    let error = f.store.health(&worker, &namespace("billing")).unwrap_err();
+    assert_eq!(error.status(), 403);
+    let page = f
+        .store
+        .audit(&f.admin, &tessera_store::AuditQuery::default())
+        .unwrap();
+    let denied: Vec<_> = page
+        .counters
+        .iter()
+        .filter(|c| c.key.action() == tessera_store::Action::ReadHealth)
+        .collect();
+    assert_eq!(denied.len(), 1);
+    assert_eq!(denied[0].key.outcome(), tessera_store::Outcome::Forbidden);
+    assert_eq!(denied[0].count, 1);
 }
 
 #[test]

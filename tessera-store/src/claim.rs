@@ -25,11 +25,12 @@ use tessera_lease::{ArtifactKey, Lease, Namespace, QueueName};
 use crate::access::{Caller, PrincipalId, PrincipalKind, Scope};
 use crate::audit::{ActionScope, Trail};
 use crate::clock::Clock;
+use crate::db::Reader;
 use crate::error::Error;
 use crate::sql::millis;
-use crate::sql::tasks as sql;
+use crate::sql::tasks::{self as sql, TaskRow};
 use crate::store::Store;
-use crate::task::{Brief, TaskRef, apply, claimable_at, load};
+use crate::task::{Brief, TaskRef, apply, load, resync};
 
 /// A queue, as idle pacing and long-polls key it.
 pub(crate) type QueueKey = (Namespace, QueueName);
@@ -41,7 +42,7 @@ pub(crate) type QueueKey = (Namespace, QueueName);
 /// driver (e.g. `tokio::sync::Notify::notify_one`).
 pub type ClaimWaker = Arc<dyn Fn() + Send + Sync>;
 
-/// How often the lease transaction skips a task whose stored claim time
+/// How often the lease transaction skips a task whose stored claim times
 /// turned out stale before it reports the queue empty.
 const MAX_PICKS: usize = 4;
 
@@ -471,6 +472,32 @@ fn rate_limited(rejection: &Rejection) -> Error {
     }
 }
 
+/// The task a claim of `queue` takes at `now` (Unix milliseconds), with its
+/// brief: the oldest ready one; otherwise whichever became claimable first,
+/// a lapsed lease or an ended backoff (ties to the older task). Two index
+/// searches, `tasks_claimable` and `attempts_leased`, and the row.
+fn next_claimable(
+    reader: &Reader<'_>,
+    namespace: &Namespace,
+    queue: &QueueName,
+    now: i64,
+) -> Result<Option<TaskRow>, Error> {
+    let (namespace, queue) = (namespace.as_str(), queue.as_str());
+    let indexed = sql::oldest_claimable(reader, namespace, queue, now)?;
+    let indexed_at = indexed
+        .as_ref()
+        .map(|row| (row.claimable_at.unwrap_or(0), row.id));
+    if indexed_at.is_some_and(|(at, _)| at == 0) {
+        return Ok(indexed);
+    }
+    let lapsed = sql::oldest_lapsed(reader, namespace, queue, now)?;
+    match (indexed_at, lapsed) {
+        (Some(first), Some((task, at))) if (at, task) >= first => Ok(indexed),
+        (_, Some((task, _))) => Ok(sql::task_by_id(reader, task, true)?),
+        (_, None) => Ok(indexed),
+    }
+}
+
 impl Store {
     /// Claims the oldest claimable task of `queue` in `namespace`, waiting
     /// for admission if it must: the blocking gate for thread-per-request
@@ -484,7 +511,8 @@ impl Store {
     /// the admission's `max_wait`, or a full waiting room, is
     /// `429 rate_limited` with `Retry-After` and the reason. Then one
     /// `BEGIN IMMEDIATE` transaction takes the oldest claimable task (ready
-    /// ones first, then lapsed leases and ended backoffs), grants its lease
+    /// ones first, then lapsed leases and ended backoffs by when each
+    /// became claimable), grants its lease
     /// under the next fencing token and writes the audit row. An empty
     /// queue writes nothing and returns the idle-pacing `Retry-After`.
     ///
@@ -874,16 +902,14 @@ impl Store {
                 self.open_namespace(writer, caller, namespace, now)?;
             }
             for _ in 0..MAX_PICKS {
-                let Some(mut row) =
-                    sql::oldest_claimable(writer, namespace.as_str(), queue.as_str(), millis(now))?
-                else {
+                let Some(mut row) = next_claimable(writer, namespace, queue, millis(now))? else {
                     break;
                 };
                 let mut rules = load(writer, &row)?;
                 if rules.next_claimable_at(now) != Some(now) {
-                    // The stored claim time was stale; correct it and look
-                    // again.
-                    sql::update_claimable(writer, row.id, claimable_at(rules.record()))?;
+                    // The stored claim times were stale; correct them and
+                    // look again.
+                    resync(writer, row.id, rules.record())?;
                     continue;
                 }
                 let lease = apply(writer, row.id, &mut rules, |rules| {

@@ -108,8 +108,8 @@ impl HealthCache {
 }
 
 /// Takes a snapshot: attempts per state from the `attempts_state` index
-/// and the lapsed leases in one search of `attempts_leased`; no task row,
-/// brief or lease row is read.
+/// and the expired leases from the namespace's `attempts_leased` entries;
+/// no task row, brief or lease row is read.
 fn take(
     reader: &Reader<'_>,
     namespace: &Namespace,

@@ -89,11 +89,15 @@
 //!   competing attempts; `tasks`, `attempts` and `receipts` rows carry
 //!   `tessera-lease`'s records, and every rule ([`Store::heartbeat`],
 //!   [`Store::submit`], [`Store::fail`], [`Store::expire_leases`]) runs on
-//!   them inside one `BEGIN IMMEDIATE` transaction. A `claimable_at`
-//!   column (0 while an attempt is ready, else the lapse or backoff end)
-//!   and its partial index give the claim order: oldest ready first, then
-//!   lapsed leases and ended backoffs, one index search however many
-//!   tasks wait. The store reads its clock at whole milliseconds, the
+//!   them inside one `BEGIN IMMEDIATE` transaction. The claim order is
+//!   oldest ready first, then lapsed leases and ended backoffs by when each
+//!   became claimable, from two index searches however many tasks wait: a
+//!   task's `claimable_at` (0 while an attempt is ready, else its earliest
+//!   backoff end) in the partial `tasks_claimable` index, and each leased
+//!   attempt's lapse time in the partial `attempts_leased` index. A leased
+//!   task is in the first only while it also has an attempt ready or in
+//!   backoff, so a heartbeat rewrites just its attempt's lease entry. The
+//!   store reads its clock at whole milliseconds, the
 //!   precision times are stored at, so a lease or receipt read back (or
 //!   replayed) equals the one first handed out.
 //! - **Claims**: only new claims enter admission, one [`Admission`]

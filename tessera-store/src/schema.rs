@@ -167,9 +167,12 @@ pub(crate) const TABLES: &[Table] = &[
             ("lapse_backoff_ms", "INTEGER NOT NULL"),
             // The highest fencing token granted; 0 before the first.
             ("last_token", "INTEGER NOT NULL"),
-            // When an attempt is next claimable: 0 while one is ready, a
-            // lapse or backoff end otherwise, NULL once every attempt is
-            // done or failed (and the task leaves the claim index).
+            // When an attempt is next claimable without a lease lapsing:
+            // 0 while one is ready, the earliest backoff end otherwise,
+            // NULL while every unfinished attempt is leased or once all are
+            // done or failed (the task is then out of the claim index;
+            // lapsed leases are found through `attempts_leased`, so a
+            // heartbeat never rewrites the task).
             ("claimable_at", "INTEGER"),
             ("created_at", "INTEGER NOT NULL"),
             ("enqueued_by", "TEXT NOT NULL"),
@@ -182,8 +185,10 @@ pub(crate) const TABLES: &[Table] = &[
             ("id", "INTEGER PRIMARY KEY"),
             ("task", "INTEGER NOT NULL"),
             ("number", "INTEGER NOT NULL"),
-            // Copied from the task, so per-namespace reads use an index.
+            // Copied from the task, so per-namespace and per-queue reads
+            // use an index.
             ("namespace", "TEXT NOT NULL"),
+            ("queue", "TEXT NOT NULL"),
             // ready | leased | done | failed | backoff
             ("state", "TEXT NOT NULL"),
             // The end of a backoff.
@@ -194,6 +199,10 @@ pub(crate) const TABLES: &[Table] = &[
             ("token", "INTEGER"),
             ("granted_at", "INTEGER"),
             ("expires_at", "INTEGER"),
+            // While leased: when the lease lapses into being claimable
+            // again, its expiry plus the task's lapse backoff. NULL
+            // otherwise.
+            ("lapses_at", "INTEGER"),
         ],
         clustered_key: None,
     },
@@ -289,8 +298,9 @@ pub(crate) const INDEXES: &[Index] = &[
         columns: &["namespace", "task_id", "version"],
         filter: None,
     },
-    // Claim order: ready tasks (claimable_at 0) oldest first, then lapsed
-    // leases and ended backoffs; finished tasks are not in it.
+    // Claim order: ready tasks (claimable_at 0) oldest first, then ended
+    // backoffs (merged with `attempts_leased`'s lapsed leases by time);
+    // tasks with nothing ready or in backoff are not in it.
     Index {
         name: "tasks_claimable",
         table: "tasks",
@@ -312,12 +322,15 @@ pub(crate) const INDEXES: &[Index] = &[
         columns: &["namespace", "state"],
         filter: None,
     },
-    // Live and lapsed leases only: expired leases in one search.
+    // Live and lapsed leases only, by queue and when each lapses: a claim
+    // finds a queue's oldest lapsed lease in one search, health and expiry
+    // read a namespace's expiries and tasks from the index alone, and a
+    // heartbeat moves only its own entry.
     Index {
         name: "attempts_leased",
         table: "attempts",
         unique: false,
-        columns: &["namespace", "expires_at"],
+        columns: &["namespace", "queue", "lapses_at", "expires_at", "task"],
         filter: Some("state = 'leased'"),
     },
     Index {

@@ -283,8 +283,15 @@ impl AttemptRow {
         })
     }
 
-    fn from_record(record: &AttemptRecord) -> Self {
+    /// The row of `record`, an attempt of a task with `lapse_backoff`.
+    fn from_record(record: &AttemptRecord, lapse_backoff: Duration) -> Self {
         let lease = record.lease.as_ref();
+        let lapses_at = match (record.state, lease) {
+            (TaskState::Leased, Some(lease)) => {
+                Some(millis(lease.expires_at).saturating_add(duration_millis(lapse_backoff)))
+            }
+            _ => None,
+        };
         Self {
             number: i64::from(record.number.as_u16()),
             state: record.state.as_str().to_owned(),
@@ -294,6 +301,7 @@ impl AttemptRow {
             token: lease.map(|l| l.token.as_i64()),
             granted_at: lease.map(|l| millis(l.granted_at)),
             expires_at: lease.map(|l| millis(l.expires_at)),
+            lapses_at,
         }
     }
 }
@@ -322,20 +330,20 @@ impl ReceiptRow {
     }
 }
 
-/// When a task can next be claimed, as the claim index stores it: 0 while
-/// an attempt is ready, the earliest backoff end or lapse otherwise, `None`
-/// once every attempt is done or failed. Mirrors the lease rules' own
-/// claimability, so the index never offers a task the rules refuse.
+/// When a task can next be claimed without a lease lapsing, as the claim
+/// index stores it: 0 while an attempt is ready, the earliest backoff end
+/// otherwise, `None` while every unfinished attempt is leased or once all
+/// are done or failed. A leased attempt's lapse is its row's `lapses_at`
+/// in `attempts_leased` instead, so a heartbeat leaves the task as it is.
+/// With those, the indexes mirror the lease rules' own claimability and
+/// never offer a task the rules refuse.
 pub(crate) fn claimable_at(record: &TaskRecord) -> Option<i64> {
     record
         .attempts
         .iter()
-        .filter_map(|attempt| match (attempt.state, &attempt.lease) {
-            (TaskState::Ready, _) => Some(0),
-            (TaskState::Backoff { until }, _) => Some(millis(until)),
-            (TaskState::Leased, Some(lease)) => {
-                Some(millis(lease.expires_at).saturating_add(duration_millis(record.lapse_backoff)))
-            }
+        .filter_map(|attempt| match attempt.state {
+            TaskState::Ready => Some(0),
+            TaskState::Backoff { until } => Some(millis(until)),
             _ => None,
         })
         .min()
@@ -401,26 +409,45 @@ fn write_changes(
         if old == new {
             continue;
         }
-        let row = AttemptRow::from_record(new);
+        let row = AttemptRow::from_record(new, after.lapse_backoff);
         if old.lease == new.lease && old.tries == new.tries {
             sql::update_attempt_state(writer, id, &row)?;
-        } else if let (Some(expires_at), true) = (
-            row.expires_at,
-            old.state == new.state && old.tries == new.tries && grant(old) == grant(new),
-        ) {
+        } else if row.expires_at.is_some()
+            && old.state == new.state
+            && old.tries == new.tries
+            && grant(old) == grant(new)
+        {
             // Only the expiry moves on a heartbeat.
-            sql::extend_attempt(writer, id, row.number, expires_at)?;
+            sql::extend_attempt(writer, id, &row)?;
         } else {
             sql::update_attempt(writer, id, &row)?;
         }
     }
     let claimable = claimable_at(after);
-    if before.last_token != after.last_token {
-        let token = after.last_token.map_or(0, FencingToken::as_i64);
-        sql::update_task(writer, id, token, claimable)?;
-    } else if claimable_at(before) != claimable {
-        sql::update_claimable(writer, id, claimable)?;
+    let token = after.last_token.map_or(0, FencingToken::as_i64);
+    match (
+        before.last_token != after.last_token,
+        claimable_at(before) != claimable,
+    ) {
+        (true, true) => sql::update_task(writer, id, token, claimable)?,
+        (true, false) => sql::update_token(writer, id, token)?,
+        (false, true) => sql::update_claimable(writer, id, claimable)?,
+        (false, false) => {}
     }
+    Ok(())
+}
+
+/// Rewrites what the claim indexes hold of a task from its record: its
+/// claim time and its leased attempts' lapse times. For stored times the
+/// lease rules disagree with.
+pub(crate) fn resync(writer: &Writer<'_>, id: i64, record: &TaskRecord) -> Result<(), Error> {
+    for attempt in &record.attempts {
+        if attempt.state == TaskState::Leased {
+            let row = AttemptRow::from_record(attempt, record.lapse_backoff);
+            sql::update_attempt(writer, id, &row)?;
+        }
+    }
+    sql::update_claimable(writer, id, claimable_at(record))?;
     Ok(())
 }
 
@@ -530,8 +557,10 @@ impl Store {
     ///
     /// Needs the `claim` scope and the namespace grant. A stale, foreign or
     /// expired token, or a lease that ended, is `409 conflict`; an unknown
-    /// task `404`. Writes the attempt's expiry, the task's claim time and
-    /// the audit row. Never enters claim admission.
+    /// task `404`. Writes the attempt's expiry (its row and its entry in
+    /// the leased-attempts index) and the audit row, never the task row: a
+    /// leased task is out of the claim index, and its lapse is found
+    /// through that entry. Never enters claim admission.
     pub fn heartbeat(
         &self,
         caller: &Caller,
@@ -682,9 +711,10 @@ impl Store {
     /// and returns the tasks changed.
     ///
     /// Optional upkeep for hosts with a timer: a claim already takes over
-    /// a lapsed lease whether or not this ran (the claim index orders by
-    /// when a lease lapses). The lapsed leases are found with one search of
-    /// the partial `attempts_leased` index, never a scan. Not audited.
+    /// a lapsed lease whether or not this ran (it searches leases by when
+    /// they lapse). The expired leases are found by reading the namespace's
+    /// entries in the partial `attempts_leased` index (one per leased
+    /// attempt, never a table scan). Not audited.
     pub fn expire_leases(
         &self,
         namespace: &Namespace,
@@ -699,7 +729,7 @@ impl Store {
             ids.dedup();
             let mut changed = Vec::new();
             for id in ids {
-                let Some(row) = sql::task_by_id(writer, id)? else {
+                let Some(row) = sql::task_by_id(writer, id, false)? else {
                     continue;
                 };
                 let mut rules = load(writer, &row)?;
@@ -827,7 +857,13 @@ fn insert_task(
         return Ok(false);
     };
     for number in 1..=spec.alternatives {
-        sql::insert_attempt(writer, id, i64::from(number), task.namespace.as_str())?;
+        sql::insert_attempt(
+            writer,
+            id,
+            i64::from(number),
+            task.namespace.as_str(),
+            queue.as_str(),
+        )?;
     }
     Ok(true)
 }
@@ -853,12 +889,32 @@ mod tests {
         task.claim(&who, at(0), Duration::from_secs(30)).unwrap();
         assert_eq!(claimable_at(task.record()), Some(0), "attempt 2 is ready");
         let second = task.claim(&who, at(1), Duration::from_secs(30)).unwrap();
-        // Both leased: the first lapse plus the lapse backoff.
-        assert_eq!(claimable_at(task.record()), Some(millis(at(35))));
-        task.fail(&who, second.token(), at(2), Retry::Never)
-            .unwrap();
-        assert_eq!(claimable_at(task.record()), Some(millis(at(35))));
+        // Both leased: out of the claim index; each lease's row holds its
+        // lapse plus the lapse backoff.
+        assert_eq!(claimable_at(task.record()), None);
+        let lapses = |task: &Task| -> Vec<Option<i64>> {
+            task.record()
+                .attempts
+                .iter()
+                .map(|a| AttemptRow::from_record(a, spec.lapse_backoff).lapses_at)
+                .collect()
+        };
+        assert_eq!(
+            lapses(&task),
+            vec![Some(millis(at(35))), Some(millis(at(36)))]
+        );
         assert_eq!(task.next_claimable_at(at(2)), Some(at(35)));
+        // A retry backoff puts it back, at the backoff's end.
+        task.fail(
+            &who,
+            second.token(),
+            at(2),
+            Retry::After(Duration::from_secs(10)),
+        )
+        .unwrap();
+        assert_eq!(claimable_at(task.record()), Some(millis(at(12))));
+        assert_eq!(lapses(&task), vec![Some(millis(at(35))), None]);
+        assert_eq!(task.next_claimable_at(at(2)), Some(at(12)));
     }
 
     #[test]
@@ -872,7 +928,8 @@ mod tests {
         .unwrap();
         task.claim(&who, at(0), Duration::from_secs(30)).unwrap();
         let record = &task.record().attempts[0];
-        let row = AttemptRow::from_record(record);
+        let row = AttemptRow::from_record(record, Duration::ZERO);
+        assert_eq!(row.lapses_at, row.expires_at, "leased, no lapse backoff");
         assert_eq!(&row.record().unwrap(), record);
         let mut broken = row.clone();
         broken.holder = None;

@@ -174,15 +174,16 @@ fn operation_cost_table() {
     row("claim, granted", cost, 2 + 3 + 3);
     let _ = task;
 
-    // Attempt expiry (row + lease index), task claim time (row + index),
-    // audit. (At the claim's own instant the expiry would not move and only
-    // the audit row would be written.)
+    // Attempt expiry (row + lease index), audit; the task row is not
+    // touched, since a leased task is out of the claim index. (At the
+    // claim's own instant the expiry would not move and only the audit row
+    // would be written.)
     f.clock.advance(Duration::from_secs(20));
     let (_, cost) = f.store.measure(|s| {
         s.heartbeat(&worker, &claimed.task, claimed.lease.token())
             .unwrap()
     });
-    row("heartbeat", cost, 2 + 2 + 3);
+    row("heartbeat", cost, 2 + 3);
 
     let output = Output::bytes("rendered");
     let submit_key = IdempotencyKey::parse("upload-1").unwrap();
@@ -196,10 +197,11 @@ fn operation_cost_table() {
         )
         .unwrap()
     };
-    // Receipt (row + 2 indexes), attempt state (row + state index), task
-    // claim time (row + index), audit.
+    // Receipt (row + 2 indexes), attempt state (row + state and lease
+    // indexes), audit; the task, out of the claim index while leased,
+    // stays out.
     let (_, cost) = f.store.measure(submit);
-    row("submit", cost, 3 + 2 + 2 + 3);
+    row("submit", cost, 3 + 3 + 3);
     let (_, cost) = f.store.measure(submit);
     row("submit, replayed", cost, 0);
 
@@ -219,7 +221,9 @@ fn operation_cost_table() {
         )
         .unwrap()
     });
-    row("fail with retry", cost, 2 + 2 + 3);
+    // Attempt state (row + state and lease indexes), the task back in the
+    // claim index at the backoff's end (row + index), audit.
+    row("fail with retry", cost, 3 + 2 + 3);
 
     // The same however long it waits; here it times out at once.
     let (_, cost) = f.store.measure(|s| {

@@ -116,6 +116,10 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::HAS_CLAIMABLE,
     },
     HotStatement {
+        name: "oldest lapsed lease of a queue",
+        sql: tasks::OLDEST_LAPSED,
+    },
+    HotStatement {
         name: "task by reference",
         sql: tasks::TASK_BY_REF,
     },
@@ -126,6 +130,14 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
     HotStatement {
         name: "task by id",
         sql: tasks::TASK_BY_ID,
+    },
+    HotStatement {
+        name: "task with brief by id",
+        sql: tasks::TASK_WITH_BRIEF_BY_ID,
+    },
+    HotStatement {
+        name: "update token",
+        sql: tasks::UPDATE_TOKEN,
     },
     HotStatement {
         name: "update task",
@@ -268,8 +280,23 @@ mod tests {
         assert!(claim.contains("tasks_claimable"), "{claim}");
         // The index order is the claim order: no sort step.
         assert!(!claim.contains("TEMP B-TREE"), "{claim}");
-        let lapsed = plan("count lapsed leases");
-        assert!(lapsed.contains("attempts_leased"), "{lapsed}");
+        // Lapsed leases come from the partial index alone, in lapse order
+        // for a claim; a heartbeat then never touches the task row.
+        for name in [
+            "oldest lapsed lease of a queue",
+            "queue has a claimable task",
+            "count lapsed leases",
+            "lapsed leases",
+        ] {
+            let lapsed = plan(name);
+            let index = if name.starts_with("queue") {
+                "COVERING INDEX tasks_claimable"
+            } else {
+                "COVERING INDEX attempts_leased"
+            };
+            assert!(lapsed.contains(index), "{name}: {lapsed}");
+            assert!(!lapsed.contains("TEMP B-TREE"), "{name}: {lapsed}");
+        }
         let receipt = plan("receipt by idempotency key");
         assert!(receipt.contains("receipts_key"), "{receipt}");
         let attempts = plan("attempts of a task");

@@ -21,24 +21,32 @@ macro_rules! select_tasks {
         concat!(
             "SELECT id, queue, task_id, version, ",
             $brief,
-            ", brief_format, lapse_backoff_ms, last_token, created_at FROM tasks ",
+            ", brief_format, lapse_backoff_ms, last_token, claimable_at, created_at FROM tasks ",
             $tail
         )
     };
 }
 
-/// The oldest claimable task of a queue: ready ones (`claimable_at` 0) in
-/// enqueue order first, then those whose lease lapsed or backoff ended, by
-/// the time they became claimable. One search of `tasks_claimable`.
+/// The first task of a queue in `tasks_claimable` order: ready ones
+/// (`claimable_at` 0) in enqueue order, then those whose backoff ended, by
+/// when it ended. One search of `tasks_claimable`; lapsed leases are in
+/// [`OLDEST_LAPSED`].
 pub(crate) const OLDEST_CLAIMABLE: &str = select_tasks!(
     "brief",
     "WHERE namespace = ?1 AND queue = ?2 AND claimable_at IS NOT NULL \
      AND claimable_at <= ?3 ORDER BY claimable_at, id LIMIT 1"
 );
 
-/// Whether a queue has a claimable task, reading only the index.
+/// Whether a queue has a ready task or an ended backoff, reading only the
+/// index.
 pub(crate) const HAS_CLAIMABLE: &str = "SELECT id FROM tasks WHERE namespace = ?1 AND queue = ?2 \
      AND claimable_at IS NOT NULL AND claimable_at <= ?3 ORDER BY claimable_at, id LIMIT 1";
+
+/// The lease of a queue that lapsed into being claimable first (its task
+/// and when): one search of the partial `attempts_leased` index.
+pub(crate) const OLDEST_LAPSED: &str = "SELECT task, lapses_at FROM attempts \
+     WHERE namespace = ?1 AND queue = ?2 AND state = 'leased' AND lapses_at <= ?3 \
+     ORDER BY lapses_at LIMIT 1";
 
 pub(crate) const TASK_BY_REF: &str = select_tasks!(
     "NULL",
@@ -46,6 +54,8 @@ pub(crate) const TASK_BY_REF: &str = select_tasks!(
 );
 
 pub(crate) const TASK_BY_ID: &str = select_tasks!("NULL", "WHERE id = ?1");
+
+pub(crate) const TASK_WITH_BRIEF_BY_ID: &str = select_tasks!("brief", "WHERE id = ?1");
 
 pub(crate) const TASK_WITH_BRIEF_BY_REF: &str = select_tasks!(
     "brief",
@@ -57,28 +67,28 @@ pub(crate) const UPDATE_TASK: &str =
 
 pub(crate) const UPDATE_CLAIMABLE: &str = "UPDATE tasks SET claimable_at = ?2 WHERE id = ?1";
 
-pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, state, \
-     until_at, tries, holder, token, granted_at, expires_at) \
-     VALUES (?1, ?2, ?3, 'ready', NULL, 0, NULL, NULL, NULL, NULL)";
+pub(crate) const UPDATE_TOKEN: &str = "UPDATE tasks SET last_token = ?2 WHERE id = ?1";
+
+pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, \
+     state, until_at, tries, holder, token, granted_at, expires_at, lapses_at) \
+     VALUES (?1, ?2, ?3, ?4, 'ready', NULL, 0, NULL, NULL, NULL, NULL, NULL)";
 
 pub(crate) const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
-     granted_at, expires_at FROM attempts WHERE task = ?1 ORDER BY number";
+     granted_at, expires_at, lapses_at FROM attempts WHERE task = ?1 ORDER BY number";
 
 pub(crate) const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = ?3, until_at = ?4, \
-     tries = ?5, holder = ?6, token = ?7, granted_at = ?8, expires_at = ?9 \
+     tries = ?5, holder = ?6, token = ?7, granted_at = ?8, expires_at = ?9, lapses_at = ?10 \
      WHERE task = ?1 AND number = ?2";
 
-pub(crate) const UPDATE_ATTEMPT_STATE: &str =
-    "UPDATE attempts SET state = ?3, until_at = ?4 WHERE task = ?1 AND number = ?2";
+pub(crate) const UPDATE_ATTEMPT_STATE: &str = "UPDATE attempts SET state = ?3, until_at = ?4, \
+     lapses_at = ?5 WHERE task = ?1 AND number = ?2";
 
-pub(crate) const EXTEND_ATTEMPT: &str =
-    "UPDATE attempts SET expires_at = ?3 WHERE task = ?1 AND number = ?2";
+pub(crate) const EXTEND_ATTEMPT: &str = "UPDATE attempts SET expires_at = ?3, lapses_at = ?4 \
+     WHERE task = ?1 AND number = ?2";
 
-/// Leased attempts whose lease lapsed, oldest lapse first: one search of
-/// the partial `attempts_leased` index.
+/// Leased attempts of a namespace whose lease expired, at most `?3`.
 pub(crate) const LAPSED_LEASES: &str = "SELECT task FROM attempts \
-     WHERE namespace = ?1 AND state = 'leased' AND expires_at <= ?2 \
-     ORDER BY expires_at LIMIT ?3";
+     WHERE namespace = ?1 AND state = 'leased' AND expires_at <= ?2 LIMIT ?3";
 
 pub(crate) const COUNT_LAPSED_LEASES: &str = "SELECT count(*) FROM attempts \
      WHERE namespace = ?1 AND state = 'leased' AND expires_at <= ?2";
@@ -123,6 +133,7 @@ pub(crate) struct TaskRow {
     pub(crate) brief_format: String,
     pub(crate) lapse_backoff_ms: i64,
     pub(crate) last_token: i64,
+    pub(crate) claimable_at: Option<i64>,
     pub(crate) created_at: i64,
 }
 
@@ -137,7 +148,8 @@ impl TaskRow {
             brief_format: row.get(5)?,
             lapse_backoff_ms: row.get(6)?,
             last_token: row.get(7)?,
-            created_at: row.get(8)?,
+            claimable_at: row.get(8)?,
+            created_at: row.get(9)?,
         })
     }
 }
@@ -168,6 +180,8 @@ pub(crate) struct AttemptRow {
     pub(crate) token: Option<i64>,
     pub(crate) granted_at: Option<i64>,
     pub(crate) expires_at: Option<i64>,
+    /// While leased: the expiry plus the task's lapse backoff.
+    pub(crate) lapses_at: Option<i64>,
 }
 
 impl AttemptRow {
@@ -181,6 +195,7 @@ impl AttemptRow {
             token: row.get(5)?,
             granted_at: row.get(6)?,
             expires_at: row.get(7)?,
+            lapses_at: row.get(8)?,
         })
     }
 }
@@ -253,7 +268,8 @@ pub(crate) fn insert_task(
     Ok((changed == 1).then(|| writer.last_insert_rowid()))
 }
 
-/// The oldest task of a queue claimable at `now`.
+/// The first task of a queue in claim-index order claimable at `now`
+/// (see [`OLDEST_CLAIMABLE`]).
 pub(crate) fn oldest_claimable(
     reader: &Reader<'_>,
     namespace: &str,
@@ -267,18 +283,33 @@ pub(crate) fn oldest_claimable(
     )
 }
 
-/// Whether a queue has a task claimable at `now`.
+/// The task whose lease in a queue lapsed into being claimable first by
+/// `now`, and when (see [`OLDEST_LAPSED`]).
+pub(crate) fn oldest_lapsed(
+    reader: &Reader<'_>,
+    namespace: &str,
+    queue: &str,
+    now: i64,
+) -> rusqlite::Result<Option<(i64, i64)>> {
+    reader.optional(OLDEST_LAPSED, params![namespace, queue, now], |row| {
+        Ok((row.get(0)?, row.get(1)?))
+    })
+}
+
+/// Whether a queue has a task claimable at `now`: a ready attempt, an
+/// ended backoff or a lapsed lease. Two index searches, no table row.
 pub(crate) fn has_claimable(
     reader: &Reader<'_>,
     namespace: &str,
     queue: &str,
     now: i64,
 ) -> rusqlite::Result<bool> {
-    Ok(reader
+    let in_claim_index = reader
         .optional(HAS_CLAIMABLE, params![namespace, queue, now], |row| {
             row.get::<_, i64>(0)
         })?
-        .is_some())
+        .is_some();
+    Ok(in_claim_index || oldest_lapsed(reader, namespace, queue, now)?.is_some())
 }
 
 /// A task by its reference, with its brief if `with_brief`.
@@ -297,9 +328,24 @@ pub(crate) fn task_by_ref(
     reader.optional(sql, params![namespace, task_id, version], TaskRow::from_row)
 }
 
-/// A task by its row id, without its brief.
-pub(crate) fn task_by_id(reader: &Reader<'_>, id: i64) -> rusqlite::Result<Option<TaskRow>> {
-    reader.optional(TASK_BY_ID, [id], TaskRow::from_row)
+/// A task by its row id, with its brief if `with_brief`.
+pub(crate) fn task_by_id(
+    reader: &Reader<'_>,
+    id: i64,
+    with_brief: bool,
+) -> rusqlite::Result<Option<TaskRow>> {
+    let sql = if with_brief {
+        TASK_WITH_BRIEF_BY_ID
+    } else {
+        TASK_BY_ID
+    };
+    reader.optional(sql, [id], TaskRow::from_row)
+}
+
+/// Writes a task's token counter.
+pub(crate) fn update_token(writer: &Writer<'_>, id: i64, last_token: i64) -> rusqlite::Result<()> {
+    writer.execute(UPDATE_TOKEN, params![id, last_token])?;
+    Ok(())
 }
 
 /// Writes a task's token counter and when it is next claimable.
@@ -329,8 +375,9 @@ pub(crate) fn insert_attempt(
     task: i64,
     number: i64,
     namespace: &str,
+    queue: &str,
 ) -> rusqlite::Result<()> {
-    writer.execute(INSERT_ATTEMPT, params![task, number, namespace])?;
+    writer.execute(INSERT_ATTEMPT, params![task, number, namespace, queue])?;
     Ok(())
 }
 
@@ -360,12 +407,14 @@ pub(crate) fn update_attempt(
             row.token,
             row.granted_at,
             row.expires_at,
+            row.lapses_at,
         ],
     )?;
     Ok(())
 }
 
-/// Writes an attempt's state alone.
+/// Writes an attempt's state alone (and its lapse time, which only a
+/// leased attempt has).
 pub(crate) fn update_attempt_state(
     writer: &Writer<'_>,
     task: i64,
@@ -373,23 +422,26 @@ pub(crate) fn update_attempt_state(
 ) -> rusqlite::Result<()> {
     writer.execute(
         UPDATE_ATTEMPT_STATE,
-        params![task, row.number, row.state, row.until_at],
+        params![task, row.number, row.state, row.until_at, row.lapses_at],
     )?;
     Ok(())
 }
 
-/// Writes an attempt's lease expiry alone.
+/// Writes an attempt's lease expiry and lapse time alone: its row and its
+/// `attempts_leased` entry.
 pub(crate) fn extend_attempt(
     writer: &Writer<'_>,
     task: i64,
-    number: i64,
-    expires_at: i64,
+    row: &AttemptRow,
 ) -> rusqlite::Result<()> {
-    writer.execute(EXTEND_ATTEMPT, params![task, number, expires_at])?;
+    writer.execute(
+        EXTEND_ATTEMPT,
+        params![task, row.number, row.expires_at, row.lapses_at],
+    )?;
     Ok(())
 }
 
-/// Tasks with a lapsed lease in a namespace, at most `limit`.
+/// Tasks with an expired lease in a namespace, at most `limit`.
 pub(crate) fn lapsed_leases(
     reader: &Reader<'_>,
     namespace: &str,

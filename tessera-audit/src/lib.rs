@@ -18,7 +18,8 @@
 //!   every five minutes, in batches of 500; readers filter with
 //!   [`visible_since`] so a row awaiting deletion is never shown.
 //! - [`ObservationCoalescer`]: `last_used_at` at most once per
-//!   [`OBSERVATION_INTERVAL`] per principal, a changed account or kind at once.
+//!   [`OBSERVATION_INTERVAL`] per principal, a changed account or kind at once;
+//!   each sighting answers an [`Observation`].
 //! - [`AddressHasher`]: HMAC-SHA-256 of an address group under a key derived
 //!   from a server secret and the UTC day.
 //!
@@ -44,12 +45,14 @@
 //! let event = AuditEvent::new(now, worker.clone(), main.clone(), Action::ReadReceipt)
 //!     .with_resource(Resource::new("run:42")?)
 //!     .with_ip_hash(hasher.hash(&[192, 0, 2, 1], now));
-//! assert!(observations.observe(&worker, &("acme", "keyed"), now)); // first sight: write
+//! // First sight: due, so it rides in the read's audit transaction.
+//! assert_eq!(observations.observe(&worker, &("acme", "keyed"), now), Observation::Due);
+//! observations.written(&worker, now);
 //!
 //! // An empty claim a second later: counted, and last_used_at is coalesced.
 //! let later = now + TimeDelta::seconds(1);
 //! counters.increment(CounterKey::new(later, Some(worker.clone()), main, Action::Claim, Outcome::Empty));
-//! assert!(!observations.observe(&worker, &("acme", "keyed"), later));
+//! assert_eq!(observations.observe(&worker, &("acme", "keyed"), later), Observation::Skip);
 //!
 //! // A minute on, the counter is due; the store writes it and reports back.
 //! let next_minute = now + TimeDelta::minutes(1);
@@ -84,7 +87,7 @@ pub use counter::{Counter, CounterBatch, CounterBuffer, CounterKey, Minute};
 pub use error::Error;
 pub use event::{Action, AuditEvent, Outcome};
 pub use identifier::{Namespace, Principal, Resource};
-pub use observation::{OBSERVATION_INTERVAL, ObservationCoalescer};
+pub use observation::{OBSERVATION_INTERVAL, Observation, ObservationCoalescer};
 pub use retention::{
     RETENTION, RetentionRun, RetentionSchedule, RetentionStep, is_visible, visible_since,
 };

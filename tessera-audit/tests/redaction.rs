@@ -79,6 +79,7 @@ fn a_secret_never_appears_in_any_form() {
 
     let mut coalescer = ObservationCoalescer::new(NonZeroUsize::new(4).unwrap());
     let _ = coalescer.observe(&principal, &("acme", "keyed"), now);
+    coalescer.written(&principal, now);
     let mut schedule = RetentionSchedule::new();
     let run = schedule.start(now + TimeDelta::hours(30)).unwrap();
 

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tessera_audit::{Action, IpHash, Outcome, Resource};
+use tessera_audit::{Action, IpHash, Observation, Outcome, Resource};
 use tessera_lease::Namespace;
 
 use crate::audit::{ActionScope, Trail, insert_event};
@@ -872,11 +872,13 @@ impl Store {
     /// again within the interval.
     fn observe(&self, caller: &Caller, now: DateTime<Utc>) {
         let identity = (caller.account.clone(), caller.kind);
-        let changed = self
+        // Due only for the interval: that write rides with the next
+        // audited action instead.
+        let decision = self
             .observations
             .lock()
-            .resolved(caller.principal, &identity, now);
-        if changed {
+            .observe(&caller.principal, &identity, now);
+        if decision == Observation::Changed {
             let _ = self.write(|writer| {
                 sql::touch_principal(writer, caller.principal.0, millis(now))?;
                 Ok(())
@@ -884,6 +886,9 @@ impl Store {
         }
     }
 }
+
+/// What must be written at once when it changes: account and kind.
+pub(crate) type Identity = (String, PrincipalKind);
 
 enum KeyChange {
     Revoke(DateTime<Utc>),

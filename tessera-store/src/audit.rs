@@ -373,14 +373,14 @@ impl Store {
         let principal = scope.principal?;
         self.observations
             .lock()
-            .is_due(principal, now)
+            .is_due(&principal, now)
             .then_some(principal)
     }
 
     /// Records a carried `last_used_at` once its transaction committed.
     fn observed(&self, due: Option<PrincipalId>, committed: bool, now: DateTime<Utc>) {
         if let (Some(principal), true) = (due, committed) {
-            self.observations.lock().written(principal, now);
+            self.observations.lock().written(&principal, now);
         }
     }
 

@@ -165,7 +165,6 @@ mod error;
 mod health;
 mod key;
 mod meter;
-mod observation;
 mod quota;
 mod schema;
 mod session;

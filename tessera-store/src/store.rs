@@ -30,8 +30,9 @@ use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 
 use tessera_admission::MintAllowance;
-use tessera_audit::{AddressHasher, CounterBuffer};
+use tessera_audit::{AddressHasher, CounterBuffer, ObservationCoalescer};
 
+use crate::access::{Identity, PrincipalId};
 use crate::audit::Retention;
 use crate::claim::Gate;
 use crate::clock::Clock;
@@ -40,7 +41,6 @@ use crate::db::{Location, ReadPool, Reader, WriteConnection, Writer, classify};
 use crate::error::Error;
 use crate::health::HealthCache;
 use crate::meter::{Meter, MeterSnapshot};
-use crate::observation::Observations;
 use crate::quota::QuotaRules;
 use crate::schema;
 use crate::wait::QueueSignals;
@@ -64,8 +64,14 @@ pub struct Store {
     /// Counts of requests that are not audited, waiting to be written.
     pub(crate) counters: Mutex<CounterBuffer>,
     pub(crate) retention: Mutex<Retention>,
-    /// When each principal's `last_used_at` is next written.
-    pub(crate) observations: Mutex<Observations>,
+    /// When each principal's `last_used_at` is next written. A changed
+    /// account or kind ([`Observation::Changed`](tessera_audit::Observation))
+    /// is written when the key is resolved, in a transaction of its own; a
+    /// write due only because the interval passed rides in the transaction
+    /// of the principal's next audited action, so a request that writes
+    /// nothing (an empty claim, a denial, a failure, a replay) never pays a
+    /// row for it.
+    pub(crate) observations: Mutex<ObservationCoalescer<PrincipalId, Identity>>,
     /// Claim admission, idle pacing and the outcomes of waiting claims.
     pub(crate) gate: Gate,
     /// Health snapshots by namespace.
@@ -159,7 +165,7 @@ impl Store {
             .load_indexes(&schema::table_names())
             .map_err(|error| classify(error.into(), &rules, refusing, now))?;
         let readers = ReadPool::new(location, config.busy_timeout(), config.read_connections());
-        let observations = Observations::new(config.observation_capacity());
+        let observations = ObservationCoalescer::new(config.observation_capacity());
         Ok(Self {
             config,
             writer: Mutex::new(writer),

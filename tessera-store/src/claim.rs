@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use tessera_admission::{
     Admission, AdmissionConfig, Event, IdleConfig, IdlePacing, Offer, Permit, Rejection, Stats,
     Ticket,
 };
 use tessera_audit::{Action, Outcome};
-use tessera_lease::{ArtifactKey, Lease, Namespace, QueueName};
+use tessera_lease::{Lease, Namespace, QueueName};
 
 use crate::access::{Caller, PrincipalId, PrincipalKind, Scope};
 use crate::audit::{ActionScope, Trail};
@@ -53,10 +53,8 @@ pub struct Claimed {
     pub task: TaskRef,
     /// The queue it came from.
     pub queue: QueueName,
-    /// The lease: attempt, fencing token, holder and expiry. Serialized
-    /// with its [`artifact`](Lease::artifact) key beside them, so a worker
-    /// reading the JSON knows where to write its output.
-    #[serde(serialize_with = "lease_with_artifact")]
+    /// The lease: attempt, fencing token, holder, expiry and the
+    /// [`artifact`](Lease::artifact) key the output goes under.
     pub lease: Lease,
     /// The task's input.
     pub brief: Brief,
@@ -64,19 +62,6 @@ pub struct Claimed {
     pub waited: Duration,
     /// The admission limit when the claim finished (`X-Claim-Concurrency`).
     pub concurrency_limit: u32,
-}
-
-/// Serializes `lease` with its artifact key as one more field. Reading it
-/// back ignores that field: the lease derives it.
-fn lease_with_artifact<S: Serializer>(lease: &Lease, serializer: S) -> Result<S::Ok, S::Error> {
-    #[derive(Serialize)]
-    struct WithArtifact<'a> {
-        #[serde(flatten)]
-        lease: &'a Lease,
-        artifact: ArtifactKey,
-    }
-    let artifact = lease.artifact();
-    WithArtifact { lease, artifact }.serialize(serializer)
 }
 
 /// What a claim came to.

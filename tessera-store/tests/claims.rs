@@ -443,9 +443,16 @@ fn a_granted_claim_serializes_its_artifact_key_with_the_lease() {
     let expected = format!("{}.a1.t1", claimed.task.id);
     assert_eq!(json["lease"]["artifact"], expected.as_str());
     assert_eq!(claimed.lease.artifact().as_str(), expected);
-    // The key is derived from the lease, so reading it back ignores it.
+    // The key is derived from the lease; reading it back checks it.
     let back: tessera_store::Claimed = serde_json::from_value(json).unwrap();
     assert_eq!(back, claimed);
-    let outcome = serde_json::to_value(ClaimOutcome::Granted(claimed)).unwrap();
+    let outcome = serde_json::to_value(ClaimOutcome::Granted(claimed.clone())).unwrap();
     assert_eq!(outcome["lease"]["artifact"], expected.as_str());
+    // An extended lease names the same key.
+    let extended = f
+        .store
+        .heartbeat(&worker, &claimed.task, claimed.lease.token())
+        .unwrap();
+    let json = serde_json::to_value(&extended).unwrap();
+    assert_eq!(json["artifact"], expected.as_str());
 }

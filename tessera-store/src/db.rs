@@ -82,7 +82,8 @@ pub(crate) struct HookState {
 
 #[derive(Debug, Default)]
 struct HookInner {
-    /// Each index's columns, by table; loaded from the live schema.
+    /// Each index's columns, by table: those it holds and those its
+    /// `WHERE` reads; loaded once from the live schema.
     indexes: HashMap<String, Vec<Vec<String>>>,
     /// `WITHOUT ROWID` tables, which the update hook does not see.
     without_rowid: HashSet<String>,
@@ -176,6 +177,63 @@ impl HookState {
     pub(crate) fn add_pending(&self, rows: u64) {
         self.pending_rows.fetch_add(rows, Ordering::Relaxed);
     }
+}
+
+/// The columns of `table_columns` that the `WHERE` clause of the
+/// `CREATE INDEX` statement `sql` names. String literals are skipped; a
+/// name is matched as SQLite does, ignoring ASCII case.
+fn filter_columns(sql: &str, table_columns: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut in_filter = false;
+    let mut chars = sql.char_indices().peekable();
+    while let Some((start, c)) = chars.next() {
+        let name = match c {
+            '\'' => {
+                // A literal ends at a quote not doubled.
+                while let Some((_, c)) = chars.next() {
+                    if c == '\'' && chars.next_if(|&(_, c)| c == '\'').is_none() {
+                        break;
+                    }
+                }
+                continue;
+            }
+            '"' | '`' | '[' => {
+                let close = if c == '[' { ']' } else { c };
+                let mut name = String::new();
+                for (_, c) in chars.by_ref() {
+                    if c == close {
+                        break;
+                    }
+                    name.push(c);
+                }
+                name
+            }
+            c if c.is_ascii_alphabetic() || c == '_' => {
+                let mut end = start + c.len_utf8();
+                while let Some((i, c)) =
+                    chars.next_if(|&(_, c)| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+                {
+                    end = i + c.len_utf8();
+                }
+                let word = &sql[start..end];
+                if !in_filter {
+                    in_filter = word.eq_ignore_ascii_case("where");
+                    continue;
+                }
+                word.to_owned()
+            }
+            _ => continue,
+        };
+        if let Some(column) = table_columns
+            .iter()
+            .find(|column| in_filter && column.eq_ignore_ascii_case(&name))
+        {
+            if !found.contains(column) {
+                found.push(column.clone());
+            }
+        }
+    }
+    found
 }
 
 /// Whether a statement with this action could change the database, as a
@@ -297,8 +355,9 @@ impl WriteConnection {
         self.conn.flush_prepared_statement_cache();
     }
 
-    /// Loads each table's indexes and their columns, and which tables are
-    /// `WITHOUT ROWID`, for metering.
+    /// Loads, for metering, each table's indexes with the columns whose
+    /// assignment touches them (those they hold, and for a partial index
+    /// those its `WHERE` reads), and which tables are `WITHOUT ROWID`.
     pub(crate) fn load_indexes(&mut self, tables: &[&str]) -> rusqlite::Result<()> {
         let mut indexes = HashMap::new();
         let mut without_rowid = HashSet::new();
@@ -315,21 +374,42 @@ impl WriteConnection {
             // A WITHOUT ROWID table's primary key is the table itself, not
             // an index beside it.
             let mut statement = self.conn.prepare(
-                "SELECT name FROM pragma_index_list(?1) WHERE NOT (?2 AND origin = 'pk')",
+                "SELECT name, partial FROM pragma_index_list(?1) \
+                 WHERE NOT (?2 AND origin = 'pk')",
             )?;
             let names = statement
                 .query_map(rusqlite::params![table, clustered], |row| {
-                    row.get::<_, String>(0)
+                    Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?))
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            for name in names {
+            let mut statement = self
+                .conn
+                .prepare("SELECT name FROM pragma_table_info(?1)")?;
+            let table_columns = statement
+                .query_map([table], |row| row.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            for (name, partial) in names {
                 let mut statement = self
                     .conn
                     .prepare("SELECT name FROM pragma_index_xinfo(?1) WHERE key = 1")?;
-                let columns = statement
+                let mut columns = statement
                     .query_map([&name], |row| row.get::<_, Option<String>>(0))?
                     .filter_map(|column| column.transpose())
                     .collect::<rusqlite::Result<Vec<_>>>()?;
+                if partial {
+                    // Changing a filtered column moves the row into or out
+                    // of the index.
+                    let sql: String = self.conn.query_row(
+                        "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?1",
+                        [&name],
+                        |row| row.get(0),
+                    )?;
+                    for column in filter_columns(&sql, &table_columns) {
+                        if !columns.contains(&column) {
+                            columns.push(column);
+                        }
+                    }
+                }
                 list.push(columns);
             }
             indexes.insert((*table).to_owned(), list);
@@ -743,10 +823,12 @@ mod tests {
                  CREATE INDEX t_bc ON t (b, c);
                  CREATE TABLE w (k INTEGER, v INTEGER, n INTEGER, PRIMARY KEY (k)) WITHOUT ROWID;
                  CREATE INDEX w_v ON w (v);
-                 CREATE TABLE bare (k INTEGER PRIMARY KEY, n INTEGER) WITHOUT ROWID;",
+                 CREATE TABLE bare (k INTEGER PRIMARY KEY, n INTEGER) WITHOUT ROWID;
+                 CREATE TABLE p (id INTEGER PRIMARY KEY, state TEXT, holder TEXT, at INTEGER);
+                 CREATE INDEX p_leased ON p (holder) WHERE \"State\" = 'leased' AND at > 0;",
             )
             .unwrap();
-        writer.load_indexes(&["t", "w", "bare"]).unwrap();
+        writer.load_indexes(&["t", "w", "bare", "p"]).unwrap();
         (writer, Meter::default())
     }
 
@@ -794,6 +876,27 @@ mod tests {
         );
         // Two rows deleted, each with two index entries.
         assert_eq!(rows(&mut writer, &meter, "DELETE FROM t WHERE id > 0"), 6);
+    }
+
+    #[test]
+    fn an_update_of_a_filtered_column_touches_the_partial_index() {
+        let (mut writer, meter) = scratch();
+        let insert = "INSERT INTO p (state, holder, at) VALUES ('ready', NULL, 1)";
+        assert_eq!(rows(&mut writer, &meter, insert), 2);
+        // `state` and `at` are not held by the index, but its WHERE reads
+        // them: the row enters or leaves it.
+        let lease = "UPDATE p SET state = 'leased', holder = 'w' WHERE id = 1";
+        assert_eq!(rows(&mut writer, &meter, lease), 2);
+        assert_eq!(rows(&mut writer, &meter, "UPDATE p SET state = 'done'"), 2);
+        assert_eq!(rows(&mut writer, &meter, "UPDATE p SET at = 2"), 2);
+        assert_eq!(rows(&mut writer, &meter, "UPDATE p SET holder = NULL"), 2);
+        // A literal naming a column is not a read of it.
+        let columns = |names: &[&str]| names.iter().map(|&n| n.to_owned()).collect::<Vec<_>>();
+        let table = columns(&["id", "state", "holder", "leased"]);
+        let sql = "CREATE INDEX x ON p (holder) WHERE [STATE] = 'leased' AND 'it''s id' > `id`";
+        assert_eq!(filter_columns(sql, &table), columns(&["state", "id"]));
+        let sql = "CREATE INDEX holder ON p (state) WHERE holder IS NOT NULL";
+        assert_eq!(filter_columns(sql, &table), columns(&["holder"]));
     }
 
     #[test]

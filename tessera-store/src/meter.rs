@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 ///   committed transaction, plus one per index entry the change touches, as
 ///   storage providers bill them. An insert or delete touches every index of
 ///   its table; an update touches the indexes holding a column the statement
-///   assigns (a partial index is counted like a full one: an upper bound).
+///   assigns, and the partial indexes whose `WHERE` reads one, since the row
+///   may enter or leave them (a partial index is counted like a full one: an
+///   upper bound).
 ///   Creating a schema object counts one row, its `sqlite_master` entry.
 ///   Rolled-back and refused work counts nothing. Measured with SQLite's
 ///   update hook on the write connection, and for `WITHOUT ROWID` tables

@@ -458,14 +458,39 @@ fn missing_ddl(inspection: &Inspection) -> Vec<String> {
     ddl
 }
 
+/// Refuses, before anything is written, a database this build cannot bring
+/// up to date: one from a newer version, or one whose table lacks a column
+/// that `ALTER TABLE ADD COLUMN` cannot add (not null and without a default,
+/// or part of the key), which only an incompatible build leaves behind.
 fn check_version(inspection: &Inspection) -> Result<(), Error> {
-    match inspection.version {
-        Some(found) if found > SCHEMA_VERSION => Err(Error::SchemaTooNew {
+    if let Some(found) = inspection.version.filter(|found| *found > SCHEMA_VERSION) {
+        return Err(Error::SchemaTooNew {
             found,
             supported: SCHEMA_VERSION,
-        }),
-        _ => Ok(()),
+        });
     }
+    for table in TABLES {
+        let Some(existing) = inspection.tables.get(table.name) else {
+            continue;
+        };
+        for (column, declaration) in table.columns {
+            if !existing.contains(*column) && !can_be_added(declaration) {
+                return Err(Error::CorruptDatabase {
+                    reason: format!(
+                        "table {} lacks column {column}, which cannot be added to its rows",
+                        table.name
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn can_be_added(declaration: &str) -> bool {
+    let declaration = declaration.to_ascii_uppercase();
+    !declaration.contains("PRIMARY KEY")
+        && (!declaration.contains("NOT NULL") || declaration.contains("DEFAULT"))
 }
 
 fn is_up_to_date(inspection: &Inspection, ddl: &[String]) -> bool {
@@ -610,6 +635,31 @@ mod tests {
             missing_ddl(&inspection),
             vec!["ALTER TABLE access_keys ADD COLUMN label TEXT NOT NULL DEFAULT ''".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_missing_column_that_cannot_be_added_is_refused() {
+        let mut inspection = Inspection::default();
+        for table in TABLES {
+            let columns = table.columns.iter().map(|(name, _)| (*name).to_owned());
+            inspection
+                .tables
+                .insert(table.name.to_owned(), columns.collect());
+        }
+        inspection
+            .tables
+            .get_mut("access_keys")
+            .unwrap()
+            .remove("label");
+        check_version(&inspection).unwrap();
+        inspection
+            .tables
+            .get_mut("attempts")
+            .unwrap()
+            .remove("queue");
+        let error = check_version(&inspection).unwrap_err();
+        assert_eq!(error.code(), "corrupt_database");
+        assert!(error.to_string().contains("attempts lacks column queue"));
     }
 
     #[test]

@@ -134,8 +134,9 @@
 //!   audited action, at most 60 s behind: it rides in that action's
 //!   transaction at most once a minute, so a request that writes nothing
 //!   pays nothing for it; a changed account or kind is written at once.
-//! - **Audit**: every successful action writes one row in its own
-//!   transaction, except a health read ([`Store::health`]): that is an
+//! - **Audit**: every successful action writes one row (a write in the
+//!   action's own transaction, a read in a short transaction after it
+//!   answers), except a health read ([`Store::health`]): that is an
 //!   aggregate status served from a 15-second snapshot, not a read of a
 //!   resource, so it writes nothing, as the hosted service's does. Denied,
 //!   failed and no-op requests are counted in memory and written per minute

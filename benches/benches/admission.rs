@@ -24,12 +24,11 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use std::hint::black_box;
-use std::sync::Barrier;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tessera_admission::{Admission, AdmissionConfig, Event, Offer, Permit};
+use tessera_benches::on_threads;
 
 /// Each iteration moves time on a little, as real traffic would.
 const STEP: Duration = Duration::from_nanos(100);
@@ -166,42 +165,22 @@ fn full_queue(c: &mut Criterion) {
     group.finish();
 }
 
-/// Runs `work(thread, iterations)` on `THREADS` threads released together,
-/// and returns the time from their common start to the last one's finish.
-fn on_threads(iterations: u64, work: impl Fn(u64, u64) + Sync) -> Duration {
-    const THREADS: u64 = 2;
-    let start = Barrier::new(THREADS as usize);
-    thread::scope(|scope| {
-        let runs: Vec<_> = (0..THREADS)
-            .map(|thread| {
-                let (start, work) = (&start, &work);
-                scope.spawn(move || {
-                    start.wait();
-                    let began = Instant::now();
-                    work(thread, iterations);
-                    (began, Instant::now())
-                })
-            })
-            .collect();
-        let spans: Vec<(Instant, Instant)> =
-            runs.into_iter().map(|run| run.join().unwrap()).collect();
-        let began = spans.iter().map(|span| span.0).min().unwrap();
-        let ended = spans.iter().map(|span| span.1).max().unwrap();
-        ended - began
-    })
-}
-
 fn shared(c: &mut Criterion) {
     let mut group = c.benchmark_group("shared_2_threads");
     let counter = parking_lot::Mutex::new(0u32);
     group.bench_function("mutex_counter", |b| {
         b.iter_custom(|iterations| {
-            on_threads(iterations, |_, iterations| {
-                for _ in 0..iterations {
-                    *black_box(&counter).lock() += 1;
-                    *black_box(&counter).lock() -= 1;
-                }
-            })
+            on_threads(
+                2,
+                iterations,
+                |_, n| n,
+                |_, iterations| {
+                    for _ in 0..iterations {
+                        *black_box(&counter).lock() += 1;
+                        *black_box(&counter).lock() -= 1;
+                    }
+                },
+            )
         })
     });
     let mut origin = Instant::now();
@@ -212,14 +191,19 @@ fn shared(c: &mut Criterion) {
             // the controller takes the latest instant either has shown it.
             let start = origin;
             origin += STEP * u32::try_from(iterations).unwrap_or(u32::MAX);
-            on_threads(iterations, |thread, iterations| {
-                let mut now = start;
-                for _ in 0..iterations {
-                    now += STEP;
-                    let permit = admitted(gate.lock().offer(black_box(thread), now));
-                    gate.lock().release(permit, now);
-                }
-            })
+            on_threads(
+                2,
+                iterations,
+                |_, n| n,
+                |thread, iterations| {
+                    let mut now = start;
+                    for _ in 0..iterations {
+                        now += STEP;
+                        let permit = admitted(gate.lock().offer(black_box(thread), now));
+                        gate.lock().release(permit, now);
+                    }
+                },
+            )
         })
     });
     assert_eq!(gate.lock().stats().in_flight, 0);

@@ -42,13 +42,13 @@
 
 use std::hint::black_box;
 use std::path::Path;
-use std::sync::{Arc, Barrier};
-use std::thread;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rusqlite::Connection;
 use tempfile::TempDir;
+use tessera_benches::on_threads;
 use tessera_store::{
     Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, IdempotencyKey, KeySpec,
     ManualClock, Namespace, Output, QueueName, Scope, Store, StoreConfig, Submitted, TaskRef,
@@ -265,36 +265,6 @@ fn one_thread(c: &mut Criterion) {
     group.finish();
 }
 
-/// Runs `work(thread, iterations)` on `THREADS` threads released together,
-/// after each ran `prepare(thread, iterations)`, and returns the time from
-/// their common start to the last one's finish.
-fn on_threads<T: Send>(
-    iterations: u64,
-    prepare: impl Fn(usize, u64) -> T + Sync,
-    work: impl Fn(usize, T) + Sync,
-) -> Duration {
-    let start = Barrier::new(THREADS);
-    thread::scope(|scope| {
-        let runs: Vec<_> = (0..THREADS)
-            .map(|thread| {
-                let (start, prepare, work) = (&start, &prepare, &work);
-                scope.spawn(move || {
-                    let prepared = prepare(thread, iterations);
-                    start.wait();
-                    let began = Instant::now();
-                    work(thread, prepared);
-                    (began, Instant::now())
-                })
-            })
-            .collect();
-        let spans: Vec<(Instant, Instant)> =
-            runs.into_iter().map(|run| run.join().unwrap()).collect();
-        let began = spans.iter().map(|span| span.0).min().unwrap();
-        let ended = spans.iter().map(|span| span.1).max().unwrap();
-        ended - began
-    })
-}
-
 fn two_threads(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let baseline = parking_lot::Mutex::new(MinimalCommit::open(&dir.path().join("baseline.db")));
@@ -305,6 +275,7 @@ fn two_threads(c: &mut Criterion) {
     group.bench_function("minimal_commit", |b| {
         b.iter_custom(|iterations| {
             on_threads(
+                THREADS,
                 iterations,
                 |_, iterations| iterations,
                 |_, iterations| {
@@ -319,6 +290,7 @@ fn two_threads(c: &mut Criterion) {
     group.bench_function("enqueue", |b| {
         b.iter_custom(|iterations| {
             on_threads(
+                THREADS,
                 iterations,
                 |_, iterations| iterations,
                 |t, iterations| {
@@ -333,6 +305,7 @@ fn two_threads(c: &mut Criterion) {
     group.bench_function("claim", |b| {
         b.iter_custom(|iterations| {
             on_threads(
+                THREADS,
                 iterations,
                 |t, iterations| {
                     for _ in 0..iterations {
@@ -359,6 +332,7 @@ fn two_threads(c: &mut Criterion) {
     group.bench_function("heartbeat", |b| {
         b.iter_custom(|iterations| {
             on_threads(
+                THREADS,
                 iterations,
                 |_, iterations| iterations,
                 |t, iterations| {
@@ -375,6 +349,7 @@ fn two_threads(c: &mut Criterion) {
         b.iter_custom(|iterations| {
             sample += 1;
             on_threads(
+                THREADS,
                 iterations,
                 |t, iterations| {
                     (0..iterations)
@@ -400,6 +375,7 @@ fn two_threads(c: &mut Criterion) {
         b.iter_custom(|iterations| {
             sample += 1;
             on_threads(
+                THREADS,
                 iterations,
                 |_, iterations| iterations,
                 |t, iterations| {

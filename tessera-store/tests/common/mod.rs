@@ -36,8 +36,13 @@ impl Fixture {
     }
 
     pub fn with(configure: impl FnOnce(StoreConfig) -> StoreConfig) -> Self {
+        Self::at(noon(), configure)
+    }
+
+    /// A fixture whose clock starts at `start`.
+    pub fn at(start: DateTime<Utc>, configure: impl FnOnce(StoreConfig) -> StoreConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(noon());
+        let clock = ManualClock::new(start);
         let config = configure(StoreConfig::default().with_clock(Arc::new(clock.clone())));
         let store = Store::open(dir.path().join("tessera.db"), config).unwrap();
         let admin_key = store.create_admin_key("operators").unwrap();

@@ -11,27 +11,22 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use sha2::{Digest as _, Sha256};
-use tempfile::TempDir;
 use tessera_store::{
     Caller, ClaimOutcome, EnqueueOptions, FencingToken, Grant, IdempotencyKey, IssuedKey, KeySpec,
     ManualClock, Namespace, Output, QueueName, Retry, Scope, Store, StoreConfig, Submitted, TaskId,
     TaskRef,
 };
 
-/// 2026-10-29 12:00:00 UTC.
-pub fn noon() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap()
-}
+#[path = "../common/mod.rs"]
+mod common;
 
-pub fn namespace(name: &str) -> Namespace {
-    Namespace::parse(name).unwrap()
-}
-
-pub fn queue(name: &str) -> QueueName {
-    QueueName::parse(name).unwrap()
-}
+/// A store on a fresh file, a manual clock and an admin.
+pub use common::Fixture as Setup;
+// Each test binary uses its own part of the shared set-up.
+#[allow(unused_imports)]
+pub use common::{namespace, noon, queue};
 
 /// The task id of task number `n`: `t-00042`.
 pub fn task_id(n: usize) -> TaskId {
@@ -43,40 +38,7 @@ pub fn task_number(id: &str) -> usize {
     id.strip_prefix("t-").unwrap().parse().unwrap()
 }
 
-/// A store on a fresh file, a manual clock and an admin.
-pub struct Setup {
-    pub dir: TempDir,
-    pub clock: ManualClock,
-    pub store: Store,
-    pub admin_key: IssuedKey,
-    pub admin: Caller,
-}
-
 impl Setup {
-    pub fn new() -> Self {
-        Self::at(noon(), |config| config)
-    }
-
-    pub fn at(start: DateTime<Utc>, configure: impl FnOnce(StoreConfig) -> StoreConfig) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let clock = ManualClock::new(start);
-        let config = configure(StoreConfig::default().with_clock(Arc::new(clock.clone())));
-        let store = Store::open(dir.path().join("tessera.db"), config).unwrap();
-        let admin_key = store.create_admin_key("operators").unwrap();
-        let admin = store.authenticate(Some(admin_key.secret.expose())).unwrap();
-        Self {
-            dir,
-            clock,
-            store,
-            admin_key,
-            admin,
-        }
-    }
-
-    pub fn path(&self) -> PathBuf {
-        self.dir.path().join("tessera.db")
-    }
-
     /// The store's default settings on this setup's clock.
     pub fn config(&self) -> StoreConfig {
         StoreConfig::default().with_clock(Arc::new(self.clock.clone()))
@@ -100,10 +62,6 @@ impl Setup {
                     .with_grant(grant),
             )
             .unwrap()
-    }
-
-    pub fn login(&self, key: &IssuedKey) -> Caller {
-        self.store.authenticate(Some(key.secret.expose())).unwrap()
     }
 
     /// Enqueues tasks `from..to` (ids from [`task_id`]) with small JSON

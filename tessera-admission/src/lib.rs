@@ -13,7 +13,8 @@
 //! # Sans-IO
 //!
 //! Nothing in this crate reads a clock, sleeps, spawns or does I/O: all time
-//! is external input (`now: Instant`), and outputs are pulled. The host
+//! is external input (`now: Instant`, or `now: DateTime<Utc>` for the rules
+//! that count UTC hours and days), and outputs are pulled. The host
 //! decides how to share a controller or a policy (each is `&mut self` and
 //! `Send`): behind a mutex in a thread-per-request server, in one task of an
 //! async one.
@@ -151,6 +152,17 @@
 //! # Ok::<(), tessera_admission::ConfigError>(())
 //! ```
 //!
+//! Three pure rules complete the set, each time-as-an-argument with the
+//! wall clock (`now: DateTime<Utc>`), since what they count is persisted or
+//! resets at UTC boundaries:
+//!
+//! - [`AddressWindow`]: the durable per-address mint limit's fixed UTC hour;
+//!   it decides from the count a store keeps for the window.
+//! - [`DailyRowAllowance`]: a configured number of rows written per UTC day
+//!   (0: off), reset at [`next_utc_midnight`].
+//! - [`retry_after_seconds`]: a wait as a `Retry-After` value, in whole
+//!   seconds, rounded up, at least 1.
+//!
 //! Every setting is checked when a controller or policy is built; a bad one
 //! is a [`ConfigError`] naming it, the crate's one error type.
 
@@ -158,6 +170,7 @@ mod address;
 mod admission;
 mod aimd;
 mod config;
+mod daily;
 mod error;
 mod idle;
 mod mint;
@@ -179,7 +192,13 @@ pub use idle::{IDLE_HINTS, IdleConfig, IdlePacing};
 
 // The anonymous session mint allowance and address grouping.
 pub use address::AddressGroup;
-pub use mint::{MintAllowance, MintConfig, MintDecision, MintRefusal};
+pub use mint::{AddressWindow, MintAllowance, MintConfig, MintDecision, MintRefusal};
+
+// The daily rows-written allowance and the midnight it resets at.
+pub use daily::{DailyRowAllowance, next_utc_midnight};
+
+// The rounding of every `Retry-After`.
+pub use seconds::retry_after_seconds;
 
 // The one error type.
 pub use error::ConfigError;

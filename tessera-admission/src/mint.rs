@@ -42,6 +42,14 @@
 //! mint again early. With `address_capacity >= per_hour` (the defaults) that
 //! never happens.
 //!
+//! # Durable per-address window
+//!
+//! The limits above live in process memory. A store also keeps a durable
+//! count per address group and fixed UTC clock hour, so a restart does not
+//! reset the per-address limit: [`AddressWindow`] names the hour a mint falls
+//! in and decides from the stored count; the store only reads and bumps the
+//! count row.
+//!
 //! # Refusals
 //!
 //! A refusal carries a `Retry-After` in whole seconds, rounded up, at least
@@ -55,6 +63,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::{AddressGroup, ConfigError, seconds};
@@ -121,7 +130,9 @@ impl MintConfig {
 #[must_use]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MintDecision {
-    /// Mint the session; both allowances have been charged for it.
+    /// Mint the session. From [`MintAllowance::check`], both allowances
+    /// have been charged for it; from [`AddressWindow::check`], the store
+    /// bumps the window's stored count as it mints.
     Allowed,
     /// Do not mint; nothing was charged.
     Refused {
@@ -274,6 +285,91 @@ impl MintAllowance {
     /// The settings this allowance was built with.
     pub fn config(&self) -> &MintConfig {
         &self.config
+    }
+}
+
+/// The fixed UTC clock hour `[start, end)` of the durable per-address mint
+/// limit: a store keeps one count per address group and window (keyed by
+/// [`start`](Self::start), purged after [`end`](Self::end)), so the limit
+/// survives a restart.
+///
+/// Unlike [`MintAllowance`]'s sliding hour, a fixed window lets up to twice
+/// the limit through across an hour boundary; it is the durable backstop,
+/// the in-memory limit the precise one.
+///
+/// ```
+/// use std::time::Duration;
+/// use chrono::{TimeZone, Utc};
+/// use tessera_admission::{AddressWindow, MintDecision, MintRefusal};
+///
+/// let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 59, 30).unwrap();
+/// let window = AddressWindow::containing(now);
+/// assert_eq!(window.start(), Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap());
+/// assert_eq!(window.end(), Utc.with_ymd_and_hms(2026, 10, 29, 13, 0, 0).unwrap());
+/// // SELECT count FROM access_limits WHERE subject = ? AND window_start = ?
+/// assert_eq!(window.check(9, 10, now), MintDecision::Allowed);
+/// assert_eq!(
+///     window.check(10, 10, now),
+///     MintDecision::Refused { retry_after: Duration::from_secs(30), reason: MintRefusal::Address }
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AddressWindow {
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+}
+
+impl AddressWindow {
+    /// The length of a window: one hour.
+    pub const LENGTH: TimeDelta = TimeDelta::hours(1);
+
+    /// The window `now` falls in: from the start of its UTC hour to the
+    /// start of the next (the last representable time if that is past the
+    /// end of `DateTime`).
+    #[must_use]
+    pub fn containing(now: DateTime<Utc>) -> Self {
+        let hour = Self::LENGTH.num_seconds();
+        let start = DateTime::from_timestamp(now.timestamp().div_euclid(hour) * hour, 0)
+            .expect("an hour's start is no earlier than a time in range");
+        let end = start
+            .checked_add_signed(Self::LENGTH)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        Self { start, end }
+    }
+
+    /// The first instant of the window; the key of its stored count.
+    #[must_use]
+    pub fn start(&self) -> DateTime<Utc> {
+        self.start
+    }
+
+    /// The first instant after the window, when its count stops mattering.
+    #[must_use]
+    pub fn end(&self) -> DateTime<Utc> {
+        self.end
+    }
+
+    /// Decides a mint at `now` (inside the window) from the `stored` count
+    /// of the group's mints in it: allowed while `stored` is below
+    /// `per_address_per_hour` ([`MintConfig::per_address_per_hour`]);
+    /// otherwise refused for [`MintRefusal::Address`] until the window ends,
+    /// in whole seconds, rounded up, at least 1
+    /// ([`retry_after_seconds`](crate::retry_after_seconds)). Charges
+    /// nothing: on `Allowed` the store bumps the count as it mints.
+    pub fn check(
+        &self,
+        stored: u64,
+        per_address_per_hour: u32,
+        now: DateTime<Utc>,
+    ) -> MintDecision {
+        if stored < u64::from(per_address_per_hour) {
+            return MintDecision::Allowed;
+        }
+        let wait = (self.end - now).to_std().unwrap_or_default();
+        MintDecision::Refused {
+            retry_after: Duration::from_secs(seconds::retry_after_seconds(wait)),
+            reason: MintRefusal::Address,
+        }
     }
 }
 
@@ -456,6 +552,51 @@ mod tests {
         // Group 1 was forgotten; groups 2 and 3 are still limited.
         assert!(mint.check(group(1), now).is_allowed());
         assert!(!mint.check(group(3), now).is_allowed());
+    }
+
+    fn utc(text: &str) -> DateTime<Utc> {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn address_window_is_the_utc_clock_hour() {
+        let window = AddressWindow::containing(utc("2026-10-29T12:00:00Z"));
+        assert_eq!(window.start(), utc("2026-10-29T12:00:00Z"));
+        assert_eq!(window.end(), utc("2026-10-29T13:00:00Z"));
+        let last = AddressWindow::containing(utc("2026-10-29T12:59:59.999999999Z"));
+        assert_eq!(last, window);
+        let before_epoch = AddressWindow::containing(utc("1969-12-31T23:30:00Z"));
+        assert_eq!(before_epoch.start(), utc("1969-12-31T23:00:00Z"));
+        assert_eq!(before_epoch.end(), utc("1970-01-01T00:00:00Z"));
+    }
+
+    #[test]
+    fn address_window_saturates_at_the_end_of_time() {
+        let window = AddressWindow::containing(DateTime::<Utc>::MAX_UTC);
+        assert_eq!(window.end(), DateTime::<Utc>::MAX_UTC);
+        assert!(window.start() < window.end());
+        let first = AddressWindow::containing(DateTime::<Utc>::MIN_UTC);
+        assert_eq!(first.start(), DateTime::<Utc>::MIN_UTC);
+    }
+
+    #[test]
+    fn address_window_refuses_at_the_limit_until_it_ends() {
+        let window = AddressWindow::containing(utc("2026-10-29T12:00:00Z"));
+        let refused = |seconds| MintDecision::Refused {
+            retry_after: Duration::from_secs(seconds),
+            reason: MintRefusal::Address,
+        };
+        let now = utc("2026-10-29T12:00:00Z");
+        assert_eq!(window.check(0, 10, now), MintDecision::Allowed);
+        assert_eq!(window.check(9, 10, now), MintDecision::Allowed);
+        assert_eq!(window.check(10, 10, now), refused(3600));
+        assert_eq!(window.check(u64::MAX, 10, now), refused(3600));
+        // Rounded up to whole seconds, at least one.
+        let check = |at: &str| window.check(10, 10, utc(at));
+        assert_eq!(check("2026-10-29T12:59:58.001Z"), refused(2));
+        assert_eq!(check("2026-10-29T12:59:59.999999999Z"), refused(1));
+        assert_eq!(check("2026-10-29T13:00:00Z"), refused(1));
+        assert_eq!(check("2026-10-29T14:00:00Z"), refused(1));
     }
 
     #[test]

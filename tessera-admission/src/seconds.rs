@@ -1,11 +1,23 @@
-//! Durations as seconds: the rounding every `Retry-After` uses, and the serde
-//! form of settings and stats.
+//! Durations as seconds: the rounding every `Retry-After` uses (public, so a
+//! store rounds its own waits the same way), and the serde form of settings
+//! and stats.
 
 use std::time::Duration;
 
-/// `wait` in whole seconds, rounded up and at least one: a `Retry-After`
-/// never invites a retry before the wait is over, nor an immediate one.
-pub(crate) fn retry_after_seconds(wait: Duration) -> u64 {
+/// `wait` in whole seconds, rounded up and at least one, saturating at
+/// `u64::MAX`: the value of every `Retry-After` header. A `Retry-After` never
+/// invites a retry before the wait is over, nor an immediate one.
+///
+/// ```
+/// use std::time::Duration;
+/// use tessera_admission::retry_after_seconds;
+///
+/// assert_eq!(retry_after_seconds(Duration::ZERO), 1);
+/// assert_eq!(retry_after_seconds(Duration::from_millis(30_500)), 31);
+/// assert_eq!(retry_after_seconds(Duration::from_secs(60)), 60);
+/// ```
+#[must_use]
+pub fn retry_after_seconds(wait: Duration) -> u64 {
     let rounded_up = wait
         .as_secs()
         .saturating_add(u64::from(wait.subsec_nanos() > 0));

@@ -372,3 +372,49 @@ proptest! {
         }
     }
 }
+
+mod address_window {
+    use chrono::{DateTime, TimeDelta, Utc};
+    use proptest::prelude::*;
+    use tessera_admission::{AddressWindow, MintDecision, MintRefusal};
+
+    const HOUR_MILLIS: i64 = 3_600_000;
+
+    proptest! {
+        /// The window and the refusal agree with the arithmetic a store keeps
+        /// its count rows by: Unix milliseconds floored to the hour, and the
+        /// wait to the window's end at least a second, rounded up.
+        #[test]
+        fn window_matches_the_stored_hour_arithmetic(
+            nanos in -4_000_000_000_000_000_000_i64..4_000_000_000_000_000_000,
+            stored in 0_u64..20,
+            limit in 1_u32..15,
+        ) {
+            let now = DateTime::<Utc>::from_timestamp_nanos(nanos);
+            let window = AddressWindow::containing(now);
+            let start = now.timestamp_millis().div_euclid(HOUR_MILLIS) * HOUR_MILLIS;
+            prop_assert_eq!(window.start().timestamp_millis(), start);
+            prop_assert_eq!(window.end().timestamp_millis(), start + HOUR_MILLIS);
+            prop_assert!(window.start() <= now && now < window.end());
+            prop_assert_eq!(window.end() - window.start(), TimeDelta::hours(1));
+
+            let decision = window.check(stored, limit, now);
+            if stored < u64::from(limit) {
+                prop_assert_eq!(decision, MintDecision::Allowed);
+            } else {
+                let wait = (window.end() - now)
+                    .to_std()
+                    .unwrap_or_default()
+                    .max(std::time::Duration::from_secs(1));
+                let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+                prop_assert_eq!(
+                    decision,
+                    MintDecision::Refused {
+                        retry_after: std::time::Duration::from_secs(seconds),
+                        reason: MintRefusal::Address,
+                    }
+                );
+            }
+        }
+    }
+}

@@ -38,6 +38,31 @@ impl Minute {
             .expect("a minute is only made from a representable time")
     }
 
+    /// The first minute that starts at or after `time`: the one containing
+    /// it when `time` is a minute's first instant, else the next. `None`
+    /// past the last representable minute. Counters of this minute and
+    /// later are inside a window that starts at `time`.
+    ///
+    /// ```
+    /// use chrono::{TimeDelta, TimeZone, Utc};
+    /// use tessera_audit::Minute;
+    ///
+    /// let noon = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
+    /// let first = |time| Minute::first_starting_at_or_after(time).unwrap().start();
+    /// assert_eq!(first(noon), noon);
+    /// assert_eq!(first(noon + TimeDelta::milliseconds(1)), noon + TimeDelta::minutes(1));
+    /// ```
+    #[must_use]
+    pub fn first_starting_at_or_after(time: DateTime<Utc>) -> Option<Self> {
+        let containing = Self::containing(time);
+        if containing.start() == time {
+            return Some(containing);
+        }
+        let next = Self(containing.0 + 1);
+        // Only a representable start makes a minute (see `start`).
+        DateTime::from_timestamp(next.0.checked_mul(60)?, 0).map(|_| next)
+    }
+
     /// Whether the minute is over at `now`.
     pub fn has_passed(self, now: DateTime<Utc>) -> bool {
         self < Self::containing(now)
@@ -504,6 +529,24 @@ mod tests {
         buffer.written(batch);
         buffer.increment(key(at(12, 0, 2), "a"));
         assert!(buffer.due(at(12, 1, 0)));
+    }
+
+    #[test]
+    fn first_minute_at_or_after_rounds_a_partial_minute_up() {
+        let first = |time| Minute::first_starting_at_or_after(time).map(Minute::start);
+        assert_eq!(first(at(12, 0, 0)), Some(at(12, 0, 0)));
+        assert_eq!(
+            first(at(12, 0, 0) + TimeDelta::nanoseconds(1)),
+            Some(at(12, 1, 0))
+        );
+        assert_eq!(first(at(12, 0, 59)), Some(at(12, 1, 0)));
+        let before_epoch = DateTime::from_timestamp(-30, 0).unwrap();
+        assert_eq!(first(before_epoch), DateTime::from_timestamp(0, 0));
+        assert_eq!(
+            first(DateTime::<Utc>::MIN_UTC),
+            Some(DateTime::<Utc>::MIN_UTC)
+        );
+        assert_eq!(first(DateTime::<Utc>::MAX_UTC), None);
     }
 
     #[test]

@@ -13,9 +13,12 @@
 //!   [`Secret`] or a raw address.
 //! - [`CounterBuffer`]: per-minute [`Counter`]s for denied, failed, rate-limited
 //!   and empty requests, handed out in [`CounterBatch`]es that are reported
-//!   `written` or `failed`, so no count is lost or written twice.
+//!   `written` or `failed`, so no count is lost or written twice. Due when a
+//!   minute has passed or 1,024 distinct counters wait; `poll_timeout` says
+//!   when.
 //! - [`RetentionSchedule`]: deletes rows older than [`RETENTION`] at most once
-//!   every five minutes, in batches of 500; readers filter with
+//!   every five minutes (`poll_timeout` says when), in batches of 500, each
+//!   table by the threshold its [`RetentionRun`] names; readers filter with
 //!   [`visible_since`] so a row awaiting deletion is never shown.
 //! - [`ObservationCoalescer`]: `last_used_at` at most once per
 //!   [`OBSERVATION_INTERVAL`] per principal, a changed account or kind at once;

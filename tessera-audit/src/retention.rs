@@ -2,6 +2,8 @@
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use crate::Minute;
+
 /// How long an audit row or counter is kept.
 pub const RETENTION: TimeDelta = TimeDelta::hours(24);
 
@@ -27,7 +29,15 @@ pub fn is_visible(row_time: DateTime<Utc>, now: DateTime<Utc>) -> bool {
 ///
 /// The first call to [`start`](Self::start) runs at once, so an instance that is
 /// restarted often still cleans up. A run that fails part-way counts as a run:
-/// the next waits the full interval.
+/// the next waits the full interval. A driver with a timer calls `start` at
+/// [`poll_timeout`](Self::poll_timeout).
+///
+/// A run deletes, each by its own threshold ([`RetentionRun`]): audit rows
+/// before the [`cutoff`](RetentionRun::cutoff), counters of minutes before
+/// the [`first_visible_minute`](RetentionRun::first_visible_minute), and
+/// rows whose purge time has come by the run's
+/// [`started_at`](RetentionRun::started_at) (anonymous principals, their keys
+/// and limit rows).
 ///
 /// ```
 /// use chrono::{TimeZone, Utc};
@@ -45,6 +55,7 @@ pub fn is_visible(row_time: DateTime<Utc>, now: DateTime<Utc>) -> bool {
 ///     }
 /// }
 /// assert!(schedule.start(now).is_none());
+/// assert_eq!(schedule.poll_timeout(), Some(now + RetentionSchedule::INTERVAL));
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct RetentionSchedule {
@@ -81,22 +92,87 @@ impl RetentionSchedule {
         }
         self.last_start = Some(now);
         Some(RetentionRun {
+            started_at: now,
             cutoff: visible_since(now),
         })
     }
+
+    /// When the schedule next allows a run, for a driver's timer: before the
+    /// first run, [`DateTime::MIN_UTC`] (a time already past: due now, as
+    /// [`CounterBuffer::poll_timeout`](crate::CounterBuffer::poll_timeout)
+    /// answers); after one, its start plus [`INTERVAL`](Self::INTERVAL).
+    /// `None` if that lies past the end of `DateTime`, when no run comes due
+    /// unless the clock steps back.
+    ///
+    /// A clock stepped back before the last start makes a run due sooner
+    /// ([`due`](Self::due) judges each `now`). Calling
+    /// [`start`](Self::start) before this time is a harmless no-op.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<DateTime<Utc>> {
+        match self.last_start {
+            None => Some(DateTime::<Utc>::MIN_UTC),
+            Some(last) => last.checked_add_signed(Self::INTERVAL),
+        }
+    }
+
+    /// When the latest run started; `None` before the first.
+    pub fn last_start(&self) -> Option<DateTime<Utc>> {
+        self.last_start
+    }
 }
 
-/// One retention run, with its cutoff fixed when it started.
+/// One retention run, with its thresholds fixed when it started.
+///
+/// Each kind of row has its own threshold, and a backend deletes by the one
+/// its table needs:
+///
+/// | rows | deleted when | threshold |
+/// | --- | --- | --- |
+/// | audit events | `time < cutoff` | [`cutoff`](Self::cutoff) |
+/// | counters | `minute < first visible minute` | [`first_visible_minute`](Self::first_visible_minute) |
+/// | anonymous principals, keys, limit rows | `purge_at <= started_at` | [`started_at`](Self::started_at) |
 #[must_use = "a retention run does nothing unless its batches are deleted"]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetentionRun {
+    started_at: DateTime<Utc>,
     cutoff: DateTime<Utc>,
 }
 
 impl RetentionRun {
-    /// Rows older than this (`time < cutoff`) are deleted.
+    /// Rows older than this (`time < cutoff`) are deleted: audit events.
     pub fn cutoff(&self) -> DateTime<Utc> {
         self.cutoff
+    }
+
+    /// The `now` the run started at. Rows with a purge time are deleted
+    /// once it has come (`purge_at <= started_at`): anonymous principals,
+    /// their keys and their limit rows.
+    pub fn started_at(&self) -> DateTime<Utc> {
+        self.started_at
+    }
+
+    /// Whether this run deletes a row due for purging at `purge_at`.
+    #[must_use]
+    pub fn is_purge_due(&self, purge_at: DateTime<Utc>) -> bool {
+        purge_at <= self.started_at
+    }
+
+    /// The first counter minute inside the window that starts at the
+    /// [`cutoff`](Self::cutoff): the minute starting at the cutoff, or the
+    /// next one when the cutoff falls inside a minute. Counters of earlier
+    /// minutes (`minute < first_visible_minute`) are deleted, so a minute
+    /// only partly inside the window is deleted, and hidden from readers
+    /// that filter with [`Minute::first_starting_at_or_after`] of
+    /// [`visible_since`].
+    pub fn first_visible_minute(&self) -> Minute {
+        Minute::first_starting_at_or_after(self.cutoff)
+            .expect("a cutoff is a day before the end of time, so a minute starts after it")
+    }
+
+    /// Whether this run deletes the counters of `minute`.
+    #[must_use]
+    pub fn selects_minute(&self, minute: Minute) -> bool {
+        minute < self.first_visible_minute()
     }
 
     /// Rows to delete per statement (`LIMIT`).
@@ -170,6 +246,58 @@ mod tests {
         assert!(is_visible(exactly, noon()));
         assert!(run.selects(older));
         assert!(!is_visible(older, noon()));
+    }
+
+    #[test]
+    fn poll_timeout_is_due_now_then_each_interval() {
+        let mut schedule = RetentionSchedule::new();
+        assert_eq!(schedule.last_start(), None);
+        assert_eq!(schedule.poll_timeout(), Some(DateTime::<Utc>::MIN_UTC));
+        let _ = schedule.start(noon());
+        assert_eq!(schedule.last_start(), Some(noon()));
+        let next = noon() + TimeDelta::minutes(5);
+        assert_eq!(schedule.poll_timeout(), Some(next));
+        assert!(!schedule.due(next - TimeDelta::nanoseconds(1)));
+        assert!(schedule.due(next));
+        // A run that is never due again without the clock stepping back.
+        let mut late = RetentionSchedule::new();
+        let _ = late.start(DateTime::<Utc>::MAX_UTC - TimeDelta::minutes(1));
+        assert_eq!(late.poll_timeout(), None);
+    }
+
+    #[test]
+    fn thresholds_of_each_kind_of_row() {
+        let now = noon() + TimeDelta::seconds(30);
+        let run = RetentionSchedule::new().start(now).unwrap();
+        assert_eq!(run.started_at(), now);
+        assert!(run.is_purge_due(now));
+        assert!(run.is_purge_due(now - TimeDelta::nanoseconds(1)));
+        assert!(!run.is_purge_due(now + TimeDelta::nanoseconds(1)));
+        // The cutoff is 12:00:30 the day before: the minute 12:00 is partly
+        // outside the window, so 12:01 is the first visible one.
+        let yesterday = noon() - TimeDelta::hours(24);
+        assert_eq!(run.cutoff(), now - TimeDelta::hours(24));
+        assert_eq!(
+            run.first_visible_minute().start(),
+            yesterday + TimeDelta::minutes(1)
+        );
+        assert!(run.selects_minute(Minute::containing(yesterday)));
+        assert!(!run.selects_minute(Minute::containing(yesterday + TimeDelta::minutes(1))));
+        // On a whole minute, that minute is the first visible one.
+        let on_minute = RetentionSchedule::new().start(noon()).unwrap();
+        assert_eq!(on_minute.first_visible_minute().start(), yesterday);
+        assert!(!on_minute.selects_minute(Minute::containing(yesterday)));
+        assert!(on_minute.selects_minute(Minute::containing(yesterday - TimeDelta::seconds(1))));
+    }
+
+    #[test]
+    fn a_millisecond_past_the_minute_skips_to_the_next() {
+        let just_past = noon() + TimeDelta::hours(24) + TimeDelta::milliseconds(1);
+        let run = RetentionSchedule::new().start(just_past).unwrap();
+        assert_eq!(
+            run.first_visible_minute().start(),
+            noon() + TimeDelta::minutes(1)
+        );
     }
 
     #[test]

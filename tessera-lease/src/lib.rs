@@ -30,6 +30,12 @@
 //!   held by the caller: a stale token, another holder or a lapsed lease is
 //!   refused, so an expired lease is never permission to overwrite another
 //!   worker's result. Each grant also owns its [`ArtifactKey`].
+//! - **Claim order** ([`TaskRecord::claimable_at`],
+//!   [`AttemptRecord::lapses_at`], [`ClaimKey`], [`first_claimable`]): when a
+//!   task becomes claimable (ready now, a backoff's end, a lease's lapse plus
+//!   the lapse backoff) and which goes first (ready ones oldest first, then
+//!   the rest by when each became claimable, ties to the older task). A
+//!   backend indexes these values; it does not restate the rule.
 //! - **Idempotency**: a submission carries an [`IdempotencyKey`] and a
 //!   payload [`Digest`]. The same key and digest replay the stored
 //!   [`Receipt`] unchanged; the same key with another digest is a conflict
@@ -88,6 +94,7 @@
 //! ```
 
 mod attempt;
+mod claim_order;
 mod digest;
 mod error;
 mod lease;
@@ -99,6 +106,7 @@ mod time;
 mod token;
 
 pub use attempt::{AttemptNumber, AttemptRecord};
+pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable};
 pub use digest::Digest;
 pub use error::{DurationRule, Field, LeaseError, Rule};
 pub use lease::{Lease, LeaseRecord};

@@ -510,13 +510,12 @@ impl Task {
 
     /// The earliest time `attempt` may be claimed, `None` if never again.
     fn claimable_at(&self, attempt: &AttemptRecord) -> Option<DateTime<Utc>> {
-        match (attempt.state, &attempt.lease) {
-            (TaskState::Ready, _) => Some(DateTime::<Utc>::MIN_UTC),
-            (TaskState::Backoff { until }, _) => Some(until),
-            (TaskState::Leased, Some(lease)) => {
-                Some(lapse_end(lease.expires_at, self.0.lapse_backoff))
+        match attempt.state {
+            TaskState::Ready => Some(DateTime::<Utc>::MIN_UTC),
+            TaskState::Backoff { until } => Some(until),
+            TaskState::Leased | TaskState::Done | TaskState::Failed => {
+                attempt.lapses_at(self.0.lapse_backoff)
             }
-            (TaskState::Leased, None) | (TaskState::Done | TaskState::Failed, _) => None,
         }
     }
 }
@@ -583,7 +582,7 @@ fn live_attempt<'a>(
 }
 
 /// When an attempt whose lease lapsed at `expires_at` becomes claimable.
-fn lapse_end(expires_at: DateTime<Utc>, lapse_backoff: Duration) -> DateTime<Utc> {
+pub(crate) fn lapse_end(expires_at: DateTime<Utc>, lapse_backoff: Duration) -> DateTime<Utc> {
     time::add(expires_at, lapse_backoff).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 

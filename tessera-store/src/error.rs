@@ -14,7 +14,7 @@ use crate::quota::next_utc_midnight;
 /// [`body`](Self::body) as JSON or [`tool_error`](Self::tool_error) from a
 /// tool protocol. No message ever contains a key secret: secrets are only
 /// bound as statement parameters and never formatted.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The presented key is missing, malformed, unknown, expired or revoked
@@ -70,11 +70,14 @@ pub enum Error {
         /// The next 00:00 UTC after the refusal, when daily allowances reset.
         reset_at: DateTime<Utc>,
     },
-    /// Any other storage fault (`500 storage_error`). The SQLite error is
-    /// the [`source`](std::error::Error::source); it is not repeated in the
+    /// Any other storage fault (`500 storage_error`), classified by
+    /// [`kind`](StorageError::kind): a [retryable](StorageErrorKind::Retryable)
+    /// one (a lock wait that timed out, a server that went away) may
+    /// succeed if tried again. The backend's own message is the
+    /// [`source`](std::error::Error::source); it is not repeated in the
     /// message a client sees.
     #[error("storage error")]
-    Storage(#[from] rusqlite::Error),
+    Storage(#[from] StorageError),
     /// The database was written by a newer schema version than this build
     /// knows (`500 schema_too_new`). The file was left untouched.
     #[error("database schema version {found} is newer than the supported version {supported}")]
@@ -194,6 +197,28 @@ impl Error {
         }
     }
 
+    /// Whether trying the same request again may succeed without anything
+    /// else changing: a retryable storage fault.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Storage(error) if error.kind() == StorageErrorKind::Retryable)
+    }
+
+    /// What a backend's fault means to a caller, at `now`: a quota refusal
+    /// is `503` resetting at the next UTC midnight, a damaged database is
+    /// [`Error::CorruptDatabase`]; other errors pass as they are.
+    pub(crate) fn classified(self, now: DateTime<Utc>) -> Self {
+        let Self::Storage(storage) = self else {
+            return self;
+        };
+        match storage.kind() {
+            StorageErrorKind::QuotaRefused => Self::storage_quota_exhausted(now),
+            StorageErrorKind::Corrupt => Self::CorruptDatabase {
+                reason: storage.message().to_owned(),
+            },
+            _ => Self::Storage(storage),
+        }
+    }
+
     /// Whether this is a storage-provider quota refusal.
     pub fn is_quota_exhausted(&self) -> bool {
         matches!(self, Self::StorageQuotaExhausted { .. })
@@ -235,6 +260,74 @@ impl Error {
             retry_after: self.retry_after_seconds(),
             reset_at: self.reset_at(),
         }
+    }
+}
+
+/// What kind of fault a storage backend reported, as the store acts on it.
+///
+/// Backends classify their own codes into these, so nothing above them
+/// matches a driver's error codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StorageErrorKind {
+    /// The storage provider refused a write because an allowance is spent
+    /// (a full disk, a page cap, a provider quota).
+    QuotaRefused,
+    /// A constraint the write broke (a unique key taken).
+    Conflict,
+    /// A fault that may pass if the same work runs again: a lock wait
+    /// that timed out, a lost connection, a serialization failure.
+    Retryable,
+    /// The database is damaged or not a database of this kind.
+    Corrupt,
+    /// The database was written by a newer schema version.
+    SchemaTooNew,
+    /// Anything else.
+    Other,
+}
+
+/// A storage backend's fault: its kind, the backend's own code for it and
+/// its message, never a driver type.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct StorageError {
+    kind: StorageErrorKind,
+    code: Option<String>,
+    message: String,
+}
+
+impl StorageError {
+    /// A fault of `kind` with the backend's `code` (e.g. `SQLITE_BUSY`, or
+    /// a SQLSTATE) and message.
+    pub fn new(kind: StorageErrorKind, code: Option<String>, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// How the store treats it.
+    pub fn kind(&self) -> StorageErrorKind {
+        self.kind
+    }
+
+    /// The backend's code for it, if it has one: SQLite's result code name
+    /// (`SQLITE_FULL`), or PostgreSQL's SQLSTATE.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// The backend's message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl PartialEq for StorageError {
+    fn eq(&self, other: &Self) -> bool {
+        (self.kind, &self.code, &self.message) == (other.kind, &other.code, &other.message)
     }
 }
 
@@ -395,9 +488,10 @@ mod tests {
 
     #[test]
     fn storage_errors_do_not_repeat_sqlite_text() {
-        let error = Error::Storage(rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
-            Some("disk I/O error near secret".to_owned()),
+        let error = Error::Storage(StorageError::new(
+            StorageErrorKind::Other,
+            Some("SQLITE_IOERR".to_owned()),
+            "disk I/O error near secret",
         ));
         assert_eq!(error.status(), 500);
         assert_eq!(error.code(), "storage_error");

@@ -1,487 +1,28 @@
 //! Claims: admission first, then one lease transaction.
-//!
-//! Only new claims enter [`Admission`]. The store keeps one controller, its
-//! idle pacing and the outcomes of waiting claims behind one
-//! `parking_lot::Mutex` ([`Gate`]); threads that wait park on its condvar,
-//! async hosts pull the same outcomes as [`ClaimEvent`]s. Every
-//! [`ClaimPermit`] releases its capacity when it is dropped, so no path
-//! (an error, a panic, a client that left) leaks a unit of capacity.
 
-use std::collections::{HashMap, VecDeque};
-use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
-use serde::{Deserialize, Serialize};
-use tessera_admission::{
-    Admission, AdmissionConfig, Event, IdleConfig, IdlePacing, Offer, Permit, Rejection, Stats,
-    Ticket,
-};
+use chrono::{DateTime, Utc};
+use parking_lot::MutexGuard;
+use tessera_admission::{Offer, Stats, Ticket};
 use tessera_audit::{Action, Outcome};
-use tessera_lease::{Lease, Namespace, QueueName};
+use tessera_lease::{Lease, Namespace, QueueName, Task};
 
-use crate::access::{Caller, PrincipalId, PrincipalKind, Scope};
-use crate::audit::{ActionScope, Trail};
-use crate::clock::Clock;
-use crate::db::Reader;
 use crate::error::Error;
-use crate::sql::millis;
-use crate::sql::tasks::{self as sql, TaskRow};
+use crate::model::access::{Caller, PrincipalKind, Scope};
+use crate::model::audit::{ActionScope, Trail};
+use crate::model::claim::{ClaimOutcome, Claimed};
+use crate::model::task::{Brief, TaskRef};
+use crate::ops::task::apply;
+use crate::state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, GateShared, rate_limited};
+use crate::state::waiting::{ClaimRequest, Decided, Waiter, Wake};
 use crate::store::Store;
-use crate::task::{Brief, TaskRef, apply, load, resync};
-
-/// A queue, as idle pacing and long-polls key it.
-pub(crate) type QueueKey = (Namespace, QueueName);
-
-/// Called when an outcome for a claim begun with [`Store::begin_claim`] is
-/// ready to pull with [`Store::poll_claim_event`] (see
-/// [`Store::set_claim_waker`]). It runs on whichever thread produced the
-/// outcome, outside the store's locks; it should only wake the host's
-/// driver (e.g. `tokio::sync::Notify::notify_one`).
-pub type ClaimWaker = Arc<dyn Fn() + Send + Sync>;
 
 /// How often the lease transaction skips a task whose stored claim times
 /// turned out stale before it reports the queue empty.
 const MAX_PICKS: usize = 4;
-
-/// A claim granted a lease.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Claimed {
-    /// The task.
-    pub task: TaskRef,
-    /// The queue it came from.
-    pub queue: QueueName,
-    /// The lease: attempt, fencing token, holder, expiry and the
-    /// [`artifact`](Lease::artifact) key the output goes under.
-    pub lease: Lease,
-    /// The task's input.
-    pub brief: Brief,
-    /// How long the claim waited for admission (`X-Claim-Wait-Ms`).
-    pub waited: Duration,
-    /// The admission limit when the claim finished (`X-Claim-Concurrency`).
-    pub concurrency_limit: u32,
-}
-
-/// What a claim came to.
-#[must_use]
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "outcome", rename_all = "lowercase")]
-pub enum ClaimOutcome {
-    /// A lease on the oldest claimable task (`200`).
-    Granted(Claimed),
-    /// The queue had nothing claimable (`204`): counted, not audited, and
-    /// nothing written.
-    Empty {
-        /// The idle-pacing hint (`Retry-After`): 5, 10, 20, 40, then 60 s
-        /// while this key keeps finding this queue empty.
-        retry_after: Duration,
-        /// How long the claim waited for admission.
-        waited: Duration,
-        /// The admission limit when the claim finished.
-        concurrency_limit: u32,
-    },
-}
-
-impl ClaimOutcome {
-    /// The lease, if one was granted.
-    pub fn claimed(&self) -> Option<&Claimed> {
-        match self {
-            Self::Granted(claimed) => Some(claimed),
-            Self::Empty { .. } => None,
-        }
-    }
-
-    /// How long the claim waited for admission.
-    pub fn waited(&self) -> Duration {
-        match self {
-            Self::Granted(claimed) => claimed.waited,
-            Self::Empty { waited, .. } => *waited,
-        }
-    }
-
-    /// The `X-Claim-Wait-Ms` header value.
-    pub fn wait_ms(&self) -> u64 {
-        u64::try_from(self.waited().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// The `X-Claim-Concurrency` header value.
-    pub fn concurrency_limit(&self) -> u32 {
-        match self {
-            Self::Granted(claimed) => claimed.concurrency_limit,
-            Self::Empty {
-                concurrency_limit, ..
-            } => *concurrency_limit,
-        }
-    }
-
-    /// The `Retry-After` of an empty claim.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::Granted(_) => None,
-            Self::Empty { retry_after, .. } => Some(*retry_after),
-        }
-    }
-}
-
-/// How [`Store::begin_claim`] started a claim.
-#[derive(Debug)]
-#[must_use]
-pub enum ClaimStart {
-    /// Admitted at once: run it with [`Store::finish_claim`].
-    Admitted(ClaimPermit),
-    /// Waiting its turn; its [`ClaimEvent`] comes from
-    /// [`Store::poll_claim_event`].
-    Queued(Ticket),
-}
-
-/// The end of a waiting claim, pulled with [`Store::poll_claim_event`].
-#[derive(Debug)]
-#[must_use]
-pub enum ClaimEvent {
-    /// Its turn came: run it with [`Store::finish_claim`].
-    Granted {
-        /// The claim.
-        ticket: Ticket,
-        /// Its capacity; released by `finish_claim` or when dropped.
-        permit: ClaimPermit,
-    },
-    /// It was turned away: `429 rate_limited` (the wait limit passed, or
-    /// it gave up its slot to a principal below its fair share).
-    Rejected {
-        /// The claim.
-        ticket: Ticket,
-        /// The `429`, with its `Retry-After` and reason.
-        error: Error,
-    },
-}
-
-impl ClaimEvent {
-    /// The claim this event ends.
-    pub fn ticket(&self) -> Ticket {
-        match self {
-            Self::Granted { ticket, .. } | Self::Rejected { ticket, .. } => *ticket,
-        }
-    }
-}
-
-/// Who claims where.
-#[derive(Debug, Clone)]
-struct ClaimRequest {
-    caller: Caller,
-    namespace: Namespace,
-    queue: QueueName,
-}
-
-/// One admitted unit of claim capacity, for one claim.
-///
-/// Pass it to [`Store::finish_claim`]. Dropped instead (an error, a panic,
-/// a client that left), it hands its capacity back to admission, which may
-/// grant the next waiting claim. It is not `Clone`.
-#[must_use = "a claim permit holds admission capacity until it is finished or dropped"]
-pub struct ClaimPermit {
-    permit: Option<Permit>,
-    shared: Arc<GateShared>,
-    request: Arc<ClaimRequest>,
-    /// `None` when admitted at once; how long it waited otherwise.
-    waited: Option<Duration>,
-}
-
-impl ClaimPermit {
-    /// The caller the claim was begun for.
-    pub fn caller(&self) -> &Caller {
-        &self.request.caller
-    }
-
-    /// The namespace.
-    pub fn namespace(&self) -> &Namespace {
-        &self.request.namespace
-    }
-
-    /// The queue.
-    pub fn queue(&self) -> &QueueName {
-        &self.request.queue
-    }
-
-    /// How long the claim waited for admission (zero if admitted at once).
-    pub fn waited(&self) -> Duration {
-        self.waited.unwrap_or_default()
-    }
-}
-
-impl fmt::Debug for ClaimPermit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClaimPermit")
-            .field("principal", &self.request.caller.principal())
-            .field("namespace", &self.request.namespace)
-            .field("queue", &self.request.queue)
-            .field("waited", &self.waited)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for ClaimPermit {
-    fn drop(&mut self) {
-        if let Some(permit) = self.permit.take() {
-            self.shared.release(permit, |_, _| {});
-        }
-    }
-}
-
-/// Lets a thread blocked in [`Store::claim_cancellable`] give up its place.
-///
-/// Made by [`Store::cancel_token`]; clones share one flag. Cancelling wakes
-/// the blocked claim, which withdraws from the queue (or hands back a grant
-/// that raced the cancellation) and returns [`Error::Cancelled`].
-#[derive(Clone)]
-pub struct CancelToken {
-    flag: Arc<AtomicBool>,
-    shared: Arc<GateShared>,
-}
-
-impl CancelToken {
-    /// Cancels every claim waiting with this token, now and later.
-    pub fn cancel(&self) {
-        self.flag.store(true, Ordering::SeqCst);
-        // Taken so a claim between its check and its park cannot miss it.
-        let _state = self.shared.state.lock();
-        self.shared.changed.notify_all();
-    }
-
-    /// Whether [`cancel`](Self::cancel) was called.
-    pub fn is_cancelled(&self) -> bool {
-        self.flag.load(Ordering::SeqCst)
-    }
-}
-
-impl fmt::Debug for CancelToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CancelToken")
-            .field("cancelled", &self.is_cancelled())
-            .finish_non_exhaustive()
-    }
-}
-
-/// The outcome of a waiting claim, decided but not yet picked up.
-enum Decided {
-    Granted {
-        permit: Permit,
-        waited: Duration,
-        request: Arc<ClaimRequest>,
-    },
-    Rejected {
-        rejection: Rejection,
-        request: Arc<ClaimRequest>,
-    },
-}
-
-struct Waiter {
-    request: Arc<ClaimRequest>,
-    /// Whether a thread is parked for it (else an async host pulls it).
-    blocking: bool,
-}
-
-/// What the gate's mutex guards.
-struct GateState {
-    admission: Admission<PrincipalId>,
-    idle: IdlePacing<PrincipalId, QueueKey>,
-    /// Claims waiting in admission, by ticket.
-    waiting: HashMap<Ticket, Waiter>,
-    /// Outcomes decided and not yet picked up, by ticket.
-    decided: HashMap<Ticket, Decided>,
-    /// Async claims' outcomes in the order they were decided; a ticket
-    /// whose outcome was withdrawn meanwhile is skipped.
-    async_order: VecDeque<Ticket>,
-}
-
-/// Who needs telling after the gate changed.
-#[derive(Debug, Clone, Copy, Default)]
-struct Wake {
-    parked: bool,
-    host: bool,
-}
-
-impl GateState {
-    /// Pulls every admission event at `now` into `decided`. Must run after
-    /// every admission input: grants happen only here.
-    fn drain(&mut self, now: Instant) -> Wake {
-        let mut wake = Wake::default();
-        while let Some(event) = self.admission.poll_event(now) {
-            let ticket = event.ticket();
-            let Some(waiter) = self.waiting.remove(&ticket) else {
-                // Every queued ticket is in `waiting` until its event; a
-                // stray grant is handed straight back.
-                if let Event::Granted { permit, .. } = event {
-                    self.admission.release(permit, now);
-                }
-                continue;
-            };
-            let request = waiter.request;
-            let decided = match event {
-                Event::Granted { permit, waited, .. } => Decided::Granted {
-                    permit,
-                    waited,
-                    request,
-                },
-                Event::Rejected { rejection, .. } => Decided::Rejected { rejection, request },
-            };
-            self.decided.insert(ticket, decided);
-            if waiter.blocking {
-                wake.parked = true;
-            } else {
-                self.async_order.push_back(ticket);
-                wake.host = true;
-            }
-        }
-        wake
-    }
-}
-
-/// The gate's state and what waits on it, shared with permits and tokens.
-pub(crate) struct GateShared {
-    clock: Arc<dyn Clock>,
-    state: Mutex<GateState>,
-    changed: Condvar,
-    waker: Mutex<Option<ClaimWaker>>,
-}
-
-impl GateShared {
-    /// Releases `permit`, lets `also` update the pacing under the same lock,
-    /// and hands freed capacity on.
-    fn release<T>(
-        &self,
-        permit: Permit,
-        also: impl FnOnce(&mut IdlePacing<PrincipalId, QueueKey>, Instant) -> T,
-    ) -> (T, u32) {
-        let now = self.clock.now();
-        let mut state = self.state.lock();
-        state.admission.release(permit, now);
-        let value = also(&mut state.idle, now);
-        let wake = state.drain(now);
-        let limit = state.admission.stats().limit;
-        drop(state);
-        self.wake(wake);
-        (value, limit)
-    }
-
-    fn wake(&self, wake: Wake) {
-        if wake.parked {
-            self.changed.notify_all();
-        }
-        if wake.host {
-            let waker = self.waker.lock().clone();
-            if let Some(waker) = waker {
-                waker();
-            }
-        }
-    }
-
-    /// Withdraws `ticket`: from the queue if it still waits, or its outcome
-    /// if one was decided and not picked up (a grant is released). Returns
-    /// whether anything was withdrawn.
-    fn withdraw(&self, ticket: Ticket) -> bool {
-        let now = self.clock.now();
-        let mut state = self.state.lock();
-        let queued = state.admission.cancel(ticket);
-        state.waiting.remove(&ticket);
-        let decided = state.decided.remove(&ticket);
-        let wake = state.drain(now);
-        drop(state);
-        self.wake(wake);
-        match decided {
-            Some(Decided::Granted { permit, .. }) => {
-                self.release(permit, |_, _| {});
-                true
-            }
-            Some(Decided::Rejected { .. }) => true,
-            None => queued,
-        }
-    }
-}
-
-/// The claim gate of one store.
-pub(crate) struct Gate {
-    shared: Arc<GateShared>,
-}
-
-impl fmt::Debug for Gate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Gate")
-            .field("stats", &self.shared.state.lock().admission.stats())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Gate {
-    pub(crate) fn new(
-        clock: Arc<dyn Clock>,
-        admission: &AdmissionConfig,
-        idle: &IdleConfig,
-    ) -> Result<Self, Error> {
-        let admission = Admission::new(admission.clone(), clock.now()).map_err(|error| {
-            Error::InvalidInput {
-                reason: format!("admission settings: {error}"),
-            }
-        })?;
-        let idle = IdlePacing::new(idle.clone()).map_err(|error| Error::InvalidInput {
-            reason: format!("idle pacing settings: {error}"),
-        })?;
-        let state = GateState {
-            admission,
-            idle,
-            waiting: HashMap::new(),
-            decided: HashMap::new(),
-            async_order: VecDeque::new(),
-        };
-        Ok(Self {
-            shared: Arc::new(GateShared {
-                clock,
-                state: Mutex::new(state),
-                changed: Condvar::new(),
-                waker: Mutex::new(None),
-            }),
-        })
-    }
-
-    /// A queue received work: its idle pacing starts again at 5 s.
-    pub(crate) fn enqueued(&self, key: &QueueKey) {
-        self.shared.state.lock().idle.enqueued(key);
-    }
-}
-
-fn rate_limited(rejection: &Rejection) -> Error {
-    Error::RateLimited {
-        retry_after: rejection.retry_after(),
-        reason: rejection.reason().to_string(),
-    }
-}
-
-/// The task a claim of `queue` takes at `now` (Unix milliseconds), with its
-/// brief: the oldest ready one; otherwise whichever became claimable first,
-/// a lapsed lease or an ended backoff (ties to the older task). Two index
-/// searches, `tasks_claimable` and `attempts_leased`, and the row.
-fn next_claimable(
-    reader: &Reader<'_>,
-    namespace: &Namespace,
-    queue: &QueueName,
-    now: i64,
-) -> Result<Option<TaskRow>, Error> {
-    let (namespace, queue) = (namespace.as_str(), queue.as_str());
-    let indexed = sql::oldest_claimable(reader, namespace, queue, now)?;
-    let indexed_at = indexed
-        .as_ref()
-        .map(|row| (row.claimable_at.unwrap_or(0), row.id));
-    if indexed_at.is_some_and(|(at, _)| at == 0) {
-        return Ok(indexed);
-    }
-    let lapsed = sql::oldest_lapsed(reader, namespace, queue, now)?;
-    match (indexed_at, lapsed) {
-        (Some(first), Some((task, at))) if (at, task) >= first => Ok(indexed),
-        (_, Some((task, _))) => Ok(sql::task_by_id(reader, task, true)?),
-        (_, None) => Ok(indexed),
-    }
-}
 
 impl Store {
     /// Claims the oldest claimable task of `queue` in `namespace`, waiting
@@ -862,7 +403,7 @@ impl Store {
         caller: &Caller,
         namespace: &Namespace,
         queue: &QueueName,
-        now: chrono::DateTime<chrono::Utc>,
+        now: DateTime<Utc>,
     ) -> Result<Option<(TaskRef, Lease, Brief)>, Error> {
         let session = caller.kind() == PrincipalKind::Anonymous;
         // An empty queue is answered from a read connection: no write lock,
@@ -870,9 +411,8 @@ impl Store {
         // session's first use goes on to create its namespace.
         let (claimable, opened) = self
             .read(|reader| {
-                let claimable =
-                    sql::has_claimable(reader, namespace.as_str(), queue.as_str(), millis(now))?;
-                let opened = !session || sql::namespace_exists(reader, namespace.as_str())?;
+                let claimable = reader.has_claimable(namespace, queue, now)?;
+                let opened = !session || reader.namespace_exists(namespace)?;
                 Ok((claimable, opened))
             })
             .inspect_err(|error| self.count(scope, error.outcome()))?;
@@ -887,17 +427,17 @@ impl Store {
                 self.open_namespace(writer, caller, namespace, now)?;
             }
             for _ in 0..MAX_PICKS {
-                let Some(mut row) = next_claimable(writer, namespace, queue, millis(now))? else {
+                let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {
                     break;
                 };
-                let mut rules = load(writer, &row)?;
+                let mut rules = Task::restore(loaded.record)?;
                 if rules.next_claimable_at(now) != Some(now) {
                     // The stored claim times were stale; correct them and
                     // look again.
-                    resync(writer, row.id, rules.record())?;
+                    writer.resync_task(loaded.handle, rules.record())?;
                     continue;
                 }
-                let lease = apply(writer, row.id, &mut rules, |rules| {
+                let lease = apply(writer, loaded.handle, &mut rules, |rules| {
                     rules.claim(&holder, now, duration)
                 })?;
                 let task = TaskRef::new(
@@ -905,7 +445,7 @@ impl Store {
                     lease.task().clone(),
                     rules.record().version,
                 );
-                let brief = row.take_brief()?;
+                let brief = loaded.brief.ok_or_else(|| crate::error::corrupt("task brief"))?;
                 let resource = task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()));
                 return Ok((Some((task, lease, brief)), Trail::Row(resource)));
             }

@@ -4,39 +4,22 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use tessera_admission::{AddressGroup, MintDecision, MintRefusal};
 use tessera_audit::{Action, AddressHasher, IpHash, Outcome, Resource, Secret};
 use tessera_lease::Namespace;
 
-use crate::access::{Grant, IssuedKey, KeySpec, Scope, insert_key};
-use crate::audit::{ActionScope, insert_event};
+use crate::backend::LimitWindow;
 use crate::error::{Error, corrupt};
-use crate::sql::session as sql;
-use crate::sql::{from_millis, millis};
+use crate::model::access::{Grant, KeySpec, Scope};
+use crate::model::audit::ActionScope;
+use crate::model::session::{ANONYMOUS_ACCOUNT, Session};
+use crate::ops::access::insert_key;
 use crate::store::Store;
 
 /// The `tessera_meta` key of a generated address secret (64 hex digits).
 const SECRET_KEY: &str = "address_secret";
 
-/// The account every anonymous principal belongs to.
-pub const ANONYMOUS_ACCOUNT: &str = "anonymous";
-
 const HOUR_MILLIS: i64 = 3_600_000;
-
-/// A minted anonymous session.
-#[derive(Debug, Clone, Serialize)]
-pub struct Session {
-    /// Its key, with the secret shown this once. It has every scope, in
-    /// its own namespace only.
-    #[serde(skip)]
-    pub key: IssuedKey,
-    /// The namespace it may use; created (with its practice tasks) by the
-    /// session's first enqueue or claim, not by minting.
-    pub namespace: Namespace,
-    /// When the key stops working and retention deletes the session.
-    pub expires_at: DateTime<Utc>,
-}
 
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 {
@@ -76,7 +59,7 @@ impl Store {
 
     fn stored_secret(&self) -> Result<Secret, Error> {
         let bad = || corrupt("address secret");
-        let stored = self.read(|reader| Ok(sql::meta_value(reader, SECRET_KEY)?))?;
+        let stored = self.read(|reader| Ok(reader.meta(SECRET_KEY)?))?;
         let text = match stored {
             Some(text) => text,
             None => {
@@ -85,8 +68,8 @@ impl Store {
                 let fresh = crate::key::hex(&bytes);
                 // Another process may have stored one first; theirs wins.
                 self.write(|writer| {
-                    sql::insert_meta(writer, SECRET_KEY, &fresh)?;
-                    Ok(sql::meta_value(writer, SECRET_KEY)?)
+                    writer.insert_meta(SECRET_KEY, &fresh)?;
+                    Ok(writer.meta(SECRET_KEY)?)
                 })?
                 .ok_or_else(bad)?
             }
@@ -143,12 +126,16 @@ impl Store {
             .with_scopes(Scope::ALL.iter().copied())
             .with_grant(Grant::Namespace(namespace.clone()));
         let subject = format!("mint:{ip_hash}");
-        let window_start = millis(now).div_euclid(HOUR_MILLIS) * HOUR_MILLIS;
-        let window_end = window_start + HOUR_MILLIS;
-        let per_address = i64::from(self.config.mint().per_address_per_hour);
+        let start_millis = now.timestamp_millis().div_euclid(HOUR_MILLIS) * HOUR_MILLIS;
+        let window = LimitWindow {
+            subject: &subject,
+            start: DateTime::from_timestamp_millis(start_millis).unwrap_or(now),
+            end: DateTime::from_timestamp_millis(start_millis + HOUR_MILLIS).unwrap_or(now),
+        };
+        let per_address = u64::from(self.config.mint().per_address_per_hour);
         let key = self.write(|writer| {
-            if sql::limit_count(writer, &subject, window_start)? >= per_address {
-                let wait = (from_millis(window_end) - now)
+            if writer.limit_count(&subject, window.start)? >= per_address {
+                let wait = (window.end - now)
                     .to_std()
                     .unwrap_or_default()
                     .max(Duration::from_secs(1));
@@ -159,7 +146,7 @@ impl Store {
                     reason: MintRefusal::Address.to_string(),
                 });
             }
-            sql::bump_limit(writer, &subject, window_start, window_end)?;
+            writer.bump_limit(&window)?;
             let issued = insert_key(writer, &spec, now, Some(purge_at))?;
             let event = ActionScope::new(Some(issued.info.principal), None, Action::MintSession)
                 .with_ip_hash(ip_hash.clone())
@@ -167,7 +154,7 @@ impl Store {
                     now,
                     Resource::new(&format!("key:{}", issued.info.key_id)).ok(),
                 );
-            insert_event(writer, &event)?;
+            writer.insert_event(&event)?;
             Ok(issued)
         })?;
         let expires_at = key.info.expires_at.unwrap_or(purge_at);

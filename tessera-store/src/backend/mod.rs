@@ -1,0 +1,397 @@
+//! The seam between the core and a database.
+//!
+//! The core runs every operation through these traits, with domain types
+//! in and out; it never sees SQL, a connection or a driver's error. A
+//! backend (`crate::sqlite`, and any other) implements them with its own
+//! schema, migrations and query plans, and classifies its errors into a
+//! [`StorageError`] by kind. The shape follows River's driver interface:
+//! methods are whole operations with typed parameters, not statements.
+//!
+//! - [`Backend`]: one database, opened once; runs read and write
+//!   transactions and answers the store-wide questions (metering, refusal).
+//! - [`ReadTransaction`]: the reads an operation makes.
+//! - [`WriteTransaction`]: the writes, inside one atomic transaction; it
+//!   reads too, seeing its own writes.
+//!
+//! The store holds its backend as `Box<dyn Backend>`: the backend is chosen
+//! at run time when the store is opened (a host picks SQLite or another
+//! from its settings), the core is compiled once, and one virtual call per
+//! statement is noise beside the statement itself.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use tessera_audit::{AuditEvent, Counter};
+use tessera_lease::{
+    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, TaskRecord, TaskSpec,
+};
+
+use crate::error::{Error, StorageError};
+use crate::key::KeyId;
+use crate::meter::MeterSnapshot;
+use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
+use crate::model::health::StateCounts;
+use crate::model::task::{Brief, StoredReceipt, TaskRef};
+
+/// What a backend's call returns: its value, or a classified fault.
+pub(crate) type Result<T> = std::result::Result<T, StorageError>;
+
+/// One database behind the store.
+///
+/// Transactions take their work as a closure over the transaction; the
+/// work returns the store's [`Error`], so a rule that refuses (a stale
+/// token, a conflict) rolls the transaction back like a storage fault.
+/// Errors a backend returns are [`Error::Storage`] with a classified
+/// [`StorageError`]; the store turns a quota refusal into `503` itself.
+pub(crate) trait Backend: Send + Sync + fmt::Debug {
+    /// Runs `work` on a read-only view of the last committed state.
+    fn read(
+        &self,
+        work: &mut dyn FnMut(&dyn ReadTransaction) -> std::result::Result<(), Error>,
+    ) -> std::result::Result<(), Error>;
+
+    /// Runs `work` as one atomic write transaction at `now`: committed if
+    /// it returns `Ok` and storage accepts it, rolled back whole otherwise.
+    fn write(
+        &self,
+        now: DateTime<Utc>,
+        work: &mut dyn FnMut(&dyn WriteTransaction) -> std::result::Result<(), Error>,
+    ) -> std::result::Result<Committed, Error>;
+
+    /// Starts or stops refusing every write, as a provider with a spent
+    /// allowance does; reads go on.
+    fn set_refusing(&self, refuse: bool);
+
+    /// Whether writes are being refused.
+    fn is_refusing(&self) -> bool;
+
+    /// Rows written and read so far, where the backend meters them.
+    fn meter(&self) -> MeterSnapshot;
+
+    /// Rows written today (UTC), as the daily allowance counts them.
+    fn rows_written_today(&self, now: DateTime<Utc>) -> u64;
+
+    /// What the backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Releases what the backend holds before the store goes away (best
+    /// effort, never fails).
+    fn close(&mut self);
+}
+
+/// What a backend can do beyond the operations every backend has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// Whether [`Backend::meter`] counts rows (and the daily allowance can
+    /// be kept).
+    pub(crate) metered: bool,
+}
+
+/// How a committed write transaction ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Committed {
+    /// Whether its optional tail ([`WriteTransaction::optional`]) was kept.
+    pub(crate) tail: bool,
+}
+
+/// A task's place in the backend, valid for as long as the task exists.
+///
+/// The core never reads it; it hands back what a load gave it, so a
+/// write after a load finds the task without a second search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct TaskHandle(pub(crate) i64);
+
+/// A task as loaded: its lease record with where it lives.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadedTask {
+    /// Where it is.
+    pub(crate) handle: TaskHandle,
+    /// Its queue.
+    pub(crate) queue: QueueName,
+    /// When it was enqueued.
+    pub(crate) created_at: DateTime<Utc>,
+    /// Its brief, when the load asked for it.
+    pub(crate) brief: Option<Brief>,
+    /// Its attempts, leases and token counter.
+    pub(crate) record: TaskRecord,
+}
+
+/// A task to insert, with its attempts all ready.
+#[derive(Debug, Clone)]
+pub(crate) struct NewTask<'a> {
+    pub(crate) task: &'a TaskRef,
+    pub(crate) queue: &'a QueueName,
+    /// The encoded brief and its format name ([`Brief::encode`]).
+    pub(crate) brief: &'a [u8],
+    pub(crate) brief_format: &'a str,
+    pub(crate) spec: TaskSpec,
+    pub(crate) created_at: DateTime<Utc>,
+    /// The enqueuing principal's name.
+    pub(crate) enqueued_by: &'a str,
+}
+
+/// Whether a namespace belongs to a keyed principal or a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NamespaceKind {
+    Keyed,
+    Session,
+}
+
+impl NamespaceKind {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Keyed => "keyed",
+            Self::Session => "session",
+        }
+    }
+}
+
+/// A key as stored: what a caller may see, and the hash it is checked by.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredKey {
+    pub(crate) info: KeyInfo,
+    /// SHA-256 of the whole presented key.
+    pub(crate) secret_hash: Vec<u8>,
+}
+
+/// A key to insert.
+#[derive(Debug, Clone)]
+pub(crate) struct NewKey<'a> {
+    pub(crate) key_id: &'a KeyId,
+    pub(crate) principal: PrincipalId,
+    pub(crate) secret_hash: &'a [u8],
+    pub(crate) label: &'a str,
+    pub(crate) scopes: &'a [Scope],
+    pub(crate) grants: &'a [Grant],
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) expires_at: Option<DateTime<Utc>>,
+    /// When retention deletes it (anonymous sessions only).
+    pub(crate) purge_at: Option<DateTime<Utc>>,
+}
+
+/// A key change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyChange {
+    /// Revoked at this time.
+    Revoke(DateTime<Utc>),
+    /// Stops working at this time.
+    Expire(DateTime<Utc>),
+}
+
+/// What one retention batch deletes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purge {
+    /// Anonymous sessions' keys whose purge time is at or before the
+    /// threshold.
+    Keys,
+    /// Anonymous principals, likewise.
+    Principals,
+    /// Per-address limit rows, likewise.
+    Limits,
+    /// Audit events older than the threshold.
+    Events,
+    /// Counters of minutes that start before the threshold.
+    Counters,
+}
+
+impl Purge {
+    /// Every table retention deletes from, in the order it runs.
+    pub(crate) const ALL: [Purge; 5] = [
+        Self::Keys,
+        Self::Principals,
+        Self::Limits,
+        Self::Events,
+        Self::Counters,
+    ];
+}
+
+/// A per-address limit window's stored count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LimitWindow<'a> {
+    /// Who is counted, e.g. `mint:<ip hash>`.
+    pub(crate) subject: &'a str,
+    pub(crate) start: DateTime<Utc>,
+    /// When the row may be deleted (the window's end).
+    pub(crate) end: DateTime<Utc>,
+}
+
+/// The reads operations make.
+pub(crate) trait ReadTransaction {
+    /// The key with this public id, with its principal.
+    fn key(&self, key_id: &KeyId) -> Result<Option<StoredKey>>;
+
+    /// Up to `limit` keys after `after` in key id order: one principal's,
+    /// or everyone's.
+    fn keys(
+        &self,
+        principal: Option<PrincipalId>,
+        after: Option<&KeyId>,
+        limit: usize,
+    ) -> Result<Vec<KeyInfo>>;
+
+    /// A principal's kind and account.
+    fn principal(&self, principal: PrincipalId) -> Result<Option<(PrincipalKind, String)>>;
+
+    /// Audit events at or after `since`, newest first: one principal's
+    /// (by its audit name) or everyone's.
+    fn events(
+        &self,
+        principal: Option<&str>,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<AuditEvent>>;
+
+    /// Counters of minutes starting at or after `since`, newest minute
+    /// first.
+    fn counters(
+        &self,
+        principal: Option<&str>,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Counter>>;
+
+    /// Whether a namespace has been opened.
+    fn namespace_exists(&self, namespace: &Namespace) -> Result<bool>;
+
+    /// A task, with its brief if `with_brief`.
+    fn task(&self, task: &TaskRef, with_brief: bool) -> Result<Option<LoadedTask>>;
+
+    /// Where a task is, without loading its attempts.
+    fn find_task(&self, task: &TaskRef) -> Result<Option<TaskHandle>>;
+
+    /// The task a claim of `queue` takes at `now`, with its brief, in
+    /// `tessera-lease`'s claim order.
+    fn next_claimable(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        now: DateTime<Utc>,
+    ) -> Result<Option<LoadedTask>>;
+
+    /// Whether `queue` has a task claimable at `now`.
+    fn has_claimable(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        now: DateTime<Utc>,
+    ) -> Result<bool>;
+
+    /// The receipt `principal` stored under `key` for a task.
+    fn receipt(
+        &self,
+        task: &TaskRef,
+        handle: TaskHandle,
+        principal: &Principal,
+        key: &IdempotencyKey,
+    ) -> Result<Option<StoredReceipt>>;
+
+    /// The receipts of one attempt, oldest first.
+    fn receipts_of_attempt(
+        &self,
+        task: &TaskRef,
+        handle: TaskHandle,
+        attempt: AttemptNumber,
+    ) -> Result<Vec<StoredReceipt>>;
+
+    /// A task's receipts in attempt order, at most `limit`.
+    fn receipts_of_task(
+        &self,
+        task: &TaskRef,
+        handle: TaskHandle,
+        limit: usize,
+    ) -> Result<Vec<StoredReceipt>>;
+
+    /// Attempts per state in a namespace, and how many leases there have
+    /// expired by `now`.
+    fn health(&self, namespace: &Namespace, now: DateTime<Utc>) -> Result<(StateCounts, u64)>;
+
+    /// A store-wide setting kept in the database.
+    fn meta(&self, key: &str) -> Result<Option<String>>;
+
+    /// How many times `subject` was counted in the window starting at
+    /// `start`.
+    fn limit_count(&self, subject: &str, start: DateTime<Utc>) -> Result<u64>;
+}
+
+/// The writes operations make, inside one transaction.
+pub(crate) trait WriteTransaction: ReadTransaction {
+    /// This transaction as its reads.
+    fn reads(&self) -> &dyn ReadTransaction;
+
+    /// Inserts a principal and returns its id.
+    fn insert_principal(
+        &self,
+        kind: PrincipalKind,
+        account: &str,
+        created_at: DateTime<Utc>,
+        purge_at: Option<DateTime<Utc>>,
+    ) -> Result<PrincipalId>;
+
+    /// Inserts a key; `false` if its key id is taken.
+    fn insert_key(&self, key: &NewKey<'_>) -> Result<bool>;
+
+    /// Changes a key.
+    fn change_key(&self, key_id: &KeyId, change: KeyChange) -> Result<()>;
+
+    /// Records a principal's `last_used_at`.
+    fn touch_principal(&self, principal: PrincipalId, at: DateTime<Utc>) -> Result<()>;
+
+    /// Appends an audit event.
+    fn insert_event(&self, event: &AuditEvent) -> Result<()>;
+
+    /// Adds a counter's count to its stored row, creating it if needed.
+    fn add_counter(&self, counter: &Counter) -> Result<()>;
+
+    /// One retention batch: deletes up to `limit` rows of `what` past
+    /// `threshold`; returns how many.
+    fn purge(&self, what: Purge, threshold: DateTime<Utc>, limit: usize) -> Result<usize>;
+
+    /// Opens a namespace unless it is open; returns whether it was opened.
+    fn insert_namespace(
+        &self,
+        namespace: &Namespace,
+        kind: NamespaceKind,
+        at: DateTime<Utc>,
+    ) -> Result<bool>;
+
+    /// Inserts a task and its attempts; `false` if the reference exists.
+    fn insert_task(&self, task: &NewTask<'_>) -> Result<bool>;
+
+    /// Writes what a lease rule changed between `before` and `after`.
+    fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord)
+    -> Result<()>;
+
+    /// Rewrites what the claim order keeps of a task from its record, for
+    /// stored claim times the lease rules disagree with.
+    fn resync_task(&self, handle: TaskHandle, record: &TaskRecord) -> Result<()>;
+
+    /// Tasks of a namespace with an expired lease, at most `limit`, each
+    /// once, loaded.
+    fn lapsed_tasks(
+        &self,
+        namespace: &Namespace,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<LoadedTask>>;
+
+    /// Stores an accepted receipt, with the output bytes if kept.
+    fn insert_receipt(
+        &self,
+        handle: TaskHandle,
+        receipt: &Receipt,
+        output: Option<&[u8]>,
+    ) -> Result<()>;
+
+    /// Sets a store-wide setting unless one is set.
+    fn insert_meta(&self, key: &str, value: &str) -> Result<()>;
+
+    /// Counts `window.subject` once more in its window.
+    fn bump_limit(&self, window: &LimitWindow<'_>) -> Result<()>;
+
+    /// Runs `work` as the transaction's optional tail: a write it may carry
+    /// but must never fail for (an observation). If it fails it alone is
+    /// rolled back; if the transaction fits the daily allowance only
+    /// without it, it is dropped before the commit. At most one, and last.
+    /// Returns whether it is part of the transaction so far.
+    fn optional(&self, work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<()>) -> bool;
+}

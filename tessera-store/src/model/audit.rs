@@ -1,0 +1,139 @@
+//! What audit rows and counters record, and the audit read's shapes.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tessera_audit::{Action, AuditEvent, Counter, CounterKey, IpHash, Outcome, Resource};
+use tessera_lease::Namespace;
+
+use crate::model::access::{Caller, PrincipalId};
+
+/// The namespace recorded for actions that are not in one (key management,
+/// authentication). No namespace name can be `*`.
+pub const STORE_NAMESPACE: &str = "*";
+
+/// The most events, and separately the most counters, one audit read
+/// returns.
+pub const MAX_AUDIT_ROWS: usize = 1000;
+
+/// Who did what where: the fields an audit row or a counter shares.
+#[derive(Debug, Clone)]
+pub(crate) struct ActionScope {
+    pub(crate) principal: Option<PrincipalId>,
+    namespace: Option<Namespace>,
+    action: Action,
+    ip_hash: Option<IpHash>,
+}
+
+impl ActionScope {
+    pub(crate) fn new(
+        principal: Option<PrincipalId>,
+        namespace: Option<&Namespace>,
+        action: Action,
+    ) -> Self {
+        Self {
+            principal,
+            namespace: namespace.cloned(),
+            action,
+            ip_hash: None,
+        }
+    }
+
+    /// `caller` doing `action`, with its address hash.
+    pub(crate) fn of(caller: &Caller, namespace: Option<&Namespace>, action: Action) -> Self {
+        Self {
+            principal: Some(caller.principal()),
+            namespace: namespace.cloned(),
+            action,
+            ip_hash: caller.ip_hash().cloned(),
+        }
+    }
+
+    /// The same scope with the caller's hashed address group.
+    pub(crate) fn with_ip_hash(mut self, ip_hash: IpHash) -> Self {
+        self.ip_hash = Some(ip_hash);
+        self
+    }
+
+    fn audit_namespace(&self) -> tessera_audit::Namespace {
+        let name = self
+            .namespace
+            .as_ref()
+            .map_or(STORE_NAMESPACE, Namespace::as_str);
+        tessera_audit::Namespace::new(name).expect("namespace names are valid audit identifiers")
+    }
+
+    /// The audit row of this action having succeeded at `now`.
+    pub(crate) fn event(&self, now: DateTime<Utc>, resource: Option<Resource>) -> AuditEvent {
+        let principal = self.principal.map_or_else(
+            || tessera_audit::Principal::new("-").expect("a valid identifier"),
+            PrincipalId::audit_principal,
+        );
+        let mut event = AuditEvent::new(now, principal, self.audit_namespace(), self.action);
+        event.resource = resource;
+        event.ip_hash = self.ip_hash.clone();
+        event
+    }
+
+    pub(crate) fn counter(&self, now: DateTime<Utc>, outcome: Outcome) -> CounterKey {
+        CounterKey::new(
+            now,
+            self.principal.map(PrincipalId::audit_principal),
+            self.audit_namespace(),
+            self.action,
+            outcome,
+        )
+    }
+}
+
+/// What a write action leaves behind (see [`Store::perform_or_count`]).
+#[derive(Debug, Clone)]
+pub(crate) enum Trail {
+    /// Its audit row, naming this resource.
+    Row(Option<Resource>),
+    /// Nothing written; counted with this outcome.
+    Count(Outcome),
+}
+
+/// Which audit rows [`Store::audit`] returns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditQuery {
+    /// Only this principal's rows; `None` is the caller's own, or everyone's
+    /// for an admin. Another principal's rows need an admin key.
+    pub principal: Option<PrincipalId>,
+    /// Only rows at or after this time; rows older than the retention window
+    /// are never returned anyway.
+    pub since: Option<DateTime<Utc>>,
+    /// At most this many events, newest first, and at most this many
+    /// counters, newest minute first (1 to [`MAX_AUDIT_ROWS`]).
+    pub limit: usize,
+}
+
+impl Default for AuditQuery {
+    fn default() -> Self {
+        Self {
+            principal: None,
+            since: None,
+            limit: 100,
+        }
+    }
+}
+
+/// An audit read: events of successful actions and counters of the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditPage {
+    /// Newest first.
+    pub events: Vec<AuditEvent>,
+    /// Newest minute first.
+    pub counters: Vec<Counter>,
+}
+
+/// What one [`Store::maintain`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Maintenance {
+    /// Counter rows written (each a row upserted).
+    pub counters_written: u64,
+    /// Whether a retention run started (at most once per five minutes).
+    pub retention_ran: bool,
+    /// Expired rows retention deleted.
+    pub rows_deleted: u64,
+}

@@ -1,0 +1,87 @@
+//! What a claim comes to.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tessera_lease::{Lease, QueueName};
+
+use crate::model::task::{Brief, TaskRef};
+
+/// A claim granted a lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Claimed {
+    /// The task.
+    pub task: TaskRef,
+    /// The queue it came from.
+    pub queue: QueueName,
+    /// The lease: attempt, fencing token, holder, expiry and the
+    /// [`artifact`](Lease::artifact) key the output goes under.
+    pub lease: Lease,
+    /// The task's input.
+    pub brief: Brief,
+    /// How long the claim waited for admission (`X-Claim-Wait-Ms`).
+    pub waited: Duration,
+    /// The admission limit when the claim finished (`X-Claim-Concurrency`).
+    pub concurrency_limit: u32,
+}
+
+/// What a claim came to.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "lowercase")]
+pub enum ClaimOutcome {
+    /// A lease on the oldest claimable task (`200`).
+    Granted(Claimed),
+    /// The queue had nothing claimable (`204`): counted, not audited, and
+    /// nothing written.
+    Empty {
+        /// The idle-pacing hint (`Retry-After`): 5, 10, 20, 40, then 60 s
+        /// while this key keeps finding this queue empty.
+        retry_after: Duration,
+        /// How long the claim waited for admission.
+        waited: Duration,
+        /// The admission limit when the claim finished.
+        concurrency_limit: u32,
+    },
+}
+
+impl ClaimOutcome {
+    /// The lease, if one was granted.
+    pub fn claimed(&self) -> Option<&Claimed> {
+        match self {
+            Self::Granted(claimed) => Some(claimed),
+            Self::Empty { .. } => None,
+        }
+    }
+
+    /// How long the claim waited for admission.
+    pub fn waited(&self) -> Duration {
+        match self {
+            Self::Granted(claimed) => claimed.waited,
+            Self::Empty { waited, .. } => *waited,
+        }
+    }
+
+    /// The `X-Claim-Wait-Ms` header value.
+    pub fn wait_ms(&self) -> u64 {
+        u64::try_from(self.waited().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The `X-Claim-Concurrency` header value.
+    pub fn concurrency_limit(&self) -> u32 {
+        match self {
+            Self::Granted(claimed) => claimed.concurrency_limit,
+            Self::Empty {
+                concurrency_limit, ..
+            } => *concurrency_limit,
+        }
+    }
+
+    /// The `Retry-After` of an empty claim.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Granted(_) => None,
+            Self::Empty { retry_after, .. } => Some(*retry_after),
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Tasks as a host sees them: references, briefs, outputs, receipts.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+use tessera_audit::Resource;
+use tessera_lease::{
+    BriefVersion, Digest, MAX_ALTERNATIVES, Namespace, QueueName, Receipt, TaskId, TaskRecord,
+    TaskSpec, check_brief_size,
+};
+
+use crate::error::{Error, corrupt};
+
+/// The queue a session's practice tasks are put in.
+pub const PRACTICE_QUEUE: &str = "practice";
+
+/// Names one task: a versioned brief in a namespace.
+///
+/// Written `namespace/task@version`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TaskRef {
+    /// The namespace it was enqueued in.
+    pub namespace: Namespace,
+    /// The brief's id.
+    pub id: TaskId,
+    /// The brief's version.
+    pub version: BriefVersion,
+}
+
+impl TaskRef {
+    /// A reference to `id` at `version` in `namespace`.
+    pub fn new(namespace: Namespace, id: TaskId, version: BriefVersion) -> Self {
+        Self {
+            namespace,
+            id,
+            version,
+        }
+    }
+
+    /// The audit resource naming this task, followed by `suffix`.
+    pub(crate) fn resource(&self, suffix: &str) -> Option<Resource> {
+        Resource::new(&format!("task:{}@{}{suffix}", self.id, self.version)).ok()
+    }
+}
+
+impl fmt::Display for TaskRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}@{}", self.namespace, self.id, self.version)
+    }
+}
+
+/// A task's input, handed to whoever claims it; at most
+/// [`MAX_BRIEF_BYTES`](tessera_lease::MAX_BRIEF_BYTES) once encoded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "format", content = "value", rename_all = "lowercase")]
+pub enum Brief {
+    /// Opaque bytes, stored as they are.
+    Bytes(Vec<u8>),
+    /// A JSON document, stored as its compact text.
+    Json(serde_json::Value),
+}
+
+impl Brief {
+    /// The stored bytes (borrowed when they are the brief's own) and
+    /// format name; refuses an oversized brief.
+    pub(crate) fn encode(&self) -> Result<(Cow<'_, [u8]>, &'static str), Error> {
+        let (bytes, format) = match self {
+            Self::Bytes(bytes) => (Cow::Borrowed(bytes.as_slice()), "bytes"),
+            Self::Json(value) => (
+                Cow::Owned(serde_json::to_vec(value).expect("a JSON value always serializes")),
+                "json",
+            ),
+        };
+        check_brief_size(bytes.len())?;
+        Ok((bytes, format))
+    }
+
+    pub(crate) fn decode(bytes: Vec<u8>, format: &str) -> Result<Self, Error> {
+        match format {
+            "bytes" => Ok(Self::Bytes(bytes)),
+            "json" => serde_json::from_slice(&bytes)
+                .map(Self::Json)
+                .map_err(|_| corrupt("task brief")),
+            _ => Err(corrupt("task brief format")),
+        }
+    }
+}
+
+/// How [`Store::enqueue`] sets a task up.
+///
+/// ```
+/// use std::time::Duration;
+/// use tessera_store::{BriefVersion, EnqueueOptions, TaskId};
+///
+/// let options = EnqueueOptions::default()
+///     .with_task_id(TaskId::parse("render-42")?)
+///     .with_version(BriefVersion::new(2)?)
+///     .with_alternatives(3)
+///     .with_lapse_backoff(Duration::from_secs(10));
+/// # Ok::<(), tessera_store::LeaseError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnqueueOptions {
+    pub(crate) task_id: Option<TaskId>,
+    pub(crate) version: Option<BriefVersion>,
+    pub(crate) spec: TaskSpec,
+}
+
+impl EnqueueOptions {
+    /// The brief's id (default: a random `t-<16 hex digits>`).
+    pub fn with_task_id(mut self, id: TaskId) -> Self {
+        self.task_id = Some(id);
+        self
+    }
+
+    /// The brief's version (default 1). Each version of one id is its own
+    /// task, with its own attempts and receipts.
+    pub fn with_version(mut self, version: BriefVersion) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    /// How many competing attempts the brief gets (default 1, at most
+    /// [`MAX_ALTERNATIVES`]).
+    pub fn with_alternatives(mut self, alternatives: u16) -> Self {
+        self.spec.alternatives = alternatives;
+        self
+    }
+
+    /// How long an attempt whose lease lapsed waits before it can be
+    /// claimed again (default zero: at once).
+    pub fn with_lapse_backoff(mut self, backoff: Duration) -> Self {
+        self.spec.lapse_backoff = backoff;
+        self
+    }
+}
+
+/// A submission's output: its digest, and the bytes if the store is to
+/// keep them (at most [`MAX_BRIEF_BYTES`](tessera_lease::MAX_BRIEF_BYTES)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Output {
+    pub(crate) digest: Digest,
+    pub(crate) bytes: Option<Vec<u8>>,
+}
+
+impl Output {
+    /// Output bytes the store keeps with the receipt; the digest is their
+    /// SHA-256.
+    pub fn bytes(bytes: impl Into<Vec<u8>>) -> Self {
+        let bytes = bytes.into();
+        let digest = Digest::from_bytes(Sha256::digest(&bytes).into());
+        Self {
+            digest,
+            bytes: Some(bytes),
+        }
+    }
+
+    /// Output kept elsewhere (under the receipt's artifact key), known here
+    /// by its digest.
+    pub fn digest(digest: Digest) -> Self {
+        Self {
+            digest,
+            bytes: None,
+        }
+    }
+
+    /// The payload digest idempotency compares.
+    pub fn payload_digest(&self) -> Digest {
+        self.digest
+    }
+}
+
+/// A receipt as stored, with the output bytes if they were kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredReceipt {
+    /// The receipt.
+    pub receipt: Receipt,
+    /// The output, when it was submitted as bytes.
+    pub output: Option<Vec<u8>>,
+}
+
+/// A task as [`Store::read_task`] returns it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskView {
+    /// The task.
+    pub task: TaskRef,
+    /// Its queue.
+    pub queue: QueueName,
+    /// Its input.
+    pub brief: Brief,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// Its attempts, their states and leases, and the token counter.
+    pub record: TaskRecord,
+}
+
+pub(crate) fn not_found(task: &TaskRef) -> Error {
+    Error::NotFound {
+        what: format!("task {task}"),
+    }
+}
+
+/// `duration` in the whole milliseconds times are stored at.
+pub(crate) fn whole_millis(duration: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn briefs_are_size_checked_and_round_trip() {
+        let json = Brief::Json(serde_json::json!({"frame": 7}));
+        let (bytes, format) = json.encode().unwrap();
+        assert_eq!(Brief::decode(bytes.into_owned(), format).unwrap(), json);
+        let big = Brief::Bytes(vec![0; tessera_lease::MAX_BRIEF_BYTES + 1]);
+        assert_eq!(big.encode().unwrap_err().status(), 400);
+    }
+
+    #[test]
+    fn output_digest_is_the_sha256_of_the_bytes() {
+        let output = Output::bytes(b"abc".to_vec());
+        assert_eq!(
+            output.payload_digest().to_string(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! Audit operations: maintenance (counter flushes and retention) and the
+//! audit read.
+
+use chrono::{DateTime, Utc};
+use tessera_audit::{Action, CounterBatch, RetentionRun, RetentionSchedule, RetentionStep, visible_since};
+
+use crate::backend::Purge;
+use crate::error::Error;
+use crate::model::access::Caller;
+use crate::model::audit::{ActionScope, AuditPage, AuditQuery, MAX_AUDIT_ROWS, Maintenance};
+use crate::store::Store;
+
+/// The retention schedule and when its last run started (for
+/// [`Store::next_maintenance`]).
+#[derive(Debug, Default)]
+pub(crate) struct Retention {
+    schedule: RetentionSchedule,
+    last_start: Option<DateTime<Utc>>,
+}
+
+impl Retention {
+    fn start(&mut self, now: DateTime<Utc>) -> Option<RetentionRun> {
+        let run = self.schedule.start(now)?;
+        self.last_start = Some(now);
+        Some(run)
+    }
+}
+
+/// The start of the first counter minute inside the window that starts
+/// at `cutoff`.
+fn first_visible_minute(cutoff: DateTime<Utc>) -> DateTime<Utc> {
+    let millis = cutoff.timestamp_millis();
+    let minute = millis.div_euclid(60_000) + i64::from(millis.rem_euclid(60_000) != 0);
+    DateTime::from_timestamp_millis(minute.saturating_mul(60_000)).unwrap_or(cutoff)
+}
+
+impl Store {
+    /// Does what is due now: writes counters whose minute has passed (or all,
+    /// once 1,024 distinct counters wait) and runs retention if five minutes
+    /// have passed since the last run. The store calls it after every
+    /// successful write; a host with a timer may call it at
+    /// [`next_maintenance`](Self::next_maintenance), so counters reach
+    /// storage even when no write happens. Each batch is its own
+    /// transaction; the first failure stops the call.
+    pub fn maintain(&self) -> Result<Maintenance, Error> {
+        let now = self.now_utc();
+        let mut report = Maintenance::default();
+        let batch = self.counters.lock().take_due(now);
+        if let Some(batch) = batch {
+            report.counters_written = self.write_counters(batch, now)?;
+        }
+        let run = self.retention.lock().start(now);
+        if let Some(run) = run {
+            report.retention_ran = true;
+            report.rows_deleted = self.run_retention(run, now)?;
+        }
+        Ok(report)
+    }
+
+    /// When [`maintain`](Self::maintain) next has something to do without
+    /// another request: the earlier of the counter buffer's next due time
+    /// and the next retention run.
+    pub fn next_maintenance(&self) -> Option<DateTime<Utc>> {
+        let counters = self.counters.lock().poll_timeout();
+        let retention = self
+            .retention
+            .lock()
+            .last_start
+            .map(|last| last + RetentionSchedule::INTERVAL);
+        match (counters, retention) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Writes every waiting counter now, whatever its minute; returns the
+    /// rows written.
+    pub fn flush_counters(&self) -> Result<u64, Error> {
+        let now = self.now_utc();
+        let batch = self.counters.lock().take_all();
+        match batch {
+            Some(batch) => self.write_counters(batch, now),
+            None => Ok(0),
+        }
+    }
+
+    /// Counts waiting in memory, not yet written.
+    pub fn pending_counters(&self) -> u64 {
+        self.counters.lock().total()
+    }
+
+    fn write_counters(&self, batch: CounterBatch, now: DateTime<Utc>) -> Result<u64, Error> {
+        let result = self.write(|writer| {
+            for counter in batch.counters() {
+                writer.add_counter(counter)?;
+            }
+            Ok(batch.counters().len() as u64)
+        });
+        let mut buffer = self.counters.lock();
+        match result {
+            Ok(rows) => {
+                buffer.written(batch);
+                Ok(rows)
+            }
+            Err(error) => {
+                buffer.failed(batch, now);
+                Err(error)
+            }
+        }
+    }
+
+    fn run_retention(&self, run: RetentionRun, now: DateTime<Utc>) -> Result<u64, Error> {
+        let mut deleted = 0;
+        for what in Purge::ALL {
+            let threshold = match what {
+                Purge::Events => run.cutoff(),
+                Purge::Counters => first_visible_minute(run.cutoff()),
+                Purge::Keys | Purge::Principals | Purge::Limits => now,
+            };
+            loop {
+                let rows = self.write(|writer| Ok(writer.purge(what, threshold, run.batch_size())?))?;
+                deleted += rows as u64;
+                if run.after_batch(rows) == RetentionStep::Stop {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Audit events and counters: a caller's own, or (admin) anyone's or
+    /// everyone's. Waiting counters are written first so the read sees
+    /// them; if storage refuses that write, the read answers without them.
+    /// Only rows inside the retention window are returned. Audited as
+    /// `read_audit`.
+    pub fn audit(&self, caller: &Caller, query: &AuditQuery) -> Result<AuditPage, Error> {
+        let scope = ActionScope::of(caller, None, Action::ReadAudit);
+        let principal = self.rows_of(
+            caller,
+            &scope,
+            query.principal,
+            "only an admin reads another principal's audit",
+        )?;
+        match self.flush_counters() {
+            Ok(_) => {}
+            Err(error) if error.is_quota_exhausted() => {}
+            Err(error) => {
+                self.count(&scope, error.outcome());
+                return Err(error);
+            }
+        }
+        let now = self.now_utc();
+        let window = visible_since(now);
+        let since = query.since.map_or(window, |since| since.max(window));
+        let limit = query.limit.clamp(1, MAX_AUDIT_ROWS);
+        let name = principal.map(|p| p.to_string());
+        self.perform_read(&scope, |reader| {
+            let events = reader.events(name.as_deref(), since, limit)?;
+            let counters =
+                reader.counters(name.as_deref(), first_visible_minute(since), limit)?;
+            Ok((AuditPage { events, counters }, None))
+        })
+    }
+}
+

@@ -1,0 +1,428 @@
+//! Task operations: enqueue, heartbeat, submit, fail, lease expiry and
+//! the reads of tasks, receipts and alternatives, each applying
+//! `tessera-lease`'s rules inside one transaction.
+
+use chrono::{DateTime, Utc};
+use tessera_audit::{Action, Outcome};
+use tessera_lease::{
+    AttemptNumber, BriefVersion, FencingToken, Idempotency, IdempotencyKey, Lease, LeaseError,
+    MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Retry, Submission, Submitted, Task, TaskId,
+    TaskSpec, TaskState, check_brief_size, decide_idempotency,
+};
+
+use crate::backend::{LoadedTask, NamespaceKind, NewTask, ReadTransaction, TaskHandle, WriteTransaction};
+use crate::error::Error;
+use crate::model::access::{Caller, PrincipalKind, Scope};
+use crate::model::audit::Trail;
+use crate::model::task::{
+    Brief, EnqueueOptions, Output, PRACTICE_QUEUE, StoredReceipt, TaskRef, TaskView, not_found,
+    whole_millis,
+};
+use crate::store::Store;
+
+/// A task loaded by reference, with its lease rules; `404` if none.
+pub(crate) fn load(
+    reader: &dyn ReadTransaction,
+    task: &TaskRef,
+    with_brief: bool,
+) -> Result<(LoadedTask, Task), Error> {
+    let loaded = reader.task(task, with_brief)?.ok_or_else(|| not_found(task))?;
+    let rules = Task::restore(loaded.record.clone())?;
+    Ok((loaded, rules))
+}
+
+/// Where a task is, without its attempts; `404` if none.
+fn find(reader: &dyn ReadTransaction, task: &TaskRef) -> Result<TaskHandle, Error> {
+    reader.find_task(task)?.ok_or_else(|| not_found(task))
+}
+
+/// Applies one lease rule to `task`, stored at `handle`, and writes what it
+/// changed.
+pub(crate) fn apply<T>(
+    writer: &dyn WriteTransaction,
+    handle: TaskHandle,
+    task: &mut Task,
+    rule: impl FnOnce(&mut Task) -> Result<T, LeaseError>,
+) -> Result<T, Error> {
+    let before = task.record().clone();
+    let value = rule(task)?;
+    writer.save_task(handle, &before, task.record())?;
+    Ok(value)
+}
+
+fn random_task_id() -> Result<TaskId, Error> {
+    let mut bytes = [0_u8; 8];
+    getrandom::fill(&mut bytes).map_err(|_| Error::RandomnessUnavailable)?;
+    Ok(TaskId::parse(&format!("t-{}", crate::key::hex(&bytes))).expect("t-<hex> is a task id"))
+}
+
+impl Store {
+    /// Puts a task with a versioned brief into `queue` of `namespace` and
+    /// returns its reference.
+    ///
+    /// Needs the `enqueue` scope and a grant for the namespace (`403`
+    /// otherwise, counted). The brief is refused over
+    /// [`MAX_BRIEF_BYTES`](tessera_lease::MAX_BRIEF_BYTES) (`400`); an id and
+    /// version already enqueued in the namespace is `409`. One transaction:
+    /// the namespace row on its first use, the task, one row per attempt and
+    /// the audit row. Afterwards the queue's empty-claim pacing starts again
+    /// at 5 s and long-polls on the queue wake.
+    pub fn enqueue(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+        brief: &Brief,
+        options: &EnqueueOptions,
+    ) -> Result<TaskRef, Error> {
+        let scope = self.admit(caller, namespace, Scope::Enqueue, Action::Enqueue)?;
+        let prepared = (|| {
+            let (bytes, format) = brief.encode()?;
+            let id = match &options.task_id {
+                Some(id) => id.clone(),
+                None => random_task_id()?,
+            };
+            let version = options.version.unwrap_or(BriefVersion::FIRST);
+            // Checks the alternatives and backoff before anything is written.
+            Task::new(id.clone(), version, options.spec)?;
+            Ok::<_, Error>((bytes, format, TaskRef::new(namespace.clone(), id, version)))
+        })();
+        let (bytes, format, task) =
+            prepared.inspect_err(|error| self.count(&scope, error.outcome()))?;
+        let now = self.now_utc();
+        let principal = caller.principal().to_string();
+        self.perform(&scope, now, |writer| {
+            self.open_namespace(writer, caller, namespace, now)?;
+            let inserted = insert_task(
+                writer,
+                &task,
+                queue,
+                &bytes,
+                format,
+                options.spec,
+                now,
+                &principal,
+            )?;
+            if !inserted {
+                return Err(Error::Conflict {
+                    reason: format!("task {task} already exists"),
+                });
+            }
+            let resource = task.resource("");
+            Ok((task.clone(), resource))
+        })?;
+        self.namespace_changed(namespace);
+        self.queue_received_work(namespace, queue);
+        Ok(task)
+    }
+
+    /// Creates `namespace`'s row on its first use. A session's namespace
+    /// also gets its practice tasks then, never when the session is minted.
+    pub(crate) fn open_namespace(
+        &self,
+        writer: &dyn WriteTransaction,
+        caller: &Caller,
+        namespace: &Namespace,
+        now: DateTime<Utc>,
+    ) -> Result<(), Error> {
+        let session = caller.kind() == PrincipalKind::Anonymous;
+        let kind = if session {
+            NamespaceKind::Session
+        } else {
+            NamespaceKind::Keyed
+        };
+        let created = writer.insert_namespace(namespace, kind, now)?;
+        if created && session {
+            let queue = QueueName::parse(PRACTICE_QUEUE).expect("a valid queue name");
+            let principal = caller.principal().to_string();
+            for n in 1..=self.config.session_practice_tasks() {
+                let id = TaskId::parse(&format!("practice-{n}")).expect("a valid task id");
+                let task = TaskRef::new(namespace.clone(), id, BriefVersion::FIRST);
+                let brief = serde_json::json!({ "practice": n, "task": "return the brief" });
+                let bytes = serde_json::to_vec(&brief).expect("a JSON value serializes");
+                insert_task(
+                    writer,
+                    &task,
+                    &queue,
+                    &bytes,
+                    "json",
+                    TaskSpec::default(),
+                    now,
+                    &principal,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Extends the lease `token` on `task` that `caller` holds, by the
+    /// store's lease duration from now (never shortening it).
+    ///
+    /// Needs the `claim` scope and the namespace grant. A stale, foreign or
+    /// expired token, or a lease that ended, is `409 conflict`; an unknown
+    /// task `404`. Writes the attempt's expiry (its row and its entry in
+    /// the leased-attempts index) and the audit row, never the task row: a
+    /// leased task is out of the claim index, and its lapse is found
+    /// through that entry. Never enters claim admission.
+    pub fn heartbeat(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        token: FencingToken,
+    ) -> Result<Lease, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Heartbeat)?;
+        let now = self.now_utc();
+        let holder = caller.lease_principal();
+        let extension = self.config.lease_duration();
+        let lease = self.perform(&scope, now, |writer| {
+            let (loaded, mut rules) = load(writer.reads(), task, false)?;
+            let lease = apply(writer, loaded.handle, &mut rules, |rules| {
+                rules.heartbeat(&holder, token, now, extension)
+            })?;
+            let resource = task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()));
+            Ok((lease, resource))
+        })?;
+        self.namespace_changed(&task.namespace);
+        Ok(lease)
+    }
+
+    /// Submits the output of the lease `token` on `task` under an
+    /// idempotency key, and returns the receipt.
+    ///
+    /// Needs the `claim` scope and the namespace grant. The key is scoped to
+    /// the caller's principal and the task. The same key with the same
+    /// output digest returns the stored receipt as
+    /// [`Submitted::Replayed`] and writes nothing (not even an audit row: a
+    /// replay is counted), even after the lease ended; the same key with a
+    /// different digest is `409 conflict`. A fresh submission needs the live
+    /// lease (`409` for a stale, foreign or expired token) and writes the
+    /// receipt, the attempt's state and the audit row in one transaction.
+    pub fn submit(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        token: FencingToken,
+        key: &IdempotencyKey,
+        output: &Output,
+    ) -> Result<Submitted, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Submit)?;
+        if let Some(bytes) = &output.bytes {
+            check_brief_size(bytes.len())
+                .map_err(Error::from)
+                .inspect_err(|error| self.count(&scope, error.outcome()))?;
+        }
+        let submission = Submission {
+            principal: caller.lease_principal(),
+            token,
+            key: key.clone(),
+            digest: output.digest,
+        };
+        let principal = &submission.principal;
+        // A replay is decided on a read connection, so it writes nothing.
+        let stored = self
+            .read(|reader| {
+                let handle = find(reader, task)?;
+                Ok(reader.receipt(task, handle, principal, key)?)
+            })
+            .inspect_err(|error| self.count(&scope, error.outcome()))?;
+        if let Some(stored) = stored {
+            return match decide_idempotency(Some(&stored.receipt), &submission) {
+                Idempotency::Replay(receipt) => {
+                    self.count(&scope, Outcome::Ok);
+                    Ok(Submitted::Replayed(receipt))
+                }
+                _ => {
+                    let error = Error::from(LeaseError::IdempotencyConflict);
+                    self.count(&scope, error.outcome());
+                    Err(error)
+                }
+            };
+        }
+        let now = self.now_utc();
+        let submitted = self.perform_or_count(&scope, now, |writer| {
+            let (loaded, mut rules) = load(writer.reads(), task, false)?;
+            // Looked up again under the write lock: a concurrent retry may
+            // have stored it since.
+            let stored = writer.receipt(task, loaded.handle, principal, key)?;
+            let submitted = apply(writer, loaded.handle, &mut rules, |rules| {
+                rules.submit(&submission, stored.as_ref().map(|s| &s.receipt), now)
+            })?;
+            let receipt = match &submitted {
+                Submitted::Replayed(_) => return Ok((submitted, Trail::Count(Outcome::Ok))),
+                Submitted::Accepted(receipt) => receipt,
+            };
+            writer.insert_receipt(loaded.handle, receipt, output.bytes.as_deref())?;
+            let resource = task.resource(&format!("/a{}/t{}", receipt.attempt, receipt.token));
+            Ok((submitted, Trail::Row(resource)))
+        })?;
+        if matches!(submitted, Submitted::Accepted(_)) {
+            self.namespace_changed(&task.namespace);
+        }
+        Ok(submitted)
+    }
+
+    /// Ends the lease `token` on `task` with a failure report:
+    /// [`Retry::Never`] fails its attempt for good, [`Retry::After`] makes
+    /// it claimable again after the backoff (counted in whole
+    /// milliseconds, as times are stored). Returns the attempt's new
+    /// state. Same permissions and token rules as
+    /// [`heartbeat`](Self::heartbeat).
+    pub fn fail(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        token: FencingToken,
+        retry: Retry,
+    ) -> Result<TaskState, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Fail)?;
+        let now = self.now_utc();
+        let holder = caller.lease_principal();
+        let retry = match retry {
+            Retry::After(backoff) => Retry::After(whole_millis(backoff)),
+            Retry::Never => Retry::Never,
+        };
+        let state = self.perform(&scope, now, |writer| {
+            let (loaded, mut rules) = load(writer.reads(), task, false)?;
+            let state = apply(writer, loaded.handle, &mut rules, |rules| {
+                rules.fail(&holder, token, now, retry)
+            })?;
+            Ok((state, task.resource(&format!("/t{token}"))))
+        })?;
+        self.namespace_changed(&task.namespace);
+        Ok(state)
+    }
+
+    /// Returns the lapsed leases of `namespace` to their attempts' next
+    /// state (ready, or a lapse backoff), at most `limit` tasks per call,
+    /// and returns the tasks changed.
+    ///
+    /// Optional upkeep for hosts with a timer: a claim already takes over
+    /// a lapsed lease whether or not this ran (it searches leases by when
+    /// they lapse). The expired leases are found by reading the namespace's
+    /// entries in the partial `attempts_leased` index (one per leased
+    /// attempt, never a table scan). Not audited.
+    pub fn expire_leases(
+        &self,
+        namespace: &Namespace,
+        limit: usize,
+    ) -> Result<Vec<TaskRef>, Error> {
+        let now = self.now_utc();
+        let changed = self.write(|writer| {
+            let mut changed = Vec::new();
+            for loaded in writer.lapsed_tasks(namespace, now, limit.max(1))? {
+                let mut rules = Task::restore(loaded.record)?;
+                if apply(writer, loaded.handle, &mut rules, |rules| Ok(rules.expire(now)))?
+                    .is_empty()
+                {
+                    continue;
+                }
+                let record = rules.record();
+                changed.push(TaskRef::new(
+                    namespace.clone(),
+                    record.id.clone(),
+                    record.version,
+                ));
+            }
+            Ok(changed)
+        })?;
+        if !changed.is_empty() {
+            self.namespace_changed(namespace);
+        }
+        Ok(changed)
+    }
+
+    /// Reads a task: its brief, queue, attempts and leases. Needs the
+    /// `read` scope and the namespace grant; audited as `read_task` naming
+    /// the task.
+    pub fn read_task(&self, caller: &Caller, task: &TaskRef) -> Result<TaskView, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ReadTask)?;
+        self.perform_read(&scope, |reader| {
+            let (loaded, rules) = load(reader, task, true)?;
+            let view = TaskView {
+                task: task.clone(),
+                queue: loaded.queue,
+                brief: loaded.brief.ok_or_else(|| crate::error::corrupt("task brief"))?,
+                created_at: loaded.created_at,
+                record: rules.into_record(),
+            };
+            Ok((view, task.resource("")))
+        })
+    }
+
+    /// Reads the execution receipt of one attempt of `task`, with its
+    /// output. Needs the `read` scope and the namespace grant; `404` if the
+    /// attempt has none. Audited as `read_receipt` naming the run
+    /// (`task:<id>@<version>/a<attempt>/t<token>`).
+    pub fn read_receipt(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        attempt: AttemptNumber,
+    ) -> Result<StoredReceipt, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ReadReceipt)?;
+        self.perform_read(&scope, |reader| {
+            let handle = find(reader, task)?;
+            let stored = reader
+                .receipts_of_attempt(task, handle, attempt)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::NotFound {
+                    what: format!("receipt of {task} attempt {attempt}"),
+                })?;
+            let resource = task.resource(&format!(
+                "/a{}/t{}",
+                stored.receipt.attempt, stored.receipt.token
+            ));
+            Ok((stored, resource))
+        })
+    }
+
+    /// The finished alternatives of `task`: one receipt per done attempt,
+    /// in attempt order, with outputs, for a comparison step. Needs the
+    /// `read` scope and the namespace grant; audited as `list_attempts`.
+    pub fn alternatives(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+    ) -> Result<Vec<StoredReceipt>, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ListAttempts)?;
+        self.perform_read(&scope, |reader| {
+            let (loaded, rules) = load(reader, task, false)?;
+            let stored =
+                reader.receipts_of_task(task, loaded.handle, usize::from(MAX_ALTERNATIVES))?;
+            let chosen: Vec<StoredReceipt> = {
+                let receipts: Vec<&Receipt> = stored.iter().map(|s| &s.receipt).collect();
+                let kept = rules.alternatives(receipts.iter().copied());
+                stored
+                    .iter()
+                    .filter(|s| kept.contains(&&s.receipt))
+                    .cloned()
+                    .collect()
+            };
+            Ok((chosen, task.resource("")))
+        })
+    }
+}
+
+/// Inserts a task and its attempts; `false` if the reference exists.
+#[allow(clippy::too_many_arguments)]
+fn insert_task(
+    writer: &dyn WriteTransaction,
+    task: &TaskRef,
+    queue: &QueueName,
+    brief: &[u8],
+    format: &str,
+    spec: TaskSpec,
+    now: DateTime<Utc>,
+    enqueued_by: &str,
+) -> Result<bool, Error> {
+    Ok(writer.insert_task(&NewTask {
+        task,
+        queue,
+        brief,
+        brief_format: format,
+        spec,
+        created_at: now,
+        enqueued_by,
+    })?)
+}

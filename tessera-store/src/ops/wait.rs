@@ -1,0 +1,62 @@
+//! The long-poll: wait until a queue receives work or a timeout passes.
+
+use std::time::Duration;
+
+use tessera_audit::{Action, Resource};
+use tessera_lease::{Namespace, QueueName};
+
+use crate::error::Error;
+use crate::model::access::{Caller, Scope};
+use crate::model::wait::{MAX_LONG_POLL, WaitOutcome};
+use crate::store::Store;
+
+impl Store {
+    /// How many [`wait_for_work`](Self::wait_for_work) calls are waiting,
+    /// for metrics. O(queues being polled).
+    pub fn long_polls_waiting(&self) -> usize {
+        self.signals.waiting()
+    }
+
+    /// Long-polls `queue` of `namespace`: returns at once if it has a
+    /// claimable task, otherwise when it receives an enqueue or when
+    /// `timeout` (at most [`MAX_LONG_POLL`]) passes on the store's clock.
+    ///
+    /// Needs the `claim` scope and the namespace grant. One indexed read at
+    /// the start and one audit row per request, however long it waits; the
+    /// wait itself reads and writes nothing. Readiness that does not come
+    /// from an enqueue (a lease lapsing, a backoff ending) is noticed by
+    /// the next poll or claim. Blocks the calling thread (parking in real
+    /// time, at most [`Clock::max_park`] at a time).
+    pub fn wait_for_work(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+        timeout: Duration,
+    ) -> Result<WaitOutcome, Error> {
+        let scope = self.admit(caller, namespace, Scope::Claim, Action::WaitForWork)?;
+        let deadline = self.clock().now() + timeout.min(MAX_LONG_POLL);
+        let key = (namespace.clone(), queue.clone());
+        // Registered before the read, so an enqueue committed after it is
+        // seen as a new epoch.
+        let epoch = self.signals.register(&key);
+        let outcome = self
+            .read(|reader| Ok(reader.has_claimable(namespace, queue, self.now_utc())?))
+            .map(|ready| {
+                if ready
+                    || self
+                        .signals
+                        .wait(&key, epoch, deadline, self.clock().as_ref())
+                {
+                    WaitOutcome::WorkAvailable
+                } else {
+                    WaitOutcome::TimedOut
+                }
+            });
+        self.signals.unregister(&key);
+        let outcome = outcome.inspect_err(|error| self.count(&scope, error.outcome()))?;
+        let resource = Resource::new(&format!("queue:{queue}")).ok();
+        self.audit_read(&scope, resource)?;
+        Ok(outcome)
+    }
+}

@@ -1,0 +1,278 @@
+//! Claims: admission first, then one lease transaction.
+//!
+//! Only new claims enter [`Admission`]. The store keeps one controller, its
+//! idle pacing and the outcomes of waiting claims behind one
+//! `parking_lot::Mutex` ([`Gate`]); threads that wait park on its condvar,
+//! async hosts pull the same outcomes as [`ClaimEvent`]s. Every
+//! [`ClaimPermit`] releases its capacity when it is dropped, so no path
+//! (an error, a panic, a client that left) leaks a unit of capacity.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tessera_admission::{Admission, AdmissionConfig, IdleConfig, IdlePacing, Permit, Rejection, Ticket};
+use tessera_lease::{Namespace, QueueName};
+
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::model::access::{Caller, PrincipalId};
+use crate::state::waiting::{ClaimRequest, Decided, GateState, QueueKey, Wake};
+
+/// Called when an outcome for a claim begun with [`Store::begin_claim`] is
+/// ready to pull with [`Store::poll_claim_event`] (see
+/// [`Store::set_claim_waker`]). It runs on whichever thread produced the
+/// outcome, outside the store's locks; it should only wake the host's
+/// driver (e.g. `tokio::sync::Notify::notify_one`).
+pub type ClaimWaker = Arc<dyn Fn() + Send + Sync>;
+
+/// How [`Store::begin_claim`] started a claim.
+#[derive(Debug)]
+#[must_use]
+pub enum ClaimStart {
+    /// Admitted at once: run it with [`Store::finish_claim`].
+    Admitted(ClaimPermit),
+    /// Waiting its turn; its [`ClaimEvent`] comes from
+    /// [`Store::poll_claim_event`].
+    Queued(Ticket),
+}
+
+/// The end of a waiting claim, pulled with [`Store::poll_claim_event`].
+#[derive(Debug)]
+#[must_use]
+pub enum ClaimEvent {
+    /// Its turn came: run it with [`Store::finish_claim`].
+    Granted {
+        /// The claim.
+        ticket: Ticket,
+        /// Its capacity; released by `finish_claim` or when dropped.
+        permit: ClaimPermit,
+    },
+    /// It was turned away: `429 rate_limited` (the wait limit passed, or
+    /// it gave up its slot to a principal below its fair share).
+    Rejected {
+        /// The claim.
+        ticket: Ticket,
+        /// The `429`, with its `Retry-After` and reason.
+        error: Error,
+    },
+}
+
+impl ClaimEvent {
+    /// The claim this event ends.
+    pub fn ticket(&self) -> Ticket {
+        match self {
+            Self::Granted { ticket, .. } | Self::Rejected { ticket, .. } => *ticket,
+        }
+    }
+}
+
+/// One admitted unit of claim capacity, for one claim.
+///
+/// Pass it to [`Store::finish_claim`]. Dropped instead (an error, a panic,
+/// a client that left), it hands its capacity back to admission, which may
+/// grant the next waiting claim. It is not `Clone`.
+#[must_use = "a claim permit holds admission capacity until it is finished or dropped"]
+pub struct ClaimPermit {
+    pub(crate) permit: Option<Permit>,
+    pub(crate) shared: Arc<GateShared>,
+    pub(crate) request: Arc<ClaimRequest>,
+    /// `None` when admitted at once; how long it waited otherwise.
+    pub(crate) waited: Option<Duration>,
+}
+
+impl ClaimPermit {
+    /// The caller the claim was begun for.
+    pub fn caller(&self) -> &Caller {
+        &self.request.caller
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &Namespace {
+        &self.request.namespace
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &QueueName {
+        &self.request.queue
+    }
+
+    /// How long the claim waited for admission (zero if admitted at once).
+    pub fn waited(&self) -> Duration {
+        self.waited.unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for ClaimPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimPermit")
+            .field("principal", &self.request.caller.principal())
+            .field("namespace", &self.request.namespace)
+            .field("queue", &self.request.queue)
+            .field("waited", &self.waited)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ClaimPermit {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.shared.release(permit, |_, _| {});
+        }
+    }
+}
+
+/// Lets a thread blocked in [`Store::claim_cancellable`] give up its place.
+///
+/// Made by [`Store::cancel_token`]; clones share one flag. Cancelling wakes
+/// the blocked claim, which withdraws from the queue (or hands back a grant
+/// that raced the cancellation) and returns [`Error::Cancelled`].
+#[derive(Clone)]
+pub struct CancelToken {
+    pub(crate) flag: Arc<AtomicBool>,
+    pub(crate) shared: Arc<GateShared>,
+}
+
+impl CancelToken {
+    /// Cancels every claim waiting with this token, now and later.
+    pub fn cancel(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        // Taken so a claim between its check and its park cannot miss it.
+        let _state = self.shared.state.lock();
+        self.shared.changed.notify_all();
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+}
+
+impl fmt::Debug for CancelToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CancelToken")
+            .field("cancelled", &self.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The gate's state and what waits on it, shared with permits and tokens.
+pub(crate) struct GateShared {
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) state: Mutex<GateState>,
+    pub(crate) changed: Condvar,
+    pub(crate) waker: Mutex<Option<ClaimWaker>>,
+}
+
+impl GateShared {
+    /// Releases `permit`, lets `also` update the pacing under the same lock,
+    /// and hands freed capacity on.
+    pub(crate) fn release<T>(
+        &self,
+        permit: Permit,
+        also: impl FnOnce(&mut IdlePacing<PrincipalId, QueueKey>, Instant) -> T,
+    ) -> (T, u32) {
+        let now = self.clock.now();
+        let mut state = self.state.lock();
+        state.admission.release(permit, now);
+        let value = also(&mut state.idle, now);
+        let wake = state.drain(now);
+        let limit = state.admission.stats().limit;
+        drop(state);
+        self.wake(wake);
+        (value, limit)
+    }
+
+    pub(crate) fn wake(&self, wake: Wake) {
+        if wake.parked {
+            self.changed.notify_all();
+        }
+        if wake.host {
+            let waker = self.waker.lock().clone();
+            if let Some(waker) = waker {
+                waker();
+            }
+        }
+    }
+
+    /// Withdraws `ticket`: from the queue if it still waits, or its outcome
+    /// if one was decided and not picked up (a grant is released). Returns
+    /// whether anything was withdrawn.
+    pub(crate) fn withdraw(&self, ticket: Ticket) -> bool {
+        let now = self.clock.now();
+        let mut state = self.state.lock();
+        let queued = state.admission.cancel(ticket);
+        state.waiting.remove(&ticket);
+        let decided = state.decided.remove(&ticket);
+        let wake = state.drain(now);
+        drop(state);
+        self.wake(wake);
+        match decided {
+            Some(Decided::Granted { permit, .. }) => {
+                self.release(permit, |_, _| {});
+                true
+            }
+            Some(Decided::Rejected { .. }) => true,
+            None => queued,
+        }
+    }
+}
+
+/// The claim gate of one store.
+pub(crate) struct Gate {
+    pub(crate) shared: Arc<GateShared>,
+}
+
+impl fmt::Debug for Gate {
+    pub(crate) fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("stats", &self.shared.state.lock().admission.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gate {
+    pub(crate) fn new(
+        clock: Arc<dyn Clock>,
+        admission: &AdmissionConfig,
+        idle: &IdleConfig,
+    ) -> Result<Self, Error> {
+        let admission = Admission::new(admission.clone(), clock.now()).map_err(|error| {
+            Error::InvalidInput {
+                reason: format!("admission settings: {error}"),
+            }
+        })?;
+        let idle = IdlePacing::new(idle.clone()).map_err(|error| Error::InvalidInput {
+            reason: format!("idle pacing settings: {error}"),
+        })?;
+        let state = GateState {
+            admission,
+            idle,
+            waiting: HashMap::new(),
+            decided: HashMap::new(),
+            async_order: VecDeque::new(),
+        };
+        Ok(Self {
+            shared: Arc::new(GateShared {
+                clock,
+                state: Mutex::new(state),
+                changed: Condvar::new(),
+                waker: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// A queue received work: its idle pacing starts again at 5 s.
+    pub(crate) fn enqueued(&self, key: &QueueKey) {
+        self.shared.state.lock().idle.enqueued(key);
+    }
+}
+
+pub(crate) fn rate_limited(rejection: &Rejection) -> Error {
+    Error::RateLimited {
+        retry_after: rejection.retry_after(),
+        reason: rejection.reason().to_string(),
+    }
+}

@@ -117,6 +117,14 @@ impl fmt::Debug for ManualClock {
     }
 }
 
+/// `time` as the store keeps it: truncated to whole milliseconds, the
+/// precision every backend stores times at, so a time handed out reads
+/// back equal.
+pub(crate) fn storable(time: DateTime<Utc>) -> DateTime<Utc> {
+    let millis = time.timestamp_millis();
+    DateTime::from_timestamp_millis(millis).unwrap_or(time)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

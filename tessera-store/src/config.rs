@@ -1,4 +1,6 @@
-//! How a store is opened: clock, timeouts, quota rules.
+//! The store's policy, the same on every backend: clock, lease length,
+//! admission, pacing, sessions, quota. A backend's own knobs are its
+//! options (e.g. [`SqliteOptions`](crate::sqlite::SqliteOptions)).
 
 use std::fmt;
 use std::num::NonZeroUsize;
@@ -10,7 +12,6 @@ use tessera_audit::Secret;
 use tessera_lease::Namespace;
 
 use crate::clock::{Clock, SystemClock};
-use crate::quota::QuotaClassifier;
 
 /// Settings for [`Store::open`](crate::Store::open).
 ///
@@ -21,18 +22,14 @@ use crate::quota::QuotaClassifier;
 /// use tessera_store::StoreConfig;
 ///
 /// let config = StoreConfig::default()
-///     .with_busy_timeout(Duration::from_secs(2))
+///     .with_lease_duration(Duration::from_secs(30))
 ///     .with_daily_rows_written_allowance(100_000);
 /// assert_eq!(config.daily_rows_written_allowance(), 100_000);
 /// ```
 #[derive(Clone)]
 pub struct StoreConfig {
     clock: Arc<dyn Clock>,
-    busy_timeout: Duration,
-    read_connections: usize,
     daily_rows_written_allowance: u64,
-    quota_classifier: Option<QuotaClassifier>,
-    max_page_count: Option<u64>,
     refuse_writes: bool,
     strict_read_audit: bool,
     observation_capacity: NonZeroUsize,
@@ -50,11 +47,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             clock: Arc::new(SystemClock),
-            busy_timeout: Duration::from_secs(5),
-            read_connections: 4,
             daily_rows_written_allowance: 0,
-            quota_classifier: None,
-            max_page_count: None,
             refuse_writes: false,
             strict_read_audit: false,
             observation_capacity: NonZeroUsize::new(10_000).expect("not zero"),
@@ -77,42 +70,12 @@ impl StoreConfig {
         self
     }
 
-    /// How long a statement waits for another connection's lock before
-    /// failing (default 5 s); SQLite's `busy_timeout`.
-    pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
-        self
-    }
-
-    /// How many idle read connections are kept for reuse (default 4, at
-    /// least 1). More are opened while that many are busy, then closed.
-    pub fn with_read_connections(mut self, count: usize) -> Self {
-        self.read_connections = count.max(1);
-        self
-    }
-
     /// Rows that may be written per UTC day, index entries included
     /// (default 0: off). A write transaction that would pass it is rolled
     /// back and refused with `503 storage_quota_exhausted` until 00:00 UTC.
     /// Counted in process memory from the moment the store opens.
     pub fn with_daily_rows_written_allowance(mut self, rows: u64) -> Self {
         self.daily_rows_written_allowance = rows;
-        self
-    }
-
-    /// A host test for its provider's quota refusals (see
-    /// [`QuotaClassifier`]).
-    pub fn with_quota_classifier(mut self, classifier: QuotaClassifier) -> Self {
-        self.quota_classifier = Some(classifier);
-        self
-    }
-
-    /// Caps the database at this many pages on the write connection
-    /// (`PRAGMA max_page_count`, a connection setting that writes nothing);
-    /// writes past it fail with `SQLITE_FULL`, a quota refusal. At least 1
-    /// and at most `i64::MAX`: SQLite would read 0 as no cap.
-    pub fn with_max_page_count(mut self, pages: u64) -> Self {
-        self.max_page_count = Some(pages);
         self
     }
 
@@ -208,9 +171,8 @@ impl StoreConfig {
     /// Checks the store's own settings (the admission, idle and mint
     /// settings are checked by their policies): a lease duration of whole
     /// milliseconds between one millisecond and
-    /// [`MAX_LEASE_DURATION`](tessera_lease::MAX_LEASE_DURATION), a page
-    /// cap (if set) of at least 1, and a session lifetime of at least a
-    /// second. Opening a store runs it; an invalid setting is
+    /// [`MAX_LEASE_DURATION`](tessera_lease::MAX_LEASE_DURATION) and a
+    /// session lifetime of at least a second. Opening a store runs it; an invalid setting is
     /// `400 invalid_input` naming it.
     pub fn validate(&self) -> Result<(), crate::Error> {
         let invalid = |reason: String| Err(crate::Error::InvalidInput { reason });
@@ -225,14 +187,6 @@ impl StoreConfig {
                 tessera_lease::MAX_LEASE_DURATION.as_secs(),
                 self.lease_duration
             ));
-        }
-        if let Some(pages) = self.max_page_count {
-            if pages == 0 || i64::try_from(pages).is_err() {
-                return invalid(format!(
-                    "max page count must be between 1 and {}, got {pages}",
-                    i64::MAX
-                ));
-            }
         }
         if self.session_lifetime < Duration::from_secs(1) {
             return invalid(format!(
@@ -292,29 +246,9 @@ impl StoreConfig {
         &self.clock
     }
 
-    /// The busy timeout.
-    pub fn busy_timeout(&self) -> Duration {
-        self.busy_timeout
-    }
-
-    /// Idle read connections kept.
-    pub fn read_connections(&self) -> usize {
-        self.read_connections
-    }
-
     /// Rows per UTC day, 0 when off.
     pub fn daily_rows_written_allowance(&self) -> u64 {
         self.daily_rows_written_allowance
-    }
-
-    /// The host's quota classifier, if any.
-    pub fn quota_classifier(&self) -> Option<&QuotaClassifier> {
-        self.quota_classifier.as_ref()
-    }
-
-    /// The page cap, if any.
-    pub fn max_page_count(&self) -> Option<u64> {
-        self.max_page_count
     }
 
     /// Whether the store opens refusing writes.
@@ -336,14 +270,10 @@ impl StoreConfig {
 impl fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StoreConfig")
-            .field("busy_timeout", &self.busy_timeout)
-            .field("read_connections", &self.read_connections)
             .field(
                 "daily_rows_written_allowance",
                 &self.daily_rows_written_allowance,
             )
-            .field("quota_classifier", &self.quota_classifier.is_some())
-            .field("max_page_count", &self.max_page_count)
             .field("refuse_writes", &self.refuse_writes)
             .field("strict_read_audit", &self.strict_read_audit)
             .field("observation_capacity", &self.observation_capacity)
@@ -386,20 +316,6 @@ mod tests {
         ] {
             let reason = refusal(&StoreConfig::default().with_lease_duration(bad));
             assert!(reason.contains("lease duration"), "{reason}");
-        }
-    }
-
-    #[test]
-    fn a_page_cap_is_at_least_one_page() {
-        assert!(
-            StoreConfig::default()
-                .with_max_page_count(1)
-                .validate()
-                .is_ok()
-        );
-        for bad in [0, u64::MAX] {
-            let reason = refusal(&StoreConfig::default().with_max_page_count(bad));
-            assert!(reason.contains("max page count"), "{reason}");
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::quota::next_utc_midnight;
+use tessera_admission::{next_utc_midnight, retry_after_seconds};
 
 /// Everything a store operation can refuse or fail with.
 ///
@@ -163,10 +163,7 @@ impl Error {
     /// [`retry_after`](Self::retry_after) in whole seconds, rounded up and at
     /// least one: the value of a `Retry-After` header.
     pub fn retry_after_seconds(&self) -> Option<u64> {
-        self.retry_after().map(|wait| {
-            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-            seconds.max(1)
-        })
+        self.retry_after().map(retry_after_seconds)
     }
 
     /// When a provider allowance resets, for `503 storage_quota_exhausted`.

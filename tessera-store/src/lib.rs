@@ -156,49 +156,63 @@
 
 #![forbid(unsafe_code)]
 
-mod access;
-mod audit;
-mod claim;
+// The layers, bottom up; a module imports only from its own layer or
+// below. Model: the data operations take and return.
 mod clock;
 mod config;
-mod db;
-mod error;
-mod health;
+pub mod error;
 mod key;
 mod meter;
-mod quota;
-mod schema;
-mod session;
-mod sql;
+mod model;
+// The seam, and the backends behind it.
+mod backend;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+// Runtime state shared by the operations.
+mod state;
+// The store and its composition, then the operations.
+mod ops;
 mod store;
-mod task;
-mod wait;
 
-pub use access::{
-    Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, MAX_ACCOUNT_LEN, MAX_KEYS_LISTED,
-    MAX_LABEL_LEN, PrincipalId, PrincipalKind, Scope,
-};
-pub use audit::{AuditPage, AuditQuery, MAX_AUDIT_ROWS, Maintenance, STORE_NAMESPACE};
-pub use claim::{
-    CancelToken, ClaimEvent, ClaimOutcome, ClaimPermit, ClaimStart, ClaimWaker, Claimed,
-};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::StoreConfig;
-pub use error::{Error, ErrorBody, ErrorDetail, ToolContent, ToolError, ToolErrorDetail};
-pub use health::{HEALTH_SNAPSHOT_TTL, HealthSnapshot, StateCounts};
+pub use error::{Error, StorageError, StorageErrorKind};
 pub use key::{KeyId, KeySecret};
 pub use meter::MeterSnapshot;
-pub use quota::{QuotaClassifier, next_utc_midnight};
-pub use schema::SCHEMA_VERSION;
-pub use session::{ANONYMOUS_ACCOUNT, Session};
-pub use store::Store;
-pub use task::{Brief, EnqueueOptions, Output, PRACTICE_QUEUE, StoredReceipt, TaskRef, TaskView};
-pub use wait::{MAX_LONG_POLL, WaitOutcome};
-
-pub use tessera_admission::{Admission, AdmissionConfig, IdleConfig, MintConfig, Stats, Ticket};
-pub use tessera_audit::{Action, AuditEvent, Counter, CounterKey, IpHash, Outcome, Secret};
-pub use tessera_lease::{
-    ArtifactKey, AttemptNumber, AttemptRecord, BriefVersion, Digest, FencingToken, IdempotencyKey,
-    Lease, LeaseError, LeaseRecord, MAX_BRIEF_BYTES, Namespace, QueueName, Receipt, Retry,
-    StateName, Submitted, TaskId, TaskRecord, TaskState,
+pub use model::access::{
+    Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, PrincipalId, PrincipalKind, Scope,
 };
+pub use model::audit::{AuditPage, AuditQuery, Maintenance};
+pub use model::claim::{ClaimOutcome, Claimed};
+pub use model::health::{HealthSnapshot, StateCounts};
+pub use model::session::Session;
+pub use model::task::{Brief, EnqueueOptions, Output, StoredReceipt, TaskRef, TaskView};
+pub use model::wait::WaitOutcome;
+pub use state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker};
+pub use store::Store;
+
+pub use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig, Stats, Ticket};
+pub use tessera_audit::{Action, AuditEvent, Counter, IpHash, Outcome, Secret};
+pub use tessera_lease::{
+    AttemptNumber, BriefVersion, FencingToken, IdempotencyKey, Lease, LeaseError, Namespace,
+    QueueName, Receipt, Retry, Submitted, TaskId, TaskState,
+};
+
+/// The limits and fixed names the store applies.
+pub mod limits {
+    pub use crate::model::access::{MAX_ACCOUNT_LEN, MAX_KEYS_LISTED, MAX_LABEL_LEN};
+    pub use crate::model::audit::{MAX_AUDIT_ROWS, STORE_NAMESPACE};
+    pub use crate::model::health::HEALTH_SNAPSHOT_TTL;
+    pub use crate::model::session::ANONYMOUS_ACCOUNT;
+    pub use crate::model::task::PRACTICE_QUEUE;
+    pub use crate::model::wait::MAX_LONG_POLL;
+    pub use tessera_lease::{MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_LEASE_DURATION};
+}
+
+/// The policies the store composes, through their own crates: the bare
+/// admission controller, idle pacing and the mint allowance.
+pub use tessera_admission as admission;
+/// Audit events, counters, retention and redaction rules.
+pub use tessera_audit as audit;
+/// The lease rules and records: tasks, attempts, tokens, receipts.
+pub use tessera_lease as lease;

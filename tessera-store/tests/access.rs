@@ -388,7 +388,7 @@ fn a_due_last_used_write_past_the_daily_allowance_is_dropped_not_the_action() {
     assert_eq!((cost.rows_written, cost.refused_writes), (3, 0));
     assert_eq!(f.store.rows_written_today(), used + 3);
     // The next day the observation is still due and rides again.
-    let midnight = tessera_store::next_utc_midnight(common::noon());
+    let midnight = tessera_store::admission::next_utc_midnight(common::noon());
     f.clock.set_utc(midnight);
     let (_, cost) = f
         .store

@@ -5,7 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Fixture, namespace};
-use tessera_store::{Action, AuditQuery, Grant, KeyFilter, Outcome, STORE_NAMESPACE, Scope};
+use tessera_store::limits::STORE_NAMESPACE;
+use tessera_store::{Action, AuditQuery, Grant, KeyFilter, Outcome, Scope};
 
 #[test]
 fn an_audit_read_writes_waiting_counters_first() {
@@ -200,7 +201,7 @@ fn a_counter_costs_one_row_and_retention_deletes_counters_in_batches() {
         Some(worker.principal().to_string())
     );
     let all = AuditQuery {
-        limit: tessera_store::MAX_AUDIT_ROWS,
+        limit: tessera_store::limits::MAX_AUDIT_ROWS,
         ..AuditQuery::default()
     };
     let everyone = f.store.audit(&f.admin, &all).unwrap();

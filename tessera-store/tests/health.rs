@@ -6,7 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Fixture, namespace, queue};
-use tessera_store::{Grant, HEALTH_SNAPSHOT_TTL, Output, StateCounts};
+use tessera_store::limits::HEALTH_SNAPSHOT_TTL;
+use tessera_store::{Grant, Output, StateCounts};
 
 #[test]
 fn health_counts_states_and_lapsed_leases_and_is_cached_until_a_change() {

@@ -251,7 +251,7 @@ fn operation_cost_table() {
         .store
         .authenticate(Some(session.key.secret.expose()))
         .unwrap();
-    let practice = QueueName::parse(tessera_store::PRACTICE_QUEUE).unwrap();
+    let practice = QueueName::parse(tessera_store::limits::PRACTICE_QUEUE).unwrap();
     let (_, cost) = f
         .store
         .measure(|s| s.claim(&anonymous, &session.namespace, &practice).unwrap());

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use common::{Fixture, namespace};
+use tessera_store::StorageError;
+use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
     Action, AuditQuery, Error, Grant, KeyFilter, KeySpec, ManualClock, Scope, Store, StoreConfig,
 };
@@ -37,11 +39,9 @@ fn sqlite_full_under_max_page_count_is_a_quota_refusal() {
     drop(f.store);
 
     // Capped at its current size: any write that needs a new page fails.
-    let store = Store::open(
-        &path,
-        StoreConfig::default()
-            .with_clock(Arc::new(clock.clone()))
-            .with_max_page_count(1),
+    let store = Store::open_sqlite(
+        SqliteOptions::file(&path).with_max_page_count(1),
+        StoreConfig::default().with_clock(Arc::new(clock.clone())),
     )
     .unwrap();
     let admin = store.authenticate(Some(&admin_key)).unwrap();
@@ -73,11 +73,9 @@ fn sqlite_full_under_max_page_count_is_a_quota_refusal() {
 fn a_new_file_too_big_for_its_cap_is_refused_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(common::noon());
-    let error = Store::open(
-        dir.path().join("t.db"),
-        StoreConfig::default()
-            .with_clock(Arc::new(clock))
-            .with_max_page_count(2),
+    let error = Store::open_sqlite(
+        SqliteOptions::file(dir.path().join("t.db")).with_max_page_count(2),
+        StoreConfig::default().with_clock(Arc::new(clock)),
     )
     .unwrap_err();
     assert_quota(&error, midnight());
@@ -161,24 +159,21 @@ fn a_host_classifier_turns_its_errors_into_quota_refusals() {
     let blocker = rusqlite::Connection::open(&path).unwrap();
     blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
 
-    let plain = Store::open(
-        &path,
-        StoreConfig::default()
-            .with_clock(Arc::new(clock.clone()))
-            .with_busy_timeout(Duration::ZERO),
+    let plain = Store::open_sqlite(
+        SqliteOptions::file(&path).with_busy_timeout(Duration::ZERO),
+        StoreConfig::default().with_clock(Arc::new(clock.clone())),
     )
     .unwrap();
     let error = plain.create_admin_key("ops").unwrap_err();
     assert_eq!((error.status(), error.code()), (500, "storage_error"));
 
-    let classified = Store::open(
-        &path,
-        StoreConfig::default()
-            .with_clock(Arc::new(clock))
+    let classified = Store::open_sqlite(
+        SqliteOptions::file(&path)
             .with_busy_timeout(Duration::ZERO)
-            .with_quota_classifier(Arc::new(|error: &rusqlite::Error| {
-                error.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+            .with_quota_classifier(Arc::new(|error: &StorageError| {
+                error.code() == Some("SQLITE_BUSY")
             })),
+        StoreConfig::default().with_clock(Arc::new(clock)),
     )
     .unwrap();
     let error = classified.create_admin_key("ops").unwrap_err();
@@ -195,14 +190,13 @@ fn a_host_classifier_is_applied_while_opening() {
     blocker
         .execute_batch("CREATE TABLE host_things (id INTEGER PRIMARY KEY); BEGIN IMMEDIATE")
         .unwrap();
-    let error = Store::open(
-        &path,
-        StoreConfig::default()
-            .with_clock(Arc::new(ManualClock::new(common::noon())))
+    let error = Store::open_sqlite(
+        SqliteOptions::file(&path)
             .with_busy_timeout(Duration::ZERO)
-            .with_quota_classifier(Arc::new(|error: &rusqlite::Error| {
-                error.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+            .with_quota_classifier(Arc::new(|error: &StorageError| {
+                error.code() == Some("SQLITE_BUSY")
             })),
+        StoreConfig::default().with_clock(Arc::new(ManualClock::new(common::noon()))),
     )
     .unwrap_err();
     assert_quota(&error, midnight());

@@ -13,11 +13,13 @@ use chrono::{DateTime, TimeZone, Utc};
 use reliability_support::{
     Setup, integrity_check, namespace, noon, queue, table_snapshot, task_id,
 };
+use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
     AttemptNumber, AuditQuery, Brief, BriefVersion, ClaimOutcome, EnqueueOptions, Error,
     FencingToken, Grant, IdempotencyKey, KeyFilter, KeySpec, Output, Retry, Scope, Submitted,
     TaskRef, TaskState, WaitOutcome,
 };
+use tessera_store::{StorageError, StorageErrorKind};
 
 fn key(text: &str) -> IdempotencyKey {
     IdempotencyKey::parse(text).unwrap()
@@ -264,7 +266,10 @@ fn fill_the_disk(output_len: usize) {
     let worker_key = setup.key(Scope::ALL, Grant::Namespace(ns.clone()));
     let pages = page_count(&setup.path());
     // About 40 pages (160 KiB) of room: a few tasks.
-    setup.reopen(setup.config().with_max_page_count(pages + 40));
+    setup.reopen_with(
+        SqliteOptions::file(setup.path()).with_max_page_count(pages + 40),
+        setup.config(),
+    );
     let worker = setup.login(&worker_key);
     let midnight = noon() + chrono::TimeDelta::hours(12);
     let reference = |n| TaskRef::new(ns.clone(), task_id(n), BriefVersion::FIRST);
@@ -325,7 +330,10 @@ fn fill_the_disk(output_len: usize) {
 
     // The file is sound; it opens again with a higher cap.
     let pages = page_count(&setup.path());
-    setup.reopen(setup.config().with_max_page_count(pages + 1000));
+    setup.reopen_with(
+        SqliteOptions::file(setup.path()).with_max_page_count(pages + 1000),
+        setup.config(),
+    );
     assert_eq!(integrity_check(&setup.path()), "ok");
     let worker = setup.login(&worker_key);
     for &n in &enqueued {
@@ -401,11 +409,10 @@ fn assert_busy<T: std::fmt::Debug>(result: Result<T, Error>) {
     // The client sees no SQLite text; the host's log has it as the source.
     assert_eq!(error.body().error.message, "storage error");
     let source = std::error::Error::source(&error).expect("the SQLite error");
-    let sqlite = source.downcast_ref::<rusqlite::Error>().unwrap();
-    assert_eq!(
-        sqlite.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::DatabaseBusy)
-    );
+    let storage = source.downcast_ref::<StorageError>().unwrap();
+    assert_eq!(storage.code(), Some("SQLITE_BUSY"));
+    assert_eq!(storage.kind(), StorageErrorKind::Retryable);
+    assert!(error.is_retryable());
 }
 
 #[test]
@@ -418,7 +425,10 @@ fn a_write_lock_held_past_the_busy_timeout_is_a_storage_error_not_a_hang() {
     setup.enqueue_range(&worker, &ns, &q, 0, 3);
     let live = claimed(setup.store.claim(&worker, &ns, &q).unwrap());
     let token = live.lease.token();
-    setup.reopen(setup.config().with_busy_timeout(Duration::from_millis(100)));
+    setup.reopen_with(
+        SqliteOptions::file(setup.path()).with_busy_timeout(Duration::from_millis(100)),
+        setup.config(),
+    );
     let worker = setup.login(&worker_key);
     let before = table_snapshot(&setup.path());
 

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use reliability_support::{Setup, count_rows, namespace, noon, queue};
+use tessera_store::limits::MAX_BRIEF_BYTES;
+use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
     AdmissionConfig, AttemptNumber, AuditQuery, Brief, ClaimOutcome, EnqueueOptions, Error, Grant,
-    IdempotencyKey, IdleConfig, KeyFilter, KeyId, KeySpec, MAX_BRIEF_BYTES, MintConfig, Namespace,
-    Output, PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef,
-    TaskState,
+    IdempotencyKey, IdleConfig, KeyFilter, KeyId, KeySpec, MintConfig, Namespace, Output,
+    PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef, TaskState,
 };
 
 fn assert_invalid(error: &Error) {
@@ -191,8 +192,8 @@ fn free_text_is_stored_verbatim_and_never_interpreted() {
 #[test]
 fn bad_account_and_label_text_is_refused_and_writes_nothing() {
     let setup = Setup::new();
-    let long = "a".repeat(tessera_store::MAX_ACCOUNT_LEN + 1);
-    let long_label = "l".repeat(tessera_store::MAX_LABEL_LEN + 1);
+    let long = "a".repeat(tessera_store::limits::MAX_ACCOUNT_LEN + 1);
+    let long_label = "l".repeat(tessera_store::limits::MAX_LABEL_LEN + 1);
     let specs = [
         KeySpec::keyed(""),
         KeySpec::keyed(&long),
@@ -208,8 +209,8 @@ fn bad_account_and_label_text_is_refused_and_writes_nothing() {
         assert_eq!(cost.rows_written, 0, "{spec:?}");
     }
     // At the limits they are accepted.
-    let longest = "a".repeat(tessera_store::MAX_ACCOUNT_LEN);
-    let label = "l".repeat(tessera_store::MAX_LABEL_LEN);
+    let longest = "a".repeat(tessera_store::limits::MAX_ACCOUNT_LEN);
+    let label = "l".repeat(tessera_store::limits::MAX_LABEL_LEN);
     let key = setup
         .store
         .create_key(&setup.admin, &KeySpec::keyed(&longest).with_label(&label))
@@ -483,7 +484,14 @@ fn a_zero_session_lifetime_is_refused_when_the_store_opens() {
 fn a_page_cap_of_zero_is_refused_when_the_store_opens() {
     // SQLite reads `max_page_count = 0` as "leave the cap as it is".
     for pages in [0, u64::MAX] {
-        let result = open_fresh(StoreConfig::default().with_max_page_count(pages));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let options = SqliteOptions::file(&path).with_max_page_count(pages);
+        let result = Store::open_sqlite(options, StoreConfig::default());
+        assert!(
+            !path.exists(),
+            "settings are checked before the file is touched"
+        );
         let error = result.expect_err("an invalid page cap opens a store");
         assert_invalid(&error);
         assert!(error.to_string().contains("max page count"), "{error}");

@@ -8,9 +8,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use common::{Fixture, noon, queue};
+use tessera_store::limits::PRACTICE_QUEUE;
 use tessera_store::{
-    ClaimOutcome, ManualClock, MintConfig, PRACTICE_QUEUE, PrincipalKind, Secret, Store,
-    StoreConfig,
+    ClaimOutcome, ManualClock, MintConfig, PrincipalKind, Secret, Store, StoreConfig,
 };
 
 fn ip(text: &str) -> IpAddr {

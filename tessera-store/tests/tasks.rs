@@ -6,9 +6,10 @@ mod common;
 use std::time::Duration;
 
 use common::{Fixture, json_brief, namespace, queue};
+use tessera_store::lease::StateName;
 use tessera_store::{
     AttemptNumber, AuditQuery, Brief, BriefVersion, ClaimOutcome, EnqueueOptions, Grant,
-    IdempotencyKey, Output, Retry, Scope, StateName, Submitted, TaskId, TaskRef, TaskState,
+    IdempotencyKey, Output, Retry, Scope, Submitted, TaskId, TaskRef, TaskState,
 };
 
 fn key(text: &str) -> IdempotencyKey {
@@ -64,7 +65,7 @@ fn enqueue_checks_scope_grant_size_and_duplicates() {
         .unwrap_err();
     assert_eq!(error.status(), 403);
 
-    let huge = Brief::Bytes(vec![7; tessera_store::MAX_BRIEF_BYTES + 1]);
+    let huge = Brief::Bytes(vec![7; tessera_store::limits::MAX_BRIEF_BYTES + 1]);
     let error = f
         .store
         .enqueue(&writer, &ns, &queue("q"), &huge, &options)

@@ -20,10 +20,11 @@ use std::thread;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tessera_store::limits::PRACTICE_QUEUE;
 use tessera_store::{
     Brief, Caller, ClaimOutcome, Claimed, Clock, EnqueueOptions, Grant, IdempotencyKey, IssuedKey,
-    KeySpec, ManualClock, MeterSnapshot, MintConfig, Namespace, Output, PRACTICE_QUEUE, QueueName,
-    Scope, Secret, Store, StoreConfig, TaskRef,
+    KeySpec, ManualClock, MeterSnapshot, MintConfig, Namespace, Output, QueueName, Scope, Secret,
+    Store, StoreConfig, TaskRef,
 };
 
 /// What a row is held to.

@@ -44,9 +44,11 @@ pub(crate) type Result<T> = std::result::Result<T, StorageError>;
 /// Errors a backend returns are [`Error::Storage`] with a classified
 /// [`StorageError`]; the store turns a quota refusal into `503` itself.
 pub(crate) trait Backend: Send + Sync + fmt::Debug {
-    /// Runs `work` on a read-only view of the last committed state.
+    /// Runs `work` on a read-only view of the last committed state;
+    /// `now` dates a quota refusal.
     fn read(
         &self,
+        now: DateTime<Utc>,
         work: &mut dyn FnMut(&dyn ReadTransaction) -> std::result::Result<(), Error>,
     ) -> std::result::Result<(), Error>;
 
@@ -358,8 +360,7 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     fn insert_task(&self, task: &NewTask<'_>) -> Result<bool>;
 
     /// Writes what a lease rule changed between `before` and `after`.
-    fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord)
-    -> Result<()>;
+    fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()>;
 
     /// Rewrites what the claim order keeps of a task from its record, for
     /// stored claim times the lease rules disagree with.

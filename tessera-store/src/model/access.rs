@@ -529,7 +529,12 @@ impl Default for KeyFilter {
     }
 }
 
-pub(crate) fn check_text(what: &str, text: &str, max: usize, allow_empty: bool) -> Result<(), Error> {
+pub(crate) fn check_text(
+    what: &str,
+    text: &str,
+    max: usize,
+    allow_empty: bool,
+) -> Result<(), Error> {
     let problem = if text.is_empty() && !allow_empty {
         "is empty"
     } else if text.len() > max {

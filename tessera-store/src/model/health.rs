@@ -8,3 +8,40 @@ use tessera_lease::Namespace;
 
 /// How long a health snapshot is served before it is taken again.
 pub const HEALTH_SNAPSHOT_TTL: Duration = Duration::from_secs(15);
+
+/// Attempts per state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StateCounts {
+    /// Waiting to be claimed.
+    pub ready: u64,
+    /// Under a lease (lapsed ones included until they are claimed or
+    /// expired; see [`HealthSnapshot::expired_leases`]).
+    pub leased: u64,
+    /// Submitted.
+    pub done: u64,
+    /// Given up.
+    pub failed: u64,
+    /// Waiting out a retry or lapse backoff.
+    pub backoff: u64,
+}
+
+impl StateCounts {
+    /// Every attempt.
+    pub fn total(&self) -> u64 {
+        self.ready + self.leased + self.done + self.failed + self.backoff
+    }
+}
+
+/// A namespace's health at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HealthSnapshot {
+    /// The namespace.
+    pub namespace: Namespace,
+    /// When the snapshot was taken; it is served unchanged for up to
+    /// [`HEALTH_SNAPSHOT_TTL`] unless the namespace changes.
+    pub taken_at: DateTime<Utc>,
+    /// Attempts per state.
+    pub attempts: StateCounts,
+    /// Leases that lapsed and have not yet been taken over or expired.
+    pub expired_leases: u64,
+}

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use tessera_audit::Resource;
 use tessera_lease::{
-    BriefVersion, Digest, MAX_ALTERNATIVES, Namespace, QueueName, Receipt, TaskId, TaskRecord,
-    TaskSpec, check_brief_size,
+    BriefVersion, Digest, Namespace, QueueName, Receipt, TaskId, TaskRecord, TaskSpec,
+    check_brief_size,
 };
 
 use crate::error::{Error, corrupt};
@@ -125,7 +125,7 @@ impl EnqueueOptions {
     }
 
     /// How many competing attempts the brief gets (default 1, at most
-    /// [`MAX_ALTERNATIVES`]).
+    /// [`MAX_ALTERNATIVES`](tessera_lease::MAX_ALTERNATIVES)).
     pub fn with_alternatives(mut self, alternatives: u16) -> Self {
         self.spec.alternatives = alternatives;
         self

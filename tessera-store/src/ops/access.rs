@@ -325,12 +325,11 @@ pub(crate) fn insert_key(
             (id, *kind, account.clone())
         }
         Owner::Existing(principal) => {
-            let (kind, account) =
-                writer
-                    .principal(*principal)?
-                    .ok_or_else(|| Error::NotFound {
-                        what: format!("principal {principal}"),
-                    })?;
+            let (kind, account) = writer
+                .principal(*principal)?
+                .ok_or_else(|| Error::NotFound {
+                    what: format!("principal {principal}"),
+                })?;
             if kind == PrincipalKind::Anonymous && purge_at.is_none() {
                 return Err(Error::InvalidInput {
                     reason: "anonymous principals get keys only as sessions".to_owned(),

@@ -2,37 +2,13 @@
 //! audit read.
 
 use chrono::{DateTime, Utc};
-use tessera_audit::{Action, CounterBatch, RetentionRun, RetentionSchedule, RetentionStep, visible_since};
+use tessera_audit::{Action, CounterBatch, Minute, RetentionRun, RetentionStep, visible_since};
 
 use crate::backend::Purge;
 use crate::error::Error;
 use crate::model::access::Caller;
 use crate::model::audit::{ActionScope, AuditPage, AuditQuery, MAX_AUDIT_ROWS, Maintenance};
 use crate::store::Store;
-
-/// The retention schedule and when its last run started (for
-/// [`Store::next_maintenance`]).
-#[derive(Debug, Default)]
-pub(crate) struct Retention {
-    schedule: RetentionSchedule,
-    last_start: Option<DateTime<Utc>>,
-}
-
-impl Retention {
-    fn start(&mut self, now: DateTime<Utc>) -> Option<RetentionRun> {
-        let run = self.schedule.start(now)?;
-        self.last_start = Some(now);
-        Some(run)
-    }
-}
-
-/// The start of the first counter minute inside the window that starts
-/// at `cutoff`.
-fn first_visible_minute(cutoff: DateTime<Utc>) -> DateTime<Utc> {
-    let millis = cutoff.timestamp_millis();
-    let minute = millis.div_euclid(60_000) + i64::from(millis.rem_euclid(60_000) != 0);
-    DateTime::from_timestamp_millis(minute.saturating_mul(60_000)).unwrap_or(cutoff)
-}
 
 impl Store {
     /// Does what is due now: writes counters whose minute has passed (or all,
@@ -52,7 +28,7 @@ impl Store {
         let run = self.retention.lock().start(now);
         if let Some(run) = run {
             report.retention_ran = true;
-            report.rows_deleted = self.run_retention(run, now)?;
+            report.rows_deleted = self.run_retention(run)?;
         }
         Ok(report)
     }
@@ -60,17 +36,18 @@ impl Store {
     /// When [`maintain`](Self::maintain) next has something to do without
     /// another request: the earlier of the counter buffer's next due time
     /// and the next retention run.
+    ///
+    /// A time that has come is answered as the store's now, never a time
+    /// in the past, so a host can set its timer on the value as it is.
+    /// `None` when nothing will come due without another request.
     pub fn next_maintenance(&self) -> Option<DateTime<Utc>> {
         let counters = self.counters.lock().poll_timeout();
-        let retention = self
-            .retention
-            .lock()
-            .last_start
-            .map(|last| last + RetentionSchedule::INTERVAL);
-        match (counters, retention) {
+        let retention = self.retention.lock().poll_timeout();
+        let next = match (counters, retention) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }
+        };
+        next.map(|at| at.max(self.now_utc()))
     }
 
     /// Writes every waiting counter now, whatever its minute; returns the
@@ -109,16 +86,17 @@ impl Store {
         }
     }
 
-    fn run_retention(&self, run: RetentionRun, now: DateTime<Utc>) -> Result<u64, Error> {
+    fn run_retention(&self, run: RetentionRun) -> Result<u64, Error> {
         let mut deleted = 0;
         for what in Purge::ALL {
             let threshold = match what {
                 Purge::Events => run.cutoff(),
-                Purge::Counters => first_visible_minute(run.cutoff()),
-                Purge::Keys | Purge::Principals | Purge::Limits => now,
+                Purge::Counters => run.first_visible_minute().start(),
+                Purge::Keys | Purge::Principals | Purge::Limits => run.started_at(),
             };
             loop {
-                let rows = self.write(|writer| Ok(writer.purge(what, threshold, run.batch_size())?))?;
+                let rows =
+                    self.write(|writer| Ok(writer.purge(what, threshold, run.batch_size())?))?;
                 deleted += rows as u64;
                 if run.after_batch(rows) == RetentionStep::Stop {
                     break;
@@ -156,10 +134,11 @@ impl Store {
         let name = principal.map(|p| p.to_string());
         self.perform_read(&scope, |reader| {
             let events = reader.events(name.as_deref(), since, limit)?;
-            let counters =
-                reader.counters(name.as_deref(), first_visible_minute(since), limit)?;
+            let counters = match Minute::first_starting_at_or_after(since) {
+                Some(minute) => reader.counters(name.as_deref(), minute.start(), limit)?,
+                None => Vec::new(),
+            };
             Ok((AuditPage { events, counters }, None))
         })
     }
 }
-

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use parking_lot::MutexGuard;
@@ -16,7 +16,9 @@ use crate::model::audit::{ActionScope, Trail};
 use crate::model::claim::{ClaimOutcome, Claimed};
 use crate::model::task::{Brief, TaskRef};
 use crate::ops::task::apply;
-use crate::state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, GateShared, rate_limited};
+use crate::state::gate::{
+    CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, GateShared, rate_limited,
+};
 use crate::state::waiting::{ClaimRequest, Decided, Waiter, Wake};
 use crate::store::Store;
 
@@ -445,7 +447,9 @@ impl Store {
                     lease.task().clone(),
                     rules.record().version,
                 );
-                let brief = loaded.brief.ok_or_else(|| crate::error::corrupt("task brief"))?;
+                let brief = loaded
+                    .brief
+                    .ok_or_else(|| crate::error::corrupt("task brief"))?;
                 let resource = task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()));
                 return Ok((Some((task, lease, brief)), Trail::Row(resource)));
             }

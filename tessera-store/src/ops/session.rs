@@ -1,10 +1,9 @@
 //! Anonymous sessions and the address hash.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tessera_admission::{AddressGroup, MintDecision, MintRefusal};
+use tessera_admission::{AddressGroup, AddressWindow, MintDecision};
 use tessera_audit::{Action, AddressHasher, IpHash, Outcome, Resource, Secret};
 use tessera_lease::Namespace;
 
@@ -18,8 +17,6 @@ use crate::store::Store;
 
 /// The `tessera_meta` key of a generated address secret (64 hex digits).
 const SECRET_KEY: &str = "address_secret";
-
-const HOUR_MILLIS: i64 = 3_600_000;
 
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 {
@@ -126,24 +123,23 @@ impl Store {
             .with_scopes(Scope::ALL.iter().copied())
             .with_grant(Grant::Namespace(namespace.clone()));
         let subject = format!("mint:{ip_hash}");
-        let start_millis = now.timestamp_millis().div_euclid(HOUR_MILLIS) * HOUR_MILLIS;
+        let hour = AddressWindow::containing(now);
         let window = LimitWindow {
             subject: &subject,
-            start: DateTime::from_timestamp_millis(start_millis).unwrap_or(now),
-            end: DateTime::from_timestamp_millis(start_millis + HOUR_MILLIS).unwrap_or(now),
+            start: hour.start(),
+            end: hour.end(),
         };
-        let per_address = u64::from(self.config.mint().per_address_per_hour);
+        let per_address = self.config.mint().per_address_per_hour;
         let key = self.write(|writer| {
-            if writer.limit_count(&subject, window.start)? >= per_address {
-                let wait = (window.end - now)
-                    .to_std()
-                    .unwrap_or_default()
-                    .max(Duration::from_secs(1));
+            let stored = writer.limit_count(&subject, window.start)?;
+            if let MintDecision::Refused {
+                retry_after,
+                reason,
+            } = hour.check(stored, per_address, now)
+            {
                 return Err(Error::RateLimited {
-                    retry_after: Duration::from_secs(
-                        wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
-                    ),
-                    reason: MintRefusal::Address.to_string(),
+                    retry_after,
+                    reason: reason.to_string(),
                 });
             }
             writer.bump_limit(&window)?;

@@ -10,7 +10,9 @@ use tessera_lease::{
     TaskSpec, TaskState, check_brief_size, decide_idempotency,
 };
 
-use crate::backend::{LoadedTask, NamespaceKind, NewTask, ReadTransaction, TaskHandle, WriteTransaction};
+use crate::backend::{
+    LoadedTask, NamespaceKind, NewTask, ReadTransaction, TaskHandle, WriteTransaction,
+};
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::Trail;
@@ -26,7 +28,9 @@ pub(crate) fn load(
     task: &TaskRef,
     with_brief: bool,
 ) -> Result<(LoadedTask, Task), Error> {
-    let loaded = reader.task(task, with_brief)?.ok_or_else(|| not_found(task))?;
+    let loaded = reader
+        .task(task, with_brief)?
+        .ok_or_else(|| not_found(task))?;
     let rules = Task::restore(loaded.record.clone())?;
     Ok((loaded, rules))
 }
@@ -311,8 +315,10 @@ impl Store {
             let mut changed = Vec::new();
             for loaded in writer.lapsed_tasks(namespace, now, limit.max(1))? {
                 let mut rules = Task::restore(loaded.record)?;
-                if apply(writer, loaded.handle, &mut rules, |rules| Ok(rules.expire(now)))?
-                    .is_empty()
+                if apply(writer, loaded.handle, &mut rules, |rules| {
+                    Ok(rules.expire(now))
+                })?
+                .is_empty()
                 {
                     continue;
                 }
@@ -341,7 +347,9 @@ impl Store {
             let view = TaskView {
                 task: task.clone(),
                 queue: loaded.queue,
-                brief: loaded.brief.ok_or_else(|| crate::error::corrupt("task brief"))?,
+                brief: loaded
+                    .brief
+                    .ok_or_else(|| crate::error::corrupt("task brief"))?,
                 created_at: loaded.created_at,
                 record: rules.into_record(),
             };

@@ -2,14 +2,14 @@
 
 use rusqlite::{Row, params};
 
-use crate::db::{Reader, Writer};
+use super::connection::{Reader, Writer};
 
 /// A key joined with its principal, in [`KeyRow::from_row`] column order,
 /// followed by `$tail`.
 macro_rules! select_keys {
     ($tail:literal) => {
         concat!(
-            "SELECT k.id, k.key_id, k.principal_id, k.secret_hash, k.label, k.scopes, ",
+            "SELECT k.key_id, k.principal_id, k.secret_hash, k.label, k.scopes, ",
             "k.grants, k.created_at, k.expires_at, k.revoked_at, p.kind, p.account, ",
             "p.last_used_at FROM access_keys AS k ",
             "JOIN access_principals AS p ON p.id = k.principal_id ",
@@ -34,9 +34,9 @@ const INSERT_KEY: &str = "INSERT INTO access_keys (key_id, principal_id, secret_
      scopes, grants, created_at, expires_at, revoked_at, purge_at) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL, ?9)";
 
-pub(crate) const REVOKE_KEY: &str = "UPDATE access_keys SET revoked_at = ?2 WHERE id = ?1";
+pub(crate) const REVOKE_KEY: &str = "UPDATE access_keys SET revoked_at = ?2 WHERE key_id = ?1";
 
-pub(crate) const EXPIRE_KEY: &str = "UPDATE access_keys SET expires_at = ?2 WHERE id = ?1";
+pub(crate) const EXPIRE_KEY: &str = "UPDATE access_keys SET expires_at = ?2 WHERE key_id = ?1";
 
 pub(crate) const TOUCH_PRINCIPAL: &str =
     "UPDATE access_principals SET last_used_at = ?2 WHERE id = ?1";
@@ -44,7 +44,6 @@ pub(crate) const TOUCH_PRINCIPAL: &str =
 /// A key row with its principal's columns; times in Unix milliseconds.
 #[derive(Debug, Clone)]
 pub(crate) struct KeyRow {
-    pub(crate) id: i64,
     pub(crate) key_id: String,
     pub(crate) principal_id: i64,
     pub(crate) secret_hash: Vec<u8>,
@@ -64,19 +63,18 @@ pub(crate) struct KeyRow {
 impl KeyRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
-            id: row.get(0)?,
-            key_id: row.get(1)?,
-            principal_id: row.get(2)?,
-            secret_hash: row.get(3)?,
-            label: row.get(4)?,
-            scopes: row.get(5)?,
-            grants: row.get(6)?,
-            created_at: row.get(7)?,
-            expires_at: row.get(8)?,
-            revoked_at: row.get(9)?,
-            kind: row.get(10)?,
-            account: row.get(11)?,
-            last_used_at: row.get(12)?,
+            key_id: row.get(0)?,
+            principal_id: row.get(1)?,
+            secret_hash: row.get(2)?,
+            label: row.get(3)?,
+            scopes: row.get(4)?,
+            grants: row.get(5)?,
+            created_at: row.get(6)?,
+            expires_at: row.get(7)?,
+            revoked_at: row.get(8)?,
+            kind: row.get(9)?,
+            account: row.get(10)?,
+            last_used_at: row.get(11)?,
         })
     }
 }
@@ -173,13 +171,13 @@ pub(crate) fn insert_key(writer: &Writer<'_>, key: &NewKey<'_>) -> rusqlite::Res
 }
 
 /// Marks a key revoked at `at`.
-pub(crate) fn revoke_key(writer: &Writer<'_>, id: i64, at: i64) -> rusqlite::Result<()> {
-    writer.execute(REVOKE_KEY, params![id, at]).map(drop)
+pub(crate) fn revoke_key(writer: &Writer<'_>, key_id: &str, at: i64) -> rusqlite::Result<()> {
+    writer.execute(REVOKE_KEY, params![key_id, at]).map(drop)
 }
 
 /// Sets a key's expiry.
-pub(crate) fn expire_key(writer: &Writer<'_>, id: i64, at: i64) -> rusqlite::Result<()> {
-    writer.execute(EXPIRE_KEY, params![id, at]).map(drop)
+pub(crate) fn expire_key(writer: &Writer<'_>, key_id: &str, at: i64) -> rusqlite::Result<()> {
+    writer.execute(EXPIRE_KEY, params![key_id, at]).map(drop)
 }
 
 /// Records a principal's `last_used_at`.

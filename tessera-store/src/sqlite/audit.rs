@@ -2,7 +2,7 @@
 
 use rusqlite::{Row, params};
 
-use crate::db::{Reader, Writer};
+use super::connection::{Reader, Writer};
 
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO access_audit \
      (at, principal, namespace, action, outcome, resource, ip_hash) \

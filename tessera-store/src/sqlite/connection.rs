@@ -12,18 +12,20 @@ use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 use rusqlite::config::DbConfig;
 use rusqlite::hooks::{Action, AuthAction, AuthContext, Authorization};
-use rusqlite::{Connection, ErrorCode, OpenFlags, Params, Row};
+use rusqlite::{Connection, OpenFlags, Params, Row};
 
-use crate::error::Error;
-use crate::meter::Meter;
-use crate::quota::{DailyAllowance, QuotaRules};
+use tessera_admission::DailyRowAllowance;
+
+use super::meter::Meter;
+use super::quota::{QuotaRules, classify};
+use crate::error::{Error, StorageError};
 
 /// Prepared statements kept per connection; above the number of distinct
 /// statements the store runs, so hot statements are prepared once.
 const STATEMENT_CACHE: usize = 128;
 
 /// Where the database lives.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Location {
     /// A file on disk, in WAL mode.
     File(std::path::PathBuf),
@@ -286,7 +288,7 @@ pub(crate) struct WriteConnection {
     /// What each statement run through [`Writer::execute`] writes, learned
     /// by the authorizer when it is prepared.
     assignments: AssignmentCache,
-    allowance: DailyAllowance,
+    allowance: DailyRowAllowance,
     /// Whether the last committed transaction kept its optional tail (see
     /// [`Writer::optional`]).
     tail_committed: bool,
@@ -334,7 +336,7 @@ impl WriteConnection {
             conn,
             hooks,
             assignments: RefCell::new(HashMap::new()),
-            allowance: DailyAllowance::new(daily_allowance),
+            allowance: DailyRowAllowance::new(daily_allowance),
             tail_committed: false,
         })
     }
@@ -542,28 +544,6 @@ impl WriteConnection {
     }
 }
 
-/// Turns a storage error into what the caller sees: a provider refusal, a
-/// corrupt database, or a plain storage error.
-pub(crate) fn classify(
-    error: Error,
-    rules: &QuotaRules,
-    refusing: bool,
-    now: DateTime<Utc>,
-) -> Error {
-    let Error::Storage(sqlite) = error else {
-        return error;
-    };
-    if rules.is_refusal(&sqlite, refusing) {
-        return Error::storage_quota_exhausted(now);
-    }
-    match sqlite.sqlite_error_code() {
-        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => Error::CorruptDatabase {
-            reason: sqlite.to_string(),
-        },
-        _ => Error::Storage(sqlite),
-    }
-}
-
 /// Read access to a connection; counts the rows its queries return.
 #[derive(Clone, Copy)]
 pub(crate) struct Reader<'a> {
@@ -678,7 +658,10 @@ impl Writer<'_> {
     /// daily allowance only without it, it is rolled back before the
     /// commit. It must be the transaction's last write, and there is at
     /// most one. Returns whether it is part of the transaction so far.
-    pub(crate) fn optional(&self, work: impl FnOnce(&Self) -> rusqlite::Result<()>) -> bool {
+    pub(crate) fn run_optional(
+        &self,
+        work: impl FnOnce(&Self) -> Result<(), StorageError>,
+    ) -> bool {
         debug_assert!(self.tail.get().is_none(), "one optional tail");
         let before = self.hooks.pending_rows.load(Ordering::Relaxed);
         let run = |sql: &str| {
@@ -964,7 +947,7 @@ mod tests {
         let carried = writer
             .transaction(now, &meter, &QuotaRules::default(), |w| {
                 w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
-                Ok(w.optional(|w| w.execute("UPDATE t SET c = 4", []).map(drop)))
+                Ok(w.run_optional(|w| Ok(w.execute("UPDATE t SET c = 4", []).map(drop)?)))
             })
             .unwrap();
         assert!(carried && writer.tail_committed());
@@ -979,10 +962,10 @@ mod tests {
         let carried = writer
             .transaction(now, &meter, &QuotaRules::default(), |w| {
                 w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
-                Ok(w.optional(|w| {
+                Ok(w.run_optional(|w| {
                     w.execute("INSERT INTO t (a) VALUES (5)", [])?;
-                    w.execute("INSERT INTO missing (a) VALUES (1)", [])
-                        .map(drop)
+                    Ok(w.execute("INSERT INTO missing (a) VALUES (1)", [])
+                        .map(drop)?)
                 }))
             })
             .unwrap();
@@ -999,7 +982,7 @@ mod tests {
         writer
             .transaction(now, &meter, &QuotaRules::default(), |w| {
                 w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
-                w.optional(|w| w.execute("UPDATE t SET c = 4", []).map(drop));
+                w.run_optional(|w| Ok(w.execute("UPDATE t SET c = 4", []).map(drop)?));
                 Ok(())
             })
             .unwrap();

@@ -14,10 +14,10 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use crate::db::{Location, Reader, WriteConnection, Writer, classify};
+use super::connection::{Location, Reader, WriteConnection, Writer};
+use super::meter::Meter;
+use super::quota::{QuotaRules, classify};
 use crate::error::{Error, corrupt};
-use crate::meter::Meter;
-use crate::quota::QuotaRules;
 
 /// The schema version this build writes and understands.
 pub const SCHEMA_VERSION: i64 = 1;

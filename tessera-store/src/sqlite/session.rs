@@ -2,7 +2,7 @@
 
 use rusqlite::params;
 
-use crate::db::{Reader, Writer};
+use super::connection::{Reader, Writer};
 
 pub(crate) const META_VALUE: &str = "SELECT value FROM tessera_meta WHERE key = ?1";
 

@@ -1,20 +1,13 @@
-//! Every SQL statement the store runs, behind one narrow seam.
-//!
-//! Operations call the functions here with typed arguments and get typed rows
-//! back; no SQL text lives elsewhere except the schema list and the cold
-//! start's introspection. Another backend (PostgreSQL) would reimplement this
-//! module.
+//! The statements on a request path, and how times are stored.
 //!
 //! [`HOT_STATEMENTS`] lists every statement on a request path; a test runs
 //! `EXPLAIN QUERY PLAN` over each and fails on a full table scan. A new
 //! statement on a request path is added there.
 
-pub(crate) mod access;
-pub(crate) mod audit;
-pub(crate) mod session;
-pub(crate) mod tasks;
-
 use chrono::{DateTime, Utc};
+
+#[cfg(test)]
+use super::{access, audit, session, tasks};
 
 /// A statement on a request path, named for the failure message.
 #[cfg(test)]
@@ -218,11 +211,6 @@ pub(crate) fn millis(time: DateTime<Utc>) -> i64 {
     time.timestamp_millis()
 }
 
-/// `time` as it reads back once stored: truncated to whole milliseconds.
-pub(crate) fn storable(time: DateTime<Utc>) -> DateTime<Utc> {
-    from_millis(millis(time))
-}
-
 /// A stored time read back; out-of-range values clamp to the representable
 /// range rather than fail a read.
 pub(crate) fn from_millis(value: i64) -> DateTime<Utc> {
@@ -236,13 +224,13 @@ pub(crate) fn from_millis(value: i64) -> DateTime<Utc> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Store, StoreConfig};
+    use crate::sqlite::{SqliteBackend, SqliteOptions};
 
     /// The plan lines of every hot statement, against the real schema.
     fn plans() -> Vec<(&'static str, Vec<String>)> {
-        let store = Store::open_in_memory(StoreConfig::default()).unwrap();
-        store
-            .read(|reader| {
+        let backend = SqliteBackend::for_tests(SqliteOptions::in_memory());
+        backend
+            .with_reader(|reader| {
                 let mut out = Vec::new();
                 for statement in HOT_STATEMENTS {
                     let lines = reader.explain(statement.sql)?;
@@ -333,9 +321,9 @@ mod tests {
 
     #[test]
     fn a_full_scan_would_be_caught() {
-        let store = Store::open_in_memory(StoreConfig::default()).unwrap();
-        let lines = store
-            .read(|reader| Ok(reader.explain("SELECT id FROM access_keys WHERE label = ?1")?))
+        let backend = SqliteBackend::for_tests(SqliteOptions::in_memory());
+        let lines = backend
+            .with_reader(|reader| reader.explain("SELECT id FROM access_keys WHERE label = ?1"))
             .unwrap();
         assert!(
             lines.iter().any(|line| line.starts_with("SCAN ")),
@@ -349,8 +337,8 @@ mod tests {
         assert_eq!(from_millis(millis(now)), now);
         assert_eq!(from_millis(i64::MAX), DateTime::<Utc>::MAX_UTC);
         let fine = now + chrono::TimeDelta::nanoseconds(999_999);
-        assert_eq!(storable(fine), now);
+        assert_eq!(crate::clock::storable(fine), now);
         let before_epoch = DateTime::from_timestamp_nanos(-1);
-        assert_eq!(storable(before_epoch), from_millis(-1));
+        assert_eq!(crate::clock::storable(before_epoch), from_millis(-1));
     }
 }

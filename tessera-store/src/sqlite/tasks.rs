@@ -2,7 +2,7 @@
 
 use rusqlite::{Row, params};
 
-use crate::db::{Reader, Writer};
+use super::connection::{Reader, Writer};
 
 pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at) \
      VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING";

@@ -7,13 +7,16 @@
 //! [`ClaimPermit`] releases its capacity when it is dropped, so no path
 //! (an error, a panic, a client that left) leaks a unit of capacity.
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use tessera_admission::{Admission, AdmissionConfig, IdleConfig, IdlePacing, Permit, Rejection, Ticket};
+use tessera_admission::{
+    Admission, AdmissionConfig, IdleConfig, IdlePacing, Permit, Rejection, Ticket,
+};
 use tessera_lease::{Namespace, QueueName};
 
 use crate::clock::Clock;
@@ -226,7 +229,7 @@ pub(crate) struct Gate {
 }
 
 impl fmt::Debug for Gate {
-    pub(crate) fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gate")
             .field("stats", &self.shared.state.lock().admission.stats())
             .finish_non_exhaustive()

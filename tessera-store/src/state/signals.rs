@@ -66,7 +66,13 @@ impl QueueSignals {
 
     /// Waits until `key`'s epoch moves past `epoch` (`true`) or the clock
     /// reaches `deadline` (`false`).
-    pub(crate) fn wait(&self, key: &QueueKey, epoch: u64, deadline: Instant, clock: &dyn Clock) -> bool {
+    pub(crate) fn wait(
+        &self,
+        key: &QueueKey,
+        epoch: u64,
+        deadline: Instant,
+        clock: &dyn Clock,
+    ) -> bool {
         let mut queues = self.queues.lock();
         loop {
             if queues.get(key).is_some_and(|signal| signal.epoch != epoch) {

@@ -23,47 +23,44 @@
 
 use std::fmt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 
 use tessera_admission::MintAllowance;
-use tessera_audit::{AddressHasher, CounterBuffer, ObservationCoalescer};
+use tessera_audit::{AddressHasher, CounterBuffer, ObservationCoalescer, RetentionSchedule};
 
-use crate::access::{Identity, PrincipalId};
-use crate::audit::Retention;
-use crate::claim::Gate;
-use crate::clock::Clock;
+use crate::backend::{Backend, ReadTransaction, WriteTransaction};
+use crate::clock::{Clock, storable};
 use crate::config::StoreConfig;
-use crate::db::{Location, ReadPool, Reader, WriteConnection, Writer, classify};
 use crate::error::Error;
-use crate::health::HealthCache;
-use crate::meter::{Meter, MeterSnapshot};
-use crate::quota::QuotaRules;
-use crate::schema;
-use crate::wait::QueueSignals;
+use crate::meter::MeterSnapshot;
+use crate::model::access::{Identity, PrincipalId};
+use crate::sqlite::{OpenPolicy, SqliteBackend, SqliteOptions};
+use crate::state::gate::Gate;
+use crate::state::health::HealthCache;
+use crate::state::signals::QueueSignals;
 
-/// A Tessera store on one SQLite database.
+mod compose;
+
+/// A Tessera store over one database.
 ///
-/// One write connection behind a mutex runs every write as a
-/// `BEGIN IMMEDIATE` transaction; reads run on their own connections (WAL
-/// mode), so they never wait behind the writer. `Store` is `Send + Sync`;
-/// share it with an `Arc`.
+/// Every operation runs through the backend chosen when the store is
+/// opened (SQLite: [`Store::open`], [`Store::open_sqlite`]); the rules,
+/// admission, audit composition and caches are the store's own, the same
+/// on every backend. `Store` is `Send + Sync`; share it with an `Arc`.
 ///
-/// Dropping it folds the write-ahead log into the database file, so a
-/// closed store leaves no log behind (best effort; unless writes are
-/// refused, see [`refuse_writes`](Self::refuse_writes)).
+/// Dropping it releases the backend: on SQLite the write-ahead log is
+/// folded into the database file, so a closed store leaves no log behind
+/// (best effort; unless writes are refused, see
+/// [`refuse_writes`](Self::refuse_writes)).
 pub struct Store {
     pub(crate) config: StoreConfig,
-    writer: Mutex<WriteConnection>,
-    readers: ReadPool,
-    pub(crate) meter: Meter,
-    rules: QuotaRules,
+    backend: Box<dyn Backend>,
     /// Counts of requests that are not audited, waiting to be written.
     pub(crate) counters: Mutex<CounterBuffer>,
-    pub(crate) retention: Mutex<Retention>,
+    pub(crate) retention: Mutex<RetentionSchedule>,
     /// When each principal's `last_used_at` is next written. A changed
     /// account or kind ([`Observation::Changed`](tessera_audit::Observation))
     /// is written when the key is resolved, in a transaction of its own; a
@@ -87,25 +84,21 @@ pub struct Store {
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
-            .field("location", self.readers.location())
+            .field("backend", &self.backend)
             .field("config", &self.config)
-            .field("meter", &self.meter.snapshot())
             .finish_non_exhaustive()
     }
 }
 
 impl Drop for Store {
     fn drop(&mut self) {
-        // Readers first: the write connection is then the store's last, and
-        // SQLite itself folds the log in and deletes it as that closes,
-        // when no other connection has the file open.
-        self.readers.close_idle();
-        self.writer.get_mut().checkpoint_on_close();
+        self.backend.close();
     }
 }
 
 impl Store {
-    /// Opens (or creates) the database file at `path`.
+    /// Opens (or creates) the SQLite database file at `path` with default
+    /// [`SqliteOptions`].
     ///
     /// A new file gets the whole schema in one transaction. An existing file
     /// is inspected and only missing tables, indexes and columns are
@@ -115,65 +108,50 @@ impl Store {
     /// [`Error::StorageQuotaExhausted`] when the storage refuses the schema
     /// writes.
     pub fn open(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, Error> {
-        Self::open_at(Location::File(path.as_ref().to_owned()), config)
+        Self::open_sqlite(SqliteOptions::file(path), config)
     }
 
-    /// Opens a new, empty in-memory database private to this store.
-    ///
-    /// It is shared between the store's write and read connections through
-    /// SQLite's `memdb` VFS under a unique name, and disappears with the
-    /// store. It has no WAL (that needs a file), so a read may briefly wait
-    /// for a commit; use a file for anything but tests and examples.
+    /// Opens a new, empty in-memory SQLite database private to this store
+    /// (see [`SqliteOptions::in_memory`]).
     pub fn open_in_memory(config: StoreConfig) -> Result<Self, Error> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let mut nonce = [0_u8; 8];
-        // Uniqueness within the process comes from the counter; the random
-        // part keeps two test binaries' names apart in logs.
-        getrandom::fill(&mut nonce).map_err(|_| Error::RandomnessUnavailable)?;
-        let name = format!(
-            "file:/tessera-{}-{}-{}?vfs=memdb",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed),
-            crate::key::hex(&nonce)
-        );
-        Self::open_at(Location::Memory(name), config)
+        Self::open_sqlite(SqliteOptions::in_memory(), config)
     }
 
-    fn open_at(location: Location, config: StoreConfig) -> Result<Self, Error> {
-        let clock = config.clock();
+    /// Opens a SQLite database with its own settings (see
+    /// [`open`](Self::open) for what opening does).
+    pub fn open_sqlite(options: SqliteOptions, config: StoreConfig) -> Result<Self, Error> {
         // Settings are checked before the file is touched.
         config.validate()?;
+        options.validate()?;
+        let policy = OpenPolicy {
+            now: storable(config.clock().now_utc()),
+            refuse_writes: config.refuses_writes(),
+            daily_rows_written_allowance: config.daily_rows_written_allowance(),
+        };
+        Self::open_with(config, || {
+            Ok(Box::new(SqliteBackend::open(options, policy)?))
+        })
+    }
+
+    /// Builds the store around the backend `open` makes, once every policy
+    /// setting has been checked: nothing is opened for invalid settings.
+    fn open_with(
+        config: StoreConfig,
+        open: impl FnOnce() -> Result<Box<dyn Backend>, Error>,
+    ) -> Result<Self, Error> {
+        let clock = config.clock();
         let gate = Gate::new(Arc::clone(clock), config.admission(), config.idle())?;
         let mint =
             MintAllowance::new(config.mint().clone()).map_err(|error| Error::InvalidInput {
                 reason: format!("mint settings: {error}"),
             })?;
-        let now = crate::sql::storable(clock.now_utc());
-        let rules = QuotaRules::new(config.quota_classifier().cloned());
-        let meter = Meter::default();
-        let refusing = config.refuses_writes();
-        let mut writer = WriteConnection::open(
-            &location,
-            config.busy_timeout(),
-            config.max_page_count(),
-            refusing,
-            config.daily_rows_written_allowance(),
-        )
-        .map_err(|error| classify(error.into(), &rules, refusing, now))?;
-        schema::cold_start(&mut writer, &location, &meter, &rules, now)?;
-        writer
-            .load_indexes(&schema::table_names())
-            .map_err(|error| classify(error.into(), &rules, refusing, now))?;
-        let readers = ReadPool::new(location, config.busy_timeout(), config.read_connections());
         let observations = ObservationCoalescer::new(config.observation_capacity());
+        let backend = open()?;
         Ok(Self {
             config,
-            writer: Mutex::new(writer),
-            readers,
-            meter,
-            rules,
+            backend,
             counters: Mutex::new(CounterBuffer::new()),
-            retention: Mutex::new(Retention::default()),
+            retention: Mutex::new(RetentionSchedule::new()),
             observations: Mutex::new(observations),
             gate,
             health: HealthCache::default(),
@@ -183,9 +161,16 @@ impl Store {
         })
     }
 
-    /// Rows written and read since the store opened (see [`MeterSnapshot`]).
+    /// Rows written and read since the store opened (see [`MeterSnapshot`]);
+    /// all zero on a backend that does not meter rows.
     pub fn meter(&self) -> MeterSnapshot {
-        self.meter.snapshot()
+        self.backend.meter()
+    }
+
+    /// Whether this store's backend meters rows ([`meter`](Self::meter),
+    /// the daily rows-written allowance). SQLite does.
+    pub fn meters_rows(&self) -> bool {
+        self.backend.capabilities().metered
     }
 
     /// Runs `operation` and returns its result with the rows it wrote and
@@ -197,26 +182,25 @@ impl Store {
     }
 
     /// Simulates a storage provider whose allowance is spent: while `true`,
-    /// the write connection refuses every write-capable statement (an
-    /// authorizer denies inserts, updates, deletes, DDL and pragma
-    /// assignments), and each refusal is a `503 storage_quota_exhausted`.
-    /// Reads keep working. Waits for a running write to finish. A store
-    /// dropped while refusing leaves its write-ahead log as it is (the next
-    /// open reads it) rather than fold it into the file.
+    /// the backend refuses every write (on SQLite an authorizer denies
+    /// inserts, updates, deletes, DDL and pragma assignments), and each
+    /// refusal is a `503 storage_quota_exhausted`. Reads keep working.
+    /// Waits for a running write to finish. A SQLite store dropped while
+    /// refusing leaves its write-ahead log as it is (the next open reads
+    /// it) rather than fold it into the file.
     pub fn refuse_writes(&self, refuse: bool) {
-        self.writer.lock().set_refusing(refuse);
+        self.backend.set_refusing(refuse);
     }
 
     /// Whether writes are being refused (see [`refuse_writes`](Self::refuse_writes)).
     pub fn is_refusing_writes(&self) -> bool {
-        self.writer.lock().is_refusing()
+        self.backend.is_refusing()
     }
 
     /// Rows written today (UTC) by this store, as the daily allowance counts
     /// them.
     pub fn rows_written_today(&self) -> u64 {
-        let now = self.now_utc();
-        self.writer.lock().allowance_used(now)
+        self.backend.rows_written_today(self.now_utc())
     }
 
     /// The clock the store reads, the one its [`StoreConfig`] named.
@@ -228,96 +212,58 @@ impl Store {
         self.config.clock()
     }
 
-    /// The schema version this build writes.
-    pub fn schema_version(&self) -> i64 {
-        schema::SCHEMA_VERSION
-    }
-
     /// The wall-clock time from the store's clock, truncated to whole
     /// milliseconds: the precision times are stored at, so every time the
     /// lease rules compute from it is stored as it is handed out, and a
     /// lease or receipt read back equals the one first returned.
     pub(crate) fn now_utc(&self) -> DateTime<Utc> {
-        crate::sql::storable(self.clock().now_utc())
+        storable(self.clock().now_utc())
     }
 
-    /// Runs `work` as one write transaction (see
-    /// [`WriteConnection::transaction`]).
+    /// Runs `work` as one write transaction at the store's now.
     pub(crate) fn write<T>(
         &self,
-        work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
+        work: impl FnOnce(&dyn WriteTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let now = self.now_utc();
-        self.writer
-            .lock()
-            .transaction(now, &self.meter, &self.rules, work)
+        self.write_with_tail(work).map(|(value, _)| value)
     }
 
     /// [`write`](Self::write), also saying whether the transaction
-    /// committed its optional tail ([`Writer::optional`]).
+    /// committed its optional tail ([`WriteTransaction::optional`]).
     pub(crate) fn write_with_tail<T>(
         &self,
-        work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
+        work: impl FnOnce(&dyn WriteTransaction) -> Result<T, Error>,
     ) -> Result<(T, bool), Error> {
-        let now = self.now_utc();
-        let mut connection = self.writer.lock();
-        let value = connection.transaction(now, &self.meter, &self.rules, work)?;
-        Ok((value, connection.tail_committed()))
+        let mut work = Some(work);
+        let mut value = None;
+        let committed = self.backend.write(self.now_utc(), &mut |writer| {
+            let work = work.take().expect("a transaction's work runs once");
+            value = Some(work(writer)?);
+            Ok(())
+        })?;
+        let value = value.expect("a committed transaction ran its work");
+        Ok((value, committed.tail))
     }
 
-    /// Runs `read` on a read connection; errors are classified.
+    /// Runs `read` on a read-only view.
     pub(crate) fn read<T>(
         &self,
-        read: impl FnOnce(&Reader<'_>) -> Result<T, Error>,
+        read: impl FnOnce(&dyn ReadTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        self.readers
-            .with(|conn| read(&Reader::new(conn, &self.meter)))
-            .map_err(|error| classify(error, &self.rules, false, self.now_utc()))
+        let mut read = Some(read);
+        let mut value = None;
+        self.backend.read(self.now_utc(), &mut |reader| {
+            let read = read.take().expect("a read runs once");
+            value = Some(read(reader)?);
+            Ok(())
+        })?;
+        Ok(value.expect("a successful read ran"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::mpsc;
-
-    #[test]
-    fn reads_do_not_wait_behind_an_open_write_transaction() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path().join("t.db"), StoreConfig::default()).unwrap();
-        store.create_admin_key("ops").unwrap();
-        let (started, wait_started) = mpsc::channel();
-        let (release, wait_release) = mpsc::channel::<()>();
-        let store = &store;
-        std::thread::scope(|scope| {
-            let writer = scope.spawn(move || {
-                store.write(|writer| {
-                    writer.execute(
-                        "UPDATE access_principals SET account = 'changed' WHERE id = 1",
-                        [],
-                    )?;
-                    started.send(()).unwrap();
-                    wait_release.recv().unwrap();
-                    Ok(())
-                })
-            });
-            wait_started.recv().unwrap();
-            // The writer holds its lock and an uncommitted change; a read
-            // answers at once with the last committed state.
-            let account = store
-                .read(|reader| {
-                    Ok(reader.optional(
-                        "SELECT account FROM access_principals WHERE id = 1",
-                        [],
-                        |row| row.get::<_, String>(0),
-                    )?)
-                })
-                .unwrap();
-            assert_eq!(account.as_deref(), Some("ops"));
-            release.send(()).unwrap();
-            writer.join().unwrap().unwrap();
-        });
-    }
 
     #[test]
     fn the_clock_is_the_configured_one() {

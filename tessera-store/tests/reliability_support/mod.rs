@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sha2::{Digest as _, Sha256};
+use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
     Caller, ClaimOutcome, EnqueueOptions, FencingToken, Grant, IdempotencyKey, IssuedKey, KeySpec,
     ManualClock, Namespace, Output, QueueName, Retry, Scope, Store, StoreConfig, Submitted, TaskId,
@@ -46,10 +47,15 @@ impl Setup {
 
     /// Closes the store and opens the file again with `config`.
     pub fn reopen(&mut self, config: StoreConfig) {
+        self.reopen_with(SqliteOptions::file(self.path()), config);
+    }
+
+    /// Closes the store and opens the file again with SQLite `options`.
+    pub fn reopen_with(&mut self, options: SqliteOptions, config: StoreConfig) {
         // Closed first, so the new store is the only one on the file.
         let placeholder = Store::open_in_memory(StoreConfig::default()).unwrap();
         drop(std::mem::replace(&mut self.store, placeholder));
-        self.store = Store::open(self.path(), config).unwrap();
+        self.store = Store::open_sqlite(options, config).unwrap();
         self.admin = self.login(&self.admin_key);
     }
 
@@ -372,13 +378,11 @@ pub fn child_main() {
     let threads: usize = env(ENV_THREADS).parse().unwrap();
     let retries = env(ENV_RETRIES) == "1";
     let clock = ManualClock::new(at);
-    let store = Store::open(
-        &db,
-        StoreConfig::default()
-            .with_clock(Arc::new(clock))
-            // Other processes hold the write lock in turn; waiting for it
-            // is the normal case here, not a fault.
-            .with_busy_timeout(Duration::from_secs(120)),
+    let store = Store::open_sqlite(
+        // Other processes hold the write lock in turn; waiting for it is
+        // the normal case here, not a fault.
+        SqliteOptions::file(&db).with_busy_timeout(Duration::from_secs(120)),
+        StoreConfig::default().with_clock(Arc::new(clock)),
     )
     .unwrap();
     let caller = store.authenticate(Some(&env(ENV_KEY))).unwrap();

@@ -1,0 +1,10 @@
+//! The operations, one family per file, each an `impl Store` block over
+//! the backend seam.
+
+mod access;
+mod audit;
+mod claim;
+mod health;
+mod session;
+mod task;
+mod wait;

@@ -66,7 +66,11 @@ impl Store {
         self.counters.lock().total()
     }
 
-    fn write_counters(&self, batch: CounterBatch, now: DateTime<Utc>) -> Result<u64, Error> {
+    pub(crate) fn write_counters(
+        &self,
+        batch: CounterBatch,
+        now: DateTime<Utc>,
+    ) -> Result<u64, Error> {
         let result = self.write(|writer| {
             for counter in batch.counters() {
                 writer.add_counter(counter)?;

@@ -22,9 +22,21 @@ fn carry_observation(writer: &dyn WriteTransaction, due: Option<PrincipalId>, no
 impl Store {
     /// Counts a request that is not audited (denied, failed, no-op) in
     /// memory; written later by the counter rules.
+    ///
+    /// Whatever else happens, the counters are written as soon as the
+    /// buffer says they are due (their minute has passed, or 1,024
+    /// distinct counters wait), so a stream of requests that write nothing
+    /// still flushes; a failed flush is left to the buffer's retry delay.
     pub(crate) fn count(&self, scope: &ActionScope, outcome: Outcome) {
-        let counter = scope.counter(self.now_utc(), outcome);
-        self.counters.lock().increment(counter);
+        let now = self.now_utc();
+        let due = {
+            let mut counters = self.counters.lock();
+            counters.increment(scope.counter(now, outcome));
+            counters.take_due(now)
+        };
+        if let Some(batch) = due {
+            let _ = self.write_counters(batch, now);
+        }
     }
 
     /// Runs a write action at `now` (the time its lease, receipt or key

@@ -37,6 +37,7 @@ use crate::config::StoreConfig;
 use crate::error::Error;
 use crate::meter::MeterSnapshot;
 use crate::model::access::{Identity, PrincipalId};
+#[cfg(feature = "sqlite")]
 use crate::sqlite::{OpenPolicy, SqliteBackend, SqliteOptions};
 use crate::state::gate::Gate;
 use crate::state::health::HealthCache;
@@ -97,6 +98,7 @@ impl Drop for Store {
 }
 
 impl Store {
+    #[cfg(feature = "sqlite")]
     /// Opens (or creates) the SQLite database file at `path` with default
     /// [`SqliteOptions`].
     ///
@@ -111,12 +113,14 @@ impl Store {
         Self::open_sqlite(SqliteOptions::file(path), config)
     }
 
+    #[cfg(feature = "sqlite")]
     /// Opens a new, empty in-memory SQLite database private to this store
     /// (see [`SqliteOptions::in_memory`]).
     pub fn open_in_memory(config: StoreConfig) -> Result<Self, Error> {
         Self::open_sqlite(SqliteOptions::in_memory(), config)
     }
 
+    #[cfg(feature = "sqlite")]
     /// Opens a SQLite database with its own settings (see
     /// [`open`](Self::open) for what opening does).
     pub fn open_sqlite(options: SqliteOptions, config: StoreConfig) -> Result<Self, Error> {

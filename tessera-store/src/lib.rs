@@ -1,9 +1,9 @@
-//! The SQLite store for Tessera: the work-queue operations (enqueue, claims
-//! through adaptive admission, heartbeat, idempotent submission, competing
-//! attempts, health, long-polls, anonymous sessions) over schema and cold
-//! start, access control, audit persistence, storage-quota handling and
-//! metering, composing the sans-IO crates `tessera-admission`,
-//! `tessera-lease` and `tessera-audit`.
+//! The store for Tessera: the work-queue operations (enqueue, claims through
+//! adaptive admission, heartbeat, idempotent submission, competing
+//! attempts, health, long-polls, anonymous sessions) with access control,
+//! audit persistence, storage-quota handling and metering, composing the
+//! sans-IO crates `tessera-admission`, `tessera-lease` and `tessera-audit`
+//! over one backend seam, with SQLite behind it.
 //!
 //! This is the crate that does I/O. It still never reads the operating
 //! system's clock directly: all time comes from the [`Clock`] in its
@@ -74,16 +74,36 @@
 //! # Shape
 //!
 //! ```text
-//!            Store (Send + Sync)
-//!   ┌──────────────┬───────────────────────────────┐
-//!   │ write        │ Mutex<write connection>       │  BEGIN IMMEDIATE, update hook
-//!   │              │   + daily allowance           │  (meter), authorizer (refusal)
-//!   │ read         │ pool of read-only connections │  WAL: never wait for the writer
-//!   │ audit        │ CounterBuffer, retention,     │  tessera-audit's rules
-//!   │              │ last_used_at coalescing       │
-//!   └──────────────┴───────────────────────────────┘
-//!   every SQL statement lives in one internal module (the backend seam)
+//!   hosts ── Store: the operations ─────────────────────────── ops/
+//!              │  one family per file: access, tasks, claims,
+//!              │  health, long-polls, sessions, audit reads
+//!              ├─ audit composition, open, read/write ───────── store/
+//!              ├─ claim gate, health snapshots, signals ─────── state/
+//!              │    (tessera-admission, tessera-audit rules)
+//!              ▼
+//!   the seam: Backend, ReadTransaction, WriteTransaction ───── backend/
+//!              │  domain types in and out (TaskRecord, Receipt,
+//!              │  AuditEvent, Counter), errors by kind
+//!              ▼
+//!   SQLite (feature `sqlite`, default) ─────────────────────── sqlite/
+//!      one writer + WAL readers, schema and cold start,
+//!      meter hooks, refusal, max_page_count, claim indexes
+//!
+//!   model/: the data every layer shares (Caller, TaskRef, Brief, ...)
 //! ```
+//!
+//! Each layer imports only from its own layer or below. The core never
+//! names a database type: a backend turns the seam's calls into its own
+//! statements and its faults into a [`StorageError`] of a
+//! [`StorageErrorKind`]. The rules are the sans-IO crates' own, re-exported
+//! as [`lease`], [`admission`] and [`audit`]; the store calls them
+//! (claim order, the daily allowance, the mint window, retention timing,
+//! Retry-After rounding) and never restates them.
+//!
+//! The root shows what a host needs: [`Store`], [`StoreConfig`], [`Error`]
+//! and the operations' inputs and outputs. Backend settings are in their
+//! module ([`sqlite::SqliteOptions`]), the wire forms of errors in
+//! [`error`], the fixed limits in [`limits`].
 //!
 //! - **Tasks** ([`Store::enqueue`]): a versioned [`Brief`] with 1 to 32
 //!   competing attempts; `tasks`, `attempts` and `receipts` rows carry
@@ -100,7 +120,7 @@
 //!   store reads its clock at whole milliseconds, the
 //!   precision times are stored at, so a lease or receipt read back (or
 //!   replayed) equals the one first handed out.
-//! - **Claims**: only new claims enter admission, one [`Admission`]
+//! - **Claims**: only new claims enter admission, one [`Admission`](admission::Admission)
 //!   controller per store behind a `parking_lot` mutex. Thread-per-request
 //!   hosts call the blocking [`Store::claim`]; async hosts drive
 //!   [`Store::begin_claim`], [`Store::poll_claim_event`],
@@ -121,7 +141,7 @@
 //!   gets the whole schema in one transaction; an existing one is inspected
 //!   (`sqlite_master`, columns, the `tessera_meta` `schema_version` marker)
 //!   and only missing tables, indexes and columns are created, so opening an
-//!   up-to-date database writes nothing. A newer [`SCHEMA_VERSION`] is
+//!   up-to-date database writes nothing. A newer [`SCHEMA_VERSION`](sqlite::SCHEMA_VERSION) is
 //!   refused before anything could write (`journal_mode` included); a damaged
 //!   or foreign file is [`Error::CorruptDatabase`]. Dropping a store folds
 //!   its write-ahead log into the file.
@@ -144,7 +164,7 @@
 //!   anonymous principals, their keys and limit rows past their purge time,
 //!   at most every five minutes in batches of 500, through indexes.
 //! - **Storage quota**: `SQLITE_FULL`, a configured daily rows-written
-//!   allowance, a host [`QuotaClassifier`] and [`Store::refuse_writes`] are
+//!   allowance, a host [`QuotaClassifier`](sqlite::QuotaClassifier) and [`Store::refuse_writes`] are
 //!   all `503 storage_quota_exhausted` with the next 00:00 UTC as
 //!   `reset_at`. Nothing is retried, reset or deleted to get around one;
 //!   a refused transaction is rolled back whole.

@@ -11,7 +11,7 @@ use tessera_lease::Namespace;
 use crate::error::Error;
 use crate::key::{KeyId, KeySecret};
 
-/// The most keys one [`Store::list_keys`] call returns.
+/// The most keys one [`Store::list_keys`](crate::Store::list_keys) call returns.
 pub const MAX_KEYS_LISTED: usize = 1000;
 
 /// The longest account name, in bytes.
@@ -237,7 +237,7 @@ impl From<Grant> for String {
 /// An authenticated request's identity: the key's principal, scopes and
 /// grants as they were when the key was last checked.
 ///
-/// Made by [`Store::authenticate`] and refreshed by [`Store::recheck`]; the
+/// Made by [`Store::authenticate`](crate::Store::authenticate) and refreshed by [`Store::recheck`](crate::Store::recheck); the
 /// `require_*` checks decide `403` from it alone, before any namespace data
 /// is read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -412,7 +412,7 @@ pub(crate) enum Owner {
     Existing(PrincipalId),
 }
 
-/// What [`Store::create_key`] makes.
+/// What [`Store::create_key`](crate::Store::create_key) makes.
 ///
 /// ```
 /// use tessera_store::{Grant, KeySpec, Namespace, Scope};
@@ -506,7 +506,7 @@ impl KeySpec {
     }
 }
 
-/// Which keys [`Store::list_keys`] returns: in key id order, after `after`,
+/// Which keys [`Store::list_keys`](crate::Store::list_keys) returns: in key id order, after `after`,
 /// at most `limit` (1 to [`MAX_KEYS_LISTED`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyFilter {

@@ -85,7 +85,7 @@ impl ActionScope {
     }
 }
 
-/// What a write action leaves behind (see [`Store::perform_or_count`]).
+/// What a write action leaves behind (see [`Store::perform_or_count`](crate::Store::perform_or_count)).
 #[derive(Debug, Clone)]
 pub(crate) enum Trail {
     /// Its audit row, naming this resource.
@@ -94,7 +94,7 @@ pub(crate) enum Trail {
     Count(Outcome),
 }
 
-/// Which audit rows [`Store::audit`] returns.
+/// Which audit rows [`Store::audit`](crate::Store::audit) returns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditQuery {
     /// Only this principal's rows; `None` is the caller's own, or everyone's
@@ -127,7 +127,7 @@ pub struct AuditPage {
     pub counters: Vec<Counter>,
 }
 
-/// What one [`Store::maintain`] call did.
+/// What one [`Store::maintain`](crate::Store::maintain) call did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Maintenance {
     /// Counter rows written (each a row upserted).

@@ -90,7 +90,7 @@ impl Brief {
     }
 }
 
-/// How [`Store::enqueue`] sets a task up.
+/// How [`Store::enqueue`](crate::Store::enqueue) sets a task up.
 ///
 /// ```
 /// use std::time::Duration;
@@ -183,7 +183,7 @@ pub struct StoredReceipt {
     pub output: Option<Vec<u8>>,
 }
 
-/// A task as [`Store::read_task`] returns it.
+/// A task as [`Store::read_task`](crate::Store::read_task) returns it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskView {
     /// The task.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// The longest one [`Store::wait_for_work`] call waits.
+/// The longest one [`Store::wait_for_work`](crate::Store::wait_for_work) call waits.
 pub const MAX_LONG_POLL: Duration = Duration::from_secs(300);
 
 /// How a long-poll ended.

@@ -45,7 +45,7 @@ impl Store {
     /// queue writes nothing and returns the idle-pacing `Retry-After`.
     ///
     /// The deadline is kept on the store's clock: a thread parks in real
-    /// time, for at most [`Clock::max_park`] at a time, and re-reads the
+    /// time, for at most [`Clock::max_park`](crate::Clock::max_park) at a time, and re-reads the
     /// clock when it wakes. The admission capacity is handed back on every
     /// path, a panic included.
     pub fn claim(

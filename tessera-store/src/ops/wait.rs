@@ -26,7 +26,7 @@ impl Store {
     /// wait itself reads and writes nothing. Readiness that does not come
     /// from an enqueue (a lease lapsing, a backoff ending) is noticed by
     /// the next poll or claim. Blocks the calling thread (parking in real
-    /// time, at most [`Clock::max_park`] at a time).
+    /// time, at most [`Clock::max_park`](crate::Clock::max_park) at a time).
     pub fn wait_for_work(
         &self,
         caller: &Caller,

@@ -12,7 +12,7 @@ use crate::sqlite::QuotaClassifier;
 impl From<rusqlite::Error> for StorageError {
     /// Classifies a SQLite error by its result code; the host's
     /// classifier and the simulated provider's refusal are applied where
-    /// the transaction ends ([`classify`]).
+    /// the transaction ends.
     fn from(error: rusqlite::Error) -> Self {
         let code = error.sqlite_error_code();
         let kind = match code {

@@ -24,29 +24,29 @@ use crate::error::Error;
 use crate::model::access::{Caller, PrincipalId};
 use crate::state::waiting::{ClaimRequest, Decided, GateState, QueueKey, Wake};
 
-/// Called when an outcome for a claim begun with [`Store::begin_claim`] is
-/// ready to pull with [`Store::poll_claim_event`] (see
-/// [`Store::set_claim_waker`]). It runs on whichever thread produced the
+/// Called when an outcome for a claim begun with [`Store::begin_claim`](crate::Store::begin_claim) is
+/// ready to pull with [`Store::poll_claim_event`](crate::Store::poll_claim_event) (see
+/// [`Store::set_claim_waker`](crate::Store::set_claim_waker)). It runs on whichever thread produced the
 /// outcome, outside the store's locks; it should only wake the host's
 /// driver (e.g. `tokio::sync::Notify::notify_one`).
 pub type ClaimWaker = Arc<dyn Fn() + Send + Sync>;
 
-/// How [`Store::begin_claim`] started a claim.
+/// How [`Store::begin_claim`](crate::Store::begin_claim) started a claim.
 #[derive(Debug)]
 #[must_use]
 pub enum ClaimStart {
-    /// Admitted at once: run it with [`Store::finish_claim`].
+    /// Admitted at once: run it with [`Store::finish_claim`](crate::Store::finish_claim).
     Admitted(ClaimPermit),
     /// Waiting its turn; its [`ClaimEvent`] comes from
-    /// [`Store::poll_claim_event`].
+    /// [`Store::poll_claim_event`](crate::Store::poll_claim_event).
     Queued(Ticket),
 }
 
-/// The end of a waiting claim, pulled with [`Store::poll_claim_event`].
+/// The end of a waiting claim, pulled with [`Store::poll_claim_event`](crate::Store::poll_claim_event).
 #[derive(Debug)]
 #[must_use]
 pub enum ClaimEvent {
-    /// Its turn came: run it with [`Store::finish_claim`].
+    /// Its turn came: run it with [`Store::finish_claim`](crate::Store::finish_claim).
     Granted {
         /// The claim.
         ticket: Ticket,
@@ -74,7 +74,7 @@ impl ClaimEvent {
 
 /// One admitted unit of claim capacity, for one claim.
 ///
-/// Pass it to [`Store::finish_claim`]. Dropped instead (an error, a panic,
+/// Pass it to [`Store::finish_claim`](crate::Store::finish_claim). Dropped instead (an error, a panic,
 /// a client that left), it hands its capacity back to admission, which may
 /// grant the next waiting claim. It is not `Clone`.
 #[must_use = "a claim permit holds admission capacity until it is finished or dropped"]
@@ -127,9 +127,9 @@ impl Drop for ClaimPermit {
     }
 }
 
-/// Lets a thread blocked in [`Store::claim_cancellable`] give up its place.
+/// Lets a thread blocked in [`Store::claim_cancellable`](crate::Store::claim_cancellable) give up its place.
 ///
-/// Made by [`Store::cancel_token`]; clones share one flag. Cancelling wakes
+/// Made by [`Store::cancel_token`](crate::Store::cancel_token); clones share one flag. Cancelling wakes
 /// the blocked claim, which withdraws from the queue (or hands back a grant
 /// that raced the cancellation) and returns [`Error::Cancelled`].
 #[derive(Clone)]

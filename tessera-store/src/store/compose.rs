@@ -47,7 +47,7 @@ impl Store {
         &self,
         scope: &ActionScope,
         now: DateTime<Utc>,
-        work: impl FnOnce(&dyn WriteTransaction) -> Result<(T, Option<Resource>), Error>,
+        mut work: impl FnMut(&dyn WriteTransaction) -> Result<(T, Option<Resource>), Error>,
     ) -> Result<T, Error> {
         self.perform_or_count(scope, now, |writer| {
             let (value, resource) = work(writer)?;
@@ -64,7 +64,7 @@ impl Store {
         &self,
         scope: &ActionScope,
         now: DateTime<Utc>,
-        work: impl FnOnce(&dyn WriteTransaction) -> Result<(T, Trail), Error>,
+        mut work: impl FnMut(&dyn WriteTransaction) -> Result<(T, Trail), Error>,
     ) -> Result<T, Error> {
         let due = self.due_observation(scope, now);
         let result = self.write_with_tail(|writer| {
@@ -105,7 +105,7 @@ impl Store {
         let now = self.now_utc();
         let due = self.due_observation(scope, now);
         let result = self.write_with_tail(|writer| {
-            writer.insert_event(&scope.event(now, resource))?;
+            writer.insert_event(&scope.event(now, resource.clone()))?;
             carry_observation(writer, due, now);
             Ok(())
         });

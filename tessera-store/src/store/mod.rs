@@ -227,21 +227,23 @@ impl Store {
     /// Runs `work` as one write transaction at the store's now.
     pub(crate) fn write<T>(
         &self,
-        work: impl FnOnce(&dyn WriteTransaction) -> Result<T, Error>,
+        work: impl FnMut(&dyn WriteTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
         self.write_with_tail(work).map(|(value, _)| value)
     }
 
     /// [`write`](Self::write), also saying whether the transaction
     /// committed its optional tail ([`WriteTransaction::optional`]).
+    ///
+    /// `work` may run more than once: a backend retries a transaction that
+    /// lost a serialization race or a deadlock, from the start, after
+    /// rolling it back; only the last run's value is kept.
     pub(crate) fn write_with_tail<T>(
         &self,
-        work: impl FnOnce(&dyn WriteTransaction) -> Result<T, Error>,
+        mut work: impl FnMut(&dyn WriteTransaction) -> Result<T, Error>,
     ) -> Result<(T, bool), Error> {
-        let mut work = Some(work);
         let mut value = None;
         let committed = self.backend.write(self.now_utc(), &mut |writer| {
-            let work = work.take().expect("a transaction's work runs once");
             value = Some(work(writer)?);
             Ok(())
         })?;

@@ -33,6 +33,8 @@ use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::health::StateCounts;
 use crate::model::task::{Brief, StoredReceipt, TaskRef};
 
+pub(crate) mod rows;
+
 /// What a backend's call returns: its value, or a classified fault.
 pub(crate) type Result<T> = std::result::Result<T, StorageError>;
 

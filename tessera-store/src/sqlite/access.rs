@@ -3,6 +3,7 @@
 use rusqlite::{Row, params};
 
 use super::connection::{Reader, Writer};
+use crate::backend::rows::KeyRow;
 
 /// A key joined with its principal, in [`KeyRow::from_row`] column order,
 /// followed by `$tail`.
@@ -40,25 +41,6 @@ pub(crate) const EXPIRE_KEY: &str = "UPDATE access_keys SET expires_at = ?2 WHER
 
 pub(crate) const TOUCH_PRINCIPAL: &str =
     "UPDATE access_principals SET last_used_at = ?2 WHERE id = ?1";
-
-/// A key row with its principal's columns; times in Unix milliseconds.
-#[derive(Debug, Clone)]
-pub(crate) struct KeyRow {
-    pub(crate) key_id: String,
-    pub(crate) principal_id: i64,
-    pub(crate) secret_hash: Vec<u8>,
-    pub(crate) label: String,
-    /// JSON array of scope names.
-    pub(crate) scopes: String,
-    /// JSON array of grant strings.
-    pub(crate) grants: String,
-    pub(crate) created_at: i64,
-    pub(crate) expires_at: Option<i64>,
-    pub(crate) revoked_at: Option<i64>,
-    pub(crate) kind: String,
-    pub(crate) account: String,
-    pub(crate) last_used_at: Option<i64>,
-}
 
 impl KeyRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {

@@ -3,6 +3,7 @@
 use rusqlite::{Row, params};
 
 use super::connection::{Reader, Writer};
+use crate::backend::rows::{CounterRow, EventRow};
 
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO access_audit \
      (at, principal, namespace, action, outcome, resource, ip_hash) \
@@ -51,18 +52,6 @@ pub(crate) const PURGE_LIMITS: &str = "DELETE FROM access_limits WHERE id IN \
      (SELECT id FROM access_limits WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
      ORDER BY purge_at LIMIT ?2)";
 
-/// An audit row as stored; `at` in Unix milliseconds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct EventRow {
-    pub(crate) at: i64,
-    pub(crate) principal: String,
-    pub(crate) namespace: String,
-    pub(crate) action: String,
-    pub(crate) outcome: String,
-    pub(crate) resource: Option<String>,
-    pub(crate) ip_hash: Option<String>,
-}
-
 impl EventRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
@@ -75,18 +64,6 @@ impl EventRow {
             ip_hash: row.get(6)?,
         })
     }
-}
-
-/// A counter row as stored; `minute` counts minutes since the Unix epoch and
-/// `principal` is empty for requests without one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CounterRow {
-    pub(crate) minute: i64,
-    pub(crate) principal: String,
-    pub(crate) namespace: String,
-    pub(crate) action: String,
-    pub(crate) outcome: String,
-    pub(crate) count: i64,
 }
 
 impl CounterRow {

@@ -4,8 +4,6 @@
 //! `EXPLAIN QUERY PLAN` over each and fails on a full table scan. A new
 //! statement on a request path is added there.
 
-use chrono::{DateTime, Utc};
-
 #[cfg(test)]
 use super::{access, audit, session, tasks};
 
@@ -206,25 +204,12 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
     },
 ];
 
-/// A stored time: Unix milliseconds.
-pub(crate) fn millis(time: DateTime<Utc>) -> i64 {
-    time.timestamp_millis()
-}
-
-/// A stored time read back; out-of-range values clamp to the representable
-/// range rather than fail a read.
-pub(crate) fn from_millis(value: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_millis(value).unwrap_or(if value < 0 {
-        DateTime::<Utc>::MIN_UTC
-    } else {
-        DateTime::<Utc>::MAX_UTC
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::rows::{from_millis, millis};
     use crate::sqlite::{SqliteBackend, SqliteOptions};
+    use chrono::{DateTime, Utc};
 
     /// The plan lines of every hot statement, against the real schema.
     fn plans() -> Vec<(&'static str, Vec<String>)> {

@@ -3,6 +3,7 @@
 use rusqlite::{Row, params};
 
 use super::connection::{Reader, Writer};
+use crate::backend::rows::{AttemptRow, ReceiptRow, TaskRow};
 
 pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at) \
      VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING";
@@ -124,22 +125,6 @@ pub(crate) const RECEIPTS_OF_ATTEMPT: &str =
 pub(crate) const RECEIPTS_OF_TASK: &str =
     select_receipts!("WHERE task = ?1 ORDER BY attempt, id LIMIT ?2");
 
-/// A `tasks` row, brief included; times in Unix milliseconds.
-#[derive(Debug, Clone)]
-pub(crate) struct TaskRow {
-    pub(crate) id: i64,
-    pub(crate) queue: String,
-    pub(crate) task_id: String,
-    pub(crate) version: i64,
-    /// `None` when the statement left the brief out.
-    pub(crate) brief: Option<Vec<u8>>,
-    pub(crate) brief_format: String,
-    pub(crate) lapse_backoff_ms: i64,
-    pub(crate) last_token: i64,
-    pub(crate) claimable_at: Option<i64>,
-    pub(crate) created_at: i64,
-}
-
 impl TaskRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
@@ -172,21 +157,6 @@ pub(crate) struct NewTask<'a> {
     pub(crate) enqueued_by: &'a str,
 }
 
-/// An `attempts` row; times in Unix milliseconds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AttemptRow {
-    pub(crate) number: i64,
-    pub(crate) state: String,
-    pub(crate) until_at: Option<i64>,
-    pub(crate) tries: i64,
-    pub(crate) holder: Option<String>,
-    pub(crate) token: Option<i64>,
-    pub(crate) granted_at: Option<i64>,
-    pub(crate) expires_at: Option<i64>,
-    /// While leased: the expiry plus the task's lapse backoff.
-    pub(crate) lapses_at: Option<i64>,
-}
-
 impl AttemptRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
@@ -201,19 +171,6 @@ impl AttemptRow {
             lapses_at: row.get(8)?,
         })
     }
-}
-
-/// A `receipts` row of a known task; times in Unix milliseconds.
-#[derive(Debug, Clone)]
-pub(crate) struct ReceiptRow {
-    pub(crate) attempt: i64,
-    pub(crate) token: i64,
-    pub(crate) principal: String,
-    pub(crate) idempotency_key: String,
-    pub(crate) artifact: String,
-    pub(crate) digest: String,
-    pub(crate) accepted_at: i64,
-    pub(crate) output: Option<Vec<u8>>,
 }
 
 impl ReceiptRow {

@@ -1,0 +1,573 @@
+//! The stored forms SQL backends share: rows with times in Unix
+//! milliseconds and names as text, and their conversions to and from the
+//! domain records. A backend reads its driver's rows into these and
+//! writes them back; none of it names a driver.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tessera_audit::{AuditEvent, Counter, CounterKey, Minute, Resource};
+use tessera_lease::{
+    AttemptNumber, AttemptRecord, BriefVersion, ClaimableAt, FencingToken, LeaseRecord, Principal,
+    QueueName, Receipt, StateName, TaskId, TaskRecord, TaskState,
+};
+
+use crate::backend::{LoadedTask, Result, TaskHandle};
+use crate::error::{StorageError, StorageErrorKind};
+use crate::key::KeyId;
+use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
+use crate::model::health::StateCounts;
+use crate::model::task::{Brief, StoredReceipt, TaskRef};
+
+/// A stored time: Unix milliseconds.
+pub(crate) fn millis(time: DateTime<Utc>) -> i64 {
+    time.timestamp_millis()
+}
+
+/// A stored time read back; out-of-range values clamp to the representable
+/// range rather than fail a read.
+pub(crate) fn from_millis(value: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(value).unwrap_or(if value < 0 {
+        DateTime::<Utc>::MIN_UTC
+    } else {
+        DateTime::<Utc>::MAX_UTC
+    })
+}
+
+/// A `tasks` row, brief included; times in Unix milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskRow {
+    pub(crate) id: i64,
+    pub(crate) queue: String,
+    pub(crate) task_id: String,
+    pub(crate) version: i64,
+    /// `None` when the statement left the brief out.
+    pub(crate) brief: Option<Vec<u8>>,
+    pub(crate) brief_format: String,
+    pub(crate) lapse_backoff_ms: i64,
+    pub(crate) last_token: i64,
+    pub(crate) claimable_at: Option<i64>,
+    pub(crate) created_at: i64,
+}
+
+/// An `attempts` row; times in Unix milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttemptRow {
+    pub(crate) number: i64,
+    pub(crate) state: String,
+    pub(crate) until_at: Option<i64>,
+    pub(crate) tries: i64,
+    pub(crate) holder: Option<String>,
+    pub(crate) token: Option<i64>,
+    pub(crate) granted_at: Option<i64>,
+    pub(crate) expires_at: Option<i64>,
+    /// While leased: the expiry plus the task's lapse backoff.
+    pub(crate) lapses_at: Option<i64>,
+}
+
+/// A `receipts` row of a known task; times in Unix milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct ReceiptRow {
+    pub(crate) attempt: i64,
+    pub(crate) token: i64,
+    pub(crate) principal: String,
+    pub(crate) idempotency_key: String,
+    pub(crate) artifact: String,
+    pub(crate) digest: String,
+    pub(crate) accepted_at: i64,
+    pub(crate) output: Option<Vec<u8>>,
+}
+
+/// A key row with its principal's columns; times in Unix milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyRow {
+    pub(crate) key_id: String,
+    pub(crate) principal_id: i64,
+    pub(crate) secret_hash: Vec<u8>,
+    pub(crate) label: String,
+    /// JSON array of scope names.
+    pub(crate) scopes: String,
+    /// JSON array of grant strings.
+    pub(crate) grants: String,
+    pub(crate) created_at: i64,
+    pub(crate) expires_at: Option<i64>,
+    pub(crate) revoked_at: Option<i64>,
+    pub(crate) kind: String,
+    pub(crate) account: String,
+    pub(crate) last_used_at: Option<i64>,
+}
+
+/// An audit row as stored; `at` in Unix milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EventRow {
+    pub(crate) at: i64,
+    pub(crate) principal: String,
+    pub(crate) namespace: String,
+    pub(crate) action: String,
+    pub(crate) outcome: String,
+    pub(crate) resource: Option<String>,
+    pub(crate) ip_hash: Option<String>,
+}
+
+/// A counter row as stored; `minute` counts minutes since the Unix epoch and
+/// `principal` is empty for requests without one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CounterRow {
+    pub(crate) minute: i64,
+    pub(crate) principal: String,
+    pub(crate) namespace: String,
+    pub(crate) action: String,
+    pub(crate) outcome: String,
+    pub(crate) count: i64,
+}
+
+/// A stored value this build cannot read back.
+pub(crate) fn corrupt(what: &str) -> StorageError {
+    StorageError::new(
+        StorageErrorKind::Corrupt,
+        None,
+        format!("unreadable {what}"),
+    )
+}
+
+pub(crate) fn count(value: usize) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn duration_millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The claim index's column: 0 while an attempt is ready, the earliest
+/// backoff end otherwise, `NULL` when the lease rules say none
+/// ([`TaskRecord::claimable_at`]).
+pub(crate) fn claimable_column(record: &TaskRecord) -> Option<i64> {
+    record.claimable_at().map(|at| match at {
+        ClaimableAt::Ready => 0,
+        ClaimableAt::At(time) => millis(time),
+    })
+}
+
+pub(crate) fn claimable_from_column(value: Option<i64>) -> ClaimableAt {
+    match value {
+        None | Some(0) => ClaimableAt::Ready,
+        Some(at) => ClaimableAt::At(from_millis(at)),
+    }
+}
+
+impl TaskRow {
+    pub(crate) fn loaded(mut self, attempts: Vec<AttemptRow>) -> Result<LoadedTask> {
+        let brief = match self.brief.take() {
+            Some(bytes) => {
+                Some(Brief::decode(bytes, &self.brief_format).map_err(|_| corrupt("task brief"))?)
+            }
+            None => None,
+        };
+        Ok(LoadedTask {
+            handle: TaskHandle(self.id),
+            queue: QueueName::parse(&self.queue).map_err(|_| corrupt("task queue"))?,
+            created_at: from_millis(self.created_at),
+            brief,
+            record: self.record(attempts)?,
+        })
+    }
+
+    pub(crate) fn record(&self, attempts: Vec<AttemptRow>) -> Result<TaskRecord> {
+        Ok(TaskRecord {
+            id: TaskId::parse(&self.task_id).map_err(|_| corrupt("task row"))?,
+            version: u32::try_from(self.version)
+                .ok()
+                .and_then(|v| BriefVersion::new(v).ok())
+                .ok_or_else(|| corrupt("task version"))?,
+            lapse_backoff: Duration::from_millis(
+                u64::try_from(self.lapse_backoff_ms).map_err(|_| corrupt("task row"))?,
+            ),
+            last_token: match self.last_token {
+                0 => None,
+                token => Some(FencingToken::new(token).map_err(|_| corrupt("task row"))?),
+            },
+            attempts: attempts
+                .iter()
+                .map(AttemptRow::record)
+                .collect::<Result<_>>()?,
+        })
+    }
+}
+
+impl AttemptRow {
+    pub(crate) fn record(&self) -> Result<AttemptRecord> {
+        let bad = || corrupt("attempt row");
+        let name: StateName = self.state.parse().map_err(|_| bad())?;
+        let state =
+            TaskState::from_parts(name, self.until_at.map(from_millis)).map_err(|_| bad())?;
+        let lease = match (&self.holder, self.token, self.granted_at, self.expires_at) {
+            (Some(holder), Some(token), Some(granted_at), Some(expires_at)) => Some(LeaseRecord {
+                holder: holder.parse().map_err(|_| bad())?,
+                token: FencingToken::new(token).map_err(|_| bad())?,
+                granted_at: from_millis(granted_at),
+                expires_at: from_millis(expires_at),
+            }),
+            (None, None, None, None) => None,
+            _ => return Err(bad()),
+        };
+        Ok(AttemptRecord {
+            number: u16::try_from(self.number)
+                .ok()
+                .and_then(|n| AttemptNumber::new(n).ok())
+                .ok_or_else(bad)?,
+            state,
+            tries: u32::try_from(self.tries).map_err(|_| bad())?,
+            lease,
+        })
+    }
+
+    /// The row of `record`, an attempt of a task with `lapse_backoff`.
+    pub(crate) fn from_record(record: &AttemptRecord, lapse_backoff: Duration) -> Self {
+        let lease = record.lease.as_ref();
+        Self {
+            number: i64::from(record.number.as_u16()),
+            state: record.state.as_str().to_owned(),
+            until_at: record.state.until().map(millis),
+            tries: i64::from(record.tries),
+            holder: lease.map(|l| l.holder.as_str().to_owned()),
+            token: lease.map(|l| l.token.as_i64()),
+            granted_at: lease.map(|l| millis(l.granted_at)),
+            expires_at: lease.map(|l| millis(l.expires_at)),
+            lapses_at: record.lapses_at(lapse_backoff).map(millis),
+        }
+    }
+}
+
+impl ReceiptRow {
+    pub(crate) fn stored(self, task: &TaskRef) -> Result<StoredReceipt> {
+        let bad = |_| corrupt("receipt row");
+        let receipt = Receipt {
+            task: task.id.clone(),
+            version: task.version,
+            attempt: u16::try_from(self.attempt)
+                .ok()
+                .and_then(|n| AttemptNumber::new(n).ok())
+                .ok_or_else(|| corrupt("receipt row"))?,
+            token: FencingToken::new(self.token).map_err(bad)?,
+            principal: self.principal.parse().map_err(bad)?,
+            idempotency_key: self.idempotency_key.parse().map_err(bad)?,
+            artifact: self.artifact.parse().map_err(bad)?,
+            digest: self.digest.parse().map_err(bad)?,
+            accepted_at: from_millis(self.accepted_at),
+        };
+        Ok(StoredReceipt {
+            receipt,
+            output: self.output,
+        })
+    }
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("scopes and grants serialize")
+}
+
+/// Names read back from a row; ones this build does not know are skipped,
+/// which can only take permissions away.
+pub(crate) fn names<T>(json: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
+    let raw: Vec<String> =
+        serde_json::from_str(json).map_err(|_| corrupt("key scopes or grants"))?;
+    Ok(raw.iter().filter_map(|name| parse(name)).collect())
+}
+
+impl KeyRow {
+    pub(crate) fn info(&self) -> Result<KeyInfo> {
+        let bad = || corrupt("key row");
+        Ok(KeyInfo {
+            key_id: KeyId::parse(&self.key_id).map_err(|_| bad())?,
+            principal: PrincipalId(self.principal_id),
+            kind: PrincipalKind::parse(&self.kind).ok_or_else(bad)?,
+            account: self.account.clone(),
+            label: self.label.clone(),
+            scopes: names(&self.scopes, Scope::parse)?,
+            grants: names(&self.grants, |name| Grant::parse(name).ok())?,
+            created_at: from_millis(self.created_at),
+            expires_at: self.expires_at.map(from_millis),
+            revoked_at: self.revoked_at.map(from_millis),
+            last_used_at: self.last_used_at.map(from_millis),
+        })
+    }
+}
+
+impl EventRow {
+    pub(crate) fn from_event(event: &AuditEvent) -> Self {
+        Self {
+            at: millis(event.time),
+            principal: event.principal.as_str().to_owned(),
+            namespace: event.namespace.as_str().to_owned(),
+            action: event.action.as_str().to_owned(),
+            outcome: event.outcome.as_str().to_owned(),
+            resource: event.resource.as_ref().map(|r| r.as_str().to_owned()),
+            ip_hash: event.ip_hash.as_ref().map(|h| h.as_str().to_owned()),
+        }
+    }
+
+    pub(crate) fn event(&self) -> Result<AuditEvent> {
+        let bad = |_| corrupt("audit row");
+        Ok(AuditEvent {
+            time: from_millis(self.at),
+            principal: tessera_audit::Principal::new(&self.principal).map_err(bad)?,
+            namespace: tessera_audit::Namespace::new(&self.namespace).map_err(bad)?,
+            action: self.action.parse().map_err(bad)?,
+            outcome: self.outcome.parse().map_err(bad)?,
+            resource: self
+                .resource
+                .as_deref()
+                .map(Resource::new)
+                .transpose()
+                .map_err(bad)?,
+            ip_hash: self
+                .ip_hash
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(bad)?,
+        })
+    }
+}
+
+/// A counter minute as stored: minutes since the Unix epoch.
+pub(crate) fn minute_number(start: DateTime<Utc>) -> i64 {
+    millis(start).div_euclid(60_000)
+}
+
+impl CounterRow {
+    pub(crate) fn from_counter(counter: &Counter) -> Self {
+        let key = &counter.key;
+        Self {
+            minute: minute_number(key.minute().start()),
+            principal: key
+                .principal()
+                .map_or_else(String::new, |p| p.as_str().to_owned()),
+            namespace: key.namespace().as_str().to_owned(),
+            action: key.action().as_str().to_owned(),
+            outcome: key.outcome().as_str().to_owned(),
+            count: i64::try_from(counter.count).unwrap_or(i64::MAX),
+        }
+    }
+
+    pub(crate) fn counter(&self) -> Result<Counter> {
+        let bad = |_| corrupt("counter row");
+        let start = self
+            .minute
+            .checked_mul(60_000)
+            .and_then(DateTime::from_timestamp_millis)
+            .ok_or_else(|| corrupt("counter row"))?;
+        let principal = match self.principal.as_str() {
+            "" => None,
+            name => Some(tessera_audit::Principal::new(name).map_err(bad)?),
+        };
+        Ok(Counter {
+            key: CounterKey::new(
+                Minute::from_start(start).map_err(bad)?.start(),
+                principal,
+                tessera_audit::Namespace::new(&self.namespace).map_err(bad)?,
+                self.action.parse().map_err(bad)?,
+                self.outcome.parse().map_err(bad)?,
+            ),
+            count: u64::try_from(self.count).unwrap_or(0),
+        })
+    }
+}
+
+pub(crate) fn state_counts(by_state: Vec<(String, i64)>) -> Result<StateCounts> {
+    let mut attempts = StateCounts::default();
+    for (state, count) in by_state {
+        let count = u64::try_from(count).unwrap_or(0);
+        match state.parse::<StateName>() {
+            Ok(StateName::Ready) => attempts.ready += count,
+            Ok(StateName::Leased) => attempts.leased += count,
+            Ok(StateName::Done) => attempts.done += count,
+            Ok(StateName::Failed) => attempts.failed += count,
+            Ok(StateName::Backoff) => attempts.backoff += count,
+            Err(_) => return Err(corrupt("attempt state")),
+        }
+    }
+    Ok(attempts)
+}
+
+/// The grant an attempt's lease names: all of it but the expiry.
+pub(crate) fn grant(attempt: &AttemptRecord) -> Option<(&Principal, FencingToken, DateTime<Utc>)> {
+    let lease = attempt.lease.as_ref()?;
+    Some((&lease.holder, lease.token, lease.granted_at))
+}
+
+/// One attempt's write, with the narrowest statement that stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AttemptWrite {
+    /// Only its state (and lapse time) moved.
+    State(AttemptRow),
+    /// Only its lease's expiry (and lapse time) moved: a heartbeat.
+    Expiry(AttemptRow),
+    /// Anything else: every column.
+    Whole(AttemptRow),
+}
+
+/// What a lease rule changed in a task, as rows to write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TaskWrites {
+    pub(crate) attempts: Vec<AttemptWrite>,
+    /// The new token counter, if it moved.
+    pub(crate) last_token: Option<i64>,
+    /// The new claim-index column, if it moved.
+    pub(crate) claimable_at: Option<Option<i64>>,
+}
+
+impl TaskWrites {
+    /// The writes that take a task stored as `before` to `after`.
+    pub(crate) fn between(before: &TaskRecord, after: &TaskRecord) -> Self {
+        let mut writes = Self::default();
+        for (old, new) in before.attempts.iter().zip(&after.attempts) {
+            if old == new {
+                continue;
+            }
+            let row = AttemptRow::from_record(new, after.lapse_backoff);
+            writes
+                .attempts
+                .push(if old.lease == new.lease && old.tries == new.tries {
+                    AttemptWrite::State(row)
+                } else if row.expires_at.is_some()
+                    && old.state == new.state
+                    && old.tries == new.tries
+                    && grant(old) == grant(new)
+                {
+                    AttemptWrite::Expiry(row)
+                } else {
+                    AttemptWrite::Whole(row)
+                });
+        }
+        if before.last_token != after.last_token {
+            writes.last_token = Some(after.last_token.map_or(0, FencingToken::as_i64));
+        }
+        let claimable = claimable_column(after);
+        if claimable_column(before) != claimable {
+            writes.claimable_at = Some(claimable);
+        }
+        writes
+    }
+
+    /// The writes that store again what the claim order keeps of `record`:
+    /// its leased attempts whole, and its claim column.
+    pub(crate) fn resync(record: &TaskRecord) -> Self {
+        Self {
+            attempts: record
+                .attempts
+                .iter()
+                .filter(|attempt| attempt.state == TaskState::Leased)
+                .map(|attempt| {
+                    AttemptWrite::Whole(AttemptRow::from_record(attempt, record.lapse_backoff))
+                })
+                .collect(),
+            last_token: None,
+            claimable_at: Some(claimable_column(record)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_audit::{Action, Outcome};
+    use tessera_lease::{Retry, Task, TaskSpec};
+
+    use super::*;
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        "2026-10-29T12:00:00Z".parse::<DateTime<Utc>>().unwrap()
+            + chrono::TimeDelta::seconds(seconds)
+    }
+
+    #[test]
+    fn the_claim_columns_hold_the_lease_rules_values() {
+        let who = Principal::parse("p1").unwrap();
+        let spec = TaskSpec {
+            alternatives: 2,
+            lapse_backoff: Duration::from_secs(5),
+        };
+        let mut task = Task::new(TaskId::parse("t").unwrap(), BriefVersion::FIRST, spec).unwrap();
+        assert_eq!(claimable_column(task.record()), Some(0));
+        task.claim(&who, at(0), Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            claimable_column(task.record()),
+            Some(0),
+            "attempt 2 is ready"
+        );
+        let second = task.claim(&who, at(1), Duration::from_secs(30)).unwrap();
+        // Both leased: out of the claim index; each lease's row holds its
+        // lapse plus the lapse backoff.
+        assert_eq!(claimable_column(task.record()), None);
+        let lapses = |task: &Task| -> Vec<Option<i64>> {
+            task.record()
+                .attempts
+                .iter()
+                .map(|a| AttemptRow::from_record(a, spec.lapse_backoff).lapses_at)
+                .collect()
+        };
+        assert_eq!(
+            lapses(&task),
+            vec![Some(millis(at(35))), Some(millis(at(36)))]
+        );
+        task.fail(
+            &who,
+            second.token(),
+            at(2),
+            Retry::After(Duration::from_secs(10)),
+        )
+        .unwrap();
+        assert_eq!(claimable_column(task.record()), Some(millis(at(12))));
+        assert_eq!(
+            claimable_from_column(claimable_column(task.record())),
+            ClaimableAt::At(at(12))
+        );
+        assert_eq!(lapses(&task), vec![Some(millis(at(35))), None]);
+    }
+
+    #[test]
+    fn attempt_rows_round_trip() {
+        let who = Principal::parse("p1").unwrap();
+        let mut task = Task::new(
+            TaskId::parse("t").unwrap(),
+            BriefVersion::FIRST,
+            TaskSpec::default(),
+        )
+        .unwrap();
+        task.claim(&who, at(0), Duration::from_secs(30)).unwrap();
+        let record = &task.record().attempts[0];
+        let row = AttemptRow::from_record(record, Duration::ZERO);
+        assert_eq!(row.lapses_at, row.expires_at, "leased, no lapse backoff");
+        assert_eq!(&row.record().unwrap(), record);
+        let mut broken = row.clone();
+        broken.holder = None;
+        assert!(broken.record().is_err());
+    }
+
+    #[test]
+    fn counter_rows_round_trip() {
+        let now = at(30);
+        for principal in [Some("p3"), None] {
+            let counter = Counter {
+                key: CounterKey::new(
+                    now,
+                    principal.map(|name| tessera_audit::Principal::new(name).unwrap()),
+                    tessera_audit::Namespace::new("*").unwrap(),
+                    Action::Claim,
+                    Outcome::Empty,
+                ),
+                count: 5,
+            };
+            let row = CounterRow::from_counter(&counter);
+            assert_eq!(row.principal, principal.unwrap_or(""));
+            assert_eq!(row.counter().unwrap(), counter);
+        }
+    }
+
+    #[test]
+    fn unknown_stored_names_are_skipped() {
+        let scopes = names(r#"["read","teleport"]"#, Scope::parse).unwrap();
+        assert_eq!(scopes, vec![Scope::Read]);
+        assert!(names("not json", Scope::parse).is_err());
+    }
+}

@@ -176,7 +176,10 @@
 
 #![forbid(unsafe_code)]
 // Without a backend the core compiles but nothing can open a store.
-#![cfg_attr(not(feature = "sqlite"), allow(dead_code, unused_imports))]
+#![cfg_attr(
+    not(any(feature = "sqlite", feature = "postgres")),
+    allow(dead_code, unused_imports)
+)]
 
 // The layers, bottom up; a module imports only from its own layer or
 // below. Model: the data operations take and return.
@@ -188,6 +191,8 @@ mod meter;
 mod model;
 // The seam, and the backends behind it.
 mod backend;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 // Runtime state shared by the operations.

@@ -19,8 +19,11 @@
 //! statement is noise beside the statement itself.
 
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tessera_admission::DailyRowAllowance;
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
     AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, TaskRecord, TaskSpec,
@@ -81,6 +84,53 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// Releases what the backend holds before the store goes away (best
     /// effort, never fails).
     fn close(&mut self);
+
+    /// Hands the backend what to call when it hears of a change made
+    /// through another store on the same database. A backend that cannot
+    /// hear of them ignores it (the default): its store's signals are then
+    /// its own process's.
+    fn listen(&self, _sink: SignalSink) {}
+
+    /// How often a long-poll must read its queue again itself, because
+    /// signals may be missed just now; `None` while every enqueue is
+    /// signalled (the default).
+    fn poll_interval(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// What a backend heard of.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Signal<'a> {
+    /// A queue received work.
+    Enqueued {
+        namespace: &'a Namespace,
+        queue: &'a QueueName,
+    },
+    /// Signals stopped arriving for a while: every long-poll looks again.
+    Lost,
+}
+
+/// What a backend calls with a [`Signal`].
+pub(crate) type SignalSink = Arc<dyn Fn(Signal<'_>) + Send + Sync>;
+
+/// What the store's policy asks of a backend when it opens.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OpenPolicy {
+    pub(crate) now: DateTime<Utc>,
+    pub(crate) refuse_writes: bool,
+    pub(crate) daily_rows_written_allowance: u64,
+}
+
+impl OpenPolicy {
+    /// What `config` asks, at its clock's now.
+    pub(crate) fn of(config: &crate::config::StoreConfig) -> Self {
+        Self {
+            now: crate::clock::storable(config.clock().now_utc()),
+            refuse_writes: config.refuses_writes(),
+            daily_rows_written_allowance: config.daily_rows_written_allowance(),
+        }
+    }
 }
 
 /// What a backend can do beyond the operations every backend has.
@@ -388,6 +438,13 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     /// Sets a store-wide setting unless one is set.
     fn insert_meta(&self, key: &str, value: &str) -> Result<()>;
 
+    /// Tells the stores of other processes on this database, once the
+    /// transaction commits, that `queue` received work (the default: no
+    /// one else to tell).
+    fn signal_enqueued(&self, _namespace: &Namespace, _queue: &QueueName) -> Result<()> {
+        Ok(())
+    }
+
     /// Counts `window.subject` once more in its window.
     fn bump_limit(&self, window: &LimitWindow<'_>) -> Result<()>;
 
@@ -397,4 +454,35 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     /// without it, it is dropped before the commit. At most one, and last.
     /// Returns whether it is part of the transaction so far.
     fn optional(&self, work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<()>) -> bool;
+}
+
+/// How a transaction that wrote `rows`, `tail` of them in its optional
+/// tail, fits today's rows-written allowance at `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fit {
+    /// Commit it whole.
+    Whole,
+    /// Roll the optional tail back, then commit the rest.
+    WithoutTail,
+    /// Roll it all back: `503 storage_quota_exhausted`.
+    Refused,
+}
+
+impl Fit {
+    /// The allowance's verdict ([`DailyRowAllowance`]); a tail that alone
+    /// takes the transaction past it is given up, never the action.
+    pub(crate) fn of(
+        allowance: &mut DailyRowAllowance,
+        now: DateTime<Utc>,
+        rows: u64,
+        tail: Option<u64>,
+    ) -> Self {
+        if allowance.admits(now, rows) {
+            return Self::Whole;
+        }
+        match tail {
+            Some(tail) if allowance.admits(now, rows.saturating_sub(tail)) => Self::WithoutTail,
+            _ => Self::Refused,
+        }
+    }
 }

@@ -112,6 +112,7 @@ impl Store {
                     reason: format!("task {task} already exists"),
                 });
             }
+            writer.signal_enqueued(namespace, queue)?;
             let resource = task.resource("");
             Ok((task.clone(), resource))
         })?;

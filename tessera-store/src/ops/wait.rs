@@ -1,6 +1,6 @@
 //! The long-poll: wait until a queue receives work or a timeout passes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tessera_audit::{Action, Resource};
 use tessera_lease::{Namespace, QueueName};
@@ -8,6 +8,8 @@ use tessera_lease::{Namespace, QueueName};
 use crate::error::Error;
 use crate::model::access::{Caller, Scope};
 use crate::model::wait::{MAX_LONG_POLL, WaitOutcome};
+use crate::state::signals::Woken;
+use crate::state::waiting::QueueKey;
 use crate::store::Store;
 
 impl Store {
@@ -25,8 +27,11 @@ impl Store {
     /// the start and one audit row per request, however long it waits; the
     /// wait itself reads and writes nothing. Readiness that does not come
     /// from an enqueue (a lease lapsing, a backoff ending) is noticed by
-    /// the next poll or claim. Blocks the calling thread (parking in real
-    /// time, at most [`Clock::max_park`](crate::Clock::max_park) at a time).
+    /// the next poll or claim. Where the backend's signals may be missed
+    /// (PostgreSQL with its listening connection down) the long-poll reads
+    /// again at the backend's polling interval. Blocks the calling thread
+    /// (parking in real time, at most
+    /// [`Clock::max_park`](crate::Clock::max_park) at a time).
     pub fn wait_for_work(
         &self,
         caller: &Caller,
@@ -40,23 +45,39 @@ impl Store {
         // Registered before the read, so an enqueue committed after it is
         // seen as a new epoch.
         let epoch = self.signals.register(&key);
-        let outcome = self
-            .read(|reader| Ok(reader.has_claimable(namespace, queue, self.now_utc())?))
-            .map(|ready| {
-                if ready
-                    || self
-                        .signals
-                        .wait(&key, epoch, deadline, self.clock().as_ref())
-                {
-                    WaitOutcome::WorkAvailable
-                } else {
-                    WaitOutcome::TimedOut
-                }
-            });
+        let outcome = self.watch(namespace, queue, &key, epoch, deadline);
         self.signals.unregister(&key);
         let outcome = outcome.inspect_err(|error| self.count(&scope, error.outcome()))?;
         let resource = Resource::new(&format!("queue:{queue}")).ok();
         self.audit_read(&scope, resource)?;
         Ok(outcome)
+    }
+
+    /// Reads whether the queue has work, then waits for an enqueue, the
+    /// deadline, or the backend's polling interval (and reads again).
+    fn watch(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        key: &QueueKey,
+        epoch: u64,
+        deadline: Instant,
+    ) -> Result<WaitOutcome, Error> {
+        let clock = self.clock().as_ref();
+        loop {
+            let generation = self.signals.generation();
+            if self.read(|reader| Ok(reader.has_claimable(namespace, queue, self.now_utc())?))? {
+                return Ok(WaitOutcome::WorkAvailable);
+            }
+            let until = match self.backend().poll_interval() {
+                Some(interval) => deadline.min(clock.now() + interval),
+                None => deadline,
+            };
+            match self.signals.wait(key, epoch, generation, until, clock) {
+                Woken::Work => return Ok(WaitOutcome::WorkAvailable),
+                Woken::TimedOut if clock.now() >= deadline => return Ok(WaitOutcome::TimedOut),
+                Woken::TimedOut | Woken::LookAgain => {}
+            }
+        }
     }
 }

@@ -18,6 +18,7 @@ use tessera_admission::DailyRowAllowance;
 
 use super::meter::Meter;
 use super::quota::{QuotaRules, classify};
+use crate::backend::Fit;
 use crate::error::{Error, StorageError};
 
 /// Prepared statements kept per connection; above the number of distinct
@@ -484,20 +485,19 @@ impl WriteConnection {
         };
         let mut tail = writer.tail.get();
         let mut rows = self.hooks.pending_rows.load(Ordering::Relaxed);
-        if !self.allowance.admits(now, rows) {
-            let without = tail.map(|tail_rows| rows.saturating_sub(tail_rows));
-            match without {
-                Some(fewer)
-                    if self.allowance.admits(now, fewer) && self.run(TAIL_ROLLBACK).is_ok() =>
-                {
-                    rows = fewer;
-                    tail = None;
-                }
-                _ => {
-                    self.rollback();
-                    meter.refused();
-                    return Err(Error::storage_quota_exhausted(now));
-                }
+        let fit = match Fit::of(&mut self.allowance, now, rows, tail) {
+            Fit::WithoutTail if self.run(TAIL_ROLLBACK).is_err() => Fit::Refused,
+            fit => fit,
+        };
+        match fit {
+            Fit::Whole => {}
+            Fit::WithoutTail => {
+                rows = rows.saturating_sub(tail.take().unwrap_or(0));
+            }
+            Fit::Refused => {
+                self.rollback();
+                meter.refused();
+                return Err(Error::storage_quota_exhausted(now));
             }
         }
         if let Err(error) = self.run("COMMIT") {

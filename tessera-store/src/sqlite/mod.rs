@@ -32,7 +32,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 
-use crate::backend::{Backend, Capabilities, Committed, ReadTransaction, WriteTransaction};
+use crate::backend::{
+    Backend, Capabilities, Committed, OpenPolicy, ReadTransaction, WriteTransaction,
+};
 use crate::error::{Error, StorageError};
 use crate::meter::MeterSnapshot;
 
@@ -200,14 +202,6 @@ impl PartialEq for SqliteOptions {
             && self.max_page_count == other.max_page_count
             && self.quota_classifier.is_some() == other.quota_classifier.is_some()
     }
-}
-
-/// What the store's policy asks of the backend when it opens.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct OpenPolicy {
-    pub(crate) now: DateTime<Utc>,
-    pub(crate) refuse_writes: bool,
-    pub(crate) daily_rows_written_allowance: u64,
 }
 
 /// The SQLite backend: one writer, a pool of readers, the meter.

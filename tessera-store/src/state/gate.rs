@@ -224,6 +224,7 @@ impl GateShared {
 }
 
 /// The claim gate of one store.
+#[derive(Clone)]
 pub(crate) struct Gate {
     pub(crate) shared: Arc<GateShared>,
 }

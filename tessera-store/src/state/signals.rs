@@ -1,6 +1,7 @@
 //! What long-polls wait on: an epoch per polled queue and one condvar.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -23,6 +24,20 @@ struct Signal {
 pub(crate) struct QueueSignals {
     queues: Mutex<HashMap<QueueKey, Signal>>,
     changed: Condvar,
+    /// Bumped when every long-poll should look again for itself (the
+    /// backend's signals stopped arriving).
+    generation: AtomicU64,
+}
+
+/// How a [`QueueSignals::wait`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Woken {
+    /// The queue received an enqueue.
+    Work,
+    /// Every long-poll was asked to look again ([`QueueSignals::wake_all`]).
+    LookAgain,
+    /// The clock reached the time waited for.
+    TimedOut,
 }
 
 impl QueueSignals {
@@ -33,6 +48,20 @@ impl QueueSignals {
             signal.epoch += 1;
             self.changed.notify_all();
         }
+    }
+
+    /// Wakes every long-poll to look again for itself: the backend's
+    /// signals stopped arriving, so they may have missed an enqueue.
+    pub(crate) fn wake_all(&self) {
+        let _queues = self.queues.lock();
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_all();
+    }
+
+    /// The current [`wake_all`](Self::wake_all) generation, read before a
+    /// long-poll looks at its queue.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// Registers a long-poll on `key`; returns the epoch it started at.
@@ -64,25 +93,29 @@ impl QueueSignals {
         }
     }
 
-    /// Waits until `key`'s epoch moves past `epoch` (`true`) or the clock
-    /// reaches `deadline` (`false`).
+    /// Waits until `key`'s epoch moves past `epoch`, the generation past
+    /// `generation`, or the clock reaches `until`.
     pub(crate) fn wait(
         &self,
         key: &QueueKey,
         epoch: u64,
-        deadline: Instant,
+        generation: u64,
+        until: Instant,
         clock: &dyn Clock,
-    ) -> bool {
+    ) -> Woken {
         let mut queues = self.queues.lock();
         loop {
             if queues.get(key).is_some_and(|signal| signal.epoch != epoch) {
-                return true;
+                return Woken::Work;
+            }
+            if self.generation.load(Ordering::SeqCst) != generation {
+                return Woken::LookAgain;
             }
             let now = clock.now();
-            if now >= deadline {
-                return false;
+            if now >= until {
+                return Woken::TimedOut;
             }
-            let mut park = deadline - now;
+            let mut park = until - now;
             if let Some(slice) = clock.max_park() {
                 park = park.min(slice);
             }

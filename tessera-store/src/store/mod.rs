@@ -31,14 +31,16 @@ use parking_lot::Mutex;
 use tessera_admission::MintAllowance;
 use tessera_audit::{AddressHasher, CounterBuffer, ObservationCoalescer, RetentionSchedule};
 
-use crate::backend::{Backend, ReadTransaction, WriteTransaction};
+use crate::backend::{Backend, OpenPolicy, ReadTransaction, Signal, SignalSink, WriteTransaction};
 use crate::clock::{Clock, storable};
 use crate::config::StoreConfig;
 use crate::error::Error;
 use crate::meter::MeterSnapshot;
 use crate::model::access::{Identity, PrincipalId};
+#[cfg(feature = "postgres")]
+use crate::postgres::{PostgresBackend, PostgresOptions};
 #[cfg(feature = "sqlite")]
-use crate::sqlite::{OpenPolicy, SqliteBackend, SqliteOptions};
+use crate::sqlite::{SqliteBackend, SqliteOptions};
 use crate::state::gate::Gate;
 use crate::state::health::HealthCache;
 use crate::state::signals::QueueSignals;
@@ -73,9 +75,9 @@ pub struct Store {
     /// Claim admission, idle pacing and the outcomes of waiting claims.
     pub(crate) gate: Gate,
     /// Health snapshots by namespace.
-    pub(crate) health: HealthCache,
+    pub(crate) health: Arc<HealthCache>,
     /// What long-polls wait on.
-    pub(crate) signals: QueueSignals,
+    pub(crate) signals: Arc<QueueSignals>,
     /// The anonymous session mint allowance.
     pub(crate) mint: Mutex<MintAllowance>,
     /// The address hasher, keyed once the secret is known.
@@ -127,13 +129,28 @@ impl Store {
         // Settings are checked before the file is touched.
         config.validate()?;
         options.validate()?;
-        let policy = OpenPolicy {
-            now: storable(config.clock().now_utc()),
-            refuse_writes: config.refuses_writes(),
-            daily_rows_written_allowance: config.daily_rows_written_allowance(),
-        };
+        let policy = OpenPolicy::of(&config);
         Self::open_with(config, || {
             Ok(Box::new(SqliteBackend::open(options, policy)?))
+        })
+    }
+
+    /// Opens (or creates) the store's tables in a PostgreSQL database, for
+    /// service copies on many machines sharing one lease store.
+    ///
+    /// A new database (or schema) gets the whole schema under an advisory
+    /// lock, so processes opening at once create it once; an up-to-date
+    /// one runs no DDL. Fails with [`Error::SchemaTooNew`] (nothing
+    /// touched) for a newer schema, `400 invalid_input` for bad options,
+    /// and a retryable [`Error::Storage`] when the server cannot be
+    /// reached within the connect and pool timeouts.
+    #[cfg(feature = "postgres")]
+    pub fn open_postgres(options: PostgresOptions, config: StoreConfig) -> Result<Self, Error> {
+        config.validate()?;
+        options.validate()?;
+        let policy = OpenPolicy::of(&config);
+        Self::open_with(config, || {
+            Ok(Box::new(PostgresBackend::open(options, policy)?))
         })
     }
 
@@ -150,7 +167,10 @@ impl Store {
                 reason: format!("mint settings: {error}"),
             })?;
         let observations = ObservationCoalescer::new(config.observation_capacity());
+        let health = Arc::new(HealthCache::default());
+        let signals = Arc::new(QueueSignals::default());
         let backend = open()?;
+        backend.listen(Self::signal_sink(&gate, &health, &signals));
         Ok(Self {
             config,
             backend,
@@ -158,11 +178,44 @@ impl Store {
             retention: Mutex::new(RetentionSchedule::new()),
             observations: Mutex::new(observations),
             gate,
-            health: HealthCache::default(),
-            signals: QueueSignals::default(),
+            health,
+            signals,
             mint: Mutex::new(mint),
             hasher: OnceLock::new(),
         })
+    }
+
+    /// What the backend calls when another process's store changed the
+    /// database: an enqueue restarts the queue's pacing, wakes its
+    /// long-polls and drops the namespace's health snapshot, as one here
+    /// does.
+    fn signal_sink(
+        gate: &Gate,
+        health: &Arc<HealthCache>,
+        signals: &Arc<QueueSignals>,
+    ) -> SignalSink {
+        let (gate, health, signals) = (gate.clone(), Arc::clone(health), Arc::clone(signals));
+        Arc::new(move |signal| match signal {
+            Signal::Enqueued { namespace, queue } => {
+                let key = (namespace.clone(), queue.clone());
+                gate.enqueued(&key);
+                health.invalidate(namespace);
+                signals.notify(&key);
+            }
+            Signal::Lost => signals.wake_all(),
+        })
+    }
+
+    /// The backend, for the operations.
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    /// How often long-polls read their queue again themselves, while the
+    /// backend's signals may be missed (a PostgreSQL store whose listening
+    /// connection is down, or off); `None` while every enqueue wakes them.
+    pub fn long_poll_interval(&self) -> Option<std::time::Duration> {
+        self.backend.poll_interval()
     }
 
     /// Rows written and read since the store opened (see [`MeterSnapshot`]);

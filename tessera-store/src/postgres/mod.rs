@@ -1,0 +1,751 @@
+//! The PostgreSQL backend (feature `postgres`): one database shared by
+//! store processes on any number of machines.
+//!
+//! - **Connections**: a pool ([`r2d2`]) of [`postgres`] clients, each with
+//!   its prepared statements; a connect timeout, a pool timeout and a
+//!   statement timeout bound every wait, so a server that went away is a
+//!   retryable storage error, never a hang. A transaction that lost a
+//!   serialization race or a deadlock, or whose connection broke before it
+//!   committed, runs again from the start a bounded number of times; one
+//!   whose `COMMIT` failed is reported failed, never acknowledged.
+//! - **Transactions**: `READ COMMITTED`; what a write changes is locked
+//!   first (see `transactions.rs`). Reads run in a `REPEATABLE READ`
+//!   read-only transaction, so a multi-statement read sees one snapshot.
+//! - **Time**: every time comes from the store's clock as Unix
+//!   milliseconds, never from the server's `now()`.
+//! - **Signals**: an enqueue runs `pg_notify` in its transaction; each
+//!   store `LISTEN`s on one connection of its own, wakes its long-polls
+//!   and drops its health snapshot. While that connection is down (or
+//!   listening is off, as behind a pooler in transaction mode) long-polls
+//!   read their queue again every polling interval.
+//! - **Schema**: migrated under an advisory lock (see `schema.rs`).
+//!
+//! Differences from SQLite, by design: rows are not metered (the
+//! [`meter`](crate::Store::meter) counts write transactions, refusals and
+//! the table rows statements changed, without index entries or rows read),
+//! so the daily allowance counts table rows changed; claim admission and
+//! the health snapshot stay per process, so another process's claims and
+//! submissions reach a snapshot when it expires (15 s), its enqueues at
+//! once.
+
+mod error;
+mod schema;
+mod transactions;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use parking_lot::Mutex;
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::{IsolationLevel, NoTls};
+use tessera_admission::DailyRowAllowance;
+use tessera_lease::{Namespace, QueueName};
+
+use crate::backend::{
+    Backend, Capabilities, Committed, Fit, OpenPolicy, ReadTransaction, Signal, SignalSink,
+    WriteTransaction,
+};
+use crate::error::{Error, StorageError, StorageErrorKind};
+use crate::meter::MeterSnapshot;
+
+use error::{is_read_only_refusal, is_transient};
+use transactions::{PgTransaction, Prepared};
+
+pub use schema::SCHEMA_VERSION;
+
+/// Where a PostgreSQL store lives and the settings only PostgreSQL has.
+///
+/// ```
+/// use std::time::Duration;
+/// use tessera_store::postgres::PostgresOptions;
+///
+/// let options = PostgresOptions::new("postgres://tessera:secret@db.internal/tessera")
+///     .with_schema("renders")
+///     .with_pool_size(32)
+///     .with_poll_interval(Duration::from_secs(5));
+/// assert_eq!(options.pool_size(), 32);
+/// // The password never reaches a log.
+/// assert!(!format!("{options:?}").contains("secret"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresOptions {
+    url: String,
+    schema: Option<String>,
+    pool_size: u32,
+    connect_timeout: Duration,
+    pool_timeout: Duration,
+    statement_timeout: Duration,
+    poll_interval: Duration,
+    retries: u32,
+    listen: bool,
+}
+
+impl PostgresOptions {
+    /// A database at `url` (`postgres://user:password@host:port/database`,
+    /// or the `key=value` form), checked when the store opens.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: None,
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            pool_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(2),
+            retries: 3,
+            listen: true,
+        }
+    }
+
+    /// Keeps the store's tables in this schema (created if missing), so
+    /// several stores can share one database. Default: the connection's
+    /// own search path (`public`). Lowercase letters, digits and `_`,
+    /// starting with a letter, at most 48 bytes.
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// The most connections the pool holds (default 16, at least 1); the
+    /// listening connection is one more.
+    pub fn with_pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long opening a connection may take (default 5 s).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long an operation waits for a pooled connection (default 5 s);
+    /// past it, a retryable storage error.
+    pub fn with_pool_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_timeout = timeout;
+        self
+    }
+
+    /// How long one statement may run (default 30 s, the server's
+    /// `statement_timeout`); past it, a retryable storage error.
+    pub fn with_statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// How often a long-poll reads its queue while signals may be missed
+    /// (default 2 s).
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How many times a transaction that lost a serialization race or a
+    /// deadlock, or whose connection broke before its commit, runs again
+    /// (default 3).
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// Whether the store listens for other processes' enqueues (default
+    /// `true`). Off behind a pooler that cannot hold a `LISTEN`
+    /// (transaction mode): long-polls then poll.
+    pub fn with_listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    /// The schema, if one is set.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The pool size.
+    pub fn pool_size(&self) -> u32 {
+        self.pool_size
+    }
+
+    /// The polling interval.
+    pub fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    /// Checks the settings: a URL the client accepts, a valid schema name
+    /// and timeouts of at least a millisecond. An invalid setting is
+    /// `400 invalid_input` naming it.
+    pub fn validate(&self) -> Result<(), Error> {
+        self.config().map(drop)
+    }
+
+    fn config(&self) -> Result<postgres::Config, Error> {
+        let invalid = |reason: String| Error::InvalidInput { reason };
+        let mut config: postgres::Config = self
+            .url
+            .parse()
+            .map_err(|_| invalid("postgres url is not a connection string".to_owned()))?;
+        if let Some(schema) = &self.schema {
+            let valid = schema.len() <= 48
+                && schema.starts_with(|c: char| c.is_ascii_lowercase())
+                && schema
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !valid {
+                return Err(invalid(format!(
+                    "postgres schema must be lowercase letters, digits and _, got {schema:?}"
+                )));
+            }
+        }
+        for (name, timeout) in [
+            ("connect timeout", self.connect_timeout),
+            ("pool timeout", self.pool_timeout),
+            ("statement timeout", self.statement_timeout),
+            ("poll interval", self.poll_interval),
+        ] {
+            if timeout < Duration::from_millis(1) {
+                return Err(invalid(format!(
+                    "postgres {name} must be at least 1 ms, got {timeout:?}"
+                )));
+            }
+        }
+        let mut session = format!(
+            "-c statement_timeout={}",
+            self.statement_timeout.as_millis()
+        );
+        if let Some(schema) = &self.schema {
+            session.push_str(&format!(" -c search_path={schema}"));
+        }
+        config
+            .connect_timeout(self.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(30))
+            .options(&session);
+        Ok(config)
+    }
+
+    /// The channel enqueues are announced on: one per schema.
+    fn channel(&self) -> String {
+        format!("tessera_{}", self.schema.as_deref().unwrap_or("public"))
+    }
+}
+
+impl fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = self
+            .url
+            .parse::<postgres::Config>()
+            .map(|config| {
+                format!(
+                    "{:?}/{}",
+                    config.get_hosts(),
+                    config.get_dbname().unwrap_or("")
+                )
+            })
+            .unwrap_or_else(|_| "<unparsed>".to_owned());
+        f.debug_struct("PostgresOptions")
+            .field("target", &target)
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("pool_timeout", &self.pool_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("poll_interval", &self.poll_interval)
+            .field("retries", &self.retries)
+            .field("listen", &self.listen)
+            .finish()
+    }
+}
+
+/// A pooled client and the statements prepared on it.
+struct PgConnection {
+    client: postgres::Client,
+    prepared: Prepared,
+}
+
+/// Opens pooled connections.
+#[derive(Debug)]
+struct Manager {
+    config: postgres::Config,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = PgConnection;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> Result<PgConnection, postgres::Error> {
+        Ok(PgConnection {
+            client: self.config.connect(NoTls)?,
+            prepared: HashMap::new(),
+        })
+    }
+
+    fn is_valid(&self, connection: &mut PgConnection) -> Result<(), postgres::Error> {
+        connection.client.simple_query("").map(drop)
+    }
+
+    fn has_broken(&self, connection: &mut PgConnection) -> bool {
+        connection.client.is_closed()
+    }
+}
+
+/// Pool errors are retried by the pool itself; they reach callers as
+/// errors, not logs.
+#[derive(Debug)]
+struct QuietErrors;
+
+impl r2d2::HandleError<postgres::Error> for QuietErrors {
+    fn handle_error(&self, _error: postgres::Error) {}
+}
+
+/// The listening connection's thread and what it shares.
+#[derive(Default)]
+struct ListenerState {
+    stop: AtomicBool,
+    listening: AtomicBool,
+    sink: StdMutex<Option<SignalSink>>,
+}
+
+impl ListenerState {
+    fn deliver(&self, signal: Signal<'_>) {
+        let sink = self.sink.lock().ok().and_then(|sink| sink.clone());
+        if let Some(sink) = sink {
+            sink(signal);
+        }
+    }
+}
+
+/// The PostgreSQL backend.
+pub(crate) struct PostgresBackend {
+    pool: r2d2::Pool<Manager>,
+    channel: String,
+    refusing: AtomicBool,
+    allowance: Mutex<DailyRowAllowance>,
+    rows_written: AtomicU64,
+    write_transactions: AtomicU64,
+    refused_writes: AtomicU64,
+    retries: u32,
+    poll_interval: Duration,
+    listener: Arc<ListenerState>,
+    listener_thread: Option<JoinHandle<()>>,
+    options: PostgresOptions,
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("options", &self.options)
+            .field(
+                "listening",
+                &self.listener.listening.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresBackend {
+    /// Connects, brings the schema up to date and starts listening.
+    pub(crate) fn open(options: PostgresOptions, policy: OpenPolicy) -> Result<Self, Error> {
+        let config = options.config()?;
+        let now = policy.now;
+        let pool = r2d2::Pool::builder()
+            .max_size(options.pool_size)
+            .min_idle(Some(0))
+            .connection_timeout(options.pool_timeout)
+            .error_handler(Box::new(QuietErrors))
+            .build_unchecked(Manager {
+                config: config.clone(),
+            });
+        {
+            let mut connection = pool
+                .get()
+                .map_err(|error| Error::Storage(error.into()).classified(now))?;
+            schema::migrate(&mut connection.client, options.schema.as_deref())
+                .map_err(|error| error.classified(now))?;
+        }
+        let listener = Arc::new(ListenerState::default());
+        let channel = options.channel();
+        let listener_thread = options.listen.then(|| {
+            let state = Arc::clone(&listener);
+            let (config, channel) = (config.clone(), channel.clone());
+            std::thread::Builder::new()
+                .name("tessera-listen".to_owned())
+                .spawn(move || listen(&config, &channel, &state))
+                .expect("a thread can be spawned")
+        });
+        if listener_thread.is_some() {
+            // Give the listening connection the time a connection takes, so
+            // an enqueue right after opening is heard.
+            let until = Instant::now() + options.connect_timeout;
+            while !listener.listening.load(Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Ok(Self {
+            pool,
+            channel,
+            refusing: AtomicBool::new(policy.refuse_writes),
+            allowance: Mutex::new(DailyRowAllowance::new(policy.daily_rows_written_allowance)),
+            rows_written: AtomicU64::new(0),
+            write_transactions: AtomicU64::new(0),
+            refused_writes: AtomicU64::new(0),
+            retries: options.retries,
+            poll_interval: options.poll_interval,
+            listener,
+            listener_thread,
+            options,
+        })
+    }
+
+    fn connection(&self) -> Result<r2d2::PooledConnection<Manager>, Error> {
+        self.pool
+            .get()
+            .map_err(|error| Error::Storage(error.into()))
+    }
+
+    /// What a failed write is to its caller at `now`.
+    fn classify(&self, error: Error, refusing: bool, now: DateTime<Utc>) -> Error {
+        let error = if refusing && is_read_only_refusal(&error) {
+            Error::storage_quota_exhausted(now)
+        } else {
+            error.classified(now)
+        };
+        if error.is_quota_exhausted() {
+            self.refused_writes.fetch_add(1, Ordering::Relaxed);
+        }
+        error
+    }
+
+    /// One attempt at a write transaction. `Ok(None)` means it may run
+    /// again: it lost a race, or its connection broke before the commit.
+    fn try_write(
+        &self,
+        now: DateTime<Utc>,
+        refusing: bool,
+        work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<(), Error>,
+    ) -> Result<Option<Committed>, Error> {
+        let mut connection = self.connection()?;
+        let PgConnection { client, prepared } = &mut *connection;
+        let transaction = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::ReadCommitted)
+            .read_only(refusing)
+            .start()
+            .map_err(Error::from);
+        let transaction = match transaction {
+            Ok(transaction) => transaction,
+            Err(error) if is_lost_connection(&error) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        let pg = PgTransaction::new(transaction, prepared, &self.channel, true);
+        if let Err(error) = work(&pg) {
+            let _ = pg.finish(false);
+            return match error {
+                error if is_transient(&error) || is_lost_connection(&error) => Ok(None),
+                error => Err(error),
+            };
+        }
+        let (mut rows, tail) = pg.rows();
+        let fit = match Fit::of(&mut self.allowance.lock(), now, rows, tail) {
+            Fit::WithoutTail if pg.rollback_tail().is_err() => Fit::Refused,
+            fit => fit,
+        };
+        match fit {
+            Fit::Whole => {}
+            Fit::WithoutTail => rows = pg.rows().0,
+            Fit::Refused => {
+                let _ = pg.finish(false);
+                return Err(Error::storage_quota_exhausted(now));
+            }
+        }
+        let kept_tail = fit == Fit::Whole && tail.is_some();
+        // A failed commit is never retried: it may or may not have landed,
+        // and the caller is told it failed.
+        pg.finish(true)?;
+        self.allowance.lock().record(now, rows);
+        self.rows_written.fetch_add(rows, Ordering::Relaxed);
+        self.write_transactions.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Committed { tail: kept_tail }))
+    }
+}
+
+/// Whether `error` is the connection breaking (no SQLSTATE): nothing of
+/// an uncommitted transaction survives it.
+fn is_lost_connection(error: &Error) -> bool {
+    matches!(error, Error::Storage(storage)
+        if storage.kind() == StorageErrorKind::Retryable && storage.code().is_none())
+}
+
+impl Backend for PostgresBackend {
+    fn read(
+        &self,
+        now: DateTime<Utc>,
+        work: &mut dyn FnMut(&dyn ReadTransaction) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let mut run = || -> Result<(), Error> {
+            let mut connection = self.connection()?;
+            let PgConnection { client, prepared } = &mut *connection;
+            let transaction = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()?;
+            let pg = PgTransaction::new(transaction, prepared, &self.channel, false);
+            match work(&pg) {
+                Ok(()) => Ok(pg.finish(true)?),
+                Err(error) => {
+                    let _ = pg.finish(false);
+                    Err(error)
+                }
+            }
+        };
+        run().map_err(|error| error.classified(now))
+    }
+
+    fn write(
+        &self,
+        now: DateTime<Utc>,
+        work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<(), Error>,
+    ) -> Result<Committed, Error> {
+        let refusing = self.refusing.load(Ordering::SeqCst);
+        if self.allowance.lock().is_spent(now) {
+            self.refused_writes.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::storage_quota_exhausted(now));
+        }
+        for _ in 0..self.retries {
+            match self.try_write(now, refusing, work) {
+                Ok(Some(committed)) => return Ok(committed),
+                Ok(None) => continue,
+                Err(error) => return Err(self.classify(error, refusing, now)),
+            }
+        }
+        // The last run's error is the answer.
+        match self.try_write(now, refusing, work) {
+            Ok(Some(committed)) => Ok(committed),
+            Ok(None) => Err(Error::Storage(StorageError::new(
+                StorageErrorKind::Retryable,
+                None,
+                "the transaction kept losing to concurrent ones or its connection",
+            ))),
+            Err(error) => Err(self.classify(error, refusing, now)),
+        }
+    }
+
+    fn set_refusing(&self, refuse: bool) {
+        self.refusing.store(refuse, Ordering::SeqCst);
+    }
+
+    fn is_refusing(&self) -> bool {
+        self.refusing.load(Ordering::SeqCst)
+    }
+
+    fn meter(&self) -> MeterSnapshot {
+        MeterSnapshot {
+            rows_written: self.rows_written.load(Ordering::Relaxed),
+            rows_read: 0,
+            write_transactions: self.write_transactions.load(Ordering::Relaxed),
+            refused_writes: self.refused_writes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn rows_written_today(&self, now: DateTime<Utc>) -> u64 {
+        self.allowance.lock().used(now)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { metered: false }
+    }
+
+    fn close(&mut self) {
+        self.listener.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.listener_thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    fn listen(&self, sink: SignalSink) {
+        if let Ok(mut slot) = self.listener.sink.lock() {
+            *slot = Some(sink);
+        }
+    }
+
+    fn poll_interval(&self) -> Option<Duration> {
+        (!self.listener.listening.load(Ordering::SeqCst)).then_some(self.poll_interval)
+    }
+}
+
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The listening connection's loop: `LISTEN`, deliver each enqueue, and
+/// when the connection breaks, say so (long-polls poll meanwhile) and
+/// connect again, until the backend closes.
+fn listen(config: &postgres::Config, channel: &str, state: &ListenerState) {
+    let mut config = config.clone();
+    config.application_name(&format!("tessera-listen {channel}"));
+    let mut backoff = Duration::from_millis(50);
+    while !state.stop.load(Ordering::SeqCst) {
+        let mut client = match config.connect(NoTls) {
+            Ok(client) => client,
+            Err(_) => {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        if client
+            .batch_execute(&format!("LISTEN \"{channel}\""))
+            .is_err()
+        {
+            continue;
+        }
+        backoff = Duration::from_millis(50);
+        state.listening.store(true, Ordering::SeqCst);
+        // Whatever was enqueued while no one listened: look again.
+        state.deliver(Signal::Lost);
+        // Each call waits up to 200 ms for notifications.
+        while !state.stop.load(Ordering::SeqCst) {
+            if !hear(&mut client, state) {
+                break;
+            }
+        }
+        state.listening.store(false, Ordering::SeqCst);
+        state.deliver(Signal::Lost);
+    }
+}
+
+/// Delivers what arrives on `client` for a moment; `false` once the
+/// connection broke.
+fn hear(client: &mut postgres::Client, state: &ListenerState) -> bool {
+    let broke = {
+        let mut notifications = client.notifications();
+        let mut heard = notifications.timeout_iter(Duration::from_millis(200));
+        loop {
+            match heard.next() {
+                Ok(Some(notification)) => deliver(state, notification.payload()),
+                Ok(None) => break false,
+                Err(_) => break true,
+            }
+        }
+    };
+    !broke && !client.is_closed()
+}
+
+/// Delivers one enqueue's notification (`namespace\nqueue`).
+fn deliver(state: &ListenerState, payload: &str) {
+    let Some((namespace, queue)) = payload.split_once('\n') else {
+        return;
+    };
+    if let (Ok(namespace), Ok(queue)) = (Namespace::parse(namespace), QueueName::parse(queue)) {
+        state.deliver(Signal::Enqueued {
+            namespace: &namespace,
+            queue: &queue,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked_and_never_show_the_password() {
+        let options = PostgresOptions::new("postgres://tessera:hunter22@localhost/db");
+        assert!(options.validate().is_ok());
+        assert!(!format!("{options:?}").contains("hunter22"));
+        let bad = PostgresOptions::new("postgres://localhost/db").with_schema("Bad-Name");
+        assert_eq!(bad.validate().unwrap_err().code(), "invalid_input");
+        let bad = PostgresOptions::new("not a url at all ://");
+        assert_eq!(bad.validate().unwrap_err().code(), "invalid_input");
+        let bad =
+            PostgresOptions::new("postgres://localhost/db").with_poll_interval(Duration::ZERO);
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("poll interval")
+        );
+    }
+
+    #[test]
+    fn faults_are_classified_by_sqlstate() {
+        assert!(is_transient(&Error::Storage(StorageError::new(
+            StorageErrorKind::Retryable,
+            Some("40001".to_owned()),
+            "could not serialize access",
+        ))));
+        let lost = Error::Storage(StorageError::new(
+            StorageErrorKind::Retryable,
+            None,
+            "closed",
+        ));
+        assert!(is_lost_connection(&lost) && !is_transient(&lost));
+    }
+
+    #[test]
+    fn a_task_goes_round_on_a_real_server() {
+        use crate::{
+            Brief, ClaimOutcome, EnqueueOptions, Grant, IdempotencyKey, KeySpec, Output, Scope,
+            Store, StoreConfig,
+        };
+        let Ok(url) = std::env::var("TESSERA_TEST_POSTGRES_URL") else {
+            println!("skipping: TESSERA_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let schema = format!("unit_{}", std::process::id());
+        let options = PostgresOptions::new(url).with_schema(schema);
+        let store = Store::open_postgres(options, StoreConfig::default()).unwrap();
+        let admin = store
+            .authenticate(Some(store.create_admin_key("ops").unwrap().secret.expose()))
+            .unwrap();
+        let ns = Namespace::parse("renders").unwrap();
+        let queue = QueueName::parse("frames").unwrap();
+        let key = store
+            .create_key(
+                &admin,
+                &KeySpec::keyed("acme")
+                    .with_scopes(Scope::ALL.iter().copied())
+                    .with_grant(Grant::Namespace(ns.clone())),
+            )
+            .unwrap();
+        let worker = store.authenticate(Some(key.secret.expose())).unwrap();
+        let task = store
+            .enqueue(
+                &worker,
+                &ns,
+                &queue,
+                &Brief::Bytes(b"x".to_vec()),
+                &EnqueueOptions::default(),
+            )
+            .unwrap();
+        let ClaimOutcome::Granted(claimed) = store.claim(&worker, &ns, &queue).unwrap() else {
+            panic!("a task is ready");
+        };
+        assert_eq!(claimed.task, task);
+        let token = claimed.lease.token();
+        store.heartbeat(&worker, &task, token).unwrap();
+        let done = IdempotencyKey::parse("k").unwrap();
+        let first = store
+            .submit(&worker, &task, token, &done, &Output::bytes("y"))
+            .unwrap();
+        let again = store
+            .submit(&worker, &task, token, &done, &Output::bytes("y"))
+            .unwrap();
+        assert_eq!(again, crate::Submitted::Replayed(first.receipt().clone()));
+        assert_eq!(store.health(&worker, &ns).unwrap().attempts.done, 1);
+        assert!(
+            store
+                .claim(&worker, &ns, &queue)
+                .unwrap()
+                .retry_after()
+                .is_some()
+        );
+    }
+}

@@ -1,0 +1,271 @@
+//! The PostgreSQL schema and its migration under an advisory lock.
+//!
+//! The same tables and indexes as the SQLite backend, in PostgreSQL's
+//! types: times are Unix milliseconds (`BIGINT`), as every time comes
+//! from the store's clock, never from `now()`. Opening a database checks
+//! the `tessera_meta` version and the catalog first; an up-to-date database
+//! runs no DDL. Otherwise one transaction takes a transaction-scoped
+//! advisory lock (keyed by the schema's name, so processes opening at once
+//! queue behind each other), looks again, and creates what is missing.
+
+use postgres::Client;
+
+use crate::error::Error;
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Every table, created if missing.
+const TABLES: &[(&str, &str)] = &[
+    (
+        "tessera_meta",
+        "CREATE TABLE IF NOT EXISTS tessera_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ),
+    (
+        "access_principals",
+        "CREATE TABLE IF NOT EXISTS access_principals (id BIGSERIAL PRIMARY KEY, \
+         kind TEXT NOT NULL, account TEXT NOT NULL, created_at BIGINT NOT NULL, \
+         last_used_at BIGINT, purge_at BIGINT)",
+    ),
+    (
+        "access_keys",
+        "CREATE TABLE IF NOT EXISTS access_keys (id BIGSERIAL PRIMARY KEY, \
+         key_id TEXT NOT NULL, principal_id BIGINT NOT NULL, secret_hash BYTEA NOT NULL, \
+         label TEXT NOT NULL DEFAULT '', scopes TEXT NOT NULL, grants TEXT NOT NULL, \
+         created_at BIGINT NOT NULL, expires_at BIGINT, revoked_at BIGINT, purge_at BIGINT)",
+    ),
+    (
+        "access_limits",
+        "CREATE TABLE IF NOT EXISTS access_limits (id BIGSERIAL PRIMARY KEY, \
+         subject TEXT NOT NULL, window_start BIGINT NOT NULL, count BIGINT NOT NULL, \
+         purge_at BIGINT)",
+    ),
+    (
+        "access_audit",
+        "CREATE TABLE IF NOT EXISTS access_audit (id BIGSERIAL PRIMARY KEY, \
+         at BIGINT NOT NULL, principal TEXT NOT NULL, namespace TEXT NOT NULL, \
+         action TEXT NOT NULL, outcome TEXT NOT NULL, resource TEXT, ip_hash TEXT)",
+    ),
+    (
+        "access_counters",
+        "CREATE TABLE IF NOT EXISTS access_counters (minute BIGINT NOT NULL, \
+         principal TEXT NOT NULL, namespace TEXT NOT NULL, action TEXT NOT NULL, \
+         outcome TEXT NOT NULL, count BIGINT NOT NULL, \
+         PRIMARY KEY (minute, principal, namespace, action, outcome))",
+    ),
+    (
+        "namespaces",
+        "CREATE TABLE IF NOT EXISTS namespaces (id BIGSERIAL PRIMARY KEY, \
+         name TEXT NOT NULL, kind TEXT NOT NULL, created_at BIGINT NOT NULL)",
+    ),
+    (
+        "tasks",
+        "CREATE TABLE IF NOT EXISTS tasks (id BIGSERIAL PRIMARY KEY, \
+         namespace TEXT NOT NULL, queue TEXT NOT NULL, task_id TEXT NOT NULL, \
+         version BIGINT NOT NULL, brief BYTEA NOT NULL, brief_format TEXT NOT NULL, \
+         alternatives BIGINT NOT NULL, lapse_backoff_ms BIGINT NOT NULL, \
+         last_token BIGINT NOT NULL, claimable_at BIGINT, created_at BIGINT NOT NULL, \
+         enqueued_by TEXT NOT NULL)",
+    ),
+    (
+        "attempts",
+        "CREATE TABLE IF NOT EXISTS attempts (task BIGINT NOT NULL, number BIGINT NOT NULL, \
+         namespace TEXT NOT NULL, queue TEXT NOT NULL, state TEXT NOT NULL, until_at BIGINT, \
+         tries BIGINT NOT NULL, holder TEXT, token BIGINT, granted_at BIGINT, \
+         expires_at BIGINT, lapses_at BIGINT, PRIMARY KEY (task, number))",
+    ),
+    (
+        "receipts",
+        "CREATE TABLE IF NOT EXISTS receipts (id BIGSERIAL PRIMARY KEY, \
+         task BIGINT NOT NULL, attempt BIGINT NOT NULL, token BIGINT NOT NULL, \
+         principal TEXT NOT NULL, idempotency_key TEXT NOT NULL, artifact TEXT NOT NULL, \
+         digest TEXT NOT NULL, accepted_at BIGINT NOT NULL, output BYTEA)",
+    ),
+];
+
+/// Every index, created if missing; the same as SQLite's, for the same
+/// searches.
+const INDEXES: &[(&str, &str)] = &[
+    (
+        "access_principals_purge",
+        "CREATE INDEX IF NOT EXISTS access_principals_purge ON access_principals (purge_at) \
+         WHERE purge_at IS NOT NULL",
+    ),
+    (
+        "access_keys_key_id",
+        "CREATE UNIQUE INDEX IF NOT EXISTS access_keys_key_id ON access_keys (key_id)",
+    ),
+    (
+        "access_keys_principal",
+        "CREATE INDEX IF NOT EXISTS access_keys_principal ON access_keys (principal_id, key_id)",
+    ),
+    (
+        "access_keys_purge",
+        "CREATE INDEX IF NOT EXISTS access_keys_purge ON access_keys (purge_at) \
+         WHERE purge_at IS NOT NULL",
+    ),
+    (
+        "access_limits_subject",
+        "CREATE UNIQUE INDEX IF NOT EXISTS access_limits_subject \
+         ON access_limits (subject, window_start)",
+    ),
+    (
+        "access_limits_purge",
+        "CREATE INDEX IF NOT EXISTS access_limits_purge ON access_limits (purge_at) \
+         WHERE purge_at IS NOT NULL",
+    ),
+    (
+        "access_audit_at",
+        "CREATE INDEX IF NOT EXISTS access_audit_at ON access_audit (at)",
+    ),
+    (
+        "access_audit_principal",
+        "CREATE INDEX IF NOT EXISTS access_audit_principal ON access_audit (principal, at)",
+    ),
+    (
+        "namespaces_name",
+        "CREATE UNIQUE INDEX IF NOT EXISTS namespaces_name ON namespaces (name)",
+    ),
+    (
+        "tasks_ref",
+        "CREATE UNIQUE INDEX IF NOT EXISTS tasks_ref ON tasks (namespace, task_id, version)",
+    ),
+    (
+        "tasks_claimable",
+        "CREATE INDEX IF NOT EXISTS tasks_claimable ON tasks (namespace, queue, claimable_at, id) \
+         WHERE claimable_at IS NOT NULL",
+    ),
+    (
+        "attempts_state",
+        "CREATE INDEX IF NOT EXISTS attempts_state ON attempts (namespace, state)",
+    ),
+    (
+        "attempts_leased",
+        "CREATE INDEX IF NOT EXISTS attempts_leased \
+         ON attempts (namespace, queue, lapses_at, expires_at, task) WHERE state = 'leased'",
+    ),
+    (
+        "receipts_key",
+        "CREATE UNIQUE INDEX IF NOT EXISTS receipts_key \
+         ON receipts (principal, task, idempotency_key)",
+    ),
+    (
+        "receipts_task",
+        "CREATE INDEX IF NOT EXISTS receipts_task ON receipts (task, attempt, id)",
+    ),
+];
+
+/// What the catalog says of the schema.
+struct Inspection {
+    tables: usize,
+    indexes: usize,
+    version: Option<i64>,
+}
+
+fn inspect(client: &mut impl postgres::GenericClient) -> Result<Inspection, Error> {
+    let names: Vec<&str> = TABLES.iter().map(|(name, _)| *name).collect();
+    let tables: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_tables \
+             WHERE schemaname = current_schema() AND tablename = ANY($1)",
+            &[&names],
+        )?
+        .get(0);
+    let names: Vec<&str> = INDEXES.iter().map(|(name, _)| *name).collect();
+    let indexes: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_catalog.pg_indexes \
+             WHERE schemaname = current_schema() AND indexname = ANY($1)",
+            &[&names],
+        )?
+        .get(0);
+    let mut version = None;
+    let has_meta: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables \
+             WHERE schemaname = current_schema() AND tablename = 'tessera_meta')",
+            &[],
+        )?
+        .get(0);
+    if has_meta {
+        let row = client.query_opt(
+            "SELECT value FROM tessera_meta WHERE key = 'schema_version'",
+            &[],
+        )?;
+        if let Some(row) = row {
+            let text: String = row.get(0);
+            version = Some(text.parse().map_err(|_| Error::CorruptDatabase {
+                reason: format!("schema version {text:?} is not a number"),
+            })?);
+        }
+    }
+    Ok(Inspection {
+        tables: usize::try_from(tables).unwrap_or(0),
+        indexes: usize::try_from(indexes).unwrap_or(0),
+        version,
+    })
+}
+
+fn check_version(inspection: &Inspection) -> Result<(), Error> {
+    match inspection.version {
+        Some(found) if found > SCHEMA_VERSION => Err(Error::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn is_up_to_date(inspection: &Inspection) -> bool {
+    inspection.tables == TABLES.len()
+        && inspection.indexes == INDEXES.len()
+        && inspection.version == Some(SCHEMA_VERSION)
+}
+
+/// Brings the schema named by the connection's `search_path` to this
+/// build's, creating the schema itself if `schema` is set and missing.
+/// Returns whether any DDL ran.
+pub(crate) fn migrate(client: &mut Client, schema: Option<&str>) -> Result<bool, Error> {
+    let exists = match schema {
+        Some(schema) => client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)",
+                &[&schema],
+            )?
+            .get(0),
+        None => true,
+    };
+    if exists {
+        let inspection = inspect(client)?;
+        check_version(&inspection)?;
+        if is_up_to_date(&inspection) {
+            return Ok(false);
+        }
+    }
+    let mut transaction = client.transaction()?;
+    let lock_key = schema.unwrap_or("public");
+    transaction.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('tessera schema ' || $1))",
+        &[&lock_key],
+    )?;
+    if let Some(schema) = schema {
+        transaction.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))?;
+    }
+    // Looked at again under the lock: another process may have migrated.
+    let inspection = inspect(&mut transaction)?;
+    check_version(&inspection)?;
+    if is_up_to_date(&inspection) {
+        transaction.commit()?;
+        return Ok(false);
+    }
+    for (_, ddl) in TABLES.iter().chain(INDEXES) {
+        transaction.batch_execute(ddl)?;
+    }
+    transaction.execute(
+        "INSERT INTO tessera_meta (key, value) VALUES ('schema_version', $1) \
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        &[&SCHEMA_VERSION.to_string()],
+    )?;
+    transaction.commit()?;
+    Ok(true)
+}

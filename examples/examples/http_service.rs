@@ -1,15 +1,16 @@
-//! A small HTTP service over Tessera's SQLite store, on tokio and axum.
+//! A small HTTP service over a Tessera store (SQLite, or PostgreSQL with
+//! `--postgres`), on tokio and axum.
 //!
 //! It shows how an async host drives claim admission. `begin_claim` decides
 //! at once: admitted, queued, or `429`. A queued request parks on a oneshot
 //! channel keyed by its ticket; one driver task pulls the store's claim
 //! events and answers the parked requests. It wakes when the store says an
 //! outcome is ready (the claim waker) and when the oldest waiter's deadline
-//! (`poll_claim_timeout`) passes. Store calls that touch SQLite are short
+//! (`poll_claim_timeout`) passes. Store calls that touch the database are short
 //! blocking transactions, so they run on tokio's blocking pool.
 //!
 //! ```text
-//! cargo run --release --example http_service -- --port 8080 [--db PATH]
+//! cargo run --release --example http_service -- --port 8080 [--db PATH | --postgres URL]
 //! ```
 //!
 //! It listens on 127.0.0.1 only (port 0 picks a free port) and prints a
@@ -45,6 +46,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
+use tessera_store::postgres::PostgresOptions;
 use tessera_store::{
     AuditQuery, Brief, BriefVersion, Caller, ClaimEvent, ClaimOutcome, ClaimStart, EnqueueOptions,
     Error, FencingToken, Grant, IdempotencyKey, KeySpec, LeaseError, Namespace, Output,
@@ -499,12 +501,18 @@ async fn drive_claims(state: Arc<AppState>) {
 struct Args {
     port: u16,
     db: PathBuf,
+    /// A PostgreSQL URL; the SQLite file is used without one.
+    postgres: Option<String>,
 }
+
+const USAGE: &str = "usage: http_service [--port PORT] [--db PATH | --postgres URL]\n\
+    (--postgres defaults to $TESSERA_POSTGRES_URL when that is set)";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         port: 8080,
         db: PathBuf::from("tessera-http.db"),
+        postgres: std::env::var("TESSERA_POSTGRES_URL").ok(),
     };
     let mut words = std::env::args().skip(1);
     while let Some(word) = words.next() {
@@ -515,6 +523,7 @@ fn parse_args() -> Result<Args, String> {
                 args.port = text.parse().map_err(|_| format!("bad port {text:?}"))?;
             }
             "--db" => args.db = PathBuf::from(value()?),
+            "--postgres" => args.postgres = Some(value()?),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -523,14 +532,24 @@ fn parse_args() -> Result<Args, String> {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse_args()
-        .map_err(|problem| format!("{problem}\nusage: http_service [--port PORT] [--db PATH]"))?;
-    let store = Arc::new(Store::open(&args.db, StoreConfig::default())?);
+    let args = parse_args().map_err(|problem| format!("{problem}\n{USAGE}"))?;
+    let (store, database) = match &args.postgres {
+        Some(url) => {
+            let options = PostgresOptions::new(url.as_str());
+            let described = format!("{options:?}");
+            (Store::open_postgres(options, StoreConfig::default())?, described)
+        }
+        None => (
+            Store::open(&args.db, StoreConfig::default())?,
+            args.db.display().to_string(),
+        ),
+    };
+    let store = Arc::new(store);
     let admin = store.create_admin_key("operator")?;
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port))).await?;
     let address = listener.local_addr()?;
     println!("tessera http service on http://{address}");
-    println!("database: {}", args.db.display());
+    println!("database: {database}");
     println!("admin key: {}", admin.secret.expose());
     serve(listener, store).await?;
     Ok(())

@@ -48,16 +48,10 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rusqlite::Connection;
 use tempfile::TempDir;
-use tessera_benches::on_threads;
-use tessera_store::{
-    Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, IdempotencyKey, KeySpec,
-    ManualClock, Namespace, Output, QueueName, Scope, Store, StoreConfig, Submitted, TaskRef,
-};
+use tessera_benches::{StoreFixture, TICK, idempotency_key, on_threads, queue};
+use tessera_store::{Claimed, QueueName, Store};
 
 const THREADS: usize = 2;
-
-/// How far the clock moves before each operation.
-const TICK: Duration = Duration::from_millis(1);
 
 /// The one-row insert per transaction that every figure is compared with.
 struct MinimalCommit {
@@ -96,104 +90,30 @@ impl MinimalCommit {
 /// A store on a file, with workers that hold every scope in one namespace.
 struct Fixture {
     dir: TempDir,
-    clock: ManualClock,
-    store: Store,
-    namespace: Namespace,
-    admin: Caller,
-    workers: Vec<Caller>,
-    next_key: u64,
+    on: StoreFixture,
 }
 
 impl Fixture {
     fn new(dir: TempDir) -> Self {
-        let clock = ManualClock::new("2026-10-29T12:00:00Z".parse().unwrap());
-        let config = StoreConfig::default()
-            .with_clock(Arc::new(clock.clone()))
-            .with_lease_duration(Duration::from_secs(3600));
-        let store = Store::open(dir.path().join("tessera.db"), config).unwrap();
-        let admin_key = store.create_admin_key("operators").unwrap();
-        let admin = store.authenticate(Some(admin_key.secret.expose())).unwrap();
-        let mut fixture = Self {
-            dir,
-            clock,
-            store,
-            namespace: Namespace::parse("bench").unwrap(),
-            admin,
-            workers: Vec::new(),
-            next_key: 0,
-        };
-        fixture.add_workers(THREADS);
-        fixture
-    }
-
-    fn add_workers(&mut self, count: usize) {
-        let spec = KeySpec::keyed("bench")
-            .with_scopes(Scope::ALL.iter().copied())
-            .with_grant(Grant::Namespace(self.namespace.clone()));
-        for _ in 0..count {
-            let key = self.store.create_key(&self.admin, &spec).unwrap();
-            let caller = self.store.authenticate(Some(key.secret.expose())).unwrap();
-            self.workers.push(caller);
-        }
-    }
-
-    fn enqueue(&self, caller: &Caller, queue: &QueueName) -> TaskRef {
-        self.clock.advance(TICK);
-        self.store
-            .enqueue(
-                caller,
-                &self.namespace,
-                queue,
-                &Brief::Bytes(br#"{"frame":42}"#.to_vec()),
-                &EnqueueOptions::default(),
-            )
-            .unwrap()
-    }
-
-    fn claim(&self, caller: &Caller, queue: &QueueName) -> Claimed {
-        self.clock.advance(TICK);
-        match self.store.claim(caller, &self.namespace, queue).unwrap() {
-            ClaimOutcome::Granted(claimed) => claimed,
-            other => panic!("expected a lease, got {other:?}"),
-        }
-    }
-
-    fn heartbeat(&self, caller: &Caller, claimed: &Claimed) {
-        self.clock.advance(TICK);
-        self.store
-            .heartbeat(caller, &claimed.task, claimed.lease.token())
-            .unwrap();
-    }
-
-    fn submit(&mut self, caller: &Caller, claimed: &Claimed) {
-        self.next_key += 1;
-        let key = IdempotencyKey::parse(&format!("k{}", self.next_key)).unwrap();
-        self.submit_with(caller, claimed, &key);
-    }
-
-    fn submit_with(&self, caller: &Caller, claimed: &Claimed, key: &IdempotencyKey) {
-        self.clock.advance(TICK);
-        let submitted = self
-            .store
-            .submit(
-                caller,
-                &claimed.task,
-                claimed.lease.token(),
-                key,
-                &Output::bytes(b"rendered".to_vec()),
-            )
-            .unwrap();
-        assert!(matches!(submitted, Submitted::Accepted(_)));
+        let on = StoreFixture::new(THREADS, |config| {
+            Store::open(dir.path().join("tessera.db"), config).unwrap()
+        });
+        Self { dir, on }
     }
 }
 
-fn queue(name: &str) -> QueueName {
-    QueueName::parse(name).unwrap()
+impl std::ops::Deref for Fixture {
+    type Target = StoreFixture;
+
+    fn deref(&self) -> &StoreFixture {
+        &self.on
+    }
 }
 
-/// Unique idempotency keys across threads and samples.
-fn idempotency_key(thread: usize, n: u64) -> IdempotencyKey {
-    IdempotencyKey::parse(&format!("t{thread}-{n}")).unwrap()
+impl std::ops::DerefMut for Fixture {
+    fn deref_mut(&mut self) -> &mut StoreFixture {
+        &mut self.on
+    }
 }
 
 fn one_thread(c: &mut Criterion) {

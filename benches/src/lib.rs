@@ -1,9 +1,17 @@
 //! Criterion benchmarks for Tessera; see `benches/` and the README's tables.
 //! This library holds what several benches share.
 
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use tessera_store::{
+    Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, IdempotencyKey, KeySpec,
+    ManualClock, Namespace, Output, QueueName, Scope, Store, StoreConfig, Submitted, TaskRef,
+};
+
+/// How far a fixture's clock moves before each operation.
+pub const TICK: Duration = Duration::from_millis(1);
 
 /// Runs `work(thread, prepared)` on `threads` threads released together,
 /// after each ran `prepare(thread, iterations)` untimed, and returns the
@@ -40,4 +48,122 @@ pub fn on_threads<T: Send>(
             _ => Duration::ZERO,
         }
     })
+}
+
+/// A store with workers that hold every scope in one namespace, its clock
+/// a `ManualClock` moved on by a millisecond before each operation (so
+/// every heartbeat really moves its lease's expiry), and a one-hour lease.
+#[derive(Debug)]
+pub struct StoreFixture {
+    /// The clock.
+    pub clock: ManualClock,
+    /// The store.
+    pub store: Store,
+    /// The workers' namespace.
+    pub namespace: Namespace,
+    /// An admin caller.
+    pub admin: Caller,
+    /// Callers with every scope in `namespace`.
+    pub workers: Vec<Caller>,
+    next_key: u64,
+}
+
+impl StoreFixture {
+    /// A store `open` makes with the fixture's settings, and `workers`
+    /// worker keys.
+    pub fn new(workers: usize, open: impl FnOnce(StoreConfig) -> Store) -> Self {
+        let clock = ManualClock::new("2026-10-29T12:00:00Z".parse().unwrap());
+        let config = StoreConfig::default()
+            .with_clock(Arc::new(clock.clone()))
+            .with_lease_duration(Duration::from_secs(3600));
+        let store = open(config);
+        let admin_key = store.create_admin_key("operators").unwrap();
+        let admin = store.authenticate(Some(admin_key.secret.expose())).unwrap();
+        let mut fixture = Self {
+            clock,
+            store,
+            namespace: Namespace::parse("bench").unwrap(),
+            admin,
+            workers: Vec::new(),
+            next_key: 0,
+        };
+        fixture.add_workers(workers);
+        fixture
+    }
+
+    /// Adds `count` worker keys.
+    pub fn add_workers(&mut self, count: usize) {
+        let spec = KeySpec::keyed("bench")
+            .with_scopes(Scope::ALL.iter().copied())
+            .with_grant(Grant::Namespace(self.namespace.clone()));
+        for _ in 0..count {
+            let key = self.store.create_key(&self.admin, &spec).unwrap();
+            let caller = self.store.authenticate(Some(key.secret.expose())).unwrap();
+            self.workers.push(caller);
+        }
+    }
+
+    /// Enqueues a small task into `queue`.
+    pub fn enqueue(&self, caller: &Caller, queue: &QueueName) -> TaskRef {
+        self.clock.advance(TICK);
+        self.store
+            .enqueue(
+                caller,
+                &self.namespace,
+                queue,
+                &Brief::Bytes(br#"{"frame":42}"#.to_vec()),
+                &EnqueueOptions::default(),
+            )
+            .unwrap()
+    }
+
+    /// Claims from `queue`, expecting a lease.
+    pub fn claim(&self, caller: &Caller, queue: &QueueName) -> Claimed {
+        self.clock.advance(TICK);
+        match self.store.claim(caller, &self.namespace, queue).unwrap() {
+            ClaimOutcome::Granted(claimed) => claimed,
+            other => panic!("expected a lease, got {other:?}"),
+        }
+    }
+
+    /// Extends `claimed`'s lease.
+    pub fn heartbeat(&self, caller: &Caller, claimed: &Claimed) {
+        self.clock.advance(TICK);
+        self.store
+            .heartbeat(caller, &claimed.task, claimed.lease.token())
+            .unwrap();
+    }
+
+    /// Submits `claimed` under a fresh idempotency key.
+    pub fn submit(&mut self, caller: &Caller, claimed: &Claimed) {
+        self.next_key += 1;
+        let key = IdempotencyKey::parse(&format!("k{}", self.next_key)).unwrap();
+        self.submit_with(caller, claimed, &key);
+    }
+
+    /// Submits `claimed` under `key`.
+    pub fn submit_with(&self, caller: &Caller, claimed: &Claimed, key: &IdempotencyKey) {
+        self.clock.advance(TICK);
+        let submitted = self
+            .store
+            .submit(
+                caller,
+                &claimed.task,
+                claimed.lease.token(),
+                key,
+                &Output::bytes(b"rendered".to_vec()),
+            )
+            .unwrap();
+        assert!(matches!(submitted, Submitted::Accepted(_)));
+    }
+}
+
+/// A queue name.
+pub fn queue(name: &str) -> QueueName {
+    QueueName::parse(name).unwrap()
+}
+
+/// Unique idempotency keys across threads and samples.
+pub fn idempotency_key(thread: usize, n: u64) -> IdempotencyKey {
+    IdempotencyKey::parse(&format!("t{thread}-{n}")).unwrap()
 }

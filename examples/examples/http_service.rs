@@ -537,7 +537,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(url) => {
             let options = PostgresOptions::new(url.as_str());
             let described = format!("{options:?}");
-            (Store::open_postgres(options, StoreConfig::default())?, described)
+            (
+                Store::open_postgres(options, StoreConfig::default())?,
+                described,
+            )
         }
         None => (
             Store::open(&args.db, StoreConfig::default())?,

@@ -101,6 +101,8 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
 
 /// What a backend heard of.
 #[derive(Debug, Clone, Copy)]
+// Only a backend that hears other processes makes them.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) enum Signal<'a> {
     /// A queue received work.
     Enqueued {

@@ -1,16 +1,14 @@
 //! Audit rows, counters and retention through the public API.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Fixture, namespace};
 use tessera_store::limits::STORE_NAMESPACE;
 use tessera_store::{Action, AuditQuery, Grant, KeyFilter, Outcome, Scope};
 
-#[test]
-fn an_audit_read_writes_waiting_counters_first() {
-    let f = Fixture::new();
+use crate::harness::{Fixture, TestDb, namespace, noon};
+
+fn an_audit_read_writes_waiting_counters_first(db: &TestDb) {
+    let f = Fixture::new(db);
     let worker = f.login(&f.worker(Grant::Namespace(namespace("renders"))));
     let before = f.store.meter();
     for _ in 0..3 {
@@ -21,7 +19,9 @@ fn an_audit_read_writes_waiting_counters_first() {
             .authorize(&worker, &namespace("billing"), Scope::Claim, Action::Claim)
             .is_err()
     );
-    assert_eq!(f.store.meter().since(&before).rows_written, 0);
+    if db.meters_rows() {
+        assert_eq!(f.store.meter().since(&before).rows_written, 0);
+    }
     assert_eq!(f.store.pending_counters(), 4);
 
     // Same minute: not due on their own, but the audit read writes them.
@@ -60,23 +60,21 @@ fn an_audit_read_writes_waiting_counters_first() {
     assert_eq!(unauthorized[0].count, 4);
 }
 
-#[test]
-fn counters_are_written_once_their_minute_has_passed() {
-    let f = Fixture::new();
+fn counters_are_written_once_their_minute_has_passed(db: &TestDb) {
+    let f = Fixture::new(db);
     assert!(f.store.authenticate(None).is_err());
     assert!(f.store.maintain().unwrap().counters_written == 0);
     assert_eq!(f.store.pending_counters(), 1);
     let due = f.store.next_maintenance().unwrap();
-    assert!(due <= common::noon() + chrono::TimeDelta::minutes(1));
+    assert!(due <= noon() + chrono::TimeDelta::minutes(1));
     f.clock.advance(Duration::from_secs(60));
     let report = f.store.maintain().unwrap();
     assert_eq!(report.counters_written, 1);
     assert_eq!(f.store.pending_counters(), 0);
 }
 
-#[test]
-fn callers_read_their_own_audit_and_admins_everyones() {
-    let f = Fixture::new();
+fn callers_read_their_own_audit_and_admins_everyones(db: &TestDb) {
+    let f = Fixture::new(db);
     let worker = f.login(&f.worker(Grant::AllNamespaces));
     let other = f.login(&f.worker(Grant::AllNamespaces));
     f.store.list_keys(&worker, &KeyFilter::default()).unwrap();
@@ -109,9 +107,8 @@ fn callers_read_their_own_audit_and_admins_everyones() {
     assert!(everyone.events.windows(2).all(|w| w[0].time >= w[1].time));
 }
 
-#[test]
-fn reads_hide_expired_rows_and_retention_deletes_them_in_batches() {
-    let f = Fixture::new();
+fn reads_hide_expired_rows_and_retention_deletes_them_in_batches(db: &TestDb) {
+    let f = Fixture::new(db);
     let worker = f.login(&f.worker(Grant::AllNamespaces));
     for _ in 0..1200 {
         f.store.list_keys(&worker, &KeyFilter::default()).unwrap();
@@ -132,11 +129,13 @@ fn reads_hide_expired_rows_and_retention_deletes_them_in_batches() {
     let cost = f.store.meter().since(&before);
     assert!(report.retention_ran);
     assert_eq!(report.rows_deleted, events);
-    // Events in batches of 500, 500 and 202; one short batch for each of
-    // keys, principals, limits and counters.
-    assert_eq!(cost.write_transactions, 3 + 4);
-    // Each deleted event is its row and two index entries.
-    assert_eq!(cost.rows_written, events * 3);
+    if db.meters_rows() {
+        // Events in batches of 500, 500 and 202; one short batch for each
+        // of keys, principals, limits and counters.
+        assert_eq!(cost.write_transactions, 3 + 4);
+        // Each deleted event is its row and two index entries.
+        assert_eq!(cost.rows_written, events * 3);
+    }
 
     // At most once per five minutes.
     f.clock.advance(Duration::from_secs(299));
@@ -145,17 +144,8 @@ fn reads_hide_expired_rows_and_retention_deletes_them_in_batches() {
     assert!(f.store.maintain().unwrap().retention_ran);
 }
 
-fn count_rows(f: &Fixture, table: &str) -> u64 {
-    let conn = rusqlite::Connection::open(f.path()).unwrap();
-    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| {
-        row.get(0)
-    })
-    .unwrap()
-}
-
-#[test]
-fn a_counter_costs_one_row_and_retention_deletes_counters_in_batches() {
-    let f = Fixture::new();
+fn a_counter_costs_one_row_and_retention_deletes_counters_in_batches(db: &TestDb) {
+    let f = Fixture::new(db);
     let worker = f.login(&f.worker(Grant::Namespace(namespace("renders"))));
     // A counter of its own each minute, each written once its minute passed.
     let minutes = 510;
@@ -164,7 +154,9 @@ fn a_counter_costs_one_row_and_retention_deletes_counters_in_batches() {
         f.clock.advance(Duration::from_secs(60));
         let (report, cost) = f.store.measure(|s| s.maintain().unwrap());
         assert_eq!(report.counters_written, 1);
-        assert_eq!(cost.rows_written, 1, "one row and no index entry");
+        if db.meters_rows() {
+            assert_eq!(cost.rows_written, 1, "one row and no index entry");
+        }
     }
     // Adding to a stored counter is one row too.
     let deny = || {
@@ -173,22 +165,13 @@ fn a_counter_costs_one_row_and_retention_deletes_counters_in_batches() {
             .authorize(&worker, &namespace("billing"), Scope::Claim, Action::Claim);
         assert!(denied.is_err());
     };
-    deny();
-    assert_eq!(
-        f.store
-            .measure(|s| s.flush_counters().unwrap())
-            .1
-            .rows_written,
-        1
-    );
-    deny();
-    assert_eq!(
-        f.store
-            .measure(|s| s.flush_counters().unwrap())
-            .1
-            .rows_written,
-        1
-    );
+    for _ in 0..2 {
+        deny();
+        let (_, cost) = f.store.measure(|s| s.flush_counters().unwrap());
+        if db.meters_rows() {
+            assert_eq!(cost.rows_written, 1);
+        }
+    }
     // A caller reads only its own counters, out of every minute's.
     let own = f.store.audit(&worker, &AuditQuery::default()).unwrap();
     assert_eq!(own.counters.len(), 1);
@@ -208,16 +191,26 @@ fn a_counter_costs_one_row_and_retention_deletes_counters_in_batches() {
     assert_eq!(everyone.counters.len(), minutes + 1);
 
     f.clock.advance(Duration::from_secs(25 * 3600));
-    let events = count_rows(&f, "access_audit");
-    let counters = count_rows(&f, "access_counters");
+    let events = db.count_rows("access_audit");
+    let counters = db.count_rows("access_counters");
     assert_eq!(counters, minutes as u64 + 1);
     let (report, cost) = f.store.measure(|s| s.maintain().unwrap());
     assert!(report.retention_ran);
     assert_eq!(report.rows_deleted, events + counters);
-    // An event is its row and two index entries, a counter one row.
-    assert_eq!(cost.rows_written, events * 3 + counters);
-    // One short batch each for keys, principals, limits and events, and
-    // the counters in batches of 500 and 11.
-    assert_eq!(cost.write_transactions, 4 + 2);
-    assert_eq!(count_rows(&f, "access_counters"), 0);
+    if db.meters_rows() {
+        // An event is its row and two index entries, a counter one row.
+        assert_eq!(cost.rows_written, events * 3 + counters);
+        // One short batch each for keys, principals, limits and events,
+        // and the counters in batches of 500 and 11.
+        assert_eq!(cost.write_transactions, 4 + 2);
+    }
+    assert_eq!(db.count_rows("access_counters"), 0);
+}
+
+conformance! {
+    an_audit_read_writes_waiting_counters_first,
+    counters_are_written_once_their_minute_has_passed,
+    callers_read_their_own_audit_and_admins_everyones,
+    reads_hide_expired_rows_and_retention_deletes_them_in_batches,
+    a_counter_costs_one_row_and_retention_deletes_counters_in_batches,
 }

@@ -1,32 +1,29 @@
-//! Several operating-system processes share one SQLite file and claim from
+//! Several operating-system processes share one database and claim from
 //! the same queue at once: every grant goes to exactly one process, fencing
 //! tokens strictly increase per task, and every acknowledged submission is
 //! there afterwards.
 
-mod reliability_support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufReader;
 
-use reliability_support::{
-    ChildOrders, Event, Setup, grants_for, integrity_check, noon, read_events, spawn_child,
-    task_id, task_number, work_namespace, work_queue,
-};
 use tessera_store::{AttemptNumber, BriefVersion, Grant, Scope, TaskRef, TaskState};
 
-/// Run by the tests below in their child processes; a no-op otherwise.
-#[test]
-#[ignore = "entry point of the worker child processes the other tests spawn"]
-fn child_process_entry() {
-    reliability_support::child_main();
-}
+use crate::harness::{Fixture, TestDb, noon, task_id, task_number};
+use crate::workers::{
+    ChildOrders, Event, grants_for, read_events, spawn_child, work_namespace, work_queue,
+};
 
 /// Enqueues `tasks` tasks, lets `processes` children with `threads` threads
 /// each work them (failing some on purpose so they are granted again), and
 /// checks every grant, token and receipt. Returns how many grants each
 /// process received.
-fn processes_share_one_file(processes: usize, threads: usize, tasks: usize) -> Vec<usize> {
-    let setup = Setup::new();
+fn processes_share_one_database(
+    db: &TestDb,
+    processes: usize,
+    threads: usize,
+    tasks: usize,
+) -> Vec<usize> {
+    let setup = Fixture::new(db);
     let (ns, q) = (work_namespace(), work_queue());
     let producer = setup.login(&setup.key(&[Scope::Enqueue], Grant::Namespace(ns.clone())));
     setup.enqueue_range(&producer, &ns, &q, 0, tasks);
@@ -39,7 +36,7 @@ fn processes_share_one_file(processes: usize, threads: usize, tasks: usize) -> V
         .iter()
         .map(|key| {
             spawn_child(&ChildOrders {
-                db: setup.path(),
+                db,
                 key: key.secret.expose().to_owned(),
                 at: noon(),
                 threads,
@@ -139,7 +136,7 @@ fn processes_share_one_file(processes: usize, threads: usize, tasks: usize) -> V
     let health = setup.store.health(&setup.admin, &ns).unwrap();
     assert_eq!(health.attempts.done, tasks as u64);
     assert_eq!(health.attempts.total(), tasks as u64);
-    assert_eq!(integrity_check(&setup.path()), "ok");
+    assert_eq!(db.integrity_check(), "ok");
     logs.iter()
         .map(|log| {
             log.iter()
@@ -149,17 +146,20 @@ fn processes_share_one_file(processes: usize, threads: usize, tasks: usize) -> V
         .collect()
 }
 
-#[test]
-fn two_processes_share_one_file() {
-    let grants = processes_share_one_file(2, 2, 300);
+fn two_processes_share_one_database(db: &TestDb) {
+    let grants = processes_share_one_database(db, 2, 2, 300);
     assert_eq!(grants.iter().sum::<usize>(), 300 + 100 + 34);
 }
 
-#[test]
-#[ignore = "long: run by .ci/run"]
-fn five_processes_share_ten_thousand_tasks() {
-    let grants = processes_share_one_file(5, 2, 10_000);
+fn five_processes_share_ten_thousand_tasks(db: &TestDb) {
+    let grants = processes_share_one_database(db, 5, 2, 10_000);
     eprintln!("grants per process: {grants:?}");
     // Ten thousand tasks outlast any process's start-up: all took part.
     assert!(grants.iter().all(|&n| n > 0), "{grants:?}");
+}
+
+conformance! {
+    two_processes_share_one_database,
+    #[ignore = "long: run by .ci/run"]
+    five_processes_share_ten_thousand_tasks,
 }

@@ -1,22 +1,16 @@
-//! Rows written and read per operation, measured by the store itself.
-
-mod common;
+//! Rows written and read per operation, measured by the store itself:
+//! SQLite meters rows, and these tests are about nothing else.
 
 use std::time::Duration;
 
-use common::Fixture;
 use tessera_store::{AuditQuery, Grant, KeyFilter, KeySpec, MeterSnapshot, Store};
 
-fn assert_send_sync<T: Send + Sync>() {}
-
-#[test]
-fn the_store_is_shared_between_threads() {
-    assert_send_sync::<Store>();
-}
+use crate::harness::{Fixture, TestDb, json_brief, namespace, noon, queue};
 
 #[test]
 fn an_unauthenticated_request_and_a_repeated_read_write_nothing_but_the_audit_row() {
-    let f = Fixture::new();
+    let db = TestDb::sqlite();
+    let f = Fixture::new(&db);
     let key = f.worker(Grant::AllNamespaces);
 
     let (_, unauthenticated) = f.store.measure(|s| s.authenticate(Some("tsk_unknown")));
@@ -51,7 +45,8 @@ fn an_unauthenticated_request_and_a_repeated_read_write_nothing_but_the_audit_ro
 /// `--nocapture` to print the table.
 #[test]
 fn cost_table() {
-    let f = Fixture::new();
+    let db = TestDb::sqlite();
+    let f = Fixture::new(&db);
     let mut table: Vec<(&str, MeterSnapshot)> = Vec::new();
 
     let (issued, cost) = f.store.measure(|s| {
@@ -91,10 +86,9 @@ fn cost_table() {
     assert_eq!(cost.rows_written, 3 + 1);
     table.push(("list own keys, first audited action", cost));
 
-    let (_, cost) = f.store.measure(|s| {
-        s.expire_key(&f.admin, caller.key_id(), common::noon())
-            .unwrap()
-    });
+    let (_, cost) = f
+        .store
+        .measure(|s| s.expire_key(&f.admin, caller.key_id(), noon()).unwrap());
     // expires_at is in no index: the key row and the audit row.
     assert_eq!(cost.rows_written, 1 + 3);
     table.push(("expire key", cost));
@@ -137,15 +131,16 @@ fn operation_cost_table() {
         ClaimOutcome, EnqueueOptions, IdempotencyKey, Output, QueueName, Retry, Secret,
     };
 
-    let f = Fixture::with(|config| {
+    let db = TestDb::sqlite();
+    let f = Fixture::with(&db, |config| {
         config.with_address_secret(Secret::new(*b"tessera-cost-table-secret-000001").unwrap())
     });
     let key = f.full_worker(Grant::AllNamespaces);
     let worker = f.store.authenticate(Some(key.secret.expose())).unwrap();
     f.store.list_keys(&worker, &KeyFilter::default()).unwrap();
-    let ns = common::namespace("renders");
+    let ns = namespace("renders");
     let jobs = QueueName::parse("jobs").unwrap();
-    let brief = common::json_brief(0);
+    let brief = json_brief(0);
     let mut table: Vec<(&str, MeterSnapshot)> = Vec::new();
     let mut row = |name, cost: MeterSnapshot, written: u64| {
         assert_eq!(cost.rows_written, written, "{name}: {cost:?}");
@@ -268,4 +263,18 @@ fn operation_cost_table() {
     for (name, cost) in table {
         println!("| {name} | {} | {} |", cost.rows_written, cost.rows_read);
     }
+}
+
+/// The health cache is the store's own; only the rows it reads show it.
+#[test]
+fn a_change_elsewhere_keeps_the_snapshot() {
+    let db = TestDb::sqlite();
+    let f = Fixture::new(&db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (a, b) = (namespace("a"), namespace("b"));
+    f.enqueue(&worker, &a, &queue("q"), 1);
+    f.store.health(&worker, &a).unwrap();
+    f.enqueue(&worker, &b, &queue("q"), 1);
+    let (_, cost) = f.store.measure(|s| s.health(&worker, &a).unwrap());
+    assert_eq!(cost.rows_read, 0);
 }

@@ -3,19 +3,18 @@
 //! comes down: nothing deadlocks, no capacity leaks, and the only `429`s are
 //! the overload ones.
 
-mod reliability_support;
-
 use std::collections::HashSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use reliability_support::{namespace, queue};
 use tessera_store::{
     AdmissionConfig, Brief, ClaimOutcome, EnqueueOptions, Error, Grant, IdempotencyKey, KeySpec,
     Output, Scope, Store, StoreConfig, Submitted, TaskRef,
 };
+
+use crate::harness::{TestDb, namespace, queue};
 
 const THREADS: usize = 200;
 /// Threads per key: principals take turns in admission, so several share
@@ -36,13 +35,11 @@ struct Seen {
 /// task whose claim was refused stays ready, and returns the lowest
 /// admission limit seen and the reasons of every `429`. A refused claim is
 /// retried at once if `retry`, given up otherwise.
-fn hammer(cycles: usize, max_pending: usize, retry: bool) -> (u32, Vec<String>) {
-    let dir = tempfile::tempdir().unwrap();
+fn hammer(db: &TestDb, cycles: usize, max_pending: usize, retry: bool) -> (u32, Vec<String>) {
     // The system clock: admission measures real service times, and any
     // claim transaction takes longer than the 10 µs target.
-    let store = Arc::new(
-        Store::open(
-            dir.path().join("tessera.db"),
+    let store: Arc<Store> = Arc::new(
+        db.open(
             StoreConfig::default()
                 .with_lease_duration(Duration::from_secs(3600))
                 .with_admission(AdmissionConfig {
@@ -54,8 +51,7 @@ fn hammer(cycles: usize, max_pending: usize, retry: bool) -> (u32, Vec<String>) 
                     target: Duration::from_micros(10),
                     ..AdmissionConfig::default()
                 }),
-        )
-        .unwrap(),
+        ),
     );
     let (ns, q) = (namespace("farm"), queue("frames"));
     let admin_key = store.create_admin_key("operators").unwrap();
@@ -179,9 +175,8 @@ fn hammer(cycles: usize, max_pending: usize, retry: bool) -> (u32, Vec<String>) 
 
 const WAIT_EXCEEDED: &str = "maximum claim wait exceeded";
 
-#[test]
-fn two_hundred_threads_hammer_a_capacity_of_thirty_two() {
-    let (lowest_limit, rejections) = hammer(5, 2048, true);
+fn two_hundred_threads_hammer_a_capacity_of_thirty_two(db: &TestDb) {
+    let (lowest_limit, rejections) = hammer(db, 5, 2048, true);
     // The latency target was missed, so the limit came down from 32.
     assert!(
         lowest_limit < 32,
@@ -194,10 +189,9 @@ fn two_hundred_threads_hammer_a_capacity_of_thirty_two() {
     }
 }
 
-#[test]
-fn a_full_waiting_room_is_the_only_other_429() {
+fn a_full_waiting_room_is_the_only_other_429(db: &TestDb) {
     // Fewer waiting slots than threads: the queue bound is reached.
-    let (_, rejections) = hammer(5, 64, false);
+    let (_, rejections) = hammer(db, 5, 64, false);
     assert!(!rejections.is_empty(), "200 threads never filled 64 slots");
     for reason in &rejections {
         assert!(
@@ -212,10 +206,8 @@ fn a_full_waiting_room_is_the_only_other_429() {
     }
 }
 
-#[test]
-#[ignore = "long: run by .ci/run"]
-fn two_hundred_threads_hammer_for_ten_thousand_cycles() {
-    let (lowest_limit, rejections) = hammer(50, 2048, true);
+fn two_hundred_threads_hammer_for_ten_thousand_cycles(db: &TestDb) {
+    let (lowest_limit, rejections) = hammer(db, 50, 2048, true);
     assert!(
         lowest_limit < 32,
         "the limit never decreased: {lowest_limit}"
@@ -223,4 +215,19 @@ fn two_hundred_threads_hammer_for_ten_thousand_cycles() {
     for reason in &rejections {
         assert_eq!(reason, WAIT_EXCEEDED);
     }
+}
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+/// No database: runs once, not per backend.
+#[test]
+fn the_store_is_shared_between_threads() {
+    assert_send_sync::<Store>();
+}
+
+conformance! {
+    two_hundred_threads_hammer_a_capacity_of_thirty_two,
+    a_full_waiting_room_is_the_only_other_429,
+    #[ignore = "long: run by .ci/run"]
+    two_hundred_threads_hammer_for_ten_thousand_cycles,
 }

@@ -1,36 +1,27 @@
 //! A worker process killed with SIGKILL at random points, round after
-//! round: the file stays sound, no task is leased twice at once, and every
-//! submission the worker had acknowledged is there.
-
-mod reliability_support;
+//! round: the database stays sound, no task is leased twice at once, and
+//! every submission the worker had acknowledged is there.
 
 use std::collections::{HashMap, HashSet};
 use std::io::BufReader;
 
 use chrono::{DateTime, TimeDelta, Utc};
-
-use reliability_support::{
-    ChildOrders, Event, Rng, Setup, integrity_check, noon, output_for, read_events, spawn_child,
-    task_id, task_number, work_namespace, work_queue,
-};
 use tessera_store::{
     AttemptNumber, BriefVersion, ClaimOutcome, Grant, IdempotencyKey, Scope, Submitted, TaskRef,
     TaskState,
 };
 
-/// Run by the tests below in their child processes; a no-op otherwise.
-#[test]
-#[ignore = "entry point of the worker child processes the other tests spawn"]
-fn child_process_entry() {
-    reliability_support::child_main();
-}
+use crate::harness::{Fixture, TestDb, noon, task_id, task_number};
+use crate::workers::{
+    ChildOrders, Event, Rng, output_for, read_events, spawn_child, work_namespace, work_queue,
+};
 
 /// An acknowledged submission: its token, digest and principal.
 type Ack = (i64, String, String);
 
-fn crash_rounds(rounds: usize, tasks: usize, max_events: u64) {
+fn crash_rounds(db: &TestDb, rounds: usize, tasks: usize, max_events: u64) {
     let mut rng = Rng::from_env_or_os();
-    let mut setup = Setup::new();
+    let mut setup = Fixture::new(db);
     let (ns, q) = (work_namespace(), work_queue());
     let producer = setup.login(&setup.key(&[Scope::Enqueue], Grant::Namespace(ns.clone())));
     setup.enqueue_range(&producer, &ns, &q, 0, tasks);
@@ -47,7 +38,7 @@ fn crash_rounds(rounds: usize, tasks: usize, max_events: u64) {
         let key = setup.key(&[Scope::Claim], Grant::Namespace(ns.clone()));
         let principal = key.info.principal.to_string();
         let mut child = spawn_child(&ChildOrders {
-            db: setup.path(),
+            db,
             key: key.secret.expose().to_owned(),
             at,
             threads: 2,
@@ -66,8 +57,8 @@ fn crash_rounds(rounds: usize, tasks: usize, max_events: u64) {
         let status = child.wait().unwrap();
         kills += usize::from(!status.success());
 
-        // The file is sound after the kill, and opens again.
-        assert_eq!(integrity_check(&setup.path()), "ok", "round {round}");
+        // The database is sound after the kill, and opens again.
+        assert_eq!(db.integrity_check(), "ok", "round {round}");
         setup.reopen(setup.config());
 
         // Within a round the clock stands still, so a second grant of the
@@ -134,13 +125,13 @@ fn crash_rounds(rounds: usize, tasks: usize, max_events: u64) {
     check_store(&setup, &acked, &highest_token, 0..tasks, &reference);
     let health = setup.store.health(&setup.admin, &ns).unwrap();
     assert_eq!(health.attempts.done, tasks as u64, "{health:?}");
-    assert_eq!(integrity_check(&setup.path()), "ok");
+    assert_eq!(db.integrity_check(), "ok");
 }
 
 /// Of `tasks`: every acknowledged submission is stored as acknowledged,
 /// and no token counter is behind a grant a worker reported.
 fn check_store(
-    setup: &Setup,
+    setup: &Fixture<'_>,
     acked: &HashMap<usize, Ack>,
     highest_token: &HashMap<usize, i64>,
     tasks: impl IntoIterator<Item = usize>,
@@ -180,13 +171,16 @@ fn round_start(round: usize) -> DateTime<Utc> {
     noon() + TimeDelta::minutes(2 * i64::try_from(round).unwrap())
 }
 
-#[test]
-fn a_worker_killed_mid_work_loses_nothing() {
-    crash_rounds(3, 200, 150);
+fn a_worker_killed_mid_work_loses_nothing(db: &TestDb) {
+    crash_rounds(db, 3, 200, 150);
 }
 
-#[test]
-#[ignore = "long: run by .ci/run"]
-fn workers_killed_at_random_points_round_after_round() {
-    crash_rounds(60, 8_000, 400);
+fn workers_killed_at_random_points_round_after_round(db: &TestDb) {
+    crash_rounds(db, 60, 8_000, 400);
+}
+
+conformance! {
+    a_worker_killed_mid_work_loses_nothing,
+    #[ignore = "long: run by .ci/run"]
+    workers_killed_at_random_points_round_after_round,
 }

@@ -1,11 +1,15 @@
-//! Opening databases: new, up to date, too new, corrupt.
+//! Opening SQLite files: new, up to date, too new, corrupt or cut short,
+//! and what closing leaves in the file and its write-ahead log. Each test
+//! reads or writes the file itself.
 
 use std::path::Path;
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 use tessera_store::sqlite::SCHEMA_VERSION;
-use tessera_store::{Error, Store, StoreConfig};
+use tessera_store::{Error, Grant, Scope, Store, StoreConfig};
+
+use crate::harness::{Fixture, TestDb, namespace, queue};
 
 fn fingerprint(path: &Path) -> ([u8; 32], SystemTime) {
     let bytes = std::fs::read(path).unwrap();
@@ -47,19 +51,6 @@ fn reopening_an_up_to_date_file_writes_nothing() {
     assert_eq!(store.meter().rows_written, 0);
     drop(store);
     assert_eq!(fingerprint(&path), before);
-}
-
-#[test]
-fn a_new_file_while_writes_are_refused_is_a_quota_refusal() {
-    let dir = tempfile::tempdir().unwrap();
-    let error = Store::open(
-        dir.path().join("t.db"),
-        StoreConfig::default().with_refuse_writes(true),
-    )
-    .unwrap_err();
-    assert_eq!(error.code(), "storage_quota_exhausted");
-    assert_eq!(error.status(), 503);
-    assert!(error.reset_at().is_some());
 }
 
 /// A database written by other hands: plain SQLite in rollback-journal
@@ -230,4 +221,38 @@ fn a_store_refusing_writes_leaves_its_log_as_it_is() {
     // Nothing is lost: the next open reads the log.
     let store = Store::open(&path, StoreConfig::default()).unwrap();
     assert!(store.authenticate(Some(&secret)).is_ok());
+}
+
+/// A used database cut short, not one fresh from its schema.
+#[test]
+fn a_truncated_database_is_refused_and_left_as_it_was() {
+    let db = TestDb::sqlite();
+    let setup = Fixture::new(&db);
+    let worker = setup.login(&setup.key(Scope::ALL, Grant::AllNamespaces));
+    setup.enqueue_range(&worker, &namespace("farm"), &queue("frames"), 0, 50);
+    let path = setup.path();
+    let dir = path.parent().unwrap();
+    drop(setup);
+    // Everything folded into the one file, then cut short.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    drop(conn);
+    let bytes = std::fs::read(&path).unwrap();
+    for keep in [bytes.len() / 3, bytes.len() - 4096 - 17] {
+        std::fs::write(&path, &bytes[..keep]).unwrap();
+        let _ = std::fs::remove_file(dir.join("tessera.db-wal"));
+        let _ = std::fs::remove_file(dir.join("tessera.db-shm"));
+        let error = Store::open(&path, StoreConfig::default()).unwrap_err();
+        assert_eq!(
+            (error.status(), error.code()),
+            (500, "corrupt_database"),
+            "{error:?}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            &bytes[..keep],
+            "the file was changed"
+        );
+    }
 }

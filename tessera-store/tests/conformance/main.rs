@@ -1,0 +1,74 @@
+//! The conformance suite: the store's public behaviour, which every backend
+//! must show the same.
+//!
+//! Each test is written once, as `fn name(db: &TestDb)` on a fresh database
+//! it may open as often as it likes, and listed in its module's
+//! `conformance!`, which makes it a `#[test]` on every backend:
+//! `access::sqlite::expired_and_revoked_keys_are_401`. Row counts are
+//! checked where the backend meters them (`TestDb::meters_rows`). Tests
+//! that mean something on SQLite alone are in `tests/sqlite/`.
+
+#[path = "../harness/mod.rs"]
+mod harness;
+mod workers;
+
+/// Makes each listed test (`fn name(db: &TestDb)`, with any attributes
+/// such as `#[ignore = "…"]`) a `#[test]` on a fresh database of every
+/// backend, in a module named after the backend.
+///
+/// The backends are listed here and only here; one not configured on this
+/// machine (`BackendKind::database` gives `None`) lets its tests pass
+/// without running them.
+macro_rules! conformance {
+    ($($tests:tt)*) => {
+        backend_tests!(sqlite, $crate::harness::BackendKind::Sqlite, $($tests)*);
+    };
+}
+
+/// [`conformance!`] for one backend.
+macro_rules! backend_tests {
+    (
+        $backend:ident,
+        $kind:expr,
+        $($(#[$attribute:meta])* $test:ident),* $(,)?
+    ) => {
+        /// This module's tests on this backend.
+        mod $backend {
+            $(
+                #[test]
+                $(#[$attribute])*
+                fn $test() {
+                    if let Some(db) = $kind.database() {
+                        super::$test(&db);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+mod access;
+mod audit;
+mod claim_order;
+mod claims;
+mod cold_start;
+mod health;
+mod long_poll;
+mod quota;
+mod refused_writes;
+mod reliability_crash;
+mod reliability_faults;
+mod reliability_input;
+mod reliability_processes;
+mod reliability_security;
+mod reliability_threads;
+mod sessions;
+mod tasks;
+
+/// Run by the tests that spawn worker processes, in those processes; a
+/// no-op otherwise. At the crate root, so its `--exact` name is fixed.
+#[test]
+#[ignore = "entry point of the worker child processes the other tests spawn"]
+fn child_process_entry() {
+    workers::child_main();
+}

@@ -1,0 +1,249 @@
+//! The databases tests run on: a fresh one of one backend per test, which
+//! a test opens as often as it likes, and looks at behind the store's back.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tessera_store::sqlite::SqliteOptions;
+use tessera_store::{Error, PrincipalId, Store, StoreConfig};
+
+use super::sqlite;
+
+/// A backend the store runs on.
+///
+/// Adding one (PostgreSQL next): a variant here; its arm in each `match`
+/// of this file (the compiler lists them); a constructor that returns
+/// `None` where the backend is not configured, saying so once per test
+/// binary (PostgreSQL: when `TESSERA_TEST_POSTGRES_URL` is unset, "skipping
+/// PostgreSQL conformance: TESSERA_TEST_POSTGRES_URL is not set", behind a
+/// `std::sync::Once`); and its line in the conformance suite's
+/// `conformance!`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BackendKind {
+    /// An embedded SQLite file (`Store::open_sqlite`).
+    Sqlite,
+}
+
+impl BackendKind {
+    /// A fresh, empty database of this backend, or `None` where the
+    /// backend is not configured on this machine (its tests then pass
+    /// without running).
+    pub(crate) fn database(self) -> Option<TestDb> {
+        match self {
+            Self::Sqlite => Some(TestDb::sqlite()),
+        }
+    }
+
+    /// Its name, as child processes are told it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+        }
+    }
+
+    /// The backend [`name`](Self::name) names.
+    pub(crate) fn from_name(name: &str) -> Self {
+        match name {
+            "sqlite" => Self::Sqlite,
+            other => panic!("no backend is called {other:?}"),
+        }
+    }
+
+    /// Whether its stores meter rows ([`Store::meters_rows`]): the row
+    /// counts tests check, and the daily rows-written allowance.
+    pub(crate) fn meters_rows(self) -> bool {
+        match self {
+            Self::Sqlite => true,
+        }
+    }
+}
+
+/// One database of one backend, made fresh for a test.
+///
+/// Every [`open`](Self::open) opens the same database again, so a test
+/// can restart the store, or run several stores (and processes) on it.
+/// What is made for it goes away with the `TestDb` that made it.
+#[derive(Debug)]
+pub(crate) struct TestDb {
+    place: Place,
+}
+
+#[derive(Debug)]
+enum Place {
+    /// A file in a temporary directory, removed with the `TestDb` that
+    /// made it (`_dir`); one attached to by a child process has none.
+    Sqlite {
+        path: PathBuf,
+        _dir: Option<TempDir>,
+    },
+}
+
+impl TestDb {
+    /// A new SQLite file, `tessera.db`, in a temporary directory of its
+    /// own; the store creates it when first opened.
+    pub(crate) fn sqlite() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self {
+            place: Place::Sqlite {
+                path: dir.path().join("tessera.db"),
+                _dir: Some(dir),
+            },
+        }
+    }
+
+    /// Its backend.
+    pub(crate) fn kind(&self) -> BackendKind {
+        match self.place {
+            Place::Sqlite { .. } => BackendKind::Sqlite,
+        }
+    }
+
+    /// Another fresh, empty database of the same backend.
+    pub(crate) fn fresh(&self) -> Self {
+        self.kind()
+            .database()
+            .expect("a backend that made one database makes another")
+    }
+
+    /// Where the database is, as a string another process can be given
+    /// (with the [`kind`](Self::kind)) to [`attach`](Self::attach).
+    pub(crate) fn locator(&self) -> String {
+        match &self.place {
+            Place::Sqlite { path, .. } => path.to_str().unwrap().to_owned(),
+        }
+    }
+
+    /// The database another `TestDb` made, named by its kind and
+    /// [`locator`](Self::locator); this one removes nothing when dropped.
+    pub(crate) fn attach(kind: BackendKind, locator: &str) -> Self {
+        match kind {
+            BackendKind::Sqlite => Self {
+                place: Place::Sqlite {
+                    path: PathBuf::from(locator),
+                    _dir: None,
+                },
+            },
+        }
+    }
+
+    /// Opens a store on the database with `config`, or fails the test.
+    pub(crate) fn open(&self, config: StoreConfig) -> Store {
+        self.open_result(config)
+            .unwrap_or_else(|error| panic!("opening {self:?}: {error:?}"))
+    }
+
+    /// Opens a store on the database with `config`: for tests of what
+    /// opening refuses.
+    pub(crate) fn open_result(&self, config: StoreConfig) -> Result<Store, Error> {
+        let store = match &self.place {
+            Place::Sqlite { path, .. } => Store::open_sqlite(SqliteOptions::file(path), config),
+        }?;
+        // Checks of the meter are skipped exactly where the store says it
+        // has none, never because a backend stopped metering.
+        assert_eq!(store.meters_rows(), self.meters_rows(), "{self:?}");
+        Ok(store)
+    }
+
+    /// Opens a store as one of several processes working the database at
+    /// once, where waiting for another's write is the normal case, not a
+    /// fault (SQLite: a busy timeout of two minutes).
+    pub(crate) fn open_shared(&self, config: StoreConfig) -> Store {
+        match &self.place {
+            Place::Sqlite { path, .. } => Store::open_sqlite(
+                SqliteOptions::file(path).with_busy_timeout(Duration::from_secs(120)),
+                config,
+            )
+            .unwrap(),
+        }
+    }
+
+    /// Whether anything of the database exists yet (SQLite: its file).
+    pub(crate) fn exists(&self) -> bool {
+        match &self.place {
+            Place::Sqlite { path, .. } => path.exists(),
+        }
+    }
+
+    /// Whether its stores meter rows: tests check row counts only then.
+    pub(crate) fn meters_rows(&self) -> bool {
+        self.kind().meters_rows()
+    }
+
+    /// The SQLite file, for a SQLite database.
+    pub(crate) fn sqlite_path(&self) -> Option<&Path> {
+        match &self.place {
+            Place::Sqlite { path, .. } => Some(path),
+        }
+    }
+
+    /// The sorted names of the files in the database's own directory, for
+    /// a backend that keeps its database in local files (SQLite).
+    pub(crate) fn files(&self) -> Option<Vec<String>> {
+        match &self.place {
+            Place::Sqlite { path, .. } => Some(sqlite::files_beside(path)),
+        }
+    }
+}
+
+// Looking behind the store's back, through a connection of the test's own.
+impl TestDb {
+    /// Every table's row count and a digest of all its rows: two equal
+    /// snapshots mean nothing was written.
+    pub(crate) fn table_snapshot(&self) -> BTreeMap<String, (u64, [u8; 32])> {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::table_snapshot(path),
+        }
+    }
+
+    /// Rows in `table`.
+    pub(crate) fn count_rows(&self, table: &str) -> u64 {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::count_rows(path, table),
+        }
+    }
+
+    /// The backend's own check of the database: `"ok"` when it is sound,
+    /// else what is wrong (SQLite: `PRAGMA integrity_check`).
+    pub(crate) fn integrity_check(&self) -> String {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::integrity_check(path),
+        }
+    }
+
+    /// Every byte the database is kept in that a test can read (SQLite:
+    /// the file, its write-ahead log and its shared memory).
+    pub(crate) fn stored_bytes(&self) -> Vec<u8> {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::stored_bytes(path),
+        }
+    }
+
+    /// Folds any log of recent writes into the database's main storage,
+    /// and checks that all of it was (SQLite: `PRAGMA
+    /// wal_checkpoint(TRUNCATE)`, with no store left open).
+    pub(crate) fn checkpoint(&self) {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::checkpoint(path),
+        }
+    }
+}
+
+// Changing stored rows behind the store's back, to reach states the API
+// cannot.
+impl TestDb {
+    /// Renames a principal's account.
+    pub(crate) fn rename_account(&self, principal: PrincipalId, account: &str) {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::rename_account(path, principal, account),
+        }
+    }
+
+    /// Sets the try count of every attempt of every task.
+    pub(crate) fn set_try_counts(&self, tries: u32) {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::set_try_counts(path, tries),
+        }
+    }
+}

@@ -221,6 +221,10 @@ impl PostgresOptions {
             session.push_str(&format!(" -c search_path={schema}"));
         }
         config
+            .application_name(&format!(
+                "tessera {}",
+                self.schema.as_deref().unwrap_or("public")
+            ))
             .connect_timeout(self.connect_timeout)
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(30))
@@ -364,8 +368,13 @@ impl PostgresBackend {
             let mut connection = pool
                 .get()
                 .map_err(|error| Error::Storage(error.into()).classified(now))?;
-            schema::migrate(&mut connection.client, options.schema.as_deref())
-                .map_err(|error| error.classified(now))?;
+            schema::migrate(
+                &mut connection.client,
+                options.schema.as_deref(),
+                policy.refuse_writes,
+                now,
+            )
+            .map_err(|error| error.classified(now))?;
         }
         let listener = Arc::new(ListenerState::default());
         let channel = options.channel();

@@ -8,6 +8,7 @@
 //! advisory lock (keyed by the schema's name, so processes opening at once
 //! queue behind each other), looks again, and creates what is missing.
 
+use chrono::{DateTime, Utc};
 use postgres::Client;
 
 use crate::error::Error;
@@ -224,8 +225,14 @@ fn is_up_to_date(inspection: &Inspection) -> bool {
 
 /// Brings the schema named by the connection's `search_path` to this
 /// build's, creating the schema itself if `schema` is set and missing.
-/// Returns whether any DDL ran.
-pub(crate) fn migrate(client: &mut Client, schema: Option<&str>) -> Result<bool, Error> {
+/// Returns whether any DDL ran. While `refusing` writes, a database that
+/// needs any is a `503` at `now`, with nothing written.
+pub(crate) fn migrate(
+    client: &mut Client,
+    schema: Option<&str>,
+    refusing: bool,
+    now: DateTime<Utc>,
+) -> Result<bool, Error> {
     let exists = match schema {
         Some(schema) => client
             .query_one(
@@ -241,6 +248,9 @@ pub(crate) fn migrate(client: &mut Client, schema: Option<&str>) -> Result<bool,
         if is_up_to_date(&inspection) {
             return Ok(false);
         }
+    }
+    if refusing {
+        return Err(Error::storage_quota_exhausted(now));
     }
     let mut transaction = client.transaction()?;
     let lock_key = schema.unwrap_or("public");

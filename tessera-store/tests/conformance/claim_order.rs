@@ -14,7 +14,7 @@ use tessera_store::{
     ManualClock, Namespace, Output, QueueName, Retry, Scope, Store, StoreConfig, TaskRef,
 };
 
-use crate::harness::{Fixture, TestDb, json_brief, namespace, noon, queue};
+use crate::harness::{BackendKind, Fixture, TestDb, json_brief, namespace, noon, queue};
 
 fn lapsing(backoff: Duration) -> EnqueueOptions {
     EnqueueOptions::default().with_lapse_backoff(backoff)
@@ -394,8 +394,13 @@ impl World {
 /// documented order pick, whatever mix of leases, heartbeats, failures,
 /// submissions, expiry and time came before.
 fn claims_follow_the_lease_rules_and_the_documented_order(db: &TestDb) {
+    // Each case opens a fresh database; a server's costs more than a file.
+    let cases = match db.kind() {
+        BackendKind::Sqlite => 128,
+        BackendKind::Postgres => 24,
+    };
     let mut runner = TestRunner::new(Config {
-        cases: 128,
+        cases,
         // Beside this file: claim_order.proptest-regressions.
         source_file: Some(file!()),
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(

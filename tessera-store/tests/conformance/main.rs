@@ -22,6 +22,7 @@ mod workers;
 macro_rules! conformance {
     ($($tests:tt)*) => {
         backend_tests!(sqlite, $crate::harness::BackendKind::Sqlite, $($tests)*);
+        backend_tests!(postgres, $crate::harness::BackendKind::Postgres, $($tests)*);
     };
 }
 

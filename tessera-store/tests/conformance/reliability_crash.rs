@@ -29,6 +29,8 @@ fn crash_rounds(db: &TestDb, rounds: usize, tasks: usize, max_events: u64) {
 
     let mut acked: HashMap<usize, Ack> = HashMap::new();
     let mut highest_token: HashMap<usize, i64> = HashMap::new();
+    // Leases a killed worker held and never submitted: (its key, task, token).
+    let mut orphans: Vec<(String, usize, i64)> = Vec::new();
     let mut kills = 0;
     for round in 0..rounds {
         // Each round starts two minutes after the last, so the leases the
@@ -89,6 +91,19 @@ fn crash_rounds(db: &TestDb, rounds: usize, tasks: usize, max_events: u64) {
                 Event::Fail { .. } => panic!("this worker never fails a lease"),
             }
         }
+        let acked_here: HashSet<usize> = events
+            .iter()
+            .filter(|event| matches!(event, Event::Ack { .. }))
+            .map(|event| task_number(event.task()))
+            .collect();
+        for event in &events {
+            if let Event::Grant { task, token } = event {
+                if !acked_here.contains(&task_number(task)) {
+                    let secret = key.secret.expose().to_owned();
+                    orphans.push((secret, task_number(task), *token));
+                }
+            }
+        }
         let touched: HashSet<usize> = events.iter().map(|e| task_number(e.task())).collect();
         check_store(&setup, &acked, &highest_token, touched, &reference);
     }
@@ -123,6 +138,24 @@ fn crash_rounds(db: &TestDb, rounds: usize, tasks: usize, max_events: u64) {
         assert!(matches!(submitted, Submitted::Accepted(_)));
     }
     check_store(&setup, &acked, &highest_token, 0..tasks, &reference);
+    // A killed worker's late submission, under the token its lease had,
+    // is refused: its lease was taken over under a larger token.
+    for (secret, task, token) in &orphans {
+        let late = setup.login_secret(secret);
+        let token = tessera_store::FencingToken::new(*token).unwrap();
+        let refused = setup
+            .store
+            .submit(
+                &late,
+                &reference(*task),
+                token,
+                &IdempotencyKey::parse("late").unwrap(),
+                &output_for(task_id(*task).as_str(), token),
+            )
+            .unwrap_err();
+        assert_eq!(refused.status(), 409, "task {task}: {refused:?}");
+    }
+    eprintln!("{} late submissions refused", orphans.len());
     let health = setup.store.health(&setup.admin, &ns).unwrap();
     assert_eq!(health.attempts.done, tasks as u64, "{health:?}");
     assert_eq!(db.integrity_check(), "ok");

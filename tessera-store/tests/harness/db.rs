@@ -9,7 +9,11 @@ use tempfile::TempDir;
 use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{Error, PrincipalId, Store, StoreConfig};
 
+#[cfg(feature = "postgres")]
+use super::pg;
 use super::sqlite;
+#[cfg(feature = "postgres")]
+use tessera_store::postgres::PostgresOptions;
 
 /// A backend the store runs on.
 ///
@@ -24,6 +28,9 @@ use super::sqlite;
 pub(crate) enum BackendKind {
     /// An embedded SQLite file (`Store::open_sqlite`).
     Sqlite,
+    /// A schema of its own on the PostgreSQL server that
+    /// `TESSERA_TEST_POSTGRES_URL` names (`Store::open_postgres`).
+    Postgres,
 }
 
 impl BackendKind {
@@ -33,6 +40,7 @@ impl BackendKind {
     pub(crate) fn database(self) -> Option<TestDb> {
         match self {
             Self::Sqlite => Some(TestDb::sqlite()),
+            Self::Postgres => TestDb::postgres(),
         }
     }
 
@@ -40,6 +48,7 @@ impl BackendKind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
         }
     }
 
@@ -47,6 +56,7 @@ impl BackendKind {
     pub(crate) fn from_name(name: &str) -> Self {
         match name {
             "sqlite" => Self::Sqlite,
+            "postgres" => Self::Postgres,
             other => panic!("no backend is called {other:?}"),
         }
     }
@@ -56,6 +66,7 @@ impl BackendKind {
     pub(crate) fn meters_rows(self) -> bool {
         match self {
             Self::Sqlite => true,
+            Self::Postgres => false,
         }
     }
 }
@@ -78,6 +89,28 @@ enum Place {
         path: PathBuf,
         _dir: Option<TempDir>,
     },
+    /// A schema of its own, dropped with the `TestDb` that made it
+    /// (`owned`); one attached to by a child process is not.
+    #[cfg(feature = "postgres")]
+    Postgres {
+        url: String,
+        schema: String,
+        owned: bool,
+    },
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Place::Postgres {
+            url,
+            schema,
+            owned: true,
+        } = &self.place
+        {
+            pg::drop_schema(url, schema);
+        }
+    }
 }
 
 impl TestDb {
@@ -93,10 +126,37 @@ impl TestDb {
         }
     }
 
+    /// A new schema on the test server, created when a store first opens
+    /// it; `None` when the server is not configured (said once per test
+    /// binary) or the build has no PostgreSQL backend.
+    pub(crate) fn postgres() -> Option<Self> {
+        #[cfg(feature = "postgres")]
+        {
+            let url = pg::server_url()?;
+            Some(Self {
+                place: Place::Postgres {
+                    url,
+                    schema: pg::fresh_schema(),
+                    owned: true,
+                },
+            })
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            static SKIPPING: std::sync::Once = std::sync::Once::new();
+            SKIPPING.call_once(|| {
+                println!("skipping PostgreSQL conformance: built without feature postgres");
+            });
+            None
+        }
+    }
+
     /// Its backend.
     pub(crate) fn kind(&self) -> BackendKind {
         match self.place {
             Place::Sqlite { .. } => BackendKind::Sqlite,
+            #[cfg(feature = "postgres")]
+            Place::Postgres { .. } => BackendKind::Postgres,
         }
     }
 
@@ -112,6 +172,8 @@ impl TestDb {
     pub(crate) fn locator(&self) -> String {
         match &self.place {
             Place::Sqlite { path, .. } => path.to_str().unwrap().to_owned(),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => format!("{schema}\t{url}"),
         }
     }
 
@@ -125,6 +187,19 @@ impl TestDb {
                     _dir: None,
                 },
             },
+            #[cfg(feature = "postgres")]
+            BackendKind::Postgres => {
+                let (schema, url) = locator.split_once('\t').unwrap();
+                Self {
+                    place: Place::Postgres {
+                        url: url.to_owned(),
+                        schema: schema.to_owned(),
+                        owned: false,
+                    },
+                }
+            }
+            #[cfg(not(feature = "postgres"))]
+            BackendKind::Postgres => unreachable!("no PostgreSQL database was made"),
         }
     }
 
@@ -139,6 +214,13 @@ impl TestDb {
     pub(crate) fn open_result(&self, config: StoreConfig) -> Result<Store, Error> {
         let store = match &self.place {
             Place::Sqlite { path, .. } => Store::open_sqlite(SqliteOptions::file(path), config),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => Store::open_postgres(
+                PostgresOptions::new(url.as_str())
+                    .with_schema(schema.as_str())
+                    .with_pool_size(4),
+                config,
+            ),
         }?;
         // Checks of the meter are skipped exactly where the store says it
         // has none, never because a backend stopped metering.
@@ -156,6 +238,14 @@ impl TestDb {
                 config,
             )
             .unwrap(),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => Store::open_postgres(
+                PostgresOptions::new(url.as_str())
+                    .with_schema(schema.as_str())
+                    .with_statement_timeout(Duration::from_secs(120)),
+                config,
+            )
+            .unwrap(),
         }
     }
 
@@ -163,6 +253,8 @@ impl TestDb {
     pub(crate) fn exists(&self) -> bool {
         match &self.place {
             Place::Sqlite { path, .. } => path.exists(),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => pg::exists(url, schema),
         }
     }
 
@@ -175,6 +267,8 @@ impl TestDb {
     pub(crate) fn sqlite_path(&self) -> Option<&Path> {
         match &self.place {
             Place::Sqlite { path, .. } => Some(path),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { .. } => None,
         }
     }
 
@@ -183,6 +277,8 @@ impl TestDb {
     pub(crate) fn files(&self) -> Option<Vec<String>> {
         match &self.place {
             Place::Sqlite { path, .. } => Some(sqlite::files_beside(path)),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { .. } => None,
         }
     }
 }
@@ -194,6 +290,8 @@ impl TestDb {
     pub(crate) fn table_snapshot(&self) -> BTreeMap<String, (u64, [u8; 32])> {
         match &self.place {
             Place::Sqlite { path, .. } => sqlite::table_snapshot(path),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => pg::table_snapshot(url, schema),
         }
     }
 
@@ -201,6 +299,8 @@ impl TestDb {
     pub(crate) fn count_rows(&self, table: &str) -> u64 {
         match &self.place {
             Place::Sqlite { path, .. } => sqlite::count_rows(path, table),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => pg::count_rows(url, schema, table),
         }
     }
 
@@ -209,6 +309,10 @@ impl TestDb {
     pub(crate) fn integrity_check(&self) -> String {
         match &self.place {
             Place::Sqlite { path, .. } => sqlite::integrity_check(path),
+            // The server keeps its own storage sound; there is no file to
+            // check.
+            #[cfg(feature = "postgres")]
+            Place::Postgres { .. } => "ok".to_owned(),
         }
     }
 
@@ -217,6 +321,8 @@ impl TestDb {
     pub(crate) fn stored_bytes(&self) -> Vec<u8> {
         match &self.place {
             Place::Sqlite { path, .. } => sqlite::stored_bytes(path),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => pg::stored_bytes(url, schema),
         }
     }
 
@@ -226,6 +332,9 @@ impl TestDb {
     pub(crate) fn checkpoint(&self) {
         match &self.place {
             Place::Sqlite { path, .. } => sqlite::checkpoint(path),
+            // Committed is durable on the server; nothing to fold in.
+            #[cfg(feature = "postgres")]
+            Place::Postgres { .. } => {}
         }
     }
 }
@@ -237,6 +346,10 @@ impl TestDb {
     pub(crate) fn rename_account(&self, principal: PrincipalId, account: &str) {
         match &self.place {
             Place::Sqlite { path, .. } => sqlite::rename_account(path, principal, account),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => {
+                pg::rename_account(url, schema, principal, account);
+            }
         }
     }
 
@@ -244,6 +357,54 @@ impl TestDb {
     pub(crate) fn set_try_counts(&self, tries: u32) {
         match &self.place {
             Place::Sqlite { path, .. } => sqlite::set_try_counts(path, tries),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => pg::set_try_counts(url, schema, tries),
         }
+    }
+}
+
+// What only a PostgreSQL database has.
+#[cfg(feature = "postgres")]
+impl TestDb {
+    /// Opens a store on the database with PostgreSQL options `options`
+    /// makes from the test's own (server and schema).
+    pub(crate) fn open_postgres(
+        &self,
+        options: impl FnOnce(PostgresOptions) -> PostgresOptions,
+        config: StoreConfig,
+    ) -> Result<Store, Error> {
+        let Place::Postgres { url, schema, .. } = &self.place else {
+            panic!("{self:?} is not a PostgreSQL database");
+        };
+        let base = PostgresOptions::new(url.as_str()).with_schema(schema.as_str());
+        Store::open_postgres(options(base), config)
+    }
+
+    /// The server's URL and the database's schema.
+    pub(crate) fn postgres_place(&self) -> (&str, &str) {
+        match &self.place {
+            Place::Postgres { url, schema, .. } => (url, schema),
+            _ => panic!("{self:?} is not a PostgreSQL database"),
+        }
+    }
+
+    /// Runs `sql` on a client of the test's own, with the database's
+    /// schema first on its search path.
+    pub(crate) fn postgres_execute(&self, sql: &str) {
+        let (url, schema) = self.postgres_place();
+        let mut client = pg::client(url);
+        client
+            .batch_execute(&format!("SET search_path TO \"{schema}\"; {sql}"))
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+    }
+
+    /// The first column of the first row `sql` returns, as an integer.
+    pub(crate) fn postgres_number(&self, sql: &str) -> i64 {
+        let (url, schema) = self.postgres_place();
+        let mut client = pg::client(url);
+        client
+            .batch_execute(&format!("SET search_path TO \"{schema}\""))
+            .unwrap();
+        client.query_one(sql, &[]).unwrap().get(0)
     }
 }

@@ -98,7 +98,12 @@ impl<'db> Fixture<'db> {
     }
 
     pub(crate) fn login(&self, key: &IssuedKey) -> Caller {
-        self.store.authenticate(Some(key.secret.expose())).unwrap()
+        self.login_secret(key.secret.expose())
+    }
+
+    /// Authenticates the whole presented key `secret`.
+    pub(crate) fn login_secret(&self, secret: &str) -> Caller {
+        self.store.authenticate(Some(secret)).unwrap()
     }
 
     /// A keyed worker with the claim and read scopes and `grant`.

@@ -6,8 +6,11 @@
 
 mod db;
 mod fixture;
+#[cfg(feature = "postgres")]
+mod pg;
 mod sqlite;
 
 #[allow(unused_imports)] // The SQLite-only binary names no backend.
 pub(crate) use db::{BackendKind, TestDb};
+#[allow(unused_imports)] // Each binary names what it uses.
 pub(crate) use fixture::{Fixture, json_brief, namespace, noon, queue, task_id, task_number};

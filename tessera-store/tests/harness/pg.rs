@@ -1,0 +1,132 @@
+//! [`TestDb`](super::TestDb)'s looks behind the store's back on a
+//! PostgreSQL schema, each through a plain client of its own.
+
+use std::collections::BTreeMap;
+use std::sync::Once;
+
+use postgres::{Client, NoTls};
+use sha2::{Digest as _, Sha256};
+use tessera_store::PrincipalId;
+
+/// The server the tests use, from `TESSERA_TEST_POSTGRES_URL`; `None`
+/// (said once per test binary) when it is unset.
+pub(super) fn server_url() -> Option<String> {
+    static SKIPPING: Once = Once::new();
+    let url = std::env::var("TESSERA_TEST_POSTGRES_URL").ok();
+    if url.is_none() {
+        SKIPPING.call_once(|| {
+            println!("skipping PostgreSQL conformance: TESSERA_TEST_POSTGRES_URL is not set");
+        });
+    }
+    url
+}
+
+pub(super) fn client(url: &str) -> Client {
+    Client::connect(url, NoTls).unwrap()
+}
+
+/// A schema name no other test uses.
+pub(super) fn fresh_schema() -> String {
+    let mut bytes = [0_u8; 6];
+    getrandom::fill(&mut bytes).unwrap();
+    let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("t_{}_{hex}", std::process::id())
+}
+
+pub(super) fn drop_schema(url: &str, schema: &str) {
+    if let Ok(mut client) = Client::connect(url, NoTls) {
+        let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"));
+    }
+}
+
+pub(super) fn exists(url: &str, schema: &str) -> bool {
+    client(url)
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)",
+            &[&schema],
+        )
+        .unwrap()
+        .get(0)
+}
+
+fn tables(client: &mut Client, schema: &str) -> Vec<String> {
+    client
+        .query(
+            "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = $1 ORDER BY tablename",
+            &[&schema],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// Each table's rows as text, in a fixed order.
+fn rows_as_text(client: &mut Client, schema: &str, table: &str) -> Vec<String> {
+    client
+        .query(
+            &format!("SELECT t::text FROM \"{schema}\".\"{table}\" AS t ORDER BY t::text"),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+pub(super) fn table_snapshot(url: &str, schema: &str) -> BTreeMap<String, (u64, [u8; 32])> {
+    let mut client = client(url);
+    let mut snapshot = BTreeMap::new();
+    for table in tables(&mut client, schema) {
+        let rows = rows_as_text(&mut client, schema, &table);
+        let mut hash = Sha256::new();
+        for row in &rows {
+            hash.update(row.as_bytes());
+            hash.update(b"\x1e");
+        }
+        snapshot.insert(table, (rows.len() as u64, hash.finalize().into()));
+    }
+    snapshot
+}
+
+pub(super) fn count_rows(url: &str, schema: &str, table: &str) -> u64 {
+    let count: i64 = client(url)
+        .query_one(
+            &format!("SELECT count(*) FROM \"{schema}\".\"{table}\""),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    u64::try_from(count).unwrap()
+}
+
+/// Every row of every table as text: what a reader of the database sees.
+pub(super) fn stored_bytes(url: &str, schema: &str) -> Vec<u8> {
+    let mut client = client(url);
+    let mut bytes = Vec::new();
+    for table in tables(&mut client, schema) {
+        for row in rows_as_text(&mut client, schema, &table) {
+            bytes.extend(row.into_bytes());
+            bytes.push(b'\n');
+        }
+    }
+    bytes
+}
+
+pub(super) fn rename_account(url: &str, schema: &str, principal: PrincipalId, account: &str) {
+    client(url)
+        .execute(
+            &format!("UPDATE \"{schema}\".access_principals SET account = $1 WHERE id = $2"),
+            &[&account, &principal.get()],
+        )
+        .unwrap();
+}
+
+pub(super) fn set_try_counts(url: &str, schema: &str, tries: u32) {
+    client(url)
+        .execute(
+            &format!("UPDATE \"{schema}\".attempts SET tries = $1"),
+            &[&i64::from(tries)],
+        )
+        .unwrap();
+}

@@ -10,7 +10,7 @@
 //! blocking transactions, so they run on tokio's blocking pool.
 //!
 //! ```text
-//! cargo run --release --example http_service -- --port 8080 [--db PATH | --postgres URL]
+//! cargo run --release --example http_service -- --port 8080 [--db PATH | --postgres URL [--schema NAME]]
 //! ```
 //!
 //! It listens on 127.0.0.1 only (port 0 picks a free port) and prints a
@@ -49,7 +49,7 @@ use serde_json::json;
 use tessera_store::postgres::PostgresOptions;
 use tessera_store::{
     AuditQuery, Brief, BriefVersion, Caller, ClaimEvent, ClaimOutcome, ClaimStart, EnqueueOptions,
-    Error, FencingToken, Grant, IdempotencyKey, KeySpec, LeaseError, Namespace, Output,
+    Error, FencingToken, Grant, IdempotencyKey, IssuedKey, KeySpec, LeaseError, Namespace, Output,
     PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef, Ticket,
 };
 use tokio::net::TcpListener;
@@ -498,44 +498,15 @@ async fn drive_claims(state: Arc<AppState>) {
 
 // ---- the program ----
 
-struct Args {
-    port: u16,
-    db: PathBuf,
-    /// A PostgreSQL URL; the SQLite file is used without one.
-    postgres: Option<String>,
-}
-
-const USAGE: &str = "usage: http_service [--port PORT] [--db PATH | --postgres URL]\n\
-    (--postgres defaults to $TESSERA_POSTGRES_URL when that is set)";
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        port: 8080,
-        db: PathBuf::from("tessera-http.db"),
-        postgres: std::env::var("TESSERA_POSTGRES_URL").ok(),
-    };
-    let mut words = std::env::args().skip(1);
-    while let Some(word) = words.next() {
-        let mut value = || words.next().ok_or(format!("{word} needs a value"));
-        match word.as_str() {
-            "--port" => {
-                let text = value()?;
-                args.port = text.parse().map_err(|_| format!("bad port {text:?}"))?;
-            }
-            "--db" => args.db = PathBuf::from(value()?),
-            "--postgres" => args.postgres = Some(value()?),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(args)
-}
-
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse_args().map_err(|problem| format!("{problem}\n{USAGE}"))?;
+/// Opens the store `args` name and makes the admin key: what the database
+/// is, for the log, and the store and key.
+fn open(args: &Args) -> Result<(Arc<Store>, String, IssuedKey), Error> {
     let (store, database) = match &args.postgres {
         Some(url) => {
-            let options = PostgresOptions::new(url.as_str());
+            let mut options = PostgresOptions::new(url.as_str());
+            if let Some(schema) = &args.schema {
+                options = options.with_schema(schema.as_str());
+            }
             let described = format!("{options:?}");
             (
                 Store::open_postgres(options, StoreConfig::default())?,
@@ -547,9 +518,56 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             args.db.display().to_string(),
         ),
     };
-    let store = Arc::new(store);
     let admin = store.create_admin_key("operator")?;
-    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, args.port))).await?;
+    Ok((Arc::new(store), database, admin))
+}
+
+struct Args {
+    port: u16,
+    db: PathBuf,
+    /// A PostgreSQL URL; the SQLite file is used without one.
+    postgres: Option<String>,
+    /// The PostgreSQL schema the store's tables are in.
+    schema: Option<String>,
+}
+
+const USAGE: &str = "usage: http_service [--port PORT] [--db PATH | --postgres URL [--schema NAME]]\n\
+    (--postgres defaults to $TESSERA_POSTGRES_URL when that is set)";
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        port: 8080,
+        db: PathBuf::from("tessera-http.db"),
+        postgres: std::env::var("TESSERA_POSTGRES_URL").ok(),
+        schema: None,
+    };
+    let mut words = std::env::args().skip(1);
+    while let Some(word) = words.next() {
+        let mut value = || words.next().ok_or(format!("{word} needs a value"));
+        match word.as_str() {
+            "--port" => {
+                let text = value()?;
+                args.port = text.parse().map_err(|_| format!("bad port {text:?}"))?;
+            }
+            "--db" => args.db = PathBuf::from(value()?),
+            "--postgres" => args.postgres = Some(value()?),
+            "--schema" => args.schema = Some(value()?),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse_args().map_err(|problem| format!("{problem}\n{USAGE}"))?;
+    let port = args.port;
+    // Opening and key making are blocking store calls: off the runtime's
+    // threads, as every store call is.
+    let (store, database, admin) = tokio::task::spawn_blocking(move || open(&args))
+        .await
+        .map_err(|error| error.to_string())??;
+    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
     let address = listener.local_addr()?;
     println!("tessera http service on http://{address}");
     println!("database: {database}");

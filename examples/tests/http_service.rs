@@ -108,30 +108,41 @@ impl Service {
         headers: &[(&str, &str)],
         body: Option<&Value>,
     ) -> Reply {
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let mut request = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-length: {}\r\n",
-            self.address,
-            body.len()
-        );
-        if let Some(key) = key {
-            request.push_str(&format!("authorization: Bearer {key}\r\n"));
-        }
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        request.push_str("\r\n");
-        request.push_str(&body);
-        let mut stream = TcpStream::connect(self.address).expect("connects");
-        // Bounds the test if the service never answers.
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .expect("timeout");
-        stream.write_all(request.as_bytes()).expect("request sent");
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).expect("response read");
-        Reply::parse(&raw)
+        send(self.address, method, path, key, headers, body)
     }
+}
+
+/// One request to `address` on its own connection, read to the end.
+fn send(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> Reply {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if let Some(key) = key {
+        request.push_str(&format!("authorization: Bearer {key}\r\n"));
+    }
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(&body);
+    let mut stream = TcpStream::connect(address).expect("connects");
+    // Bounds the test if the service never answers.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    stream.write_all(request.as_bytes()).expect("request sent");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("response read");
+    Reply::parse(&raw)
 }
 
 /// A response: status, headers (names lowercase) and body.
@@ -428,4 +439,143 @@ fn a_client_that_leaves_gives_up_its_place() {
     drop(client);
     // The dropped request withdraws its ticket from admission.
     service.until_pending(0);
+}
+
+/// An `http_service` process of its own, built beside this test.
+struct Process {
+    child: std::process::Child,
+    address: SocketAddr,
+    admin: String,
+}
+
+impl Process {
+    fn start(url: &str, schema: &str) -> Self {
+        // cargo builds the examples beside the test binaries' folder.
+        let exe = std::env::current_exe().unwrap();
+        let program = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .map(|profile| profile.join("examples").join("http_service"))
+            .unwrap();
+        let mut child = std::process::Command::new(&program)
+            .args(["--port", "0", "--postgres", url, "--schema", schema])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|error| panic!("{}: {error}", program.display()));
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        let mut said = |prefix: &str| loop {
+            let line = lines.next().expect("the service printed").unwrap();
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.to_owned();
+            }
+        };
+        let address = said("tessera http service on http://").parse().unwrap();
+        let admin = said("admin key: ");
+        Self {
+            child,
+            address,
+            admin,
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn two_services_on_one_postgres_database_never_lease_a_task_twice() {
+    let Ok(url) = std::env::var("TESSERA_TEST_POSTGRES_URL") else {
+        println!("skipping: TESSERA_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let schema = format!("http_{}", std::process::id());
+    let services = [Process::start(&url, &schema), Process::start(&url, &schema)];
+    const COUNT: usize = 200;
+    let body = json!({
+        "account": "acme",
+        "scopes": ["enqueue", "claim", "read"],
+        "grants": ["namespace:renders"],
+    });
+    let made = send(
+        services[0].address,
+        "POST",
+        "/v1/keys",
+        Some(&services[0].admin),
+        &[],
+        Some(&body),
+    );
+    assert_eq!(made.status, 201, "{}", made.text());
+    let worker = made.json()["key"].as_str().unwrap().to_owned();
+    for n in 0..COUNT {
+        let body = json!({ "brief": { "frame": n }, "id": format!("frame-{n}") });
+        let reply = send(
+            services[n % 2].address,
+            "POST",
+            TASKS,
+            Some(&worker),
+            &[],
+            Some(&body),
+        );
+        assert_eq!(reply.status, 201, "{}", reply.text());
+    }
+    // Four clients claim through both services at once, each submitting
+    // what it is granted; every grant is recorded.
+    let grants: Vec<(String, i64)> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..4)
+            .map(|client| {
+                let (services, worker) = (&services, &worker);
+                scope.spawn(move || {
+                    let mut grants = Vec::new();
+                    let mut turn = client;
+                    loop {
+                        turn += 1;
+                        let address = services[turn % 2].address;
+                        let reply = send(address, "POST", CLAIMS, Some(worker), &[], None);
+                        if reply.status == 204 {
+                            return grants;
+                        }
+                        assert_eq!(reply.status, 200, "{}", reply.text());
+                        let claimed = reply.json();
+                        let id = claimed["task"]["id"].as_str().unwrap().to_owned();
+                        let token = claimed["lease"]["token"].as_i64().unwrap();
+                        let submit = format!("/v1/ns/renders/tasks/{id}/submit");
+                        let output = json!({ "version": 1, "token": token, "output": "done" });
+                        let key = format!("{id}-{token}");
+                        let headers = [("idempotency-key", key.as_str())];
+                        let other = services[(turn + 1) % 2].address;
+                        let done = send(
+                            other,
+                            "POST",
+                            &submit,
+                            Some(worker),
+                            &headers,
+                            Some(&output),
+                        );
+                        assert_eq!(done.status, 200, "{}", done.text());
+                        grants.push((id, token));
+                    }
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|client| client.join().unwrap())
+            .collect()
+    });
+    // No lease lapsed (60 s), so a second grant of a task would have been
+    // a second live lease.
+    let mut tasks: Vec<&str> = grants.iter().map(|(id, _)| id.as_str()).collect();
+    tasks.sort_unstable();
+    tasks.dedup();
+    assert_eq!(tasks.len(), grants.len(), "a task was leased twice");
+    assert_eq!(grants.len(), COUNT, "every task was leased once");
+    let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    client
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
 }

@@ -144,6 +144,11 @@ impl Store {
     /// touched) for a newer schema, `400 invalid_input` for bad options,
     /// and a retryable [`Error::Storage`] when the server cannot be
     /// reached within the connect and pool timeouts.
+    ///
+    /// Like every store call it blocks; on an async runtime, call it (and
+    /// drop the store) on a blocking thread (`tokio::task::spawn_blocking`):
+    /// the PostgreSQL client runs a runtime of its own and refuses to be
+    /// driven from inside another.
     #[cfg(feature = "postgres")]
     pub fn open_postgres(options: PostgresOptions, config: StoreConfig) -> Result<Self, Error> {
         config.validate()?;

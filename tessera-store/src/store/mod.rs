@@ -38,7 +38,7 @@ use crate::error::Error;
 use crate::meter::MeterSnapshot;
 use crate::model::access::{Identity, PrincipalId};
 #[cfg(feature = "postgres")]
-use crate::postgres::{PostgresBackend, PostgresOptions};
+use crate::postgres as pg;
 #[cfg(feature = "sqlite")]
 use crate::sqlite::{SqliteBackend, SqliteOptions};
 use crate::state::gate::Gate;
@@ -150,12 +150,12 @@ impl Store {
     /// the PostgreSQL client runs a runtime of its own and refuses to be
     /// driven from inside another.
     #[cfg(feature = "postgres")]
-    pub fn open_postgres(options: PostgresOptions, config: StoreConfig) -> Result<Self, Error> {
+    pub fn open_postgres(options: pg::PostgresOptions, config: StoreConfig) -> Result<Self, Error> {
         config.validate()?;
         options.validate()?;
         let policy = OpenPolicy::of(&config);
         Self::open_with(config, || {
-            Ok(Box::new(PostgresBackend::open(options, policy)?))
+            Ok(Box::new(pg::PostgresBackend::open(options, policy)?))
         })
     }
 

@@ -188,6 +188,17 @@ const NEXT_CLAIMABLE: &str = concat!(
     task_columns!(),
     " FROM tasks WHERE id = (SELECT id FROM next)"
 );
+/// [`NEXT_CLAIMABLE`] without taking it, for a read.
+const PEEK_CLAIMABLE: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM tasks WHERE namespace = $1 AND queue = $2 \
+     AND claimable_at IS NOT NULL AND claimable_at <= $3 ORDER BY claimable_at, id LIMIT 1"
+);
+/// [`NEXT_LAPSED`] without taking it, for a read.
+const PEEK_LAPSED: &str = "SELECT task, lapses_at FROM attempts \
+     WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3 \
+     ORDER BY lapses_at LIMIT 1";
 /// The lease of a queue that lapsed first, its attempt locked.
 const NEXT_LAPSED: &str = "WITH next AS (SELECT task, lapses_at FROM attempts \
      WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3 \
@@ -527,8 +538,13 @@ impl ReadTransaction for PgTransaction<'_> {
         now: DateTime<Utc>,
     ) -> Result<Option<LoadedTask>> {
         let params: Params<'_> = &[&namespace.as_str(), &queue.as_str(), &millis(now)];
+        let (claimable_sql, lapsed_sql) = if self.locking {
+            (NEXT_CLAIMABLE, NEXT_LAPSED)
+        } else {
+            (PEEK_CLAIMABLE, PEEK_LAPSED)
+        };
         let indexed = self
-            .query_opt(NEXT_CLAIMABLE, params)?
+            .query_opt(claimable_sql, params)?
             .as_ref()
             .map(task_row)
             .transpose()?;
@@ -541,7 +557,7 @@ impl ReadTransaction for PgTransaction<'_> {
                 ..
             }) => None,
             _ => self
-                .query_opt(NEXT_LAPSED, params)?
+                .query_opt(lapsed_sql, params)?
                 .map(|row| -> Result<ClaimKey<i64>> {
                     Ok(ClaimKey::lapsed(
                         from_millis(row.try_get(1)?),

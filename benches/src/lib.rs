@@ -167,3 +167,144 @@ pub fn queue(name: &str) -> QueueName {
 pub fn idempotency_key(thread: usize, n: u64) -> IdempotencyKey {
     IdempotencyKey::parse(&format!("t{thread}-{n}")).unwrap()
 }
+
+/// The PostgreSQL server the PostgreSQL benches run against:
+/// `TESSERA_BENCH_POSTGRES_URL`, else `TESSERA_TEST_POSTGRES_URL`; `None`
+/// when neither is set.
+pub fn postgres_url() -> Option<String> {
+    ["TESSERA_BENCH_POSTGRES_URL", "TESSERA_TEST_POSTGRES_URL"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|url| !url.is_empty()))
+}
+
+/// A schema name for one bench run on a server: a leftover of that name is
+/// dropped now, and the schema, with everything in it, when this is
+/// dropped (a panicking run included).
+#[derive(Debug)]
+pub struct PostgresSchema {
+    url: String,
+    name: String,
+}
+
+impl PostgresSchema {
+    /// `name` (lowercase letters, digits and `_`) on the server at `url`,
+    /// which must be reachable.
+    pub fn fresh(url: &str, name: impl Into<String>) -> Self {
+        let schema = Self {
+            url: url.to_owned(),
+            name: name.into(),
+        };
+        schema.drop_schema().unwrap();
+        schema
+    }
+
+    /// The schema's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn drop_schema(&self) -> Result<(), postgres::Error> {
+        let mut client = postgres::Client::connect(&self.url, postgres::NoTls)?;
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name))
+    }
+}
+
+impl Drop for PostgresSchema {
+    fn drop(&mut self) {
+        if let Err(error) = self.drop_schema() {
+            eprintln!("schema {} was not dropped: {error}", self.name);
+        }
+    }
+}
+
+/// PostgreSQL's cheapest durable write, the baseline of the PostgreSQL
+/// benches: one row inserted into a table without secondary indexes, one
+/// `BEGIN` … `COMMIT` transaction per row, through a pool of clients
+/// (server defaults, so `synchronous_commit = on`).
+#[derive(Debug)]
+pub struct MinimalCommit {
+    pool: r2d2::Pool<MinimalCommitClients>,
+}
+
+impl MinimalCommit {
+    /// Creates `schema` if it is missing and the table `minimal_commit` in
+    /// it, then [`attach`](Self::attach)es to it.
+    pub fn create(schema: &PostgresSchema, connections: u32) -> Self {
+        let mut client = postgres::Client::connect(schema.url(), postgres::NoTls).unwrap();
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS \"{name}\";
+                 CREATE TABLE \"{name}\".minimal_commit (
+                     id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                     value BIGINT NOT NULL
+                 )",
+                name = schema.name()
+            ))
+            .unwrap();
+        Self::attach(schema.url(), schema.name(), connections)
+    }
+
+    /// A pool of up to `connections` clients, all connected now, on the
+    /// table `minimal_commit` that [`create`](Self::create) made in
+    /// `schema` on the server at `url` (from another process, say).
+    pub fn attach(url: &str, schema: &str, connections: u32) -> Self {
+        let clients = MinimalCommitClients {
+            config: url.parse().unwrap(),
+            insert: format!("INSERT INTO \"{schema}\".minimal_commit (value) VALUES ($1)"),
+        };
+        // No check on checkout: nothing but the three statements reaches
+        // the server.
+        let pool = r2d2::Pool::builder()
+            .max_size(connections.max(1))
+            .test_on_check_out(false)
+            .build(clients)
+            .unwrap();
+        Self { pool }
+    }
+
+    /// Inserts one row carrying `value` in a transaction of its own.
+    pub fn commit(&self, value: i64) {
+        let mut connection = self.pool.get().unwrap();
+        let PreparedClient { client, insert } = &mut *connection;
+        let mut transaction = client.transaction().unwrap();
+        transaction.execute(&*insert, &[&value]).unwrap();
+        transaction.commit().unwrap();
+    }
+}
+
+/// Opens [`MinimalCommit`]'s clients, each with its insert prepared once.
+#[derive(Debug)]
+struct MinimalCommitClients {
+    config: postgres::Config,
+    insert: String,
+}
+
+/// A client and its prepared insert.
+struct PreparedClient {
+    client: postgres::Client,
+    insert: postgres::Statement,
+}
+
+impl r2d2::ManageConnection for MinimalCommitClients {
+    type Connection = PreparedClient;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> Result<PreparedClient, postgres::Error> {
+        let mut client = self.config.connect(postgres::NoTls)?;
+        let insert = client.prepare(&self.insert)?;
+        Ok(PreparedClient { client, insert })
+    }
+
+    fn is_valid(&self, connection: &mut PreparedClient) -> Result<(), postgres::Error> {
+        connection.client.simple_query("").map(drop)
+    }
+
+    fn has_broken(&self, connection: &mut PreparedClient) -> bool {
+        connection.client.is_closed()
+    }
+}

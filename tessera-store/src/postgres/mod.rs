@@ -360,6 +360,10 @@ impl PostgresBackend {
             .max_size(options.pool_size)
             .min_idle(Some(0))
             .connection_timeout(options.pool_timeout)
+            // A broken connection is found by using it: a write that meets
+            // one before its commit runs again, a read too. Testing each
+            // on check-out would cost a round trip per operation.
+            .test_on_check_out(false)
             .error_handler(Box::new(QuietErrors))
             .build_unchecked(Manager {
                 config: config.clone(),
@@ -482,11 +486,18 @@ impl PostgresBackend {
     }
 }
 
-/// Whether `error` is the connection breaking (no SQLSTATE): nothing of
-/// an uncommitted transaction survives it.
+/// Whether `error` is the connection breaking: closed under the client
+/// (no SQLSTATE), a connection exception (class 08), or the server ending
+/// the session (57P01 to 57P03). Nothing of an uncommitted transaction
+/// survives it.
 fn is_lost_connection(error: &Error) -> bool {
-    matches!(error, Error::Storage(storage)
-        if storage.kind() == StorageErrorKind::Retryable && storage.code().is_none())
+    let Error::Storage(storage) = error else {
+        return false;
+    };
+    match storage.code() {
+        None => storage.kind() == StorageErrorKind::Retryable,
+        Some(code) => code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03"),
+    }
 }
 
 impl Backend for PostgresBackend {
@@ -497,6 +508,11 @@ impl Backend for PostgresBackend {
     ) -> Result<(), Error> {
         let mut run = || -> Result<(), Error> {
             let mut connection = self.connection()?;
+            // A connection broken before any statement answered is
+            // replaced once: a read changes nothing, so it may run again.
+            if connection.client.is_closed() {
+                connection = self.connection()?;
+            }
             let PgConnection { client, prepared } = &mut *connection;
             let transaction = client
                 .build_transaction()
@@ -512,7 +528,11 @@ impl Backend for PostgresBackend {
                 }
             }
         };
-        run().map_err(|error| error.classified(now))
+        match run() {
+            Err(error) if is_lost_connection(&error) => run(),
+            result => result,
+        }
+        .map_err(|error| error.classified(now))
     }
 
     fn write(

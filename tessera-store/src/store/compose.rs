@@ -148,7 +148,7 @@ impl Store {
     pub(crate) fn perform_read<T>(
         &self,
         scope: &ActionScope,
-        read: impl FnOnce(&dyn ReadTransaction) -> Result<(T, Option<Resource>), Error>,
+        read: impl FnMut(&dyn ReadTransaction) -> Result<(T, Option<Resource>), Error>,
     ) -> Result<T, Error> {
         let (value, resource) = self
             .read(read)

@@ -309,15 +309,14 @@ impl Store {
         Ok((value, committed.tail))
     }
 
-    /// Runs `read` on a read-only view.
+    /// Runs `read` on a read-only view. Like a write's work, it may run
+    /// again (on a fresh connection, after one broke under it).
     pub(crate) fn read<T>(
         &self,
-        read: impl FnOnce(&dyn ReadTransaction) -> Result<T, Error>,
+        mut read: impl FnMut(&dyn ReadTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let mut read = Some(read);
         let mut value = None;
         self.backend.read(self.now_utc(), &mut |reader| {
-            let read = read.take().expect("a read runs once");
             value = Some(read(reader)?);
             Ok(())
         })?;

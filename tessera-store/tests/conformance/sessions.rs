@@ -174,7 +174,49 @@ fn a_generated_address_secret_is_kept_once(db: &TestDb) {
     );
 }
 
+/// Past its lifetime a session's key stops working at once, and retention
+/// deletes its principal, key and per-address limit row; keyed principals
+/// stay.
+fn retention_purges_a_session_past_its_lifetime_and_keeps_keyed_principals(db: &TestDb) {
+    let f = Fixture::with(db, |config| {
+        config
+            .with_address_secret(secret())
+            .with_session_lifetime(std::time::Duration::from_secs(3600))
+    });
+    let session = f.store.mint_session(ip("203.0.113.7")).unwrap();
+    assert!(
+        f.store
+            .authenticate(Some(session.key.secret.expose()))
+            .is_ok()
+    );
+    assert_eq!(db.count_rows("access_principals"), 2);
+    assert_eq!(db.count_rows("access_limits"), 1);
+
+    f.clock.advance(std::time::Duration::from_secs(2 * 3600));
+    // Its key stops at its purge time, before retention runs.
+    assert!(
+        f.store
+            .authenticate(Some(session.key.secret.expose()))
+            .is_err()
+    );
+    let report = f.store.maintain().unwrap();
+    assert!(report.retention_ran);
+    assert_eq!(
+        report.rows_deleted, 3,
+        "principal, key and limit row: {report:?}"
+    );
+    assert_eq!(db.count_rows("access_principals"), 1, "the admin stays");
+    assert_eq!(db.count_rows("access_keys"), 1);
+    assert_eq!(db.count_rows("access_limits"), 0);
+    assert!(
+        f.store
+            .authenticate(Some(f.admin_key.secret.expose()))
+            .is_ok()
+    );
+}
+
 conformance! {
+    retention_purges_a_session_past_its_lifetime_and_keeps_keyed_principals,
     ipv6_rotation_inside_one_64_shares_one_limit,
     the_global_allowance_refuses_with_the_time_until_the_next_session,
     the_per_address_quota_is_durable_across_a_restart,

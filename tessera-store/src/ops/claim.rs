@@ -5,7 +5,6 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use parking_lot::MutexGuard;
 use tessera_admission::{Offer, Stats, Ticket};
 use tessera_audit::{Action, Outcome};
 use tessera_lease::{Lease, Namespace, QueueName, Task};
@@ -17,9 +16,9 @@ use crate::model::claim::{ClaimOutcome, Claimed};
 use crate::model::task::{Brief, TaskRef};
 use crate::ops::task::apply;
 use crate::state::gate::{
-    CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, GateShared, rate_limited,
+    CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, rate_limited,
 };
-use crate::state::waiting::{ClaimRequest, Decided, Waiter, Wake};
+use crate::state::waiting::{ClaimRequest, Decided};
 use crate::store::Store;
 
 /// How often the lease transaction skips a task whose stored claim times
@@ -130,25 +129,8 @@ impl Store {
     /// clock's now, rejecting claims past their deadline; spurious calls
     /// are harmless.
     pub fn poll_claim_event(&self) -> Option<ClaimEvent> {
-        let shared = &self.gate.shared;
-        let now = shared.clock.now();
-        let mut state = shared.state.lock();
-        let wake = state.drain(now);
-        let mut next = None;
-        while let Some(ticket) = state.async_order.pop_front() {
-            if let Some(decided) = state.decided.remove(&ticket) {
-                next = Some((ticket, decided));
-                break;
-            }
-        }
-        drop(state);
-        // Only parked threads: the host is pulling already.
-        shared.wake(Wake {
-            parked: wake.parked,
-            host: false,
-        });
-        let (ticket, decided) = next?;
-        Some(self.deliver(ticket, decided, shared))
+        let (ticket, decided) = self.gate.shared.next_for_host()?;
+        Some(self.deliver(ticket, decided))
     }
 
     /// When the oldest waiting claim's deadline comes, on the store's
@@ -156,7 +138,7 @@ impl Store {
     /// [`poll_claim_event`](Self::poll_claim_event) then. `None` when no
     /// claim waits.
     pub fn poll_claim_timeout(&self) -> Option<Instant> {
-        self.gate.shared.state.lock().admission.poll_timeout()
+        self.gate.shared.poll_timeout()
     }
 
     /// Withdraws a claim whose client left, waiting or decided but not yet
@@ -171,13 +153,13 @@ impl Store {
     /// having asked: a permit dropped or finished on another thread granted
     /// the next waiter.
     pub fn set_claim_waker(&self, waker: Option<ClaimWaker>) {
-        *self.gate.shared.waker.lock() = waker;
+        self.gate.shared.set_waker(waker);
     }
 
     /// The admission controller's limit, in-flight and waiting counts and
     /// latency average.
     pub fn claim_stats(&self) -> Stats {
-        self.gate.shared.state.lock().admission.stats()
+        self.gate.shared.stats()
     }
 
     /// Runs an admitted claim: re-checks the key if the claim waited, runs
@@ -269,20 +251,7 @@ impl Store {
             queue: queue.clone(),
         });
         let shared = &self.gate.shared;
-        let now = shared.clock.now();
-        let mut state = shared.state.lock();
-        let offer = state.admission.offer(caller.principal(), now);
-        if let Offer::Queued(ticket) = &offer {
-            let waiter = Waiter {
-                request: Arc::clone(&request),
-                blocking,
-            };
-            state.waiting.insert(*ticket, waiter);
-        }
-        // A fair-share eviction queues a rejection for another claim.
-        let wake = state.drain(now);
-        drop(state);
-        shared.wake(wake);
+        let offer = shared.offer(&request, blocking);
         match offer {
             Offer::Admitted(permit) => Ok(ClaimStart::Admitted(ClaimPermit {
                 permit: Some(permit),
@@ -300,78 +269,19 @@ impl Store {
     }
 
     /// Parks the calling thread until `ticket` is decided or `cancel`
-    /// fires. On every exit the ticket is settled: withdrawn if it still
-    /// waits, its grant released if one raced the exit.
+    /// fires; a rejection is a counted `429`.
     fn park(&self, ticket: Ticket, cancel: Option<&CancelToken>) -> Result<ClaimPermit, Error> {
-        struct Settle<'a> {
-            shared: &'a GateShared,
-            ticket: Ticket,
-            settled: bool,
-        }
-        impl Drop for Settle<'_> {
-            fn drop(&mut self) {
-                if !self.settled {
-                    self.shared.withdraw(self.ticket);
-                }
-            }
-        }
-        let shared = &self.gate.shared;
-        let mut settle = Settle {
-            shared,
-            ticket,
-            settled: false,
-        };
-        let mut state = shared.state.lock();
-        loop {
-            if let Some(decided) = state.decided.remove(&ticket) {
-                settle.settled = true;
-                drop(state);
-                return match self.deliver(ticket, decided, shared) {
-                    ClaimEvent::Granted { permit, .. } => Ok(permit),
-                    ClaimEvent::Rejected { error, .. } => Err(error),
-                };
-            }
-            if cancel.is_some_and(CancelToken::is_cancelled) {
-                drop(state);
-                // `settle` withdraws the ticket.
-                return Err(Error::Cancelled);
-            }
-            let now = shared.clock.now();
-            let wake = state.drain(now);
-            if wake.parked {
-                shared.changed.notify_all();
-            }
-            if wake.host {
-                MutexGuard::unlocked(&mut state, || {
-                    shared.wake(Wake {
-                        parked: false,
-                        host: true,
-                    });
-                });
-            }
-            if state.decided.contains_key(&ticket) {
-                continue;
-            }
-            let until_deadline = state
-                .admission
-                .poll_timeout()
-                .map(|deadline| deadline.saturating_duration_since(now));
-            let park = match (until_deadline, shared.clock.max_park()) {
-                (Some(wait), Some(slice)) => Some(wait.min(slice)),
-                (wait, slice) => wait.or(slice),
-            };
-            match park {
-                Some(wait) => {
-                    shared.changed.wait_for(&mut state, wait);
-                }
-                None => shared.changed.wait(&mut state),
-            }
+        let decided = self.gate.shared.park(ticket, cancel)?;
+        match self.deliver(ticket, decided) {
+            ClaimEvent::Granted { permit, .. } => Ok(permit),
+            ClaimEvent::Rejected { error, .. } => Err(error),
         }
     }
 
     /// Turns a decided outcome into what the claimer receives; a rejection
     /// is a counted `429`.
-    fn deliver(&self, ticket: Ticket, decided: Decided, shared: &Arc<GateShared>) -> ClaimEvent {
+    fn deliver(&self, ticket: Ticket, decided: Decided) -> ClaimEvent {
+        let shared = &self.gate.shared;
         match decided {
             Decided::Granted {
                 permit,

@@ -13,16 +13,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tessera_admission::{
-    Admission, AdmissionConfig, IdleConfig, IdlePacing, Permit, Rejection, Ticket,
+    Admission, AdmissionConfig, IdleConfig, IdlePacing, Offer, Permit, Rejection, Stats, Ticket,
 };
 use tessera_lease::{Namespace, QueueName};
 
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalId};
-use crate::state::waiting::{ClaimRequest, Decided, GateState, QueueKey, Wake};
+use crate::state::waiting::{ClaimRequest, Decided, GateState, QueueKey, Waiter, Wake};
 
 /// Called when an outcome for a claim begun with [`Store::begin_claim`](crate::Store::begin_claim) is
 /// ready to pull with [`Store::poll_claim_event`](crate::Store::poll_claim_event) (see
@@ -163,10 +163,141 @@ impl fmt::Debug for CancelToken {
 
 /// The gate's state and what waits on it, shared with permits and tokens.
 pub(crate) struct GateShared {
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) state: Mutex<GateState>,
-    pub(crate) changed: Condvar,
-    pub(crate) waker: Mutex<Option<ClaimWaker>>,
+    clock: Arc<dyn Clock>,
+    state: Mutex<GateState>,
+    changed: Condvar,
+    waker: Mutex<Option<ClaimWaker>>,
+}
+
+impl GateShared {
+    /// Offers `request`'s claim to admission at the clock's now; a queued
+    /// one waits under its ticket, for a parked thread (`blocking`) or the
+    /// host to pick up.
+    pub(crate) fn offer(&self, request: &Arc<ClaimRequest>, blocking: bool) -> Offer {
+        let now = self.clock.now();
+        let mut state = self.state.lock();
+        let offer = state.admission.offer(request.caller.principal(), now);
+        if let Offer::Queued(ticket) = &offer {
+            let waiter = Waiter {
+                request: Arc::clone(request),
+                blocking,
+            };
+            state.waiting.insert(*ticket, waiter);
+        }
+        // A fair-share eviction queues a rejection for another claim.
+        let wake = state.drain(now);
+        drop(state);
+        self.wake(wake);
+        offer
+    }
+
+    /// The next outcome decided for the host, in the order they were
+    /// decided; moves admission to the clock's now first.
+    pub(crate) fn next_for_host(&self) -> Option<(Ticket, Decided)> {
+        let now = self.clock.now();
+        let mut state = self.state.lock();
+        let wake = state.drain(now);
+        let mut next = None;
+        while let Some(ticket) = state.async_order.pop_front() {
+            if let Some(decided) = state.decided.remove(&ticket) {
+                next = Some((ticket, decided));
+                break;
+            }
+        }
+        drop(state);
+        // Only parked threads: the host is pulling already.
+        self.wake(Wake {
+            parked: wake.parked,
+            host: false,
+        });
+        next
+    }
+
+    /// Parks the calling thread until `ticket` is decided, or `cancel`
+    /// fires ([`Error::Cancelled`]). On every exit the ticket is settled:
+    /// withdrawn if it still waits, its grant released if one raced the
+    /// exit. The deadline is kept on the store's clock: a thread parks in
+    /// real time, for at most [`Clock::max_park`] at a time.
+    pub(crate) fn park(
+        &self,
+        ticket: Ticket,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Decided, Error> {
+        struct Settle<'a> {
+            shared: &'a GateShared,
+            ticket: Ticket,
+            settled: bool,
+        }
+        impl Drop for Settle<'_> {
+            fn drop(&mut self) {
+                if !self.settled {
+                    self.shared.withdraw(self.ticket);
+                }
+            }
+        }
+        let mut settle = Settle {
+            shared: self,
+            ticket,
+            settled: false,
+        };
+        let mut state = self.state.lock();
+        loop {
+            if let Some(decided) = state.decided.remove(&ticket) {
+                settle.settled = true;
+                return Ok(decided);
+            }
+            if cancel.is_some_and(CancelToken::is_cancelled) {
+                drop(state);
+                // `settle` withdraws the ticket.
+                return Err(Error::Cancelled);
+            }
+            let now = self.clock.now();
+            let wake = state.drain(now);
+            if wake.parked {
+                self.changed.notify_all();
+            }
+            if wake.host {
+                MutexGuard::unlocked(&mut state, || {
+                    self.wake(Wake {
+                        parked: false,
+                        host: true,
+                    });
+                });
+            }
+            if state.decided.contains_key(&ticket) {
+                continue;
+            }
+            let until_deadline = state
+                .admission
+                .poll_timeout()
+                .map(|deadline| deadline.saturating_duration_since(now));
+            let park = match (until_deadline, self.clock.max_park()) {
+                (Some(wait), Some(slice)) => Some(wait.min(slice)),
+                (wait, slice) => wait.or(slice),
+            };
+            match park {
+                Some(wait) => {
+                    self.changed.wait_for(&mut state, wait);
+                }
+                None => self.changed.wait(&mut state),
+            }
+        }
+    }
+
+    /// When the oldest waiting claim's deadline comes.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.state.lock().admission.poll_timeout()
+    }
+
+    /// The controller's limit, in-flight and waiting counts.
+    pub(crate) fn stats(&self) -> Stats {
+        self.state.lock().admission.stats()
+    }
+
+    /// Sets (or clears) the host's waker.
+    pub(crate) fn set_waker(&self, waker: Option<ClaimWaker>) {
+        *self.waker.lock() = waker;
+    }
 }
 
 impl GateShared {

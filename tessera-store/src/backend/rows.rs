@@ -8,11 +8,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter, CounterKey, Minute, Resource};
 use tessera_lease::{
-    AttemptNumber, AttemptRecord, BriefVersion, ClaimableAt, FencingToken, LeaseRecord, Principal,
-    QueueName, Receipt, StateName, TaskId, TaskRecord, TaskState,
+    AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, ClaimableAt, FencingToken,
+    LeaseRecord, Principal, QueueName, Receipt, StateName, TaskId, TaskRecord, TaskState,
+    first_claimable,
 };
 
-use crate::backend::{LoadedTask, Result, TaskHandle};
+use crate::backend::{LoadedTask, Result, StoredKey, TaskHandle};
 use crate::error::{StorageError, StorageErrorKind};
 use crate::key::KeyId;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
@@ -394,6 +395,47 @@ pub(crate) fn state_counts(by_state: Vec<(String, i64)>) -> Result<StateCounts> 
 pub(crate) fn grant(attempt: &AttemptRecord) -> Option<(&Principal, FencingToken, DateTime<Utc>)> {
     let lease = attempt.lease.as_ref()?;
     Some((&lease.holder, lease.token, lease.granted_at))
+}
+
+impl KeyRow {
+    /// The key as the seam hands it out.
+    pub(crate) fn stored(self) -> Result<StoredKey> {
+        let info = self.info()?;
+        Ok(StoredKey {
+            info,
+            secret_hash: self.secret_hash,
+        })
+    }
+}
+
+/// The task a claim takes, from the first due entry of the claim index
+/// (`indexed`) and, only when that is not ready, the first due lapsed
+/// lease (`first_lapsed`: its task row id and lapse time), in the lease
+/// rules' claim order; `by_id` reads a lapsed lease's task row.
+pub(crate) fn next_claimable(
+    indexed: Option<TaskRow>,
+    first_lapsed: impl FnOnce() -> Result<Option<(i64, i64)>>,
+    by_id: impl FnOnce(i64) -> Result<Option<TaskRow>>,
+) -> Result<Option<TaskRow>> {
+    let indexed_key = indexed
+        .as_ref()
+        .map(|row| ClaimKey::new(claimable_from_column(row.claimable_at), row.id));
+    // A ready task is first whatever lapsed: no second search.
+    let lapsed = match indexed_key {
+        Some(ClaimKey {
+            at: ClaimableAt::Ready,
+            ..
+        }) => None,
+        _ => first_lapsed()?.map(|(task, at)| ClaimKey::lapsed(from_millis(at), task)),
+    };
+    match (
+        first_claimable(indexed_key.as_ref(), lapsed.as_ref()),
+        lapsed,
+    ) {
+        (Some(ClaimSource::Claimable), _) => Ok(indexed),
+        (Some(ClaimSource::Lapsed), Some(key)) => by_id(key.sequence),
+        _ => Ok(None),
+    }
 }
 
 /// One attempt's write, with the narrowest statement that stores it.

@@ -14,14 +14,12 @@ use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, ClaimKey, ClaimSource, ClaimableAt, IdempotencyKey, Namespace, Principal,
-    QueueName, Receipt, TaskRecord, first_claimable,
+    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, TaskRecord,
 };
 
 use crate::backend::rows::{
-    AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, ReceiptRow, TaskRow, TaskWrites,
-    claimable_from_column, corrupt, count, duration_millis, from_millis, millis, minute_number,
-    state_counts, to_json,
+    self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, ReceiptRow, TaskRow, TaskWrites,
+    corrupt, count, duration_millis, millis, minute_number, state_counts, to_json,
 };
 use crate::backend::{
     KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewTask, Purge, ReadTransaction,
@@ -432,13 +430,7 @@ fn version(task: &TaskRef) -> i64 {
 impl ReadTransaction for PgTransaction<'_> {
     fn key(&self, key_id: &KeyId) -> Result<Option<StoredKey>> {
         self.query_opt(KEY_BY_KEY_ID, &[&key_id.as_str()])?
-            .map(|row| {
-                let row = key_row(&row)?;
-                Ok(StoredKey {
-                    info: row.info()?,
-                    secret_hash: row.secret_hash,
-                })
-            })
+            .map(|row| key_row(&row)?.stored())
             .transpose()
     }
 
@@ -548,32 +540,15 @@ impl ReadTransaction for PgTransaction<'_> {
             .as_ref()
             .map(task_row)
             .transpose()?;
-        let indexed_key = indexed
-            .as_ref()
-            .map(|row| ClaimKey::new(claimable_from_column(row.claimable_at), row.id));
-        let lapsed = match indexed_key {
-            Some(ClaimKey {
-                at: ClaimableAt::Ready,
-                ..
-            }) => None,
-            _ => self
-                .query_opt(lapsed_sql, params)?
-                .map(|row| -> Result<ClaimKey<i64>> {
-                    Ok(ClaimKey::lapsed(
-                        from_millis(row.try_get(1)?),
-                        row.try_get(0)?,
-                    ))
-                })
-                .transpose()?,
-        };
-        let row = match first_claimable(indexed_key.as_ref(), lapsed.as_ref()) {
-            Some(ClaimSource::Claimable) => indexed,
-            Some(ClaimSource::Lapsed) => match lapsed {
-                Some(key) => self.task_by_id(key.sequence)?,
-                None => None,
+        let row = rows::next_claimable(
+            indexed,
+            || {
+                self.query_opt(lapsed_sql, params)?
+                    .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                    .transpose()
             },
-            None => None,
-        };
+            |task| self.task_by_id(task),
+        )?;
         row.map(|row| self.load(row)).transpose()
     }
 

@@ -5,8 +5,7 @@
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, ClaimKey, ClaimSource, ClaimableAt, IdempotencyKey, Namespace, Principal,
-    QueueName, Receipt, TaskRecord, first_claimable,
+    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, TaskRecord,
 };
 
 use super::access as keys;
@@ -15,8 +14,8 @@ use super::connection::{Reader, Writer};
 use super::session as meta;
 use super::tasks::{self as sql, NewReceipt};
 use crate::backend::rows::{
-    AttemptWrite, CounterRow, EventRow, KeyRow, TaskRow, TaskWrites, claimable_from_column,
-    corrupt, count, duration_millis, from_millis, millis, minute_number, state_counts, to_json,
+    self, AttemptWrite, CounterRow, EventRow, KeyRow, TaskRow, TaskWrites, corrupt, count,
+    duration_millis, millis, minute_number, state_counts, to_json,
 };
 use crate::backend::{
     KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewTask, Purge, ReadTransaction,
@@ -36,12 +35,7 @@ fn load(reader: &Reader<'_>, row: TaskRow) -> Result<LoadedTask> {
 impl ReadTransaction for Reader<'_> {
     fn key(&self, key_id: &KeyId) -> Result<Option<StoredKey>> {
         keys::key_by_key_id(self, key_id.as_str())?
-            .map(|row| {
-                Ok(StoredKey {
-                    info: row.info()?,
-                    secret_hash: row.secret_hash,
-                })
-            })
+            .map(KeyRow::stored)
             .transpose()
     }
 
@@ -127,27 +121,11 @@ impl ReadTransaction for Reader<'_> {
         now: DateTime<Utc>,
     ) -> Result<Option<LoadedTask>> {
         let (namespace, queue, now) = (namespace.as_str(), queue.as_str(), millis(now));
-        let indexed = sql::oldest_claimable(self, namespace, queue, now)?;
-        let indexed_key = indexed
-            .as_ref()
-            .map(|row| ClaimKey::new(claimable_from_column(row.claimable_at), row.id));
-        // A ready task is first whatever lapsed: no second search.
-        let lapsed = match indexed_key {
-            Some(ClaimKey {
-                at: ClaimableAt::Ready,
-                ..
-            }) => None,
-            _ => sql::oldest_lapsed(self, namespace, queue, now)?,
-        };
-        let lapsed_key = lapsed.map(|(task, at)| ClaimKey::lapsed(from_millis(at), task));
-        let row = match first_claimable(indexed_key.as_ref(), lapsed_key.as_ref()) {
-            Some(ClaimSource::Claimable) => indexed,
-            Some(ClaimSource::Lapsed) => {
-                let task = lapsed_key.map(|key| key.sequence).unwrap_or_default();
-                sql::task_by_id(self, task, true)?
-            }
-            None => None,
-        };
+        let row = rows::next_claimable(
+            sql::oldest_claimable(self, namespace, queue, now)?,
+            || Ok(sql::oldest_lapsed(self, namespace, queue, now)?),
+            |task| Ok(sql::task_by_id(self, task, true)?),
+        )?;
         row.map(|row| load(self, row)).transpose()
     }
 

@@ -36,14 +36,14 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Instant;
 
 use criterion::Criterion;
 use tessera_benches::{
-    MinimalCommit, PostgresSchema, StoreFixture, idempotency_key, on_threads, postgres_url, queue,
+    MinimalCommit, PostgresSchema, StoreFixture, on_threads, operations_on_one_thread,
+    operations_on_threads, postgres_url,
 };
+use tessera_store::Store;
 use tessera_store::postgres::PostgresOptions;
-use tessera_store::{Claimed, QueueName, Store};
 
 /// Threads in the contended group.
 const THREADS: usize = 8;
@@ -92,7 +92,6 @@ impl std::ops::DerefMut for Fixture {
 
 fn one_thread(c: &mut Criterion, url: &str) {
     let mut f = Fixture::new(url, "1_thread", 1);
-    let worker = f.workers[0].clone();
     let mut group = c.benchmark_group("postgres_1_thread");
 
     let mut value = 0;
@@ -103,60 +102,12 @@ fn one_thread(c: &mut Criterion, url: &str) {
         })
     });
 
-    let q = queue("enqueue");
-    group.bench_function("enqueue", |b| b.iter(|| f.enqueue(&worker, &q)));
-
-    let q = queue("claim");
-    group.bench_function("claim", |b| {
-        b.iter_custom(|iterations| {
-            for _ in 0..iterations {
-                f.enqueue(&worker, &q);
-            }
-            let began = Instant::now();
-            for _ in 0..iterations {
-                black_box(f.claim(&worker, &q));
-            }
-            began.elapsed()
-        })
-    });
-
-    let q = queue("heartbeat");
-    f.enqueue(&worker, &q);
-    let held = f.claim(&worker, &q);
-    group.bench_function("heartbeat", |b| b.iter(|| f.heartbeat(&worker, &held)));
-
-    let q = queue("submit");
-    group.bench_function("submit", |b| {
-        b.iter_custom(|iterations| {
-            let leases: Vec<Claimed> = (0..iterations)
-                .map(|_| {
-                    f.enqueue(&worker, &q);
-                    f.claim(&worker, &q)
-                })
-                .collect();
-            let began = Instant::now();
-            for claimed in &leases {
-                f.submit(&worker, claimed);
-            }
-            began.elapsed()
-        })
-    });
-
-    let q = queue("lifecycle");
-    group.bench_function("lifecycle", |b| {
-        b.iter(|| {
-            f.enqueue(&worker, &q);
-            let claimed = f.claim(&worker, &q);
-            f.heartbeat(&worker, &claimed);
-            f.submit(&worker, &claimed);
-        })
-    });
+    operations_on_one_thread(&mut group, &mut f);
     group.finish();
 }
 
 fn eight_threads(c: &mut Criterion, url: &str) {
     let f = Arc::new(Fixture::new(url, "8_threads", THREADS));
-    let queues: Vec<QueueName> = (0..THREADS).map(|t| queue(&format!("q{t}"))).collect();
     let mut group = c.benchmark_group("postgres_8_threads");
 
     group.bench_function("minimal_commit", |b| {
@@ -174,110 +125,7 @@ fn eight_threads(c: &mut Criterion, url: &str) {
         })
     });
 
-    group.bench_function("enqueue", |b| {
-        b.iter_custom(|iterations| {
-            on_threads(
-                THREADS,
-                iterations,
-                |_, iterations| iterations,
-                |t, iterations| {
-                    for _ in 0..iterations {
-                        black_box(f.enqueue(&f.workers[t], &queues[t]));
-                    }
-                },
-            )
-        })
-    });
-
-    group.bench_function("claim", |b| {
-        b.iter_custom(|iterations| {
-            on_threads(
-                THREADS,
-                iterations,
-                |t, iterations| {
-                    for _ in 0..iterations {
-                        f.enqueue(&f.workers[t], &queues[t]);
-                    }
-                    iterations
-                },
-                |t, iterations| {
-                    for _ in 0..iterations {
-                        black_box(f.claim(&f.workers[t], &queues[t]));
-                    }
-                },
-            )
-        })
-    });
-
-    let held: Vec<Claimed> = (0..THREADS)
-        .map(|t| {
-            let q = queue(&format!("held{t}"));
-            f.enqueue(&f.workers[t], &q);
-            f.claim(&f.workers[t], &q)
-        })
-        .collect();
-    group.bench_function("heartbeat", |b| {
-        b.iter_custom(|iterations| {
-            on_threads(
-                THREADS,
-                iterations,
-                |_, iterations| iterations,
-                |t, iterations| {
-                    for _ in 0..iterations {
-                        f.heartbeat(&f.workers[t], &held[t]);
-                    }
-                },
-            )
-        })
-    });
-
-    let mut sample = 0_u64;
-    group.bench_function("submit", |b| {
-        b.iter_custom(|iterations| {
-            sample += 1;
-            on_threads(
-                THREADS,
-                iterations,
-                |t, iterations| {
-                    (0..iterations)
-                        .map(|n| {
-                            f.enqueue(&f.workers[t], &queues[t]);
-                            let claimed = f.claim(&f.workers[t], &queues[t]);
-                            let key =
-                                idempotency_key(t, sample.wrapping_mul(1 << 32).wrapping_add(n));
-                            (claimed, key)
-                        })
-                        .collect::<Vec<_>>()
-                },
-                |t, leases| {
-                    for (claimed, key) in &leases {
-                        f.submit_with(&f.workers[t], claimed, key);
-                    }
-                },
-            )
-        })
-    });
-
-    group.bench_function("lifecycle", |b| {
-        b.iter_custom(|iterations| {
-            sample += 1;
-            on_threads(
-                THREADS,
-                iterations,
-                |_, iterations| iterations,
-                |t, iterations| {
-                    let worker = &f.workers[t];
-                    for n in 0..iterations {
-                        f.enqueue(worker, &queues[t]);
-                        let claimed = f.claim(worker, &queues[t]);
-                        f.heartbeat(worker, &claimed);
-                        let key = idempotency_key(t, sample.wrapping_mul(1 << 32).wrapping_add(n));
-                        f.submit_with(worker, &claimed, &key);
-                    }
-                },
-            )
-        })
-    });
+    operations_on_threads(&mut group, &f, THREADS);
     group.finish();
 }
 

@@ -48,8 +48,10 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rusqlite::Connection;
 use tempfile::TempDir;
-use tessera_benches::{StoreFixture, TICK, idempotency_key, on_threads, queue};
-use tessera_store::{Claimed, QueueName, Store};
+use tessera_benches::{
+    StoreFixture, TICK, on_threads, operations_on_one_thread, operations_on_threads, queue,
+};
+use tessera_store::{QueueName, Store};
 
 const THREADS: usize = 2;
 
@@ -125,23 +127,6 @@ fn one_thread(c: &mut Criterion) {
 
     group.bench_function("minimal_commit", |b| b.iter(|| baseline.commit()));
 
-    let q = queue("enqueue");
-    group.bench_function("enqueue", |b| b.iter(|| f.enqueue(&worker, &q)));
-
-    let q = queue("claim");
-    group.bench_function("claim", |b| {
-        b.iter_custom(|iterations| {
-            for _ in 0..iterations {
-                f.enqueue(&worker, &q);
-            }
-            let began = Instant::now();
-            for _ in 0..iterations {
-                black_box(f.claim(&worker, &q));
-            }
-            began.elapsed()
-        })
-    });
-
     let q = queue("empty");
     group.bench_function("claim_empty", |b| {
         b.iter(|| {
@@ -151,37 +136,7 @@ fn one_thread(c: &mut Criterion) {
         })
     });
 
-    let q = queue("heartbeat");
-    f.enqueue(&worker, &q);
-    let held = f.claim(&worker, &q);
-    group.bench_function("heartbeat", |b| b.iter(|| f.heartbeat(&worker, &held)));
-
-    let q = queue("submit");
-    group.bench_function("submit", |b| {
-        b.iter_custom(|iterations| {
-            let leases: Vec<Claimed> = (0..iterations)
-                .map(|_| {
-                    f.enqueue(&worker, &q);
-                    f.claim(&worker, &q)
-                })
-                .collect();
-            let began = Instant::now();
-            for claimed in &leases {
-                f.submit(&worker, claimed);
-            }
-            began.elapsed()
-        })
-    });
-
-    let q = queue("lifecycle");
-    group.bench_function("lifecycle", |b| {
-        b.iter(|| {
-            f.enqueue(&worker, &q);
-            let claimed = f.claim(&worker, &q);
-            f.heartbeat(&worker, &claimed);
-            f.submit(&worker, &claimed);
-        })
-    });
+    operations_on_one_thread(&mut group, &mut f);
     group.finish();
 }
 
@@ -189,7 +144,6 @@ fn two_threads(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let baseline = parking_lot::Mutex::new(MinimalCommit::open(&dir.path().join("baseline.db")));
     let f = Arc::new(Fixture::new(dir));
-    let queues: Vec<QueueName> = (0..THREADS).map(|t| queue(&format!("q{t}"))).collect();
     let mut group = c.benchmark_group("store_2_threads");
 
     group.bench_function("minimal_commit", |b| {
@@ -207,110 +161,7 @@ fn two_threads(c: &mut Criterion) {
         })
     });
 
-    group.bench_function("enqueue", |b| {
-        b.iter_custom(|iterations| {
-            on_threads(
-                THREADS,
-                iterations,
-                |_, iterations| iterations,
-                |t, iterations| {
-                    for _ in 0..iterations {
-                        black_box(f.enqueue(&f.workers[t], &queues[t]));
-                    }
-                },
-            )
-        })
-    });
-
-    group.bench_function("claim", |b| {
-        b.iter_custom(|iterations| {
-            on_threads(
-                THREADS,
-                iterations,
-                |t, iterations| {
-                    for _ in 0..iterations {
-                        f.enqueue(&f.workers[t], &queues[t]);
-                    }
-                    iterations
-                },
-                |t, iterations| {
-                    for _ in 0..iterations {
-                        black_box(f.claim(&f.workers[t], &queues[t]));
-                    }
-                },
-            )
-        })
-    });
-
-    let held: Vec<Claimed> = (0..THREADS)
-        .map(|t| {
-            let q = queue(&format!("held{t}"));
-            f.enqueue(&f.workers[t], &q);
-            f.claim(&f.workers[t], &q)
-        })
-        .collect();
-    group.bench_function("heartbeat", |b| {
-        b.iter_custom(|iterations| {
-            on_threads(
-                THREADS,
-                iterations,
-                |_, iterations| iterations,
-                |t, iterations| {
-                    for _ in 0..iterations {
-                        f.heartbeat(&f.workers[t], &held[t]);
-                    }
-                },
-            )
-        })
-    });
-
-    let mut sample = 0_u64;
-    group.bench_function("submit", |b| {
-        b.iter_custom(|iterations| {
-            sample += 1;
-            on_threads(
-                THREADS,
-                iterations,
-                |t, iterations| {
-                    (0..iterations)
-                        .map(|n| {
-                            f.enqueue(&f.workers[t], &queues[t]);
-                            let claimed = f.claim(&f.workers[t], &queues[t]);
-                            let key =
-                                idempotency_key(t, sample.wrapping_mul(1 << 32).wrapping_add(n));
-                            (claimed, key)
-                        })
-                        .collect::<Vec<_>>()
-                },
-                |t, leases| {
-                    for (claimed, key) in &leases {
-                        f.submit_with(&f.workers[t], claimed, key);
-                    }
-                },
-            )
-        })
-    });
-
-    group.bench_function("lifecycle", |b| {
-        b.iter_custom(|iterations| {
-            sample += 1;
-            on_threads(
-                THREADS,
-                iterations,
-                |_, iterations| iterations,
-                |t, iterations| {
-                    let worker = &f.workers[t];
-                    for n in 0..iterations {
-                        f.enqueue(worker, &queues[t]);
-                        let claimed = f.claim(worker, &queues[t]);
-                        f.heartbeat(worker, &claimed);
-                        let key = idempotency_key(t, sample.wrapping_mul(1 << 32).wrapping_add(n));
-                        f.submit_with(worker, &claimed, &key);
-                    }
-                },
-            )
-        })
-    });
+    operations_on_threads(&mut group, &f, THREADS);
     group.finish();
 }
 

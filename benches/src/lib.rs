@@ -1,10 +1,13 @@
 //! Criterion benchmarks for Tessera; see `benches/` and the README's tables.
 //! This library holds what several benches share.
 
+use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use criterion::BenchmarkGroup;
+use criterion::measurement::WallTime;
 use tessera_store::{
     Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, IdempotencyKey, KeySpec,
     ManualClock, Namespace, Output, QueueName, Scope, Store, StoreConfig, Submitted, TaskRef,
@@ -156,6 +159,179 @@ impl StoreFixture {
             .unwrap();
         assert!(matches!(submitted, Submitted::Accepted(_)));
     }
+}
+
+/// Benchmarks `enqueue`, `claim`, `heartbeat`, `submit` and `lifecycle`
+/// from one thread, each one operation through the public API by the
+/// fixture's first worker: `claim` runs on tasks enqueued before the timed
+/// run, `heartbeat` extends one lease again and again, `submit` hands in a
+/// fresh idempotency key on a lease taken before the timed run.
+pub fn operations_on_one_thread(group: &mut BenchmarkGroup<'_, WallTime>, f: &mut StoreFixture) {
+    let worker = f.workers[0].clone();
+    let q = queue("enqueue");
+    group.bench_function("enqueue", |b| b.iter(|| f.enqueue(&worker, &q)));
+
+    let q = queue("claim");
+    group.bench_function("claim", |b| {
+        b.iter_custom(|iterations| {
+            for _ in 0..iterations {
+                f.enqueue(&worker, &q);
+            }
+            let began = Instant::now();
+            for _ in 0..iterations {
+                black_box(f.claim(&worker, &q));
+            }
+            began.elapsed()
+        })
+    });
+
+    let q = queue("heartbeat");
+    f.enqueue(&worker, &q);
+    let held = f.claim(&worker, &q);
+    group.bench_function("heartbeat", |b| b.iter(|| f.heartbeat(&worker, &held)));
+
+    let q = queue("submit");
+    group.bench_function("submit", |b| {
+        b.iter_custom(|iterations| {
+            let leases: Vec<Claimed> = (0..iterations)
+                .map(|_| {
+                    f.enqueue(&worker, &q);
+                    f.claim(&worker, &q)
+                })
+                .collect();
+            let began = Instant::now();
+            for claimed in &leases {
+                f.submit(&worker, claimed);
+            }
+            began.elapsed()
+        })
+    });
+
+    let q = queue("lifecycle");
+    group.bench_function("lifecycle", |b| {
+        b.iter(|| {
+            f.enqueue(&worker, &q);
+            let claimed = f.claim(&worker, &q);
+            f.heartbeat(&worker, &claimed);
+            f.submit(&worker, &claimed);
+        })
+    });
+}
+
+/// The same operations on `threads` threads at once, each with the
+/// fixture's worker and a queue of its own; one iteration is one
+/// operation on each thread, timed from their common start to the last
+/// one's finish ([`on_threads`]).
+pub fn operations_on_threads(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    f: &StoreFixture,
+    threads: usize,
+) {
+    let queues: Vec<QueueName> = (0..threads).map(|t| queue(&format!("q{t}"))).collect();
+    group.bench_function("enqueue", |b| {
+        b.iter_custom(|iterations| {
+            on_threads(
+                threads,
+                iterations,
+                |_, iterations| iterations,
+                |t, iterations| {
+                    for _ in 0..iterations {
+                        black_box(f.enqueue(&f.workers[t], &queues[t]));
+                    }
+                },
+            )
+        })
+    });
+
+    group.bench_function("claim", |b| {
+        b.iter_custom(|iterations| {
+            on_threads(
+                threads,
+                iterations,
+                |t, iterations| {
+                    for _ in 0..iterations {
+                        f.enqueue(&f.workers[t], &queues[t]);
+                    }
+                    iterations
+                },
+                |t, iterations| {
+                    for _ in 0..iterations {
+                        black_box(f.claim(&f.workers[t], &queues[t]));
+                    }
+                },
+            )
+        })
+    });
+
+    let held: Vec<Claimed> = (0..threads)
+        .map(|t| {
+            let q = queue(&format!("held{t}"));
+            f.enqueue(&f.workers[t], &q);
+            f.claim(&f.workers[t], &q)
+        })
+        .collect();
+    group.bench_function("heartbeat", |b| {
+        b.iter_custom(|iterations| {
+            on_threads(
+                threads,
+                iterations,
+                |_, iterations| iterations,
+                |t, iterations| {
+                    for _ in 0..iterations {
+                        f.heartbeat(&f.workers[t], &held[t]);
+                    }
+                },
+            )
+        })
+    });
+
+    let mut sample = 0_u64;
+    group.bench_function("submit", |b| {
+        b.iter_custom(|iterations| {
+            sample += 1;
+            on_threads(
+                threads,
+                iterations,
+                |t, iterations| {
+                    (0..iterations)
+                        .map(|n| {
+                            f.enqueue(&f.workers[t], &queues[t]);
+                            let claimed = f.claim(&f.workers[t], &queues[t]);
+                            let key =
+                                idempotency_key(t, sample.wrapping_mul(1 << 32).wrapping_add(n));
+                            (claimed, key)
+                        })
+                        .collect::<Vec<_>>()
+                },
+                |t, leases| {
+                    for (claimed, key) in &leases {
+                        f.submit_with(&f.workers[t], claimed, key);
+                    }
+                },
+            )
+        })
+    });
+
+    group.bench_function("lifecycle", |b| {
+        b.iter_custom(|iterations| {
+            sample += 1;
+            on_threads(
+                threads,
+                iterations,
+                |_, iterations| iterations,
+                |t, iterations| {
+                    let worker = &f.workers[t];
+                    for n in 0..iterations {
+                        f.enqueue(worker, &queues[t]);
+                        let claimed = f.claim(worker, &queues[t]);
+                        f.heartbeat(worker, &claimed);
+                        let key = idempotency_key(t, sample.wrapping_mul(1 << 32).wrapping_add(n));
+                        f.submit_with(worker, &claimed, &key);
+                    }
+                },
+            )
+        })
+    });
 }
 
 /// A queue name.

@@ -88,6 +88,9 @@
 //!   SQLite (feature `sqlite`, default) ─────────────────────── sqlite/
 //!      one writer + WAL readers, schema and cold start,
 //!      meter hooks, refusal, max_page_count, claim indexes
+//!   PostgreSQL (feature `postgres`) ───────────────────────── postgres/
+//!      a pool, claims under FOR UPDATE SKIP LOCKED, row locks,
+//!      LISTEN/NOTIFY, migrations under an advisory lock
 //!
 //!   model/: the data every layer shares (Caller, TaskRef, Brief, ...)
 //! ```
@@ -102,8 +105,11 @@
 //!
 //! The root shows what a host needs: [`Store`], [`StoreConfig`], [`Error`]
 //! and the operations' inputs and outputs. Backend settings are in their
-//! module ([`sqlite::SqliteOptions`]), the wire forms of errors in
-//! [`error`], the fixed limits in [`limits`].
+//! module (`sqlite::SqliteOptions`, `postgres::PostgresOptions`), the wire
+//! forms of errors in [`error`], the fixed limits in [`limits`]. The
+//! backend is chosen when the store is opened ([`Store::open`] for a SQLite
+//! file, `Store::open_postgres` for a shared PostgreSQL database); the
+//! operations, their errors and their tests are the same on both.
 //!
 //! - **Tasks** ([`Store::enqueue`]): a versioned [`Brief`] with 1 to 32
 //!   competing attempts; `tasks`, `attempts` and `receipts` rows carry

@@ -62,6 +62,17 @@ fn a_server_restart_mid_run_is_storage_errors_then_recovery_and_loses_no_acknowl
             "the store did not recover"
         );
         if !restarted && acked.len() == TASKS / 3 {
+            // Started again however this test ends, so a failure here does
+            // not leave the server down for the tests after it.
+            struct StartAgain<'a>(&'a str, bool);
+            impl Drop for StartAgain<'_> {
+                fn drop(&mut self) {
+                    if !self.1 {
+                        cluster("start", self.0);
+                    }
+                }
+            }
+            let mut guard = StartAgain(&name, false);
             cluster("stop", &name);
             // Down: every operation is a storage error, none a hang.
             for _ in 0..3 {
@@ -71,6 +82,7 @@ fn a_server_restart_mid_run_is_storage_errors_then_recovery_and_loses_no_acknowl
                 while_down.push(error);
             }
             cluster("start", &name);
+            guard.1 = true;
             restarted = true;
         }
         let claimed = match f.store.claim(&worker, &ns, &q) {

@@ -70,10 +70,12 @@ impl StoreConfig {
         self
     }
 
-    /// Rows that may be written per UTC day, index entries included
-    /// (default 0: off). A write transaction that would pass it is rolled
-    /// back and refused with `503 storage_quota_exhausted` until 00:00 UTC.
-    /// Counted in process memory from the moment the store opens.
+    /// Rows that may be written per UTC day, as the backend's meter counts
+    /// them (SQLite: index entries included; PostgreSQL: table rows
+    /// changed) (default 0: off). A write transaction that would pass it is
+    /// rolled back and refused with `503 storage_quota_exhausted` until
+    /// 00:00 UTC. Counted in process memory from the moment the store
+    /// opens, per process.
     pub fn with_daily_rows_written_allowance(mut self, rows: u64) -> Self {
         self.daily_rows_written_allowance = rows;
         self

@@ -4,7 +4,10 @@ use std::ops::Sub;
 
 use serde::{Deserialize, Serialize};
 
-/// Totals since the store was opened.
+/// Totals since the store was opened, as SQLite meters them (a backend
+/// that does not meter rows, such as PostgreSQL, counts write
+/// transactions, refusals and table rows changed; see
+/// [`Store::meters_rows`](crate::Store::meters_rows)).
 ///
 /// - **Rows written**: every table row inserted, updated or deleted in a
 ///   committed transaction, plus one per index entry the change touches, as

@@ -223,8 +223,10 @@ impl Store {
         self.backend.poll_interval()
     }
 
-    /// Rows written and read since the store opened (see [`MeterSnapshot`]);
-    /// all zero on a backend that does not meter rows.
+    /// Rows written and read since the store opened (see [`MeterSnapshot`]).
+    /// A backend that does not meter rows ([`meters_rows`](Self::meters_rows)
+    /// is `false`: PostgreSQL) counts write transactions, refusals and the
+    /// table rows its statements changed, and no rows read.
     pub fn meter(&self) -> MeterSnapshot {
         self.backend.meter()
     }

@@ -22,17 +22,22 @@ use crate::model::task::{
 };
 use crate::store::Store;
 
-/// A task loaded by reference, with its lease rules; `404` if none.
-pub(crate) fn load(
+/// A task loaded by reference, with its brief if asked; `404` if none.
+fn load_task(
     reader: &dyn ReadTransaction,
     task: &TaskRef,
     with_brief: bool,
-) -> Result<(LoadedTask, Task), Error> {
-    let loaded = reader
+) -> Result<LoadedTask, Error> {
+    reader
         .task(task, with_brief)?
-        .ok_or_else(|| not_found(task))?;
-    let rules = Task::restore(loaded.record.clone())?;
-    Ok((loaded, rules))
+        .ok_or_else(|| not_found(task))
+}
+
+/// A task loaded by reference: where it is, and its lease rules; `404` if
+/// none.
+fn load(reader: &dyn ReadTransaction, task: &TaskRef) -> Result<(TaskHandle, Task), Error> {
+    let loaded = load_task(reader, task, false)?;
+    Ok((loaded.handle, Task::restore(loaded.record)?))
 }
 
 /// Where a task is, without its attempts; `404` if none.
@@ -180,8 +185,8 @@ impl Store {
         let holder = caller.lease_principal();
         let extension = self.config.lease_duration();
         let lease = self.perform(&scope, now, |writer| {
-            let (loaded, mut rules) = load(writer.reads(), task, false)?;
-            let lease = apply(writer, loaded.handle, &mut rules, |rules| {
+            let (handle, mut rules) = load(writer.reads(), task)?;
+            let lease = apply(writer, handle, &mut rules, |rules| {
                 rules.heartbeat(&holder, token, now, extension)
             })?;
             let resource = task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()));
@@ -245,18 +250,18 @@ impl Store {
         }
         let now = self.now_utc();
         let submitted = self.perform_or_count(&scope, now, |writer| {
-            let (loaded, mut rules) = load(writer.reads(), task, false)?;
+            let (handle, mut rules) = load(writer.reads(), task)?;
             // Looked up again under the write lock: a concurrent retry may
             // have stored it since.
-            let stored = writer.receipt(task, loaded.handle, principal, key)?;
-            let submitted = apply(writer, loaded.handle, &mut rules, |rules| {
+            let stored = writer.receipt(task, handle, principal, key)?;
+            let submitted = apply(writer, handle, &mut rules, |rules| {
                 rules.submit(&submission, stored.as_ref().map(|s| &s.receipt), now)
             })?;
             let receipt = match &submitted {
                 Submitted::Replayed(_) => return Ok((submitted, Trail::Count(Outcome::Ok))),
                 Submitted::Accepted(receipt) => receipt,
             };
-            writer.insert_receipt(loaded.handle, receipt, output.bytes.as_deref())?;
+            writer.insert_receipt(handle, receipt, output.bytes.as_deref())?;
             let resource = task.resource(&format!("/a{}/t{}", receipt.attempt, receipt.token));
             Ok((submitted, Trail::Row(resource)))
         })?;
@@ -287,8 +292,8 @@ impl Store {
             Retry::Never => Retry::Never,
         };
         let state = self.perform(&scope, now, |writer| {
-            let (loaded, mut rules) = load(writer.reads(), task, false)?;
-            let state = apply(writer, loaded.handle, &mut rules, |rules| {
+            let (handle, mut rules) = load(writer.reads(), task)?;
+            let state = apply(writer, handle, &mut rules, |rules| {
                 rules.fail(&holder, token, now, retry)
             })?;
             Ok((state, task.resource(&format!("/t{token}"))))
@@ -344,7 +349,7 @@ impl Store {
     pub fn read_task(&self, caller: &Caller, task: &TaskRef) -> Result<TaskView, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ReadTask)?;
         self.perform_read(&scope, |reader| {
-            let (loaded, rules) = load(reader, task, true)?;
+            let loaded = load_task(reader, task, true)?;
             let view = TaskView {
                 task: task.clone(),
                 queue: loaded.queue,
@@ -352,7 +357,8 @@ impl Store {
                     .brief
                     .ok_or_else(|| crate::error::corrupt("task brief"))?,
                 created_at: loaded.created_at,
-                record: rules.into_record(),
+                // Checked by the lease rules, as every record read.
+                record: Task::restore(loaded.record)?.into_record(),
             };
             Ok((view, task.resource("")))
         })
@@ -396,9 +402,8 @@ impl Store {
     ) -> Result<Vec<StoredReceipt>, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ListAttempts)?;
         self.perform_read(&scope, |reader| {
-            let (loaded, rules) = load(reader, task, false)?;
-            let stored =
-                reader.receipts_of_task(task, loaded.handle, usize::from(MAX_ALTERNATIVES))?;
+            let (handle, rules) = load(reader, task)?;
+            let stored = reader.receipts_of_task(task, handle, usize::from(MAX_ALTERNATIVES))?;
             let chosen: Vec<StoredReceipt> = {
                 let receipts: Vec<&Receipt> = stored.iter().map(|s| &s.receipt).collect();
                 let kept = rules.alternatives(receipts.iter().copied());

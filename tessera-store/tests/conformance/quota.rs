@@ -2,26 +2,9 @@
 //! page cap, the daily allowance and host classifiers are in
 //! `tests/sqlite/`.)
 
-use chrono::{TimeZone, Utc};
-use tessera_store::{Action, AuditQuery, Error, Grant, KeyFilter, KeySpec, Scope};
+use tessera_store::{Action, AuditQuery, Grant, KeyFilter, KeySpec, Scope};
 
-use crate::harness::{Fixture, TestDb, namespace};
-
-fn assert_quota(error: &Error, reset_at: chrono::DateTime<Utc>) {
-    assert!(error.is_quota_exhausted(), "{error:?}");
-    assert_eq!(error.status(), 503);
-    assert_eq!(error.code(), "storage_quota_exhausted");
-    assert_eq!(error.reset_at(), Some(reset_at));
-    let body = serde_json::to_value(error.body()).unwrap();
-    assert_eq!(
-        body["error"]["reset_at"],
-        serde_json::to_value(reset_at).unwrap()
-    );
-}
-
-fn midnight() -> chrono::DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 0).unwrap()
-}
+use crate::harness::{Fixture, TestDb, assert_quota, midnight, namespace};
 
 fn reads_answer_while_every_write_is_refused(db: &TestDb) {
     let f = Fixture::new(db);

@@ -11,7 +11,7 @@ use tessera_store::{
     KeyFilter, KeySpec, Output, Retry, Scope, Submitted, TaskRef, WaitOutcome,
 };
 
-use crate::harness::{Fixture, TestDb, namespace, queue, task_id};
+use crate::harness::{Fixture, TestDb, assert_quota, namespace, queue, task_id};
 
 fn key(text: &str) -> IdempotencyKey {
     IdempotencyKey::parse(text).unwrap()
@@ -25,18 +25,7 @@ fn claimed(outcome: ClaimOutcome) -> tessera_store::Claimed {
 }
 
 fn assert_refused<T: std::fmt::Debug>(result: Result<T, Error>, reset_at: DateTime<Utc>) {
-    let error = result.unwrap_err();
-    assert_eq!(
-        (error.status(), error.code()),
-        (503, "storage_quota_exhausted"),
-        "{error:?}"
-    );
-    assert_eq!(error.reset_at(), Some(reset_at));
-    let body = serde_json::to_value(error.body()).unwrap();
-    assert_eq!(
-        body["error"]["reset_at"],
-        serde_json::to_value(reset_at).unwrap()
-    );
+    assert_quota(&result.unwrap_err(), reset_at);
 }
 
 fn a_warm_start_refusing_every_write_answers_reads_and_changes_no_row(db: &TestDb) {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, TimeZone, Utc};
 use tessera_store::{
-    Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, IssuedKey, KeySpec, ManualClock,
-    Namespace, QueueName, Scope, Store, StoreConfig, TaskId, TaskRef,
+    Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Error, Grant, IssuedKey, KeySpec,
+    ManualClock, Namespace, QueueName, Scope, Store, StoreConfig, TaskId, TaskRef,
 };
 
 use super::TestDb;
@@ -14,6 +14,25 @@ use super::TestDb;
 /// 2026-10-29 12:00:00 UTC.
 pub(crate) fn noon() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap()
+}
+
+/// 2026-10-30 00:00 UTC: when the day of [`noon`] ends, and so when a
+/// quota refusal then resets.
+pub(crate) fn midnight() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 0).unwrap()
+}
+
+/// A quota refusal resetting at `reset_at`, in the error and its body.
+pub(crate) fn assert_quota(error: &Error, reset_at: DateTime<Utc>) {
+    assert!(error.is_quota_exhausted(), "{error:?}");
+    assert_eq!(error.status(), 503);
+    assert_eq!(error.code(), "storage_quota_exhausted");
+    assert_eq!(error.reset_at(), Some(reset_at));
+    let body = serde_json::to_value(error.body()).unwrap();
+    assert_eq!(
+        body["error"]["reset_at"],
+        serde_json::to_value(reset_at).unwrap()
+    );
 }
 
 pub(crate) fn namespace(name: &str) -> Namespace {

@@ -13,4 +13,6 @@ mod sqlite;
 #[allow(unused_imports)] // The SQLite-only binary names no backend.
 pub(crate) use db::{BackendKind, TestDb};
 #[allow(unused_imports)] // Each binary names what it uses.
-pub(crate) use fixture::{Fixture, json_brief, namespace, noon, queue, task_id, task_number};
+pub(crate) use fixture::{
+    Fixture, assert_quota, json_brief, midnight, namespace, noon, queue, task_id, task_number,
+};

@@ -19,7 +19,7 @@ use tessera_store::{
     Brief, EnqueueOptions, Grant, ManualClock, Scope, Store, StoreConfig, WaitOutcome,
 };
 
-use harness::{BackendKind, Fixture, TestDb, namespace, noon, queue};
+use harness::{BackendKind, Fixture, TestDb, assert_quota, midnight, namespace, noon, queue};
 
 const ENV_ROLE: &str = "TESSERA_PG_TEST_ROLE";
 const ENV_DB: &str = "TESSERA_PG_TEST_DB";
@@ -233,17 +233,9 @@ fn two_processes_opening_a_new_database_at_once_both_succeed_and_create_it_once(
     }
 }
 
-fn assert_quota(error: &tessera_store::Error) {
-    assert_eq!(
-        (error.status(), error.code()),
-        (503, "storage_quota_exhausted"),
-        "{error:?}"
-    );
-    // 2026-10-29 12:00 UTC: the next midnight.
-    assert_eq!(
-        error.reset_at(),
-        Some(Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 0).unwrap())
-    );
+/// A quota refusal at noon: it resets at midnight, twelve hours on.
+fn assert_refused_at_noon(error: &tessera_store::Error) {
+    assert_quota(error, midnight());
     assert_eq!(error.retry_after(), Some(Duration::from_secs(12 * 3600)));
 }
 
@@ -281,7 +273,7 @@ fn a_full_disk_is_503_until_midnight_and_reads_answer() {
             &EnqueueOptions::default(),
         )
         .unwrap_err();
-    assert_quota(&error);
+    assert_refused_at_noon(&error);
     assert_eq!(db.table_snapshot(), before, "nothing of it was written");
     // Reads answer, health included.
     assert_eq!(f.store.health(&worker, &ns).unwrap().attempts.ready, 1);
@@ -315,7 +307,7 @@ fn the_daily_allowance_is_503_until_midnight_and_reads_answer() {
         }
         assert!(enqueued < 40, "the allowance never ran out");
     };
-    assert_quota(&error);
+    assert_refused_at_noon(&error);
     assert!(f.store.rows_written_today() <= 40);
     assert_eq!(
         f.store.health(&worker, &ns).unwrap().attempts.ready,

@@ -14,9 +14,10 @@ mod page_cap;
 
 use std::path::PathBuf;
 
-use chrono::{DateTime, TimeZone, Utc};
 use tessera_store::sqlite::SqliteOptions;
-use tessera_store::{ClaimOutcome, Claimed, Error, IdempotencyKey, Store, StoreConfig};
+
+pub(crate) use harness::{assert_quota, midnight};
+use tessera_store::{ClaimOutcome, Claimed, IdempotencyKey, Store, StoreConfig};
 
 use harness::Fixture;
 
@@ -34,25 +35,6 @@ impl Fixture<'_> {
         self.store = Store::open_sqlite(options, config).unwrap();
         self.admin = self.login(&self.admin_key);
     }
-}
-
-/// 2026-10-30 00:00:00 UTC: when the fixtures' day (see
-/// [`harness::noon`]) ends, and so when a quota refusal resets.
-fn midnight() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 0).unwrap()
-}
-
-/// A quota refusal resetting at `reset_at`, in the error and its body.
-fn assert_quota(error: &Error, reset_at: DateTime<Utc>) {
-    assert!(error.is_quota_exhausted(), "{error:?}");
-    assert_eq!(error.status(), 503);
-    assert_eq!(error.code(), "storage_quota_exhausted");
-    assert_eq!(error.reset_at(), Some(reset_at));
-    let body = serde_json::to_value(error.body()).unwrap();
-    assert_eq!(
-        body["error"]["reset_at"],
-        serde_json::to_value(reset_at).unwrap()
-    );
 }
 
 fn key(text: &str) -> IdempotencyKey {

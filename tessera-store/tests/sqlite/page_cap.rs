@@ -25,18 +25,7 @@ fn assert_invalid(error: &Error) {
 }
 
 fn assert_refused<T: std::fmt::Debug>(result: Result<T, Error>, reset_at: DateTime<Utc>) {
-    let error = result.unwrap_err();
-    assert_eq!(
-        (error.status(), error.code()),
-        (503, "storage_quota_exhausted"),
-        "{error:?}"
-    );
-    assert_eq!(error.reset_at(), Some(reset_at));
-    let body = serde_json::to_value(error.body()).unwrap();
-    assert_eq!(
-        body["error"]["reset_at"],
-        serde_json::to_value(reset_at).unwrap()
-    );
+    assert_quota(&result.unwrap_err(), reset_at);
 }
 
 #[test]

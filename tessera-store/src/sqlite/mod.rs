@@ -311,11 +311,7 @@ impl Backend for SqliteBackend {
 impl SqliteBackend {
     /// A fresh in-memory backend for tests of this module.
     pub(crate) fn for_tests(options: SqliteOptions) -> Self {
-        let policy = OpenPolicy {
-            now: Utc::now(),
-            refuse_writes: false,
-            daily_rows_written_allowance: 0,
-        };
+        let policy = OpenPolicy::of(&crate::StoreConfig::default());
         Self::open(options, policy).unwrap()
     }
 

@@ -179,12 +179,17 @@ const FIND_TASK: &str =
     "SELECT id FROM tasks WHERE namespace = $1 AND task_id = $2 AND version = $3";
 /// The first claimable task of a queue in claim-index order, locked, or
 /// skipped if another transaction holds it.
+///
+/// The columns come out of the locking CTE itself. Under `READ COMMITTED`
+/// a row locked after a concurrent commit is its newest version, while a
+/// second read of `tasks` in the same statement would see the statement's
+/// older snapshot: a last token behind the attempts read next.
 const NEXT_CLAIMABLE: &str = concat!(
-    "WITH next AS (SELECT id FROM tasks WHERE namespace = $1 AND queue = $2 \
-     AND claimable_at IS NOT NULL AND claimable_at <= $3 \
-     ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) SELECT ",
+    "WITH next AS (SELECT ",
     task_columns!(),
-    " FROM tasks WHERE id = (SELECT id FROM next)"
+    " FROM tasks WHERE namespace = $1 AND queue = $2 \
+     AND claimable_at IS NOT NULL AND claimable_at <= $3 \
+     ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) SELECT * FROM next"
 );
 /// [`NEXT_CLAIMABLE`] without taking it, for a read.
 const PEEK_CLAIMABLE: &str = concat!(

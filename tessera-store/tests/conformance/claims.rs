@@ -3,12 +3,13 @@
 //! pacing, and capacity that is never leaked.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use tessera_store::{
     AdmissionConfig, Caller, ClaimEvent, ClaimOutcome, ClaimStart, Error, Grant, Namespace,
-    QueueName, Store,
+    QueueName, Retry, Store,
 };
 
 use crate::harness::{Fixture, TestDb, namespace, queue};
@@ -360,10 +361,10 @@ fn async_steps_report_the_wait_and_the_limit_and_wake_the_host(db: &TestDb) {
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     f.enqueue(&worker, &ns, &q, 4);
-    let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let woken = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&woken);
     f.store.set_claim_waker(Some(Arc::new(move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        counter.fetch_add(1, Ordering::SeqCst);
     })));
 
     // Two admitted at once; the third waits until one is dropped elsewhere.
@@ -375,7 +376,7 @@ fn async_steps_report_the_wait_and_the_limit_and_wake_the_host(db: &TestDb) {
     assert!(f.store.poll_claim_timeout().is_some());
     f.clock.advance(Duration::from_millis(250));
     drop(first);
-    assert_eq!(woken.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(woken.load(Ordering::SeqCst), 1);
     let Some(ClaimEvent::Granted {
         ticket: granted,
         permit,
@@ -446,6 +447,50 @@ fn a_granted_claim_serializes_its_artifact_key_with_the_lease(db: &TestDb) {
     assert_eq!(json["artifact"], expected.as_str());
 }
 
+/// Threads race to claim one task, each failing it back at once: every
+/// claim sees the task as the last commit left it, so each grant carries
+/// the next token and none reads a record torn between two commits.
+fn threads_racing_for_one_task_get_every_token_in_turn(db: &TestDb) {
+    const THREADS: usize = 4;
+    const GRANTS: usize = 400;
+    let f = Fixture::new(db);
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let task = f.enqueue(&worker, &ns, &q, 1).remove(0);
+    let granted = AtomicUsize::new(0);
+    let mut tokens: Vec<i64> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (f, worker, granted, ns, q, task) = (&f, &worker, &granted, &ns, &q, &task);
+                scope.spawn(move || {
+                    let mut tokens = Vec::new();
+                    while granted.load(Ordering::SeqCst) < GRANTS {
+                        let ClaimOutcome::Granted(claimed) = f.store.claim(worker, ns, q).unwrap()
+                        else {
+                            continue;
+                        };
+                        assert_eq!(&claimed.task, task);
+                        let token = claimed.lease.token();
+                        tokens.push(token.as_i64());
+                        granted.fetch_add(1, Ordering::SeqCst);
+                        f.store
+                            .fail(worker, &claimed.task, token, Retry::After(Duration::ZERO))
+                            .unwrap();
+                    }
+                    tokens
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    tokens.sort_unstable();
+    let expected: Vec<i64> = (1..=i64::try_from(tokens.len()).unwrap()).collect();
+    assert_eq!(tokens, expected);
+}
+
 conformance! {
     one_hundred_simultaneous_claims_get_one_hundred_distinct_leases,
     a_burst_of_a_thousand_claims_from_one_key_waits_instead_of_429,
@@ -459,4 +504,5 @@ conformance! {
     async_steps_report_the_wait_and_the_limit_and_wake_the_host,
     claims_without_the_scope_or_grant_never_enter_admission,
     a_granted_claim_serializes_its_artifact_key_with_the_lease,
+    threads_racing_for_one_task_get_every_token_in_turn,
 }

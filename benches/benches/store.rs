@@ -26,11 +26,12 @@
 //!   (nothing written: a read and an in-memory count).
 //! - `store_1_thread/lifecycle`: enqueue, claim, heartbeat and submit of one
 //!   task.
-//! - `store_2_threads/*`: the same, run by 2 threads at once (the machine's
-//!   core count), each with its own key; one iteration is one operation on
-//!   each thread, timed from their common start to the last one's finish.
-//!   The baseline's two threads share one connection behind a
-//!   `parking_lot::Mutex`, as the store's writer is shared.
+//! - `store_N_threads/*` (N = 2, 4, 8, 16): the same, run by N threads at
+//!   once, each with its own key; one iteration is one operation on each
+//!   thread, timed from their common start to the last one's finish, so
+//!   the time per operation is the figure over N. Concurrent writes share
+//!   commits (group commit). The baseline's threads share one connection
+//!   behind a `parking_lot::Mutex` and commit one row each, one at a time.
 //! - `claim_scaling/ready/N`: a claim with N ready tasks in its queue
 //!   (1,000, 100,000, 1,000,000) and 10,000 keys, callers taken in turn;
 //!   each timed claim is followed by an untimed enqueue, so the queue keeps
@@ -53,7 +54,8 @@ use tessera_benches::{
 };
 use tessera_store::{QueueName, Store};
 
-const THREADS: usize = 2;
+/// The thread counts of the `store_N_threads` groups.
+const THREADS: [usize; 4] = [2, 4, 8, 16];
 
 /// The one-row insert per transaction that every figure is compared with.
 struct MinimalCommit {
@@ -96,8 +98,8 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new(dir: TempDir) -> Self {
-        let on = StoreFixture::new(THREADS, |config| {
+    fn new(dir: TempDir, workers: usize) -> Self {
+        let on = StoreFixture::new(workers, |config| {
             Store::open(dir.path().join("tessera.db"), config).unwrap()
         });
         Self { dir, on }
@@ -121,7 +123,7 @@ impl std::ops::DerefMut for Fixture {
 fn one_thread(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let mut baseline = MinimalCommit::open(&dir.path().join("baseline.db"));
-    let mut f = Fixture::new(dir);
+    let mut f = Fixture::new(dir, 1);
     let worker = f.workers[0].clone();
     let mut group = c.benchmark_group("store_1_thread");
 
@@ -140,29 +142,32 @@ fn one_thread(c: &mut Criterion) {
     group.finish();
 }
 
-fn two_threads(c: &mut Criterion) {
-    let dir = tempfile::tempdir().unwrap();
-    let baseline = parking_lot::Mutex::new(MinimalCommit::open(&dir.path().join("baseline.db")));
-    let f = Arc::new(Fixture::new(dir));
-    let mut group = c.benchmark_group("store_2_threads");
+fn many_threads(c: &mut Criterion) {
+    for threads in THREADS {
+        let dir = tempfile::tempdir().unwrap();
+        let baseline =
+            parking_lot::Mutex::new(MinimalCommit::open(&dir.path().join("baseline.db")));
+        let f = Arc::new(Fixture::new(dir, threads));
+        let mut group = c.benchmark_group(format!("store_{threads}_threads"));
 
-    group.bench_function("minimal_commit", |b| {
-        b.iter_custom(|iterations| {
-            on_threads(
-                THREADS,
-                iterations,
-                |_, iterations| iterations,
-                |_, iterations| {
-                    for _ in 0..iterations {
-                        baseline.lock().commit();
-                    }
-                },
-            )
-        })
-    });
+        group.bench_function("minimal_commit", |b| {
+            b.iter_custom(|iterations| {
+                on_threads(
+                    threads,
+                    iterations,
+                    |_, iterations| iterations,
+                    |_, iterations| {
+                        for _ in 0..iterations {
+                            baseline.lock().commit();
+                        }
+                    },
+                )
+            })
+        });
 
-    operations_on_threads(&mut group, &f, THREADS);
-    group.finish();
+        operations_on_threads(&mut group, &f, threads);
+        group.finish();
+    }
 }
 
 /// Enqueues through the API until `queue` holds `ready` ready tasks,
@@ -199,9 +204,9 @@ fn claim_scaling(c: &mut Criterion) {
     for size in [1_000, 100_000, 1_000_000] {
         group.bench_with_input(BenchmarkId::new("ready", size), &size, |b, &size| {
             let f = fixture.get_or_insert_with(|| {
-                let mut f = Fixture::new(tempfile::tempdir().unwrap());
+                let mut f = Fixture::new(tempfile::tempdir().unwrap(), 1);
                 let began = Instant::now();
-                f.add_workers(KEYS - THREADS);
+                f.add_workers(KEYS - 1);
                 eprintln!("claim_scaling: {KEYS} keys made in {:.1?}", began.elapsed());
                 f
             });
@@ -226,5 +231,5 @@ fn claim_scaling(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, one_thread, two_threads, claim_scaling);
+criterion_group!(benches, one_thread, many_threads, claim_scaling);
 criterion_main!(benches);

@@ -290,14 +290,24 @@ pub(crate) struct WriteConnection {
     /// by the authorizer when it is prepared.
     assignments: AssignmentCache,
     allowance: DailyRowAllowance,
-    /// Whether the last committed transaction kept its optional tail (see
-    /// [`Writer::optional`]).
-    tail_committed: bool,
 }
 
 /// The savepoint an optional tail runs under.
 const TAIL: &str = "SAVEPOINT optional_tail";
 const TAIL_ROLLBACK: &str = "ROLLBACK TO optional_tail";
+/// The savepoint an operation runs under after others in one transaction.
+const OPERATION: &str = "SAVEPOINT operation";
+const OPERATION_ROLLBACK: &str = "ROLLBACK TO operation";
+const OPERATION_RELEASE: &str = "RELEASE operation";
+
+/// What one operation of a transaction left: its value, the rows it wrote
+/// and whether its optional tail is part of it.
+#[derive(Debug)]
+pub(crate) struct Done<T> {
+    pub(crate) value: T,
+    pub(crate) rows: u64,
+    pub(crate) tail: bool,
+}
 
 impl std::fmt::Debug for WriteConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -338,7 +348,6 @@ impl WriteConnection {
             hooks,
             assignments: RefCell::new(HashMap::new()),
             allowance: DailyRowAllowance::new(daily_allowance),
-            tail_committed: false,
         })
     }
 
@@ -428,44 +437,71 @@ impl WriteConnection {
         self.allowance.used(now)
     }
 
-    /// Whether the last committed transaction kept its optional tail.
-    pub(crate) fn tail_committed(&self) -> bool {
-        self.tail_committed
-    }
-
-    /// Runs `work` in one `BEGIN IMMEDIATE` transaction: committed if it
-    /// succeeds and fits the daily allowance, rolled back otherwise. Errors
-    /// are classified (quota refusal, corruption) before they are returned.
-    /// An optional tail ([`Writer::optional`]) that alone takes the
-    /// transaction past the allowance is rolled back and the rest
-    /// committed.
+    /// Runs `work` in one `BEGIN IMMEDIATE` transaction of its own:
+    /// [`begin`](Self::begin), [`operation`](Self::operation) and
+    /// [`commit`](Self::commit).
     pub(crate) fn transaction<T>(
         &mut self,
         now: DateTime<Utc>,
         meter: &Meter,
         rules: &QuotaRules,
         work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        if !self.conn.is_autocommit() {
-            // Left open by a panic inside an earlier transaction.
-            let _ = self.run("ROLLBACK");
-        }
+    ) -> Result<Done<T>, Error> {
+        self.refuse_if_spent(now, meter)?;
+        self.begin(now, meter, rules)?;
+        let done = self.operation(now, meter, rules, None, work)?;
+        self.commit(now, meter, rules, done.rows, 1)?;
+        Ok(done)
+    }
+
+    /// `503 storage_quota_exhausted` (counted) if today's rows-written
+    /// allowance is spent: a write is refused before it begins.
+    pub(crate) fn refuse_if_spent(&mut self, now: DateTime<Utc>, meter: &Meter) -> Result<(), Error> {
         if self.allowance.is_spent(now) {
             meter.refused();
             return Err(Error::storage_quota_exhausted(now));
         }
+        Ok(())
+    }
+
+    /// Opens a transaction for one or more operations: `BEGIN IMMEDIATE`.
+    pub(crate) fn begin(
+        &mut self,
+        now: DateTime<Utc>,
+        meter: &Meter,
+        rules: &QuotaRules,
+    ) -> Result<(), Error> {
+        if !self.conn.is_autocommit() {
+            // Left open by a panic inside an earlier transaction.
+            let _ = self.run("ROLLBACK");
+        }
         self.hooks.pending_rows.store(0, Ordering::Relaxed);
-        self.tail_committed = false;
-        let refusing = self.is_refusing();
-        let classify = |error: Error| {
-            let error = classify(error, rules, refusing, now);
-            if error.is_quota_exhausted() {
-                meter.refused();
-            }
-            error
-        };
-        if let Err(error) = self.run("BEGIN IMMEDIATE") {
-            return Err(classify(error.into()));
+        self.run("BEGIN IMMEDIATE")
+            .map_err(|error| self.classified(error.into(), meter, rules, now))
+    }
+
+    /// Runs `work` as one operation of the open transaction, and checks
+    /// that what it wrote fits the daily allowance beside what `earlier`
+    /// operations of the transaction wrote.
+    ///
+    /// With no earlier operations (`earlier` is `None`) a failure rolls the
+    /// whole transaction back. After others, the operation runs under a
+    /// savepoint and a failure rolls back to it alone. Either way the
+    /// error is classified and nothing of the operation is left. An
+    /// optional tail ([`Writer::run_optional`]) that alone takes the
+    /// operation past the allowance is rolled back and the rest kept.
+    pub(crate) fn operation<T>(
+        &mut self,
+        now: DateTime<Utc>,
+        meter: &Meter,
+        rules: &QuotaRules,
+        earlier: Option<u64>,
+        work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
+    ) -> Result<Done<T>, Error> {
+        let before = self.hooks.pending_rows.load(Ordering::Relaxed);
+        if earlier.is_some() {
+            self.run(OPERATION)
+                .map_err(|error| self.classified(error.into(), meter, rules, now))?;
         }
         let writer = Writer {
             reader: Reader {
@@ -476,16 +512,28 @@ impl WriteConnection {
             assignments: &self.assignments,
             tail: Cell::new(None),
         };
-        let value = match work(&writer) {
+        let value = work(&writer);
+        let mut tail = writer.tail.get();
+        let undo = |connection: &Self| {
+            match earlier {
+                Some(_) => {
+                    let _ = connection.run(OPERATION_ROLLBACK);
+                    let _ = connection.run(OPERATION_RELEASE);
+                }
+                None => connection.rollback(),
+            }
+            connection.hooks.pending_rows.store(before, Ordering::Relaxed);
+        };
+        let value = match value {
             Ok(value) => value,
             Err(error) => {
-                self.rollback();
-                return Err(classify(error));
+                undo(self);
+                return Err(self.classified(error, meter, rules, now));
             }
         };
-        let mut tail = writer.tail.get();
-        let mut rows = self.hooks.pending_rows.load(Ordering::Relaxed);
-        let fit = match Fit::of(&mut self.allowance, now, rows, tail) {
+        let mut rows = self.hooks.pending_rows.load(Ordering::Relaxed) - before;
+        let earlier_rows = earlier.unwrap_or(0);
+        let fit = match Fit::of(&mut self.allowance, now, earlier_rows + rows, tail) {
             Fit::WithoutTail if self.run(TAIL_ROLLBACK).is_err() => Fit::Refused,
             fit => fit,
         };
@@ -493,21 +541,67 @@ impl WriteConnection {
             Fit::Whole => {}
             Fit::WithoutTail => {
                 rows = rows.saturating_sub(tail.take().unwrap_or(0));
+                self.hooks
+                    .pending_rows
+                    .store(before + rows, Ordering::Relaxed);
             }
             Fit::Refused => {
-                self.rollback();
+                undo(self);
                 meter.refused();
                 return Err(Error::storage_quota_exhausted(now));
             }
         }
+        if earlier.is_some() {
+            if let Err(error) = self.run(OPERATION_RELEASE) {
+                undo(self);
+                return Err(self.classified(error.into(), meter, rules, now));
+            }
+        }
+        Ok(Done {
+            value,
+            rows,
+            tail: tail.is_some(),
+        })
+    }
+
+    /// Commits the open transaction, whose `operations` wrote `rows`. A
+    /// failed commit rolls it all back; its error is classified, and a
+    /// quota refusal counts once for each operation.
+    pub(crate) fn commit(
+        &mut self,
+        now: DateTime<Utc>,
+        meter: &Meter,
+        rules: &QuotaRules,
+        rows: u64,
+        operations: usize,
+    ) -> Result<(), Error> {
         if let Err(error) = self.run("COMMIT") {
             self.rollback();
-            return Err(classify(error.into()));
+            let error = classify(error.into(), rules, self.is_refusing(), now);
+            if error.is_quota_exhausted() {
+                (0..operations).for_each(|_| meter.refused());
+            }
+            return Err(error);
         }
         self.allowance.record(now, rows);
         meter.committed(rows);
-        self.tail_committed = tail.is_some();
-        Ok(value)
+        Ok(())
+    }
+
+    /// Whether no transaction is open: none was begun, or SQLite rolled
+    /// the open one back after a fault (a full disk, an I/O error).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.conn.is_autocommit()
+    }
+
+    /// `error` classified (quota refusal, corruption); a quota refusal is
+    /// counted.
+    fn classified(&self, error: Error, meter: &Meter, rules: &QuotaRules, now: DateTime<Utc>) -> Error {
+        let error = classify(error, rules, self.is_refusing(), now);
+        if error.is_quota_exhausted() {
+            meter.refused();
+        }
+        error
     }
 
     /// Folds the write-ahead log into the database file before the
@@ -917,7 +1011,7 @@ mod tests {
     fn a_failed_transaction_counts_nothing_and_leaves_nothing() {
         let (mut writer, meter) = scratch();
         let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
-        let result: Result<(), Error> =
+        let result: Result<Done<()>, Error> =
             writer.transaction(now, &meter, &QuotaRules::default(), |w| {
                 w.execute("INSERT INTO t (a) VALUES (1)", [])?;
                 Err(Error::Conflict {
@@ -944,13 +1038,13 @@ mod tests {
     fn an_optional_tail_is_committed_and_metered_with_the_rest() {
         let (mut writer, meter) = scratch();
         let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
-        let carried = writer
+        let done = writer
             .transaction(now, &meter, &QuotaRules::default(), |w| {
                 w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
                 Ok(w.run_optional(|w| Ok(w.execute("UPDATE t SET c = 4", []).map(drop)?)))
             })
             .unwrap();
-        assert!(carried && writer.tail_committed());
+        assert!(done.value && done.tail);
         // The insert (row and two index entries), the tail (row and t_bc).
         assert_eq!(meter.snapshot().rows_written, 3 + 2);
     }
@@ -959,7 +1053,7 @@ mod tests {
     fn a_failing_optional_tail_is_rolled_back_alone() {
         let (mut writer, meter) = scratch();
         let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
-        let carried = writer
+        let done = writer
             .transaction(now, &meter, &QuotaRules::default(), |w| {
                 w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
                 Ok(w.run_optional(|w| {
@@ -969,7 +1063,7 @@ mod tests {
                 }))
             })
             .unwrap();
-        assert!(!carried && !writer.tail_committed());
+        assert!(!done.value && !done.tail);
         assert_eq!(count(&writer), 1, "the tail's first insert was undone too");
         assert_eq!(meter.snapshot().rows_written, 3);
     }
@@ -979,14 +1073,14 @@ mod tests {
         // Room for one insert (3 rows) and not for its 2-row tail.
         let (mut writer, meter) = scratch_with_allowance(4);
         let now = Utc.with_ymd_and_hms(2026, 10, 29, 12, 0, 0).unwrap();
-        writer
+        let done = writer
             .transaction(now, &meter, &QuotaRules::default(), |w| {
                 w.execute("INSERT INTO t (a, b, c) VALUES (1, 2, 3)", [])?;
                 w.run_optional(|w| Ok(w.execute("UPDATE t SET c = 4", []).map(drop)?));
                 Ok(())
             })
             .unwrap();
-        assert!(!writer.tail_committed());
+        assert!(!done.tail);
         let c: i64 = writer
             .connection()
             .query_row("SELECT c FROM t", [], |row| row.get(0))

@@ -15,6 +15,7 @@
 mod access;
 mod audit;
 mod connection;
+mod group;
 mod meter;
 mod quota;
 mod schema;
@@ -30,7 +31,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use parking_lot::Mutex;
 
 use crate::backend::{
     Backend, Capabilities, Committed, OpenPolicy, ReadTransaction, WriteTransaction,
@@ -39,6 +39,7 @@ use crate::error::{Error, StorageError};
 use crate::meter::MeterSnapshot;
 
 use connection::{Location, ReadPool, Reader, WriteConnection};
+use group::{BATCH_CAP, GroupWriter};
 use meter::Meter;
 use quota::{QuotaRules, classify};
 
@@ -206,7 +207,7 @@ impl PartialEq for SqliteOptions {
 
 /// The SQLite backend: one writer, a pool of readers, the meter.
 pub(crate) struct SqliteBackend {
-    writer: Mutex<WriteConnection>,
+    writer: GroupWriter,
     readers: ReadPool,
     meter: Meter,
     rules: QuotaRules,
@@ -247,7 +248,7 @@ impl SqliteBackend {
             options.read_connections,
         );
         Ok(Self {
-            writer: Mutex::new(writer),
+            writer: GroupWriter::new(writer, BATCH_CAP),
             readers,
             meter,
             rules,
@@ -271,19 +272,18 @@ impl Backend for SqliteBackend {
         now: DateTime<Utc>,
         work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<(), Error>,
     ) -> Result<Committed, Error> {
-        let mut connection = self.writer.lock();
-        connection.transaction(now, &self.meter, &self.rules, |writer| work(writer))?;
-        Ok(Committed {
-            tail: connection.tail_committed(),
-        })
+        let tail = self
+            .writer
+            .write(now, &self.meter, &self.rules, &mut |writer| work(writer))?;
+        Ok(Committed { tail })
     }
 
     fn set_refusing(&self, refuse: bool) {
-        self.writer.lock().set_refusing(refuse);
+        self.writer.connection().set_refusing(refuse);
     }
 
     fn is_refusing(&self) -> bool {
-        self.writer.lock().is_refusing()
+        self.writer.connection().is_refusing()
     }
 
     fn meter(&self) -> MeterSnapshot {
@@ -291,7 +291,7 @@ impl Backend for SqliteBackend {
     }
 
     fn rows_written_today(&self, now: DateTime<Utc>) -> u64 {
-        self.writer.lock().allowance_used(now)
+        self.writer.connection().allowance_used(now)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -303,7 +303,7 @@ impl Backend for SqliteBackend {
         // SQLite itself folds the log in and deletes it as that closes,
         // when no other connection has the file open.
         self.readers.close_idle();
-        self.writer.get_mut().checkpoint_on_close();
+        self.writer.connection_mut().checkpoint_on_close();
     }
 }
 
@@ -357,7 +357,7 @@ mod tests {
         let now = Utc::now();
         backend
             .writer
-            .lock()
+            .connection()
             .transaction(now, &backend.meter, &backend.rules, |writer| {
                 writer.execute(
                     "INSERT INTO tessera_meta (key, value) VALUES ('k', 'v')",
@@ -373,7 +373,7 @@ mod tests {
             let writer = scope.spawn(move || {
                 backend
                     .writer
-                    .lock()
+                    .connection()
                     .transaction(now, &backend.meter, &backend.rules, |writer| {
                         writer.execute(
                             "UPDATE tessera_meta SET value = 'changed' WHERE key = 'k'",

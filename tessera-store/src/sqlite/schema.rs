@@ -533,6 +533,7 @@ pub(crate) fn cold_start(
         check_version(&inspection)?;
         apply(w, &inspection)
     })
+    .map(|done| done.value)
 }
 
 fn apply(writer: &Writer<'_>, inspection: &Inspection) -> Result<(), Error> {

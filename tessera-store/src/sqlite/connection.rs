@@ -456,7 +456,11 @@ impl WriteConnection {
 
     /// `503 storage_quota_exhausted` (counted) if today's rows-written
     /// allowance is spent: a write is refused before it begins.
-    pub(crate) fn refuse_if_spent(&mut self, now: DateTime<Utc>, meter: &Meter) -> Result<(), Error> {
+    pub(crate) fn refuse_if_spent(
+        &mut self,
+        now: DateTime<Utc>,
+        meter: &Meter,
+    ) -> Result<(), Error> {
         if self.allowance.is_spent(now) {
             meter.refused();
             return Err(Error::storage_quota_exhausted(now));
@@ -522,7 +526,10 @@ impl WriteConnection {
                 }
                 None => connection.rollback(),
             }
-            connection.hooks.pending_rows.store(before, Ordering::Relaxed);
+            connection
+                .hooks
+                .pending_rows
+                .store(before, Ordering::Relaxed);
         };
         let value = match value {
             Ok(value) => value,
@@ -596,7 +603,13 @@ impl WriteConnection {
 
     /// `error` classified (quota refusal, corruption); a quota refusal is
     /// counted.
-    fn classified(&self, error: Error, meter: &Meter, rules: &QuotaRules, now: DateTime<Utc>) -> Error {
+    fn classified(
+        &self,
+        error: Error,
+        meter: &Meter,
+        rules: &QuotaRules,
+        now: DateTime<Utc>,
+    ) -> Error {
         let error = classify(error, rules, self.is_refusing(), now);
         if error.is_quota_exhausted() {
             meter.refused();

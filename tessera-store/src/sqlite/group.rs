@@ -403,7 +403,10 @@ mod tests {
     fn operations_that_queue_while_one_runs_share_its_commit() {
         let s = scratch();
         let seen = s.batch(Then::Succeed, &[Then::Succeed; 3]);
-        assert!(seen.iter().all(|seen| *seen == Seen::Acknowledged), "{seen:?}");
+        assert!(
+            seen.iter().all(|seen| *seen == Seen::Acknowledged),
+            "{seen:?}"
+        );
         assert_eq!(s.rows(), [0, 1, 2, 3]);
         assert_eq!(s.meter.snapshot().write_transactions, 1);
         assert_eq!(s.meter.snapshot().rows_written, 4);
@@ -414,7 +417,10 @@ mod tests {
         let s = scratch();
         let seen = s.batch(Then::Succeed, &[Then::Fail, Then::Succeed]);
         assert_eq!(seen[0], Seen::Acknowledged);
-        assert_eq!(seen[1], Seen::Failed("conflict: operation 1 fails".to_owned()));
+        assert_eq!(
+            seen[1],
+            Seen::Failed("conflict: operation 1 fails".to_owned())
+        );
         assert_eq!(seen[2], Seen::Acknowledged);
         assert_eq!(s.rows(), [0, 2]);
         assert_eq!(s.meter.snapshot().rows_written, 2);
@@ -430,7 +436,10 @@ mod tests {
     fn a_refused_commit_fails_every_operation_of_its_batch() {
         let s = scratch();
         let seen = s.batch(Then::Succeed, &[Then::RefuseCommit, Then::Succeed]);
-        assert!(seen.iter().all(|seen| matches!(seen, Seen::Failed(_))), "{seen:?}");
+        assert!(
+            seen.iter().all(|seen| matches!(seen, Seen::Failed(_))),
+            "{seen:?}"
+        );
         assert!(s.rows().is_empty());
         assert_eq!(s.meter.snapshot().rows_written, 0);
         // The writer carries on.

@@ -371,10 +371,11 @@ mod tests {
         let backend = &backend;
         std::thread::scope(|scope| {
             let writer = scope.spawn(move || {
-                backend
-                    .writer
-                    .connection()
-                    .transaction(now, &backend.meter, &backend.rules, |writer| {
+                backend.writer.connection().transaction(
+                    now,
+                    &backend.meter,
+                    &backend.rules,
+                    |writer| {
                         writer.execute(
                             "UPDATE tessera_meta SET value = 'changed' WHERE key = 'k'",
                             [],
@@ -382,7 +383,8 @@ mod tests {
                         started.send(()).unwrap();
                         wait_release.recv().unwrap();
                         Ok(())
-                    })
+                    },
+                )
             });
             wait_started.recv().unwrap();
             // The writer holds its lock and an uncommitted change; a read

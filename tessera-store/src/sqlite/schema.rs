@@ -271,13 +271,6 @@ pub(crate) const INDEXES: &[Index] = &[
         filter: Some("purge_at IS NOT NULL"),
     },
     Index {
-        name: "access_audit_at",
-        table: "access_audit",
-        unique: false,
-        columns: &["at"],
-        filter: None,
-    },
-    Index {
         name: "access_audit_principal",
         table: "access_audit",
         unique: false,
@@ -348,6 +341,16 @@ pub(crate) const INDEXES: &[Index] = &[
         filter: None,
     },
 ];
+
+/// Indexes earlier builds created and this one drops where it finds them.
+/// An older build that opens the database again recreates them, which is
+/// harmless: nothing here needs them gone, it only stops paying for them.
+///
+/// - `access_audit_at`: audit rows are appended in time order, so their
+///   row ids are in time order too; a time bound is found by a search of
+///   the row ids (`audit.rs`), and each audit row costs one b-tree entry
+///   less.
+pub(crate) const RETIRED_INDEXES: &[&str] = &["access_audit_at"];
 
 /// The names of every table, for loading index metadata.
 pub(crate) fn table_names() -> Vec<&'static str> {
@@ -455,6 +458,11 @@ fn missing_ddl(inspection: &Inspection) -> Vec<String> {
             ddl.push(index.create_sql());
         }
     }
+    for retired in RETIRED_INDEXES {
+        if inspection.indexes.contains(*retired) {
+            ddl.push(format!("DROP INDEX IF EXISTS {retired}"));
+        }
+    }
     ddl
 }
 
@@ -526,14 +534,15 @@ pub(crate) fn cold_start(
     if is_up_to_date(&inspection, &missing_ddl(&inspection)) {
         return Ok(());
     }
-    writer.transaction(now, meter, rules, |w| {
-        // Inspected again under the write lock: another process may have
-        // created the schema since.
-        let inspection = inspect(w)?;
-        check_version(&inspection)?;
-        apply(w, &inspection)
-    })
-    .map(|done| done.value)
+    writer
+        .transaction(now, meter, rules, |w| {
+            // Inspected again under the write lock: another process may have
+            // created the schema since.
+            let inspection = inspect(w)?;
+            check_version(&inspection)?;
+            apply(w, &inspection)
+        })
+        .map(|done| done.value)
 }
 
 fn apply(writer: &Writer<'_>, inspection: &Inspection) -> Result<(), Error> {
@@ -636,6 +645,29 @@ mod tests {
             missing_ddl(&inspection),
             vec!["ALTER TABLE access_keys ADD COLUMN label TEXT NOT NULL DEFAULT ''".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_retired_index_is_dropped_where_found() {
+        let mut inspection = Inspection {
+            version: Some(SCHEMA_VERSION),
+            ..Inspection::default()
+        };
+        for table in TABLES {
+            let columns = table.columns.iter().map(|(name, _)| (*name).to_owned());
+            inspection
+                .tables
+                .insert(table.name.to_owned(), columns.collect());
+        }
+        for index in INDEXES {
+            inspection.indexes.insert(index.name.to_owned());
+        }
+        inspection.indexes.insert("access_audit_at".to_owned());
+        let ddl = missing_ddl(&inspection);
+        assert_eq!(ddl, vec!["DROP INDEX IF EXISTS access_audit_at".to_owned()]);
+        assert!(!is_up_to_date(&inspection, &ddl));
+        inspection.indexes.remove("access_audit_at");
+        assert!(missing_ddl(&inspection).is_empty());
     }
 
     #[test]

@@ -316,7 +316,9 @@ impl WriteTransaction for Writer<'_> {
             Purge::Keys => (events::PURGE_KEYS, millis(threshold)),
             Purge::Principals => (events::PURGE_PRINCIPALS, millis(threshold)),
             Purge::Limits => (events::PURGE_LIMITS, millis(threshold)),
-            Purge::Events => (events::PURGE_EVENTS, millis(threshold)),
+            Purge::Events => {
+                return Ok(events::purge_events(self, millis(threshold), count(limit))?);
+            }
             Purge::Counters => (events::PURGE_COUNTERS, minute_number(threshold)),
         };
         Ok(events::purge(self, statement, threshold, count(limit))?)

@@ -133,8 +133,8 @@ fn reads_hide_expired_rows_and_retention_deletes_them_in_batches(db: &TestDb) {
         // Events in batches of 500, 500 and 202; one short batch for each
         // of keys, principals, limits and counters.
         assert_eq!(cost.write_transactions, 3 + 4);
-        // Each deleted event is its row and two index entries.
-        assert_eq!(cost.rows_written, events * 3);
+        // Each deleted event is its row and its principal index entry.
+        assert_eq!(cost.rows_written, events * 2);
     }
 
     // At most once per five minutes.
@@ -198,8 +198,9 @@ fn a_counter_costs_one_row_and_retention_deletes_counters_in_batches(db: &TestDb
     assert!(report.retention_ran);
     assert_eq!(report.rows_deleted, events + counters);
     if db.meters_rows() {
-        // An event is its row and two index entries, a counter one row.
-        assert_eq!(cost.rows_written, events * 3 + counters);
+        // An event is its row and its principal index entry, a counter
+        // one row.
+        assert_eq!(cost.rows_written, events * 2 + counters);
         // One short batch each for keys, principals, limits and events,
         // and the counters in batches of 500 and 11.
         assert_eq!(cost.write_transactions, 4 + 2);

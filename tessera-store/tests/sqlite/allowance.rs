@@ -26,24 +26,25 @@ fn a_due_last_used_write_past_the_daily_allowance_is_dropped_not_the_action() {
         let (f, _) = setup(&db, 0);
         f.store.rows_written_today()
     };
-    // Room for exactly one more audit row (3 rows) and not its observation.
+    // Room for exactly one more audit row (2 rows: its row and its
+    // principal index entry) and not its observation.
     let db = TestDb::sqlite();
-    let (f, key) = setup(&db, used + 3);
+    let (f, key) = setup(&db, used + 2);
     assert_eq!(f.store.rows_written_today(), used);
     let worker = f.login(&key);
     let (listed, cost) = f
         .store
         .measure(|s| s.list_keys(&worker, &KeyFilter::default()));
     assert!(listed.is_ok(), "the action succeeds");
-    assert_eq!((cost.rows_written, cost.refused_writes), (3, 0));
-    assert_eq!(f.store.rows_written_today(), used + 3);
+    assert_eq!((cost.rows_written, cost.refused_writes), (2, 0));
+    assert_eq!(f.store.rows_written_today(), used + 2);
     // The next day the observation is still due and rides again.
     let midnight = tessera_store::admission::next_utc_midnight(noon());
     f.clock.set_utc(midnight);
     let (_, cost) = f
         .store
         .measure(|s| s.list_keys(&worker, &KeyFilter::default()).unwrap());
-    assert_eq!(cost.rows_written, 3 + 1);
+    assert_eq!(cost.rows_written, 2 + 1);
 }
 
 #[test]

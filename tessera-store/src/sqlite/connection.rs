@@ -1,4 +1,4 @@
-//! Connections: one writer behind a mutex, a small pool of readers, and the
+//! Connections: one writer (shared by group commit), a small pool of readers, and the
 //! hooks that meter the writer and let it refuse writes like a provider with
 //! a spent allowance.
 

@@ -1,10 +1,12 @@
 //! The SQLite backend (feature `sqlite`, on by default): one embedded
 //! database file, for every process of one machine.
 //!
-//! One write connection behind a mutex runs every write as a
-//! `BEGIN IMMEDIATE` transaction; reads run on their own read-only
-//! connections (WAL mode), so they never wait behind the writer. The write
-//! connection's update hook meters rows written (index entries included),
+//! One write connection runs every write in a `BEGIN IMMEDIATE`
+//! transaction, shared by the writes of concurrent callers (group commit,
+//! `group.rs`: each operation under its own savepoint, one commit for
+//! all); reads run on their own read-only connections (WAL mode), so they
+//! never wait behind the writer. The write connection's update hook meters
+//! rows written (index entries included),
 //! its authorizer refuses writes like a provider with a spent allowance,
 //! and `max_page_count` caps the file. The schema is data
 //! (`schema.rs`): opening a database creates only what is missing.

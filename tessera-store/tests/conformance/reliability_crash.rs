@@ -6,9 +6,10 @@ use std::collections::{HashMap, HashSet};
 use std::io::BufReader;
 
 use chrono::{DateTime, TimeDelta, Utc};
+use tessera_store::limits::MAX_AUDIT_ROWS;
 use tessera_store::{
-    AttemptNumber, BriefVersion, ClaimOutcome, Grant, IdempotencyKey, Scope, Submitted, TaskRef,
-    TaskState,
+    Action, AttemptNumber, AuditQuery, BriefVersion, ClaimOutcome, Grant, IdempotencyKey,
+    PrincipalId, Scope, Submitted, TaskRef, TaskState,
 };
 
 use crate::harness::{Fixture, TestDb, noon, task_id, task_number};
@@ -43,7 +44,8 @@ fn crash_rounds(db: &TestDb, rounds: usize, tasks: usize, max_events: u64) {
             db,
             key: key.secret.expose().to_owned(),
             at,
-            threads: 2,
+            // Several threads, so their writes share commits.
+            threads: 4,
             retries: false,
         });
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -106,6 +108,7 @@ fn crash_rounds(db: &TestDb, rounds: usize, tasks: usize, max_events: u64) {
         }
         let touched: HashSet<usize> = events.iter().map(|e| task_number(e.task())).collect();
         check_store(&setup, &acked, &highest_token, touched, &reference);
+        check_audited(&setup, key.info.principal, &events);
     }
     eprintln!(
         "{kills} of {rounds} workers killed; {} of {tasks} tasks acknowledged",
@@ -196,6 +199,36 @@ fn check_store(
         assert_eq!(stored.receipt.token.as_i64(), *token, "task {task}");
         assert_eq!(&stored.receipt.digest.to_string(), digest);
         assert_eq!(stored.receipt.principal.as_str(), principal);
+    }
+}
+
+/// Every submission the worker had acknowledged has its audit row, in
+/// the same commit as the submission.
+fn check_audited(setup: &Fixture<'_>, principal: PrincipalId, events: &[Event]) {
+    let page = setup
+        .store
+        .audit(
+            &setup.admin,
+            &AuditQuery {
+                principal: Some(principal),
+                since: None,
+                limit: MAX_AUDIT_ROWS,
+            },
+        )
+        .unwrap();
+    let submitted: HashSet<String> = page
+        .events
+        .iter()
+        .filter(|event| event.action == Action::Submit)
+        .filter_map(|event| event.resource.as_ref().map(|r| r.as_str().to_owned()))
+        .collect();
+    let acks = events.iter().filter_map(|event| match event {
+        Event::Ack { task, token, .. } => Some((task, token)),
+        _ => None,
+    });
+    for (task, token) in acks {
+        let resource = format!("task:{task}@1/a1/t{token}");
+        assert!(submitted.contains(&resource), "no audit row for {resource}");
     }
 }
 

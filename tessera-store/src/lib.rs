@@ -86,8 +86,8 @@
 //!              │  AuditEvent, Counter), errors by kind
 //!              ▼
 //!   SQLite (feature `sqlite`, default) ─────────────────────── sqlite/
-//!      one writer + WAL readers, schema and cold start,
-//!      meter hooks, refusal, max_page_count, claim indexes
+//!      one writer shared by group commit + WAL readers, schema,
+//!      cold start, meter hooks, refusal, max_page_count, claim indexes
 //!   PostgreSQL (feature `postgres`) ───────────────────────── postgres/
 //!      a pool, claims under FOR UPDATE SKIP LOCKED, row locks,
 //!      LISTEN/NOTIFY, migrations under an advisory lock
@@ -115,7 +115,11 @@
 //!   competing attempts; `tasks`, `attempts` and `receipts` rows carry
 //!   `tessera-lease`'s records, and every rule ([`Store::heartbeat`],
 //!   [`Store::submit`], [`Store::fail`], [`Store::expire_leases`]) runs on
-//!   them inside one `BEGIN IMMEDIATE` transaction. The claim order is
+//!   them inside one write transaction, with its audit row. On SQLite the
+//!   writes of concurrent callers share one `BEGIN IMMEDIATE` transaction
+//!   and one commit (group commit), each under its own savepoint: a
+//!   failing write rolls back alone, a failed commit fails every write it
+//!   carried, and no caller is answered before its commit. The claim order is
 //!   oldest ready first, then lapsed leases and ended backoffs by when each
 //!   became claimable, from two index searches however many tasks wait: a
 //!   task's `claimable_at` (0 while an attempt is ready, else its earliest
@@ -173,7 +177,7 @@
 //!   allowance, a host [`QuotaClassifier`](sqlite::QuotaClassifier) and [`Store::refuse_writes`] are
 //!   all `503 storage_quota_exhausted` with the next 00:00 UTC as
 //!   `reset_at`. Nothing is retried, reset or deleted to get around one;
-//!   a refused transaction is rolled back whole.
+//!   a refused write is rolled back whole, its audit row with it.
 //! - **Errors**: one [`Error`] with `status`, `code`, `retry_after`,
 //!   `reset_at`, a JSON [`body`](Error::body) and a
 //!   [`tool_error`](Error::tool_error) form.

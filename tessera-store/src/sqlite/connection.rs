@@ -642,7 +642,8 @@ impl WriteConnection {
         self.conn.prepare_cached(sql)?.execute([]).map(drop)
     }
 
-    fn rollback(&self) {
+    /// Rolls back the open transaction, if any.
+    pub(crate) fn rollback(&self) {
         if !self.conn.is_autocommit() {
             // Failing to roll back leaves nothing to do: SQLite has then
             // already rolled the transaction back itself.

@@ -133,17 +133,29 @@ impl GroupWriter {
         let mut writing = self.writing.lock();
         self.queued.fetch_sub(1, Ordering::SeqCst);
         let mut panic: Option<Box<dyn Any + Send>> = None;
-        let ran = writing.run(now, meter, rules, |writer| {
-            catch_unwind(AssertUnwindSafe(|| work(writer))).unwrap_or_else(|payload| {
-                panic = Some(payload);
-                Err(Error::Storage(StorageError::new(
-                    StorageErrorKind::Other,
-                    None,
-                    "the operation panicked",
-                )))
-            })
-        });
-        let waiting = self.close_or_leave(&mut writing, meter, rules);
+        // The store's own steps are guarded too: should one of them panic,
+        // the batch is abandoned and its callers told, never left waiting.
+        let steps = catch_unwind(AssertUnwindSafe(|| {
+            let ran = writing.run(now, meter, rules, |writer| {
+                catch_unwind(AssertUnwindSafe(|| work(writer))).unwrap_or_else(|payload| {
+                    panic = Some(payload);
+                    Err(Error::Storage(StorageError::new(
+                        StorageErrorKind::Other,
+                        None,
+                        "the operation panicked",
+                    )))
+                })
+            });
+            (ran, self.close_or_leave(&mut writing, meter, rules))
+        }));
+        let (ran, waiting) = match steps {
+            Ok(steps) => steps,
+            Err(payload) => {
+                writing.abandon();
+                drop(writing);
+                resume_unwind(payload);
+            }
+        };
         drop(writing);
         if let Some(payload) = panic {
             resume_unwind(payload);
@@ -224,6 +236,18 @@ impl Writing {
         batch.rows += done.rows;
         batch.now = batch.now.max(now);
         Ok(done.tail)
+    }
+
+    /// Rolls the open transaction back and fails its batch's callers.
+    fn abandon(&mut self) {
+        self.connection.rollback();
+        if let Some(batch) = self.batch.take() {
+            batch.outcome.decide(Err(Error::Storage(StorageError::new(
+                StorageErrorKind::Other,
+                None,
+                "the transaction was abandoned",
+            ))));
+        }
     }
 
     /// Commits the open batch and tells its callers.

@@ -540,11 +540,11 @@ fn main() {
         Target::Written(1_440),
     );
     s.push(
-        "… and deleted a day later by retention (the previous day's counter rows)",
+        "… and deleted that day by retention (none: each minute's counter row overwrites the one its minute of the day left a day earlier)",
         purged,
         "–",
         "–",
-        Target::None,
+        Target::Written(0),
     );
 
     let Scenario {
@@ -587,7 +587,7 @@ fn main() {
     }
     println!();
     println!(
-        "- Idle worker, third simulated day (retention now deletes a full earlier day): \
+        "- Idle worker, third simulated day (a full earlier day of counter rows stored): \
          {} polls; {} rows written by the polls themselves, {} counter rows upserted by \
          maintenance ({} rows written), {} expired rows deleted by retention ({} rows \
          written), index entries included.",

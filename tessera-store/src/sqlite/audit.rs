@@ -9,10 +9,17 @@ pub(crate) const INSERT_EVENT: &str = "INSERT INTO access_audit \
      (at, principal, namespace, action, outcome, resource, ip_hash) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
-pub(crate) const ADD_TO_COUNTER: &str = "INSERT INTO access_counters \
-     (minute, principal, namespace, action, outcome, count) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
-     ON CONFLICT (minute, principal, namespace, action, outcome) \
-     DO UPDATE SET count = count + excluded.count";
+/// Adds to the counter's row for its minute of the day: to its count if
+/// the row holds the same minute, in place of it if the row holds an
+/// older one (the same minute a day or more earlier); a row already on a
+/// newer minute keeps it.
+pub(crate) const ADD_TO_COUNTER: &str = "INSERT INTO access_day_counters \
+     (day_minute, principal, namespace, action, outcome, minute, count) \
+     VALUES (?1 % 1440, ?2, ?3, ?4, ?5, ?1, ?6) \
+     ON CONFLICT (day_minute, principal, namespace, action, outcome) DO UPDATE SET \
+     count = CASE WHEN minute = excluded.minute THEN count + excluded.count \
+     WHEN minute < excluded.minute THEN excluded.count ELSE count END, \
+     minute = max(minute, excluded.minute)";
 
 pub(crate) const EVENTS_OF_PRINCIPAL: &str = "SELECT at, principal, namespace, action, outcome, \
      resource, ip_hash FROM access_audit WHERE principal = ?1 AND at >= ?2 \
@@ -33,14 +40,16 @@ pub(crate) const EVENT_FROM: &str =
 pub(crate) const EVENT_SPAN: &str = "SELECT (SELECT min(id) FROM access_audit), \
      (SELECT max(id) FROM access_audit)";
 
-/// One principal's counters: a search of the clustered key by minute
-/// (from the retention cutoff on), filtered by principal.
+/// One principal's counters from minute `?2` on. The table holds at most
+/// one day of each counter, so a read of the 24-hour window reads it
+/// whole, as a search of it by minute would.
 pub(crate) const COUNTERS_OF_PRINCIPAL: &str = "SELECT minute, principal, namespace, action, \
-     outcome, count FROM access_counters WHERE minute >= ?2 AND principal = ?1 \
+     outcome, count FROM access_day_counters WHERE minute >= ?2 AND principal = ?1 \
      ORDER BY minute DESC LIMIT ?3";
 
+/// Every counter from minute `?1` on; see [`COUNTERS_OF_PRINCIPAL`].
 pub(crate) const COUNTERS_ALL: &str = "SELECT minute, principal, namespace, action, outcome, \
-     count FROM access_counters WHERE minute >= ?1 ORDER BY minute DESC LIMIT ?2";
+     count FROM access_day_counters WHERE minute >= ?1 ORDER BY minute DESC LIMIT ?2";
 
 /// The oldest events, below row id `?1` (the first at or after the cutoff
 /// `?2`) and older than the cutoff, at most `?3`: a range of the table's
@@ -48,12 +57,22 @@ pub(crate) const COUNTERS_ALL: &str = "SELECT minute, principal, namespace, acti
 pub(crate) const PURGE_EVENTS: &str = "DELETE FROM access_audit WHERE id IN \
      (SELECT id FROM access_audit WHERE id < ?1 AND at < ?2 ORDER BY id LIMIT ?3)";
 
-/// The oldest counters before minute `?1`, at most `?2`, found and deleted
-/// through the clustered key's minute prefix.
-pub(crate) const PURGE_COUNTERS: &str = "DELETE FROM access_counters \
-     WHERE (minute, principal, namespace, action, outcome) IN \
-     (SELECT minute, principal, namespace, action, outcome FROM access_counters \
-     WHERE minute < ?1 ORDER BY minute LIMIT ?2)";
+/// Counters that went quiet: of the minutes of the day `?1` to `?2`
+/// (exclusive), those whose row still holds a minute before `?3` (no
+/// counter of theirs came since a day earlier), at most `?4`; found
+/// through the clustered key's minute-of-day prefix.
+pub(crate) const PURGE_COUNTERS: &str = "DELETE FROM access_day_counters \
+     WHERE (day_minute, principal, namespace, action, outcome) IN \
+     (SELECT day_minute, principal, namespace, action, outcome FROM access_day_counters \
+     WHERE day_minute >= ?1 AND day_minute < ?2 AND minute < ?3 LIMIT ?4)";
+
+/// The minutes of the day before a retention cutoff whose quiet counters
+/// one retention run deletes: the last hour's. Retention runs every five
+/// minutes while the store is maintained, so every minute of the day is
+/// visited within an hour of passing the cutoff; a quiet counter whose
+/// minute was missed (no maintenance that hour) waits for its minute to
+/// come round again, and no read ever returns it meanwhile.
+pub(crate) const PURGED_DAY_MINUTES: i64 = 60;
 
 pub(crate) const PURGE_KEYS: &str = "DELETE FROM access_keys WHERE id IN \
      (SELECT id FROM access_keys WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
@@ -176,6 +195,33 @@ pub(crate) fn first_event_at_or_after(reader: &Reader<'_>, at: i64) -> rusqlite:
         }
     }
     Ok(low)
+}
+
+/// One retention batch of counters: up to `limit` of those that went quiet
+/// in the [`PURGED_DAY_MINUTES`] minutes of the day before minute
+/// `cutoff`; returns how many it deleted.
+pub(crate) fn purge_counters(
+    writer: &Writer<'_>,
+    cutoff: i64,
+    limit: i64,
+) -> rusqlite::Result<usize> {
+    let start = (cutoff - PURGED_DAY_MINUTES).rem_euclid(1440);
+    let end = cutoff.rem_euclid(1440);
+    // The band is one range of minutes of the day, or two across midnight.
+    let ranges: &[(i64, i64)] = if start < end {
+        &[(start, end)]
+    } else {
+        &[(start, 1440), (0, end)]
+    };
+    let mut deleted = 0;
+    for (from, to) in ranges {
+        let left = limit - i64::try_from(deleted).unwrap_or(i64::MAX);
+        if left <= 0 {
+            break;
+        }
+        deleted += writer.execute(PURGE_COUNTERS, params![from, to, cutoff, left])?;
+    }
+    Ok(deleted)
 }
 
 /// One retention batch of events: up to `limit` of the oldest, older than

@@ -53,7 +53,7 @@ pub(crate) struct Index {
 
 /// Every table. Tables are rowid tables, with uniqueness declared as a
 /// named unique index rather than a column constraint, except where one
-/// key orders every read and write (`access_counters`): that table is
+/// key orders every read and write (`access_day_counters`): that table is
 /// `WITHOUT ROWID`, clustered on its key. Times are Unix milliseconds
 /// (`INTEGER`), counters and ids `INTEGER` (signed 64-bit).
 pub(crate) const TABLES: &[Table] = &[
@@ -123,22 +123,28 @@ pub(crate) const TABLES: &[Table] = &[
         ],
         clustered_key: None,
     },
-    // One row per (minute, principal, namespace, action, outcome): the
-    // flush adds to it, a principal's read and retention search it by
-    // minute.
+    // One row per (minute of the day, principal, namespace, action,
+    // outcome), with the whole minute beside it: the flush adds to the row
+    // of its minute, or overwrites the one the same minute a day earlier
+    // left, so a counter that recurs daily costs one row a minute and
+    // nothing to delete. Readers filter by the whole minute; retention
+    // deletes only the rows of counters that went quiet, by minute of the
+    // day.
     Table {
-        name: "access_counters",
+        name: "access_day_counters",
         columns: &[
-            // Minutes since the Unix epoch.
-            ("minute", "INTEGER NOT NULL"),
+            // The minute modulo 1,440.
+            ("day_minute", "INTEGER NOT NULL"),
             // '' for a request without a principal.
             ("principal", "TEXT NOT NULL"),
             ("namespace", "TEXT NOT NULL"),
             ("action", "TEXT NOT NULL"),
             ("outcome", "TEXT NOT NULL"),
+            // Minutes since the Unix epoch.
+            ("minute", "INTEGER NOT NULL"),
             ("count", "INTEGER NOT NULL"),
         ],
-        clustered_key: Some(&["minute", "principal", "namespace", "action", "outcome"]),
+        clustered_key: Some(&["day_minute", "principal", "namespace", "action", "outcome"]),
     },
     Table {
         name: "namespaces",
@@ -352,6 +358,26 @@ pub(crate) const INDEXES: &[Index] = &[
 ///   less.
 pub(crate) const RETIRED_INDEXES: &[&str] = &["access_audit_at"];
 
+/// Tables earlier builds created, each with the statements that move its
+/// rows into this build's tables before it is dropped. An older build that
+/// opens the database again creates it anew, and the next open of this
+/// build moves its rows again.
+///
+/// - `access_counters`, keyed by the whole minute: its rows move into
+///   `access_day_counters` (the newest minute wins a minute of the day).
+pub(crate) const RETIRED_TABLES: &[(&str, &str)] = &[(
+    "access_counters",
+    "INSERT INTO access_day_counters \
+     (day_minute, principal, namespace, action, outcome, minute, count) \
+     SELECT minute % 1440, principal, namespace, action, outcome, minute, count \
+     FROM access_counters WHERE true ORDER BY minute \
+     ON CONFLICT (day_minute, principal, namespace, action, outcome) DO UPDATE SET \
+     count = CASE WHEN minute = excluded.minute THEN count + excluded.count \
+     WHEN minute < excluded.minute THEN excluded.count ELSE count END, \
+     minute = max(minute, excluded.minute); \
+     DROP TABLE access_counters",
+)];
+
 /// The names of every table, for loading index metadata.
 pub(crate) fn table_names() -> Vec<&'static str> {
     TABLES.iter().map(|table| table.name).collect()
@@ -412,7 +438,9 @@ fn inspect(reader: &Reader<'_>) -> Result<Inspection, Error> {
     for (kind, name) in objects {
         if kind == "index" {
             inspection.indexes.insert(name);
-        } else if TABLES.iter().any(|table| table.name == name) {
+        } else if TABLES.iter().any(|table| table.name == name)
+            || RETIRED_TABLES.iter().any(|(table, _)| *table == name)
+        {
             let columns = reader.all("SELECT name FROM pragma_table_info(?1)", [&name], |row| {
                 row.get::<_, String>(0)
             })?;
@@ -461,6 +489,11 @@ fn missing_ddl(inspection: &Inspection) -> Vec<String> {
     for retired in RETIRED_INDEXES {
         if inspection.indexes.contains(*retired) {
             ddl.push(format!("DROP INDEX IF EXISTS {retired}"));
+        }
+    }
+    for (retired, migration) in RETIRED_TABLES {
+        if inspection.tables.contains_key(*retired) {
+            ddl.push((*migration).to_owned());
         }
     }
     ddl
@@ -593,13 +626,15 @@ mod tests {
         }
         let counters = TABLES
             .iter()
-            .find(|table| table.name == "access_counters")
+            .find(|table| table.name == "access_day_counters")
             .unwrap();
         assert!(counters.create_sql().ends_with(
-            "PRIMARY KEY (minute, principal, namespace, action, outcome)) WITHOUT ROWID"
+            "PRIMARY KEY (day_minute, principal, namespace, action, outcome)) WITHOUT ROWID"
         ));
         assert!(
-            INDEXES.iter().all(|index| index.table != "access_counters"),
+            INDEXES
+                .iter()
+                .all(|index| index.table != "access_day_counters"),
             "the key is the only order counters need"
         );
     }
@@ -668,6 +703,54 @@ mod tests {
         assert!(!is_up_to_date(&inspection, &ddl));
         inspection.indexes.remove("access_audit_at");
         assert!(missing_ddl(&inspection).is_empty());
+    }
+
+    #[test]
+    fn counters_of_a_retired_table_move_into_their_minutes_of_the_day() {
+        use crate::sqlite::{SqliteBackend, SqliteOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        drop(SqliteBackend::for_tests(SqliteOptions::file(&path)));
+        // The table an earlier build kept, with three minutes: two of them
+        // the same minute of the day, a day apart.
+        let day = 1440;
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(&format!(
+            "CREATE TABLE access_counters (minute INTEGER NOT NULL, principal TEXT NOT NULL, \
+             namespace TEXT NOT NULL, action TEXT NOT NULL, outcome TEXT NOT NULL, \
+             count INTEGER NOT NULL, \
+             PRIMARY KEY (minute, principal, namespace, action, outcome)) WITHOUT ROWID;
+             INSERT INTO access_counters VALUES
+                 ({old}, 'p', 'n', 'claim', 'empty', 4),
+                 ({new}, 'p', 'n', 'claim', 'empty', 2),
+                 ({other}, 'p', 'n', 'claim', 'empty', 7);",
+            old = 100 * day + 5,
+            new = 101 * day + 5,
+            other = 101 * day + 6,
+        ))
+        .unwrap();
+        drop(conn);
+        drop(SqliteBackend::for_tests(SqliteOptions::file(&path)));
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let retired: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'access_counters'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(retired, 0);
+        let mut statement = conn
+            .prepare(
+                "SELECT day_minute, minute, count FROM access_day_counters ORDER BY day_minute",
+            )
+            .unwrap();
+        let rows: Vec<(i64, i64, i64)> = statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(rows, [(5, 101 * day + 5, 2), (6, 101 * day + 6, 7)]);
     }
 
     #[test]

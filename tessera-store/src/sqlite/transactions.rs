@@ -319,7 +319,10 @@ impl WriteTransaction for Writer<'_> {
             Purge::Events => {
                 return Ok(events::purge_events(self, millis(threshold), count(limit))?);
             }
-            Purge::Counters => (events::PURGE_COUNTERS, minute_number(threshold)),
+            Purge::Counters => {
+                let cutoff = minute_number(threshold);
+                return Ok(events::purge_counters(self, cutoff, count(limit))?);
+            }
         };
         Ok(events::purge(self, statement, threshold, count(limit))?)
     }

@@ -304,6 +304,16 @@ impl TestDb {
         }
     }
 
+    /// Stored counter rows: SQLite keeps them by minute of the day
+    /// (`access_day_counters`), PostgreSQL by minute (`access_counters`).
+    pub(crate) fn counter_rows(&self) -> u64 {
+        match &self.place {
+            Place::Sqlite { .. } => self.count_rows("access_day_counters"),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { .. } => self.count_rows("access_counters"),
+        }
+    }
+
     /// The backend's own check of the database: `"ok"` when it is sound,
     /// else what is wrong (SQLite: `PRAGMA integrity_check`).
     pub(crate) fn integrity_check(&self) -> String {

@@ -171,7 +171,9 @@
 //!   resource, so it writes nothing, as the hosted service's does. Denied,
 //!   failed and no-op requests are counted in memory and written per minute
 //!   ([`Store::maintain`]) or before an audit read ([`Store::audit`]). Retention deletes rows older than 24 hours, and
-//!   anonymous principals, their keys and limit rows past their purge time,
+//!   anonymous principals, their keys and limit rows past their purge time
+//!   (with a session's namespace, its practice tasks, their attempts and
+//!   receipts),
 //!   at most every five minutes in batches of 500, through indexes.
 //! - **Storage quota**: `SQLITE_FULL`, a configured daily rows-written
 //!   allowance, a host [`QuotaClassifier`](sqlite::QuotaClassifier) and [`Store::refuse_writes`] are

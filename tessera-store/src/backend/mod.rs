@@ -248,16 +248,23 @@ pub(crate) enum Purge {
     Events,
     /// Counters of minutes that start before the threshold.
     Counters,
+    /// Tasks (with their attempts and receipts) of namespaces whose purge
+    /// time is at or before the threshold: what an anonymous session made.
+    SessionTasks,
+    /// Namespaces past their purge time whose tasks are gone.
+    Namespaces,
 }
 
 impl Purge {
     /// Every table retention deletes from, in the order it runs.
-    pub(crate) const ALL: [Purge; 5] = [
+    pub(crate) const ALL: [Purge; 7] = [
         Self::Keys,
         Self::Principals,
         Self::Limits,
         Self::Events,
         Self::Counters,
+        Self::SessionTasks,
+        Self::Namespaces,
     ];
 }
 
@@ -403,11 +410,14 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     fn purge(&self, what: Purge, threshold: DateTime<Utc>, limit: usize) -> Result<usize>;
 
     /// Opens a namespace unless it is open; returns whether it was opened.
+    /// One with a purge time (an anonymous session's) is deleted with its
+    /// tasks by retention from then on.
     fn insert_namespace(
         &self,
         namespace: &Namespace,
         kind: NamespaceKind,
         at: DateTime<Utc>,
+        purge_at: Option<DateTime<Utc>>,
     ) -> Result<bool>;
 
     /// Inserts a task and its attempts; `false` if the reference exists.

@@ -96,7 +96,11 @@ impl Store {
             let threshold = match what {
                 Purge::Events => run.cutoff(),
                 Purge::Counters => run.first_visible_minute().start(),
-                Purge::Keys | Purge::Principals | Purge::Limits => run.started_at(),
+                Purge::Keys
+                | Purge::Principals
+                | Purge::Limits
+                | Purge::SessionTasks
+                | Purge::Namespaces => run.started_at(),
             };
             loop {
                 let rows =

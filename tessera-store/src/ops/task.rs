@@ -141,7 +141,9 @@ impl Store {
         } else {
             NamespaceKind::Keyed
         };
-        let created = writer.insert_namespace(namespace, kind, now)?;
+        // A session's namespace goes with the session.
+        let purge_at = if session { caller.expires_at() } else { None };
+        let created = writer.insert_namespace(namespace, kind, now, purge_at)?;
         if created && session {
             let queue = QueueName::parse(PRACTICE_QUEUE).expect("a valid queue name");
             let principal = caller.principal().to_string();

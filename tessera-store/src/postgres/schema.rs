@@ -57,7 +57,7 @@ const TABLES: &[(&str, &str)] = &[
     (
         "namespaces",
         "CREATE TABLE IF NOT EXISTS namespaces (id BIGSERIAL PRIMARY KEY, \
-         name TEXT NOT NULL, kind TEXT NOT NULL, created_at BIGINT NOT NULL)",
+         name TEXT NOT NULL, kind TEXT NOT NULL, created_at BIGINT NOT NULL, purge_at BIGINT)",
     ),
     (
         "tasks",
@@ -128,6 +128,11 @@ const INDEXES: &[(&str, &str)] = &[
         "CREATE UNIQUE INDEX IF NOT EXISTS namespaces_name ON namespaces (name)",
     ),
     (
+        "namespaces_purge",
+        "CREATE INDEX IF NOT EXISTS namespaces_purge ON namespaces (purge_at) \
+         WHERE purge_at IS NOT NULL",
+    ),
+    (
         "tasks_ref",
         "CREATE UNIQUE INDEX IF NOT EXISTS tasks_ref ON tasks (namespace, task_id, version)",
     ),
@@ -155,6 +160,11 @@ const INDEXES: &[(&str, &str)] = &[
         "CREATE INDEX IF NOT EXISTS receipts_task ON receipts (task, attempt, id)",
     ),
 ];
+
+/// Columns added since a table first shipped (a session namespace's
+/// purge time), added where missing. An older build ignores them, so the
+/// version stays.
+const COLUMNS: &[&str] = &["ALTER TABLE namespaces ADD COLUMN IF NOT EXISTS purge_at BIGINT"];
 
 /// What the catalog says of the schema.
 struct Inspection {
@@ -268,7 +278,13 @@ pub(crate) fn migrate(
         transaction.commit()?;
         return Ok(false);
     }
-    for (_, ddl) in TABLES.iter().chain(INDEXES) {
+    for (_, ddl) in TABLES.iter() {
+        transaction.batch_execute(ddl)?;
+    }
+    for ddl in COLUMNS {
+        transaction.batch_execute(ddl)?;
+    }
+    for (_, ddl) in INDEXES {
         transaction.batch_execute(ddl)?;
     }
     transaction.execute(

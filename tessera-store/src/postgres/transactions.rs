@@ -212,8 +212,8 @@ const HAS_CLAIMABLE: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE namespace 
      AND state = 'leased' AND lapses_at <= $3)";
 const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
      granted_at, expires_at, lapses_at FROM attempts WHERE task = $1 ORDER BY number";
-const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at) \
-     VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING";
+const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at, purge_at) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING";
 const NAMESPACE_EXISTS: &str = "SELECT 1 FROM namespaces WHERE name = $1";
 const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, brief, \
      brief_format, alternatives, lapse_backoff_ms, last_token, claimable_at, created_at, \
@@ -336,6 +336,18 @@ const PURGE_PRINCIPALS: &str = "DELETE FROM access_principals WHERE id IN \
 const PURGE_LIMITS: &str = "DELETE FROM access_limits WHERE id IN (SELECT id FROM access_limits \
      WHERE purge_at IS NOT NULL AND purge_at <= $1 ORDER BY purge_at LIMIT $2 \
      FOR UPDATE SKIP LOCKED)";
+/// A batch of purged sessions' tasks, locked or skipped, deleted with
+/// their receipts and attempts in one statement.
+const PURGE_SESSION_TASKS: &str = "WITH doomed AS (SELECT t.id FROM namespaces n \
+     JOIN tasks t ON t.namespace = n.name WHERE n.purge_at IS NOT NULL AND n.purge_at <= $1 \
+     ORDER BY t.id LIMIT $2 FOR UPDATE OF t SKIP LOCKED), \
+     receipts_gone AS (DELETE FROM receipts WHERE task IN (SELECT id FROM doomed)), \
+     attempts_gone AS (DELETE FROM attempts WHERE task IN (SELECT id FROM doomed)) \
+     DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)";
+const PURGE_NAMESPACES: &str = "DELETE FROM namespaces WHERE id IN (SELECT id FROM namespaces \
+     WHERE purge_at IS NOT NULL AND purge_at <= $1 \
+     AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.namespace = namespaces.name) \
+     ORDER BY purge_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 const META_VALUE: &str = "SELECT value FROM tessera_meta WHERE key = $1";
 const INSERT_META: &str =
     "INSERT INTO tessera_meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING";
@@ -737,6 +749,8 @@ impl WriteTransaction for PgTransaction<'_> {
             Purge::Limits => (PURGE_LIMITS, millis(threshold)),
             Purge::Events => (PURGE_EVENTS, millis(threshold)),
             Purge::Counters => (PURGE_COUNTERS, minute_number(threshold)),
+            Purge::SessionTasks => (PURGE_SESSION_TASKS, millis(threshold)),
+            Purge::Namespaces => (PURGE_NAMESPACES, millis(threshold)),
         };
         let deleted = self.execute(sql, &[&threshold, &count(limit)])?;
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
@@ -747,10 +761,16 @@ impl WriteTransaction for PgTransaction<'_> {
         namespace: &Namespace,
         kind: NamespaceKind,
         at: DateTime<Utc>,
+        purge_at: Option<DateTime<Utc>>,
     ) -> Result<bool> {
         let changed = self.execute(
             INSERT_NAMESPACE,
-            &[&namespace.as_str(), &kind.as_str(), &millis(at)],
+            &[
+                &namespace.as_str(),
+                &kind.as_str(),
+                &millis(at),
+                &purge_at.map(millis),
+            ],
         )?;
         Ok(changed == 1)
     }

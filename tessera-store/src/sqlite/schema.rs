@@ -154,6 +154,9 @@ pub(crate) const TABLES: &[Table] = &[
             // keyed | session
             ("kind", "TEXT NOT NULL"),
             ("created_at", "INTEGER NOT NULL"),
+            // Set for anonymous sessions' namespaces only: when retention
+            // deletes it and its tasks.
+            ("purge_at", "INTEGER"),
         ],
         clustered_key: None,
     },
@@ -289,6 +292,13 @@ pub(crate) const INDEXES: &[Index] = &[
         unique: true,
         columns: &["name"],
         filter: None,
+    },
+    Index {
+        name: "namespaces_purge",
+        table: "namespaces",
+        unique: false,
+        columns: &["purge_at"],
+        filter: Some("purge_at IS NOT NULL"),
     },
     Index {
         name: "tasks_ref",

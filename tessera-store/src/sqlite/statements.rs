@@ -87,6 +87,22 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: audit::PURGE_KEYS,
     },
     HotStatement {
+        name: "purge session receipts",
+        sql: tasks::PURGE_SESSION_TASKS[0],
+    },
+    HotStatement {
+        name: "purge session attempts",
+        sql: tasks::PURGE_SESSION_TASKS[1],
+    },
+    HotStatement {
+        name: "purge session tasks",
+        sql: tasks::PURGE_SESSION_TASKS[2],
+    },
+    HotStatement {
+        name: "purge namespaces",
+        sql: tasks::PURGE_NAMESPACES,
+    },
+    HotStatement {
         name: "purge principals",
         sql: audit::PURGE_PRINCIPALS,
     },
@@ -291,6 +307,30 @@ mod tests {
         assert!(receipt.contains("receipts_key"), "{receipt}");
         let attempts = plan("attempts of a task");
         assert!(attempts.contains("attempts_task"), "{attempts}");
+    }
+
+    #[test]
+    fn a_session_purge_finds_its_namespaces_and_tasks_through_indexes() {
+        let plans = plans();
+        for name in [
+            "purge session receipts",
+            "purge session attempts",
+            "purge session tasks",
+        ] {
+            let (_, lines) = plans.iter().find(|(n, _)| *n == name).unwrap();
+            let plan = lines.join(" | ");
+            assert!(plan.contains("namespaces_purge"), "{name}: {plan}");
+            assert!(plan.contains("tasks_ref"), "{name}: {plan}");
+        }
+        let (_, lines) = plans
+            .iter()
+            .find(|(n, _)| *n == "purge namespaces")
+            .unwrap();
+        let plan = lines.join(" | ");
+        assert!(
+            plan.contains("namespaces_purge") && plan.contains("tasks_ref"),
+            "{plan}"
+        );
     }
 
     /// The counter reads: the table holds at most one day of each

@@ -5,8 +5,31 @@ use rusqlite::{Row, params};
 use super::connection::{Reader, Writer};
 use crate::backend::rows::{AttemptRow, ReceiptRow, TaskRow};
 
-pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at) \
-     VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING";
+pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces \
+     (name, kind, created_at, purge_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING";
+
+/// The tasks of namespaces past their purge time, at most `?2`, found
+/// through `namespaces_purge` and `tasks_ref`; `$what` selects from them.
+macro_rules! session_tasks {
+    () => {
+        "(SELECT t.id FROM namespaces n JOIN tasks t ON t.namespace = n.name \
+         WHERE n.purge_at IS NOT NULL AND n.purge_at <= ?1 ORDER BY t.id LIMIT ?2)"
+    };
+}
+
+/// A batch of purged sessions' tasks: their receipts, their attempts,
+/// then the tasks themselves, each statement over the same batch.
+pub(crate) const PURGE_SESSION_TASKS: [&str; 3] = [
+    concat!("DELETE FROM receipts WHERE task IN ", session_tasks!()),
+    concat!("DELETE FROM attempts WHERE task IN ", session_tasks!()),
+    concat!("DELETE FROM tasks WHERE id IN ", session_tasks!()),
+];
+
+/// Namespaces past their purge time with no task left, at most `?2`.
+pub(crate) const PURGE_NAMESPACES: &str = "DELETE FROM namespaces WHERE id IN \
+     (SELECT id FROM namespaces WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
+     AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.namespace = namespaces.name) \
+     ORDER BY purge_at LIMIT ?2)";
 
 pub(crate) const NAMESPACE_EXISTS: &str = "SELECT id FROM namespaces WHERE name = ?1";
 
@@ -194,8 +217,22 @@ pub(crate) fn insert_namespace(
     name: &str,
     kind: &str,
     created_at: i64,
+    purge_at: Option<i64>,
 ) -> rusqlite::Result<bool> {
-    Ok(writer.execute(INSERT_NAMESPACE, params![name, kind, created_at])? == 1)
+    Ok(writer.execute(INSERT_NAMESPACE, params![name, kind, created_at, purge_at])? == 1)
+}
+
+/// One retention batch of purged sessions' tasks, at most `limit`, with
+/// their attempts and receipts; returns how many tasks it deleted.
+pub(crate) fn purge_session_tasks(
+    writer: &Writer<'_>,
+    threshold: i64,
+    limit: i64,
+) -> rusqlite::Result<usize> {
+    let [receipts, attempts, tasks] = PURGE_SESSION_TASKS;
+    writer.execute(receipts, params![threshold, limit])?;
+    writer.execute(attempts, params![threshold, limit])?;
+    writer.execute(tasks, params![threshold, limit])
 }
 
 /// Whether a namespace row exists.

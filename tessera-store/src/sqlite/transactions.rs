@@ -319,6 +319,14 @@ impl WriteTransaction for Writer<'_> {
             Purge::Events => {
                 return Ok(events::purge_events(self, millis(threshold), count(limit))?);
             }
+            Purge::SessionTasks => {
+                return Ok(sql::purge_session_tasks(
+                    self,
+                    millis(threshold),
+                    count(limit),
+                )?);
+            }
+            Purge::Namespaces => (sql::PURGE_NAMESPACES, millis(threshold)),
             Purge::Counters => {
                 let cutoff = minute_number(threshold);
                 return Ok(events::purge_counters(self, cutoff, count(limit))?);
@@ -332,12 +340,14 @@ impl WriteTransaction for Writer<'_> {
         namespace: &Namespace,
         kind: NamespaceKind,
         at: DateTime<Utc>,
+        purge_at: Option<DateTime<Utc>>,
     ) -> Result<bool> {
         Ok(sql::insert_namespace(
             self,
             namespace.as_str(),
             kind.as_str(),
             millis(at),
+            purge_at.map(millis),
         )?)
     }
 

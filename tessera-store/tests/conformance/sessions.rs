@@ -216,7 +216,60 @@ fn retention_purges_a_session_past_its_lifetime_and_keeps_keyed_principals(db: &
     );
 }
 
+/// A used session's namespace, its practice tasks, their attempts and
+/// receipts go with the session, in batches; a keyed namespace stays.
+fn retention_purges_what_a_session_made_and_keeps_keyed_namespaces(db: &TestDb) {
+    let f = Fixture::with(db, |config| {
+        config
+            .with_address_secret(secret())
+            .with_session_lifetime(std::time::Duration::from_secs(3600))
+    });
+    let keyed = f.login(&f.full_worker(tessera_store::Grant::Namespace(namespace("renders"))));
+    f.enqueue(&keyed, &namespace("renders"), &queue("jobs"), 2);
+    let session = f.store.mint_session(ip("203.0.113.9")).unwrap();
+    let caller = f
+        .store
+        .authenticate(Some(session.key.secret.expose()))
+        .unwrap();
+    let practice = queue(PRACTICE_QUEUE);
+    let ClaimOutcome::Granted(claimed) = f
+        .store
+        .claim(&caller, &session.namespace, &practice)
+        .unwrap()
+    else {
+        panic!("a practice task");
+    };
+    let output = tessera_store::Output::bytes("done");
+    let key = tessera_store::IdempotencyKey::parse("practice").unwrap();
+    let submitted = f
+        .store
+        .submit(&caller, &claimed.task, claimed.lease.token(), &key, &output)
+        .unwrap();
+    assert!(matches!(submitted, tessera_store::Submitted::Accepted(_)));
+    assert_eq!(db.count_rows("namespaces"), 2);
+    assert_eq!(db.count_rows("tasks"), 2 + 3);
+    assert_eq!(db.count_rows("receipts"), 1);
+
+    f.clock.advance(std::time::Duration::from_secs(2 * 3600));
+    let report = f.store.maintain().unwrap();
+    assert!(report.retention_ran);
+    assert_eq!(db.count_rows("namespaces"), 1, "the keyed namespace stays");
+    assert_eq!(db.count_rows("tasks"), 2);
+    assert_eq!(db.count_rows("attempts"), 2);
+    assert_eq!(db.count_rows("receipts"), 0);
+    // The keyed namespace's tasks are untouched, and its health too.
+    let health = f.store.health(&keyed, &namespace("renders")).unwrap();
+    assert_eq!(health.attempts.ready, 2);
+    // A purge with nothing left to purge deletes nothing more.
+    f.clock.advance(std::time::Duration::from_secs(600));
+    let again = f.store.maintain().unwrap();
+    assert!(again.retention_ran);
+    assert_eq!(db.count_rows("namespaces"), 1);
+    assert_eq!(db.count_rows("tasks"), 2);
+}
+
 conformance! {
+    retention_purges_what_a_session_made_and_keeps_keyed_namespaces,
     retention_purges_a_session_past_its_lifetime_and_keeps_keyed_principals,
     ipv6_rotation_inside_one_64_shares_one_limit,
     the_global_allowance_refuses_with_the_time_until_the_next_session,

@@ -501,6 +501,9 @@ async fn drive_claims(state: Arc<AppState>) {
 /// Opens the store `args` name and makes the admin key: what the database
 /// is, for the log, and the store and key.
 fn open(args: &Args) -> Result<(Arc<Store>, String, IssuedKey), Error> {
+    let config = || {
+        StoreConfig::default().with_admission(tessera_examples::admission_from_env("http_service"))
+    };
     let (store, database) = match &args.postgres {
         Some(url) => {
             let mut options = PostgresOptions::new(url.as_str());
@@ -508,13 +511,10 @@ fn open(args: &Args) -> Result<(Arc<Store>, String, IssuedKey), Error> {
                 options = options.with_schema(schema.as_str());
             }
             let described = format!("{options:?}");
-            (
-                Store::open_postgres(options, StoreConfig::default())?,
-                described,
-            )
+            (Store::open_postgres(options, config())?, described)
         }
         None => (
-            Store::open(&args.db, StoreConfig::default())?,
+            Store::open(&args.db, config())?,
             args.db.display().to_string(),
         ),
     };

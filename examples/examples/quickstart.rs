@@ -11,7 +11,7 @@
 //! Run: `cargo run --release --example quickstart [-- --db PATH]`
 
 use std::collections::HashSet;
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,9 +44,11 @@ struct Tally {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = db_path()?;
+    let config =
+        StoreConfig::default().with_admission(tessera_examples::admission_from_env("quickstart"));
     // An existing file is opened as it is (nothing is deleted); each run
     // works in a namespace of its own.
-    let store = Store::open(&path, StoreConfig::default())?;
+    let store = Store::open(&path, config)?;
     let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     let renders = Namespace::parse(&format!("renders-{}", run.as_millis()))?;
     println!("database: {}, namespace: {renders}", path.display());
@@ -103,7 +105,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let burst_took = burst.elapsed();
     let burst_cost = store.meter().since(&before);
-    eprintln!();
+    if std::io::stderr().is_terminal() {
+        eprintln!();
+    }
 
     let tally = tally.into_inner().expect("no worker panics");
     let health = store.health(&admin, &renders)?;
@@ -223,20 +227,29 @@ fn watch(
     limits: &Mutex<Vec<(Duration, u32)>>,
     start: Instant,
 ) {
+    // In place on a terminal; one line every two seconds in a log.
+    let terminal = std::io::stderr().is_terminal();
+    let mut last_line: Option<Instant> = None;
     while !finished.load(Ordering::SeqCst) {
         let stats = store.claim_stats();
         limits
             .lock()
             .expect("no worker panics")
             .push((start.elapsed(), stats.limit));
-        eprint!(
-            "\r  done {:>5}/{TASKS}  limit {:>4}  in flight {:>3}  waiting {:>3}",
+        let line = format!(
+            "  done {:>5}/{TASKS}  limit {:>4}  in flight {:>3}  waiting {:>3}",
             done.load(Ordering::Relaxed),
             stats.limit,
             stats.in_flight,
             stats.pending
         );
-        let _ = std::io::stderr().flush();
+        if terminal {
+            eprint!("\r{line}");
+            let _ = std::io::stderr().flush();
+        } else if last_line.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+            eprintln!("{line}");
+            last_line = Some(Instant::now());
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }

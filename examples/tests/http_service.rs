@@ -450,13 +450,7 @@ struct Process {
 
 impl Process {
     fn start(url: &str, schema: &str) -> Self {
-        // cargo builds the examples beside the test binaries' folder.
-        let exe = std::env::current_exe().unwrap();
-        let program = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .map(|profile| profile.join("examples").join("http_service"))
-            .unwrap();
+        let program = example_program("http_service");
         let mut child = std::process::Command::new(&program)
             .args(["--port", "0", "--postgres", url, "--schema", schema])
             .stdout(std::process::Stdio::piped())
@@ -578,4 +572,55 @@ fn two_services_on_one_postgres_database_never_lease_a_task_twice() {
     client
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .unwrap();
+}
+
+/// An example program: cargo builds the examples of the package under test
+/// beside the test binaries' folder.
+fn example_program(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("examples").join(name))
+        .unwrap()
+}
+
+/// Set in a child run of this test binary: the program name the child
+/// reads its admission settings for.
+const PROBE: &str = "TESSERA_EXAMPLES_ADMISSION_PROBE";
+
+/// What both examples read their admission settings with: in a child run
+/// of this binary (with [`PROBE`] set) it reads them, and an invalid one
+/// stops the child.
+#[test]
+fn an_invalid_admission_setting_stops_the_program_with_its_name() {
+    if let Ok(program) = std::env::var(PROBE) {
+        let config = tessera_examples::admission_from_env(&program);
+        println!("read max_pending {}", config.max_pending);
+        return;
+    }
+    let run = |value: Option<&str>| {
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args([
+                "--exact",
+                "an_invalid_admission_setting_stops_the_program_with_its_name",
+                "--nocapture",
+            ])
+            .env(PROBE, "quickstart");
+        match value {
+            Some(value) => command.env("TESSERA_CLAIM_MAX_PENDING", value),
+            None => command.env_remove("TESSERA_CLAIM_MAX_PENDING"),
+        };
+        command.output().unwrap()
+    };
+    let invalid = run(Some("abc"));
+    assert_eq!(invalid.status.code(), Some(2), "{invalid:?}");
+    let stderr = String::from_utf8_lossy(&invalid.stderr);
+    assert!(
+        stderr.contains("quickstart: TESSERA_CLAIM_MAX_PENDING") && stderr.contains("\"abc\""),
+        "{stderr}"
+    );
+    let valid = run(Some("7"));
+    assert!(valid.status.success(), "{valid:?}");
+    assert!(String::from_utf8_lossy(&valid.stdout).contains("read max_pending 7"));
 }

@@ -61,7 +61,12 @@ struct Writing {
 
 /// The operations run so far in the open transaction.
 struct Batch {
+    /// Operations kept in it.
     operations: usize,
+    /// Operations run in it, kept or rolled back to their savepoints: the
+    /// cap counts these, so a stream of failing operations cannot hold a
+    /// batch open.
+    ran: usize,
     rows: u64,
     /// The newest operation's time, which the allowance records under.
     now: DateTime<Utc>,
@@ -178,7 +183,7 @@ impl GroupWriter {
         let Some(batch) = &writing.batch else {
             return Closed::Committed(Ok(()));
         };
-        if batch.operations < self.cap && self.queued.load(Ordering::SeqCst) > 0 {
+        if batch.ran < self.cap && self.queued.load(Ordering::SeqCst) > 0 {
             return Closed::Later(Arc::clone(&batch.outcome));
         }
         Closed::Committed(writing.commit(meter, rules))
@@ -221,13 +226,21 @@ impl Writing {
                 ))
             });
             if let Some(batch) = self.batch.take() {
+                if error.is_quota_exhausted() {
+                    // Refused once for this operation already.
+                    (0..batch.operations).for_each(|_| meter.refused());
+                }
                 batch.outcome.decide(Err(error.clone()));
             }
             return Err(error);
         }
+        if let Some(batch) = self.batch.as_mut() {
+            batch.ran += 1;
+        }
         let done = result?;
         let batch = self.batch.get_or_insert_with(|| Batch {
             operations: 0,
+            ran: 1,
             rows: 0,
             now,
             outcome: Arc::default(),
@@ -250,15 +263,19 @@ impl Writing {
         }
     }
 
-    /// Commits the open batch and tells its callers.
+    /// Commits the open batch and tells its callers. The batch stays in
+    /// place until the commit returns, so a panic inside it (a host's
+    /// quota classifier) leaves it for [`abandon`](Self::abandon) to
+    /// answer.
     fn commit(&mut self, meter: &Meter, rules: &QuotaRules) -> Result<(), Error> {
-        let Some(batch) = self.batch.take() else {
+        let Some(batch) = &self.batch else {
             return Ok(());
         };
-        let result = self
-            .connection
-            .commit(batch.now, meter, rules, batch.rows, batch.operations);
-        batch.outcome.decide(result.clone());
+        let (now, rows, operations) = (batch.now, batch.rows, batch.operations);
+        let result = self.connection.commit(now, meter, rules, rows, operations);
+        if let Some(batch) = self.batch.take() {
+            batch.outcome.decide(result.clone());
+        }
         result
     }
 }
@@ -299,6 +316,9 @@ mod tests {
         Panic,
         /// Succeeds, and the next commit (its batch's) is refused.
         RefuseCommit,
+        /// Like `RefuseCommit`, with a quota classifier that panics on
+        /// the refusal.
+        PanicInCommit,
     }
 
     /// What the caller of a test operation saw.
@@ -355,28 +375,35 @@ mod tests {
         /// Inserts row `n`, first waiting (holding the connection) until
         /// `queued` other callers wait for it, then does `then`.
         fn insert(&self, n: i64, queued: usize, then: Then) -> Seen {
+            let panicking = QuotaRules::new(Some(Arc::new(|_: &StorageError| -> bool {
+                panic!("the classifier panics")
+            })));
+            let rules = if then == Then::PanicInCommit {
+                &panicking
+            } else {
+                &self.rules
+            };
             let result = catch_unwind(AssertUnwindSafe(|| {
-                self.group
-                    .write(now(), &self.meter, &self.rules, &mut |writer| {
-                        if queued > 0 {
-                            self.holding.store(true, Ordering::SeqCst);
+                self.group.write(now(), &self.meter, rules, &mut |writer| {
+                    if queued > 0 {
+                        self.holding.store(true, Ordering::SeqCst);
+                    }
+                    while self.group.queued.load(Ordering::SeqCst) < queued {
+                        std::thread::yield_now();
+                    }
+                    writer.execute("INSERT INTO t (n) VALUES (?1)", [n])?;
+                    match then {
+                        Then::Succeed => Ok(()),
+                        Then::Fail => Err(Error::Conflict {
+                            reason: format!("operation {n} fails"),
+                        }),
+                        Then::Panic => panic!("operation {n} panics"),
+                        Then::RefuseCommit | Then::PanicInCommit => {
+                            self.refuse_commit.store(true, Ordering::SeqCst);
+                            Ok(())
                         }
-                        while self.group.queued.load(Ordering::SeqCst) < queued {
-                            std::thread::yield_now();
-                        }
-                        writer.execute("INSERT INTO t (n) VALUES (?1)", [n])?;
-                        match then {
-                            Then::Succeed => Ok(()),
-                            Then::Fail => Err(Error::Conflict {
-                                reason: format!("operation {n} fails"),
-                            }),
-                            Then::Panic => panic!("operation {n} panics"),
-                            Then::RefuseCommit => {
-                                self.refuse_commit.store(true, Ordering::SeqCst);
-                                Ok(())
-                            }
-                        }
-                    })
+                    }
+                })
             }));
             match result {
                 Ok(Ok(_)) => Seen::Acknowledged,
@@ -491,6 +518,17 @@ mod tests {
     }
 
     #[test]
+    fn a_panic_while_committing_answers_every_caller_of_the_batch() {
+        let s = scratch();
+        let seen = s.batch(Then::Succeed, &[Then::PanicInCommit]);
+        assert!(matches!(seen[0], Seen::Failed(_)), "{seen:?}");
+        assert_eq!(seen[1], Seen::Panicked);
+        assert!(s.rows().is_empty());
+        assert!(s.group.writing.lock().batch.is_none());
+        assert_eq!(s.insert(9, 0, Then::Succeed), Seen::Acknowledged);
+    }
+
+    #[test]
     fn a_batch_stops_at_its_cap() {
         let s = scratch();
         let rest = vec![Then::Succeed; BATCH_CAP];
@@ -552,7 +590,7 @@ mod tests {
                     match then {
                         Then::Fail => prop_assert!(matches!(seen, Seen::Failed(_))),
                         Then::Panic => prop_assert_eq!(seen, &Seen::Panicked),
-                        Then::Succeed | Then::RefuseCommit => {
+                        Then::Succeed | Then::RefuseCommit | Then::PanicInCommit => {
                             prop_assert!(!matches!(seen, Seen::Panicked));
                         }
                     }

@@ -246,7 +246,9 @@ pub(crate) enum Purge {
     Limits,
     /// Audit events older than the threshold.
     Events,
-    /// Counters of minutes that start before the threshold.
+    /// Counters of minutes that start before the threshold (SQLite,
+    /// which overwrites a counter's row a day later, deletes those that
+    /// went quiet).
     Counters,
     /// Tasks (with their attempts and receipts) of namespaces whose purge
     /// time is at or before the threshold: what an anonymous session made.

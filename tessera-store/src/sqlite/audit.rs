@@ -74,6 +74,9 @@ pub(crate) const PURGE_COUNTERS: &str = "DELETE FROM access_day_counters \
 /// come round again, and no read ever returns it meanwhile.
 pub(crate) const PURGED_DAY_MINUTES: i64 = 60;
 
+/// Minutes in a day: the `1440` of the counter statements' `% 1440`.
+const DAY: i64 = 1440;
+
 pub(crate) const PURGE_KEYS: &str = "DELETE FROM access_keys WHERE id IN \
      (SELECT id FROM access_keys WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
      ORDER BY purge_at LIMIT ?2)";
@@ -205,13 +208,13 @@ pub(crate) fn purge_counters(
     cutoff: i64,
     limit: i64,
 ) -> rusqlite::Result<usize> {
-    let start = (cutoff - PURGED_DAY_MINUTES).rem_euclid(1440);
-    let end = cutoff.rem_euclid(1440);
+    let start = (cutoff - PURGED_DAY_MINUTES).rem_euclid(DAY);
+    let end = cutoff.rem_euclid(DAY);
     // The band is one range of minutes of the day, or two across midnight.
     let ranges: &[(i64, i64)] = if start < end {
         &[(start, end)]
     } else {
-        &[(start, 1440), (0, end)]
+        &[(start, DAY), (0, end)]
     };
     let mut deleted = 0;
     for (from, to) in ranges {

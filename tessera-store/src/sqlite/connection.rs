@@ -586,7 +586,7 @@ impl WriteConnection {
             self.rollback();
             let error = classify(error.into(), rules, self.is_refusing(), now);
             if error.is_quota_exhausted() {
-                (0..operations).for_each(|_| meter.refused());
+                meter.refused_by(operations);
             }
             return Err(error);
         }

@@ -228,7 +228,7 @@ impl Writing {
             if let Some(batch) = self.batch.take() {
                 if error.is_quota_exhausted() {
                     // Refused once for this operation already.
-                    (0..batch.operations).for_each(|_| meter.refused());
+                    meter.refused_by(batch.operations);
                 }
                 batch.outcome.decide(Err(error.clone()));
             }
@@ -333,6 +333,8 @@ mod tests {
         group: GroupWriter,
         meter: Meter,
         rules: QuotaRules,
+        /// Rules whose quota classifier panics.
+        panicking_rules: QuotaRules,
         refuse_commit: Arc<AtomicBool>,
         /// Whether an operation holds the connection, waiting for others
         /// to queue.
@@ -366,6 +368,9 @@ mod tests {
             group: GroupWriter::new(writer, BATCH_CAP),
             meter: Meter::default(),
             rules: QuotaRules::default(),
+            panicking_rules: QuotaRules::new(Some(Arc::new(|_: &StorageError| -> bool {
+                panic!("the classifier panics")
+            }))),
             refuse_commit,
             holding: AtomicBool::new(false),
         }
@@ -375,11 +380,8 @@ mod tests {
         /// Inserts row `n`, first waiting (holding the connection) until
         /// `queued` other callers wait for it, then does `then`.
         fn insert(&self, n: i64, queued: usize, then: Then) -> Seen {
-            let panicking = QuotaRules::new(Some(Arc::new(|_: &StorageError| -> bool {
-                panic!("the classifier panics")
-            })));
             let rules = if then == Then::PanicInCommit {
-                &panicking
+                &self.panicking_rules
             } else {
                 &self.rules
             };

@@ -25,7 +25,14 @@ impl Meter {
     }
 
     pub(crate) fn refused(&self) {
-        self.refused_writes.fetch_add(1, Ordering::Relaxed);
+        self.refused_by(1);
+    }
+
+    /// Counts `operations` refused writes at once: the operations of a
+    /// refused batch.
+    pub(crate) fn refused_by(&self, operations: usize) {
+        self.refused_writes
+            .fetch_add(operations as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> MeterSnapshot {

@@ -8,8 +8,8 @@ use crate::backend::rows::{AttemptRow, ReceiptRow, TaskRow};
 pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces \
      (name, kind, created_at, purge_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING";
 
-/// The tasks of namespaces past their purge time, at most `?2`, found
-/// through `namespaces_purge` and `tasks_ref`; `$what` selects from them.
+/// The ids of the tasks of namespaces past their purge time `?1`, at most
+/// `?2`, found through `namespaces_purge` and `tasks_ref`.
 macro_rules! session_tasks {
     () => {
         "(SELECT t.id FROM namespaces n JOIN tasks t ON t.namespace = n.name \

@@ -312,27 +312,17 @@ impl WriteTransaction for Writer<'_> {
     }
 
     fn purge(&self, what: Purge, threshold: DateTime<Utc>, limit: usize) -> Result<usize> {
-        let (statement, threshold) = match what {
-            Purge::Keys => (events::PURGE_KEYS, millis(threshold)),
-            Purge::Principals => (events::PURGE_PRINCIPALS, millis(threshold)),
-            Purge::Limits => (events::PURGE_LIMITS, millis(threshold)),
-            Purge::Events => {
-                return Ok(events::purge_events(self, millis(threshold), count(limit))?);
-            }
-            Purge::SessionTasks => {
-                return Ok(sql::purge_session_tasks(
-                    self,
-                    millis(threshold),
-                    count(limit),
-                )?);
-            }
-            Purge::Namespaces => (sql::PURGE_NAMESPACES, millis(threshold)),
-            Purge::Counters => {
-                let cutoff = minute_number(threshold);
-                return Ok(events::purge_counters(self, cutoff, count(limit))?);
-            }
-        };
-        Ok(events::purge(self, statement, threshold, count(limit))?)
+        let (at, limit) = (millis(threshold), count(limit));
+        let batch = |statement| events::purge(self, statement, at, limit);
+        Ok(match what {
+            Purge::Keys => batch(events::PURGE_KEYS),
+            Purge::Principals => batch(events::PURGE_PRINCIPALS),
+            Purge::Limits => batch(events::PURGE_LIMITS),
+            Purge::Namespaces => batch(sql::PURGE_NAMESPACES),
+            Purge::Events => events::purge_events(self, at, limit),
+            Purge::Counters => events::purge_counters(self, minute_number(threshold), limit),
+            Purge::SessionTasks => sql::purge_session_tasks(self, at, limit),
+        }?)
     }
 
     fn insert_namespace(

@@ -68,6 +68,10 @@ named_enum!(
     Submit = "submit",
     /// Give up a task under a lease, to be retried after a backoff.
     Fail = "fail",
+    /// An operator put a task's failed or discarded attempts back to ready.
+    RetryTask = "retry_task",
+    /// List a namespace's tasks by state.
+    ListTasks = "list_tasks",
     /// Read a task.
     ReadTask = "read_task",
     /// Read an execution receipt.

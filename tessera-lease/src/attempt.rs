@@ -77,6 +77,10 @@ pub struct AttemptRecord {
     pub tries: u32,
     /// The latest lease, if the attempt was ever claimed.
     pub lease: Option<LeaseRecord>,
+    /// The error text of the latest failure report that carried one, at
+    /// most [`MAX_ERROR_BYTES`](crate::MAX_ERROR_BYTES).
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 impl AttemptRecord {
@@ -87,6 +91,7 @@ impl AttemptRecord {
             state: TaskState::Ready,
             tries: 0,
             lease: None,
+            last_error: None,
         }
     }
 }

@@ -79,7 +79,10 @@ impl TaskRecord {
             .filter_map(|attempt| match attempt.state {
                 TaskState::Ready => Some(ClaimableAt::Ready),
                 TaskState::Backoff { until } => Some(ClaimableAt::At(until)),
-                TaskState::Leased | TaskState::Done | TaskState::Failed => None,
+                TaskState::Leased
+                | TaskState::Done
+                | TaskState::Failed
+                | TaskState::Discarded { .. } => None,
             })
             .min()
     }
@@ -174,6 +177,7 @@ mod tests {
     use chrono::TimeDelta;
 
     use super::*;
+    use crate::tries::Jitter;
     use crate::{BriefVersion, Principal, Retry, Task, TaskId, TaskSpec};
 
     const LEASE: Duration = Duration::from_secs(30);
@@ -199,6 +203,7 @@ mod tests {
         let spec = TaskSpec {
             alternatives: 2,
             lapse_backoff: Duration::from_secs(5),
+            ..TaskSpec::default()
         };
         let mut task = Task::new(TaskId::parse("t").unwrap(), BriefVersion::FIRST, spec).unwrap();
         assert_eq!(task.record().claimable_at(), Some(ClaimableAt::Ready));
@@ -220,6 +225,7 @@ mod tests {
             second.token(),
             at(2),
             Retry::After(Duration::from_secs(10)),
+            &mut Jitter::seeded(0),
         )
         .unwrap();
         assert_eq!(task.record().claimable_at(), Some(ClaimableAt::At(at(12))));
@@ -253,8 +259,14 @@ mod tests {
         .unwrap();
         assert_eq!(lapses(&task), [None], "ready");
         let lease = task.claim(&who(), at(0), LEASE).unwrap();
-        task.fail(&who(), lease.token(), at(1), Retry::Never)
-            .unwrap();
+        task.fail(
+            &who(),
+            lease.token(),
+            at(1),
+            Retry::Never,
+            &mut Jitter::seeded(0),
+        )
+        .unwrap();
         assert_eq!(lapses(&task), [None], "failed, with its lease kept");
         assert_eq!(task.record().claimable_at(), None);
     }

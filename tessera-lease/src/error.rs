@@ -47,8 +47,9 @@ pub enum LeaseError {
         /// The largest allowed value.
         max: i64,
     },
-    /// Every attempt of the task is done or failed; nothing is left to claim.
-    #[error("task is finished: every attempt is done or failed")]
+    /// No attempt will be claimable again: each is done, failed or
+    /// discarded, or leased on its last try.
+    #[error("task is finished: no attempt is left to claim")]
     TaskFinished,
     /// No attempt can be claimed now. `next_at` is the earliest time one may
     /// become claimable without another call changing the task (a backoff
@@ -102,6 +103,10 @@ pub enum LeaseError {
     /// payload digest.
     #[error("idempotency key was already used with a different payload")]
     IdempotencyConflict,
+    /// An operator asked to retry a task none of whose attempts is failed
+    /// or discarded.
+    #[error("nothing to retry: no attempt is failed or discarded")]
+    NothingToRetry,
     /// Every fencing token a task can hold has been granted.
     #[error("fencing tokens for this task are exhausted")]
     TokensExhausted,
@@ -157,6 +162,10 @@ pub enum Field {
     Extension,
     /// A retry backoff.
     Backoff,
+    /// A task's maximum number of tries.
+    MaxTries,
+    /// A failure report's error text.
+    Error,
 }
 
 impl Field {
@@ -179,6 +188,8 @@ impl Field {
             Self::LeaseDuration => "lease duration",
             Self::Extension => "heartbeat extension",
             Self::Backoff => "retry backoff",
+            Self::MaxTries => "maximum tries",
+            Self::Error => "error text",
         }
     }
 }

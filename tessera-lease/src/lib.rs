@@ -104,6 +104,7 @@ mod state;
 mod task;
 mod time;
 mod token;
+mod tries;
 
 pub use attempt::{AttemptNumber, AttemptRecord};
 pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable};
@@ -115,7 +116,11 @@ pub use name::{
     check_brief_size,
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
-pub use state::{StateName, TaskState};
-pub use task::{BriefVersion, MAX_ALTERNATIVES, Retry, Task, TaskRecord, TaskSpec};
+pub use state::{DiscardReason, StateName, TaskState};
+pub use task::{BriefVersion, Failure, MAX_ALTERNATIVES, Retry, Task, TaskRecord, TaskSpec};
 pub use time::{MAX_BACKOFF, MAX_LEASE_DURATION};
 pub use token::FencingToken;
+pub use tries::{
+    DEFAULT_MAX_TRIES, Jitter, MAX_ERROR_BYTES, MAX_TRIES, RETRY_BACKOFF_BASE, RETRY_BACKOFF_CAP,
+    retry_backoff,
+};

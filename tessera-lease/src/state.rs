@@ -18,12 +18,16 @@ use crate::error::{Field, LeaseError, Rule};
 ///    │ │  lease lapses   │  │ fail(Retry::Never)
 ///    │ └─────────────────┘  └─────────────────▶ Failed
 ///    │   (or Backoff, if the task has a lapse backoff)
-///    │                    fail(Retry::After(d))
+///    │                    fail(Retry::After(d) or Retry::Backoff)
 ///  Backoff{until} ◀─────── Leased
 ///    │ until passes: claimable again
+///
+///  Leased ──▶ Discarded{reason}  its last try lapsed or failed
+///                                (tries reached the task's max_tries)
 /// ```
 ///
-/// Done and Failed are final. Serialized with a `state` tag in lowercase,
+/// Done, Failed and Discarded are final; an operator may put a failed or
+/// discarded attempt back to ready ([`Task::retry`](crate::Task::retry)). Serialized with a `state` tag in lowercase,
 /// e.g. `{"state":"backoff","until":"2026-10-29T12:00:00Z"}`; a store keeps
 /// [`TaskState::name`] in a text column and [`TaskState::until`] beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -42,6 +46,55 @@ pub enum TaskState {
         /// When the attempt becomes claimable again.
         until: DateTime<Utc>,
     },
+    /// Out of tries: its last try lapsed or failed with no try left; final.
+    Discarded {
+        /// How the last try ended.
+        reason: DiscardReason,
+    },
+}
+
+/// How the last try of a [`TaskState::Discarded`] attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiscardReason {
+    /// Its lease lapsed: the worker went away without a word.
+    Lapsed,
+    /// Its worker reported a failure and asked for a retry.
+    Failed,
+}
+
+impl DiscardReason {
+    /// Both reasons.
+    pub const ALL: [Self; 2] = [Self::Lapsed, Self::Failed];
+
+    /// The stable lowercase name, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lapsed => "lapsed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl FromStr for DiscardReason {
+    type Err = LeaseError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|reason| reason.as_str() == name)
+            .ok_or(LeaseError::InvalidInput {
+                field: Field::State,
+                len: name.len(),
+                rule: Rule::Unknown,
+            })
+    }
+}
+
+impl fmt::Display for DiscardReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl TaskState {
@@ -53,6 +106,7 @@ impl TaskState {
             Self::Done => StateName::Done,
             Self::Failed => StateName::Failed,
             Self::Backoff { .. } => StateName::Backoff,
+            Self::Discarded { .. } => StateName::Discarded,
         }
     }
 
@@ -69,32 +123,43 @@ impl TaskState {
         }
     }
 
+    /// The reason of a discarded state; `None` for every other state.
+    pub fn discard_reason(&self) -> Option<DiscardReason> {
+        match self {
+            Self::Discarded { reason } => Some(*reason),
+            _ => None,
+        }
+    }
+
     /// Rebuilds a state from its stored columns. `until` is required for a
-    /// backoff and must be absent otherwise.
-    pub fn from_parts(name: StateName, until: Option<DateTime<Utc>>) -> Result<Self, LeaseError> {
-        let state = match (name, until) {
-            (StateName::Backoff, Some(until)) => Self::Backoff { until },
-            (StateName::Backoff, None) => {
-                return Err(LeaseError::InvalidRecord {
-                    reason: "a backoff state needs its end time",
-                });
+    /// backoff and must be absent otherwise; `reason` likewise for a
+    /// discarded state.
+    pub fn from_parts(
+        name: StateName,
+        until: Option<DateTime<Utc>>,
+        reason: Option<DiscardReason>,
+    ) -> Result<Self, LeaseError> {
+        let invalid = |reason| Err(LeaseError::InvalidRecord { reason });
+        let state = match (name, until, reason) {
+            (StateName::Backoff, Some(until), None) => Self::Backoff { until },
+            (StateName::Backoff, None, _) => return invalid("a backoff state needs its end time"),
+            (_, Some(_), _) => return invalid("only a backoff state has an end time"),
+            (StateName::Discarded, None, Some(reason)) => Self::Discarded { reason },
+            (StateName::Discarded, None, None) => {
+                return invalid("a discarded state needs its reason");
             }
-            (_, Some(_)) => {
-                return Err(LeaseError::InvalidRecord {
-                    reason: "only a backoff state has an end time",
-                });
-            }
-            (StateName::Ready, None) => Self::Ready,
-            (StateName::Leased, None) => Self::Leased,
-            (StateName::Done, None) => Self::Done,
-            (StateName::Failed, None) => Self::Failed,
+            (_, None, Some(_)) => return invalid("only a discarded state has a reason"),
+            (StateName::Ready, None, None) => Self::Ready,
+            (StateName::Leased, None, None) => Self::Leased,
+            (StateName::Done, None, None) => Self::Done,
+            (StateName::Failed, None, None) => Self::Failed,
         };
         Ok(state)
     }
 
-    /// Whether the state is final (done or failed).
+    /// Whether the state is final (done, failed or discarded).
     pub fn is_final(&self) -> bool {
-        matches!(self, Self::Done | Self::Failed)
+        matches!(self, Self::Done | Self::Failed | Self::Discarded { .. })
     }
 }
 
@@ -112,16 +177,19 @@ pub enum StateName {
     Failed,
     /// `backoff`
     Backoff,
+    /// `discarded`
+    Discarded,
 }
 
 impl StateName {
     /// Every name, in lifecycle order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Ready,
         Self::Leased,
         Self::Done,
         Self::Failed,
         Self::Backoff,
+        Self::Discarded,
     ];
 
     /// The stable lowercase name.
@@ -132,6 +200,7 @@ impl StateName {
             Self::Done => "done",
             Self::Failed => "failed",
             Self::Backoff => "backoff",
+            Self::Discarded => "discarded",
         }
     }
 }
@@ -181,17 +250,30 @@ mod tests {
             TaskState::Done,
             TaskState::Failed,
             TaskState::Backoff { until },
+            TaskState::Discarded {
+                reason: DiscardReason::Lapsed,
+            },
+            TaskState::Discarded {
+                reason: DiscardReason::Failed,
+            },
         ];
         for state in states {
             assert_eq!(
-                TaskState::from_parts(state.name(), state.until()),
+                TaskState::from_parts(state.name(), state.until(), state.discard_reason()),
                 Ok(state)
             );
             let json = serde_json::to_string(&state).unwrap();
             assert_eq!(serde_json::from_str::<TaskState>(&json).unwrap(), state);
         }
-        assert!(TaskState::from_parts(StateName::Backoff, None).is_err());
-        assert!(TaskState::from_parts(StateName::Ready, Some(until)).is_err());
+        assert!(TaskState::from_parts(StateName::Backoff, None, None).is_err());
+        assert!(TaskState::from_parts(StateName::Ready, Some(until), None).is_err());
+        assert!(TaskState::from_parts(StateName::Discarded, None, None).is_err());
+        let lapsed = Some(DiscardReason::Lapsed);
+        assert!(TaskState::from_parts(StateName::Failed, None, lapsed).is_err());
+        assert_eq!(
+            serde_json::to_string(&states[6]).unwrap(),
+            r#"{"state":"discarded","reason":"failed"}"#
+        );
         assert_eq!(
             serde_json::to_string(&TaskState::Backoff { until }).unwrap(),
             r#"{"state":"backoff","until":"2026-10-29T12:00:00Z"}"#

@@ -7,13 +7,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::attempt::{AttemptNumber, AttemptRecord};
-use crate::error::{Field, LeaseError};
+use crate::error::{Field, LeaseError, Rule};
 use crate::lease::{Lease, LeaseRecord};
 use crate::name::{ArtifactKey, Principal, TaskId};
 use crate::receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
-use crate::state::TaskState;
+use crate::state::{DiscardReason, TaskState};
 use crate::time;
 use crate::token::FencingToken;
+use crate::tries::{DEFAULT_MAX_TRIES, Jitter, MAX_ERROR_BYTES, MAX_TRIES, retry_backoff};
 
 /// The most competing attempts one task may have.
 pub const MAX_ALTERNATIVES: u16 = 32;
@@ -74,6 +75,11 @@ pub struct TaskSpec {
     /// How long an attempt waits after its lease lapses before it can be
     /// claimed again; zero (the default) makes it ready at once.
     pub lapse_backoff: Duration,
+    /// How many tries each attempt gets, 1 to [`MAX_TRIES`]: a try is a
+    /// grant, and one whose lease lapses counts as much as one that fails.
+    /// An attempt whose last try lapses, or fails asking for a retry, is
+    /// [`TaskState::Discarded`]. [`DEFAULT_MAX_TRIES`] unless set.
+    pub max_tries: u32,
 }
 
 impl Default for TaskSpec {
@@ -81,6 +87,7 @@ impl Default for TaskSpec {
         Self {
             alternatives: 1,
             lapse_backoff: Duration::ZERO,
+            max_tries: DEFAULT_MAX_TRIES,
         }
     }
 }
@@ -94,6 +101,39 @@ pub enum Retry {
     /// Retry after this backoff (zero: ready at once), at most
     /// [`MAX_BACKOFF`](crate::MAX_BACKOFF).
     After(Duration),
+    /// Retry after the default backoff: exponential in the attempt's tries,
+    /// with jitter ([`retry_backoff`]).
+    Backoff,
+}
+
+/// A failure report: what the worker asks for, and what went wrong.
+///
+/// A [`Retry`] converts into a report without an error text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Failure {
+    /// Whether and when to try again. Past the task's last try, a retry
+    /// discards the attempt instead.
+    pub retry: Retry,
+    /// What went wrong, kept on the attempt as its last error; at most
+    /// [`MAX_ERROR_BYTES`] bytes.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl Failure {
+    /// A report asking for `retry`, with an error text.
+    pub fn with_error(retry: Retry, error: impl Into<String>) -> Self {
+        Self {
+            retry,
+            error: Some(error.into()),
+        }
+    }
+}
+
+impl From<Retry> for Failure {
+    fn from(retry: Retry) -> Self {
+        Self { retry, error: None }
+    }
 }
 
 /// A task as stored: the columns of a `tasks` row plus its `attempts` rows.
@@ -108,11 +148,18 @@ pub struct TaskRecord {
     pub version: BriefVersion,
     /// Wait after a lapsed lease before the attempt is claimable again.
     pub lapse_backoff: Duration,
+    /// How many tries each attempt gets ([`TaskSpec::max_tries`]).
+    #[serde(default = "default_max_tries")]
+    pub max_tries: u32,
     /// The highest fencing token ever granted for this task; `None` (stored
     /// as 0) before the first claim. The next grant gets the one after it.
     pub last_token: Option<FencingToken>,
     /// The competing attempts, numbered 1, 2, … in order.
     pub attempts: Vec<AttemptRecord>,
+}
+
+fn default_max_tries() -> u32 {
+    DEFAULT_MAX_TRIES
 }
 
 /// A task whose record has been checked: the lease rules live here.
@@ -156,6 +203,7 @@ impl Task {
             });
         }
         time::check_backoff(spec.lapse_backoff)?;
+        check_max_tries(spec.max_tries)?;
         let attempts = (1..=spec.alternatives)
             .map(|n| AttemptRecord::new(AttemptNumber(n)))
             .collect();
@@ -163,6 +211,7 @@ impl Task {
             id,
             version,
             lapse_backoff: spec.lapse_backoff,
+            max_tries: spec.max_tries,
             last_token: None,
             attempts,
         }))
@@ -184,16 +233,35 @@ impl Task {
         if time::check_backoff(record.lapse_backoff).is_err() {
             return invalid("lapse backoff longer than MAX_BACKOFF");
         }
+        if check_max_tries(record.max_tries).is_err() {
+            return invalid("a task allows 1 to MAX_TRIES tries");
+        }
         for (index, attempt) in record.attempts.iter().enumerate() {
             if attempt.number.index() != index {
                 return invalid("attempts must be numbered 1, 2, ... in order");
             }
+            if attempt.tries > record.max_tries
+                || (attempt.tries == record.max_tries
+                    && matches!(attempt.state, TaskState::Ready | TaskState::Backoff { .. }))
+            {
+                return invalid("an attempt out of tries is leased or final");
+            }
+            if attempt
+                .last_error
+                .as_ref()
+                .is_some_and(|error| error.len() > MAX_ERROR_BYTES)
+            {
+                return invalid("an error text longer than MAX_ERROR_BYTES");
+            }
             let Some(lease) = &attempt.lease else {
                 if matches!(
                     attempt.state,
-                    TaskState::Leased | TaskState::Done | TaskState::Failed
+                    TaskState::Leased
+                        | TaskState::Done
+                        | TaskState::Failed
+                        | TaskState::Discarded { .. }
                 ) {
-                    return invalid("a leased, done or failed attempt needs its lease");
+                    return invalid("a leased or final attempt needs its lease");
                 }
                 continue;
             };
@@ -260,7 +328,13 @@ impl Task {
             .then(|| Lease::new(&self.0.id, number, lease))
     }
 
-    /// Whether every attempt is done or failed; the comparison step may run.
+    /// How many tries each attempt gets.
+    pub fn max_tries(&self) -> u32 {
+        self.0.max_tries
+    }
+
+    /// Whether every attempt is done, failed or discarded; the comparison
+    /// step may run.
     pub fn is_finished(&self) -> bool {
         self.0.attempts.iter().all(|a| a.state.is_final())
     }
@@ -278,7 +352,8 @@ impl Task {
 
     /// Grants a lease on the lowest-numbered claimable attempt: one that is
     /// ready, whose backoff has ended, or whose lease lapsed (and whose lapse
-    /// backoff has passed). The new token is the task's next.
+    /// backoff has passed) with a try left. The new token is the task's
+    /// next, and the grant is one of the attempt's tries.
     ///
     /// Errors: [`TaskFinished`](LeaseError::TaskFinished),
     /// [`NoAttemptReady`](LeaseError::NoAttemptReady) with the time one will
@@ -419,41 +494,101 @@ impl Task {
     }
 
     /// Ends the live lease `token` held by `holder` with a failure report:
-    /// [`Retry::Never`] fails the attempt for good, [`Retry::After`] puts it
-    /// in backoff until `now + backoff` (ready at once for zero). Returns the
-    /// attempt's new state.
+    /// [`Retry::Never`] fails the attempt for good; [`Retry::After`] puts it
+    /// in backoff until `now + backoff` (ready at once for zero), and
+    /// [`Retry::Backoff`] until `now` plus [`retry_backoff`] of its tries,
+    /// drawn from `jitter`. A retry asked for on the attempt's last try
+    /// discards it ([`DiscardReason::Failed`]) instead. The report's error
+    /// text becomes the attempt's last error. Returns the attempt's new
+    /// state.
     ///
-    /// Errors: those of [`Task::submit`]'s lease check, and a backoff above
-    /// [`MAX_BACKOFF`](crate::MAX_BACKOFF).
+    /// Errors: those of [`Task::submit`]'s lease check, a backoff above
+    /// [`MAX_BACKOFF`](crate::MAX_BACKOFF) and an error text above
+    /// [`MAX_ERROR_BYTES`].
     pub fn fail(
         &mut self,
         holder: &Principal,
         token: FencingToken,
         now: DateTime<Utc>,
-        retry: Retry,
+        failure: impl Into<Failure>,
+        jitter: &mut Jitter,
     ) -> Result<TaskState, LeaseError> {
-        let state = match retry {
-            Retry::Never => TaskState::Failed,
-            Retry::After(backoff) => {
-                time::check_backoff(backoff)?;
-                if backoff.is_zero() {
-                    TaskState::Ready
-                } else {
-                    TaskState::Backoff {
-                        until: time::add(now, backoff)?,
-                    }
-                }
+        let failure = failure.into();
+        if let Retry::After(backoff) = failure.retry {
+            time::check_backoff(backoff)?;
+        }
+        if let Some(error) = &failure.error {
+            if error.len() > MAX_ERROR_BYTES {
+                return Err(LeaseError::InvalidInput {
+                    field: Field::Error,
+                    len: error.len(),
+                    rule: Rule::TooLong {
+                        max: MAX_ERROR_BYTES,
+                    },
+                });
             }
-        };
+        }
+        let max_tries = self.0.max_tries;
         let live = live_attempt(&mut self.0.attempts, self.0.last_token, holder, token, now)?;
+        let backoff = match failure.retry {
+            Retry::Never => None,
+            _ if live.tries >= max_tries => None,
+            Retry::After(backoff) => Some(backoff),
+            Retry::Backoff => Some(retry_backoff(live.tries, jitter)),
+        };
+        let state = match (failure.retry, backoff) {
+            (Retry::Never, _) => TaskState::Failed,
+            (_, None) => TaskState::Discarded {
+                reason: DiscardReason::Failed,
+            },
+            (_, Some(backoff)) if backoff.is_zero() => TaskState::Ready,
+            (_, Some(backoff)) => TaskState::Backoff {
+                until: time::add(now, backoff)?,
+            },
+        };
         *live.state = state;
+        if failure.error.is_some() {
+            *live.last_error = failure.error;
+        }
         Ok(state)
+    }
+
+    /// An operator's retry: every failed or discarded attempt becomes ready
+    /// again, and the task allows at least one more try than any of them
+    /// has had. Its next claim grants a fresh token, as every claim does.
+    /// Returns the attempts retried.
+    ///
+    /// Errors: [`NothingToRetry`](LeaseError::NothingToRetry) if no attempt
+    /// is failed or discarded; [`OutOfRange`](LeaseError::OutOfRange) if one
+    /// has had [`MAX_TRIES`] tries already.
+    pub fn retry(&mut self) -> Result<Vec<AttemptNumber>, LeaseError> {
+        let dead = |attempt: &&AttemptRecord| {
+            matches!(
+                attempt.state,
+                TaskState::Failed | TaskState::Discarded { .. }
+            )
+        };
+        let Some(most) = self.0.attempts.iter().filter(dead).map(|a| a.tries).max() else {
+            return Err(LeaseError::NothingToRetry);
+        };
+        let needed = most.saturating_add(1);
+        check_max_tries(needed)?;
+        self.0.max_tries = self.0.max_tries.max(needed);
+        let mut retried = Vec::new();
+        for attempt in &mut self.0.attempts {
+            if dead(&&*attempt) {
+                attempt.state = TaskState::Ready;
+                retried.push(attempt.number);
+            }
+        }
+        Ok(retried)
     }
 
     /// Applies what the passing of time alone changes: a lapsed lease makes
     /// its attempt ready, or puts it in backoff until `expires_at +
-    /// lapse_backoff`; an ended backoff makes its attempt ready. Returns the
-    /// attempts that changed (empty: nothing to write).
+    /// lapse_backoff`, or discards it ([`DiscardReason::Lapsed`]) if that
+    /// was its last try; an ended backoff makes its attempt ready. Returns
+    /// the attempts that changed (empty: nothing to write).
     ///
     /// Optional: [`Task::claim`] treats lapsed leases and ended backoffs the
     /// same way whether or not this ran, so it only keeps stored states
@@ -462,8 +597,16 @@ impl Task {
     pub fn expire(&mut self, now: DateTime<Utc>) -> Vec<AttemptNumber> {
         let mut changed = Vec::new();
         let lapse_backoff = self.0.lapse_backoff;
+        let max_tries = self.0.max_tries;
         for attempt in &mut self.0.attempts {
             let next = match (attempt.state, &attempt.lease) {
+                (TaskState::Leased, Some(lease))
+                    if lease.is_expired(now) && attempt.tries >= max_tries =>
+                {
+                    TaskState::Discarded {
+                        reason: DiscardReason::Lapsed,
+                    }
+                }
                 (TaskState::Leased, Some(lease)) if lease.is_expired(now) => {
                     let until = lapse_end(lease.expires_at, lapse_backoff);
                     if until <= now {
@@ -513,9 +656,12 @@ impl Task {
         match attempt.state {
             TaskState::Ready => Some(DateTime::<Utc>::MIN_UTC),
             TaskState::Backoff { until } => Some(until),
-            TaskState::Leased | TaskState::Done | TaskState::Failed => {
-                attempt.lapses_at(self.0.lapse_backoff)
-            }
+            // A lapse on the last try discards the attempt.
+            TaskState::Leased if attempt.tries >= self.0.max_tries => None,
+            TaskState::Leased
+            | TaskState::Done
+            | TaskState::Failed
+            | TaskState::Discarded { .. } => attempt.lapses_at(self.0.lapse_backoff),
         }
     }
 }
@@ -523,8 +669,10 @@ impl Task {
 /// The attempt holding a live lease, borrowed for one rule to change.
 struct LiveAttempt<'a> {
     number: AttemptNumber,
+    tries: u32,
     state: &'a mut TaskState,
     lease: &'a mut LeaseRecord,
+    last_error: &'a mut Option<String>,
 }
 
 /// Finds the attempt whose live lease is `token`, held by `holder`; the
@@ -540,12 +688,15 @@ fn live_attempt<'a>(
         AttemptRecord {
             number,
             state,
+            tries,
             lease: Some(lease),
-            ..
+            last_error,
         } if lease.token == token => Some(LiveAttempt {
             number: *number,
+            tries: *tries,
             state,
             lease,
+            last_error,
         }),
         _ => None,
     });
@@ -579,6 +730,18 @@ fn live_attempt<'a>(
         return Err(ended);
     }
     Ok(live)
+}
+
+/// Checks a task's number of tries: 1 to [`MAX_TRIES`].
+fn check_max_tries(max_tries: u32) -> Result<(), LeaseError> {
+    if max_tries == 0 || max_tries > MAX_TRIES {
+        return Err(LeaseError::OutOfRange {
+            field: Field::MaxTries,
+            value: i64::from(max_tries),
+            max: i64::from(MAX_TRIES),
+        });
+    }
+    Ok(())
 }
 
 /// When an attempt whose lease lapsed at `expires_at` becomes claimable.
@@ -937,13 +1100,20 @@ mod tests {
         let failed = task.claim(&who("a"), t0(), LEASE).unwrap();
         let retried = task.claim(&who("a"), t0(), LEASE).unwrap();
         accept(&mut task, &submission("a", done.token(), "k", 1), at(1));
-        task.fail(&who("a"), failed.token(), at(1), Retry::Never)
-            .unwrap();
+        task.fail(
+            &who("a"),
+            failed.token(),
+            at(1),
+            Retry::Never,
+            &mut Jitter::seeded(0),
+        )
+        .unwrap();
         task.fail(
             &who("a"),
             retried.token(),
             at(1),
             Retry::After(Duration::from_secs(60)),
+            &mut Jitter::seeded(0),
         )
         .unwrap();
         for (lease, name) in [
@@ -1101,7 +1271,13 @@ mod tests {
         let mut task = task();
         let lease = task.claim(&who("a"), t0(), LEASE).unwrap();
         let state = task
-            .fail(&who("a"), lease.token(), at(1), Retry::Never)
+            .fail(
+                &who("a"),
+                lease.token(),
+                at(1),
+                Retry::Never,
+                &mut Jitter::seeded(0),
+            )
             .unwrap();
         assert_eq!(state, TaskState::Failed);
         assert!(task.is_finished());
@@ -1121,6 +1297,7 @@ mod tests {
                 lease.token(),
                 at(5),
                 Retry::After(Duration::from_secs(60)),
+                &mut Jitter::seeded(0),
             )
             .unwrap();
         assert_eq!(state, TaskState::Backoff { until: at(65) });
@@ -1144,6 +1321,7 @@ mod tests {
                 lease.token(),
                 at(5),
                 Retry::After(Duration::ZERO),
+                &mut Jitter::seeded(0),
             )
             .unwrap();
         assert_eq!(state, TaskState::Ready);
@@ -1163,6 +1341,7 @@ mod tests {
                 lease.token(),
                 at(1),
                 Retry::After(MAX_BACKOFF * 2),
+                &mut Jitter::seeded(0),
             )
         });
         assert!(matches!(
@@ -1173,11 +1352,23 @@ mod tests {
             }
         ));
         let err = refused(&mut task, |t| {
-            t.fail(&who("b"), lease.token(), at(1), Retry::Never)
+            t.fail(
+                &who("b"),
+                lease.token(),
+                at(1),
+                Retry::Never,
+                &mut Jitter::seeded(0),
+            )
         });
         assert!(matches!(err, LeaseError::WrongHolder { .. }));
         let err = refused(&mut task, |t| {
-            t.fail(&who("a"), lease.token(), at(30), Retry::Never)
+            t.fail(
+                &who("a"),
+                lease.token(),
+                at(30),
+                Retry::Never,
+                &mut Jitter::seeded(0),
+            )
         });
         assert!(matches!(err, LeaseError::LeaseExpired { .. }));
     }
@@ -1227,6 +1418,7 @@ mod tests {
             lease.token(),
             at(1),
             Retry::After(Duration::from_secs(10)),
+            &mut Jitter::seeded(0),
         )
         .unwrap();
         assert!(task.expire(at(10)).is_empty());
@@ -1272,8 +1464,14 @@ mod tests {
         let l3 = task.claim(&who("c"), t0(), LEASE).unwrap();
         let r2 = accept(&mut task, &submission("b", l2.token(), "k", 2), at(1));
         let r1 = accept(&mut task, &submission("a", l1.token(), "k", 1), at(2));
-        task.fail(&who("c"), l3.token(), at(3), Retry::Never)
-            .unwrap();
+        task.fail(
+            &who("c"),
+            l3.token(),
+            at(3),
+            Retry::Never,
+            &mut Jitter::seeded(0),
+        )
+        .unwrap();
         let mut foreign = r1.clone();
         foreign.task = TaskId::parse("other").unwrap();
         let mut old_version = r1.clone();
@@ -1303,6 +1501,7 @@ mod tests {
             lease.token(),
             at(1),
             Retry::After(Duration::from_secs(5)),
+            &mut Jitter::seeded(0),
         )
         .unwrap();
         task.claim(&who("b"), at(2), LEASE).unwrap();

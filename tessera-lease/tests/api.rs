@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use tessera_lease::{
     ArtifactKey, AttemptNumber, AttemptRecord, BriefVersion, Digest, FencingToken, IdempotencyKey,
-    LeaseError, LeaseRecord, Namespace, Principal, QueueName, Receipt, Retry, StateName,
+    Jitter, LeaseError, LeaseRecord, Namespace, Principal, QueueName, Receipt, Retry, StateName,
     Submission, Submitted, Task, TaskId, TaskRecord, TaskSpec, TaskState,
 };
 
@@ -25,6 +25,7 @@ fn who(name: &str) -> Principal {
 struct TaskRow {
     version: u32,
     lapse_backoff_ms: i64,
+    max_tries: u32,
     last_token: i64,
 }
 
@@ -33,6 +34,8 @@ struct TaskRow {
 struct AttemptRow {
     state: String,
     until: Option<DateTime<Utc>>,
+    discarded: Option<String>,
+    last_error: Option<String>,
     tries: i64,
     holder: Option<String>,
     token: Option<i64>,
@@ -57,6 +60,7 @@ impl Rows {
             TaskRow {
                 version: record.version.as_u32(),
                 lapse_backoff_ms: i64::try_from(record.lapse_backoff.as_millis()).unwrap(),
+                max_tries: record.max_tries,
                 last_token: record.last_token.map_or(0, FencingToken::as_i64),
             },
         );
@@ -67,6 +71,11 @@ impl Rows {
                 AttemptRow {
                     state: attempt.state.as_str().to_owned(),
                     until: attempt.state.until(),
+                    discarded: attempt
+                        .state
+                        .discard_reason()
+                        .map(|r| r.as_str().to_owned()),
+                    last_error: attempt.last_error.clone(),
                     tries: i64::from(attempt.tries),
                     holder: lease.map(|l| l.holder.to_string()),
                     token: lease.map(|l| l.token.as_i64()),
@@ -84,7 +93,11 @@ impl Rows {
             let Some(a) = self.attempts.get(&(id.to_owned(), number)) else {
                 break;
             };
-            let state = TaskState::from_parts(a.state.parse::<StateName>().unwrap(), a.until);
+            let state = TaskState::from_parts(
+                a.state.parse::<StateName>().unwrap(),
+                a.until,
+                a.discarded.as_deref().map(|r| r.parse().unwrap()),
+            );
             let lease = a.token.map(|token| LeaseRecord {
                 holder: a.holder.as_deref().unwrap().parse().unwrap(),
                 token: FencingToken::new(token).unwrap(),
@@ -96,12 +109,14 @@ impl Rows {
                 state: state.unwrap(),
                 tries: u32::try_from(a.tries).unwrap(),
                 lease,
+                last_error: a.last_error.clone(),
             });
         }
         Task::restore(TaskRecord {
             id: TaskId::parse(id).unwrap(),
             version: BriefVersion::new(row.version).unwrap(),
             lapse_backoff: Duration::from_millis(u64::try_from(row.lapse_backoff_ms).unwrap()),
+            max_tries: row.max_tries,
             last_token: (row.last_token > 0).then(|| FencingToken::new(row.last_token).unwrap()),
             attempts,
         })
@@ -219,6 +234,7 @@ fn competing_attempts_finish_independently_and_are_compared() {
     let spec = TaskSpec {
         alternatives: 3,
         lapse_backoff: Duration::from_secs(10),
+        ..TaskSpec::default()
     };
     let id = TaskId::parse("essay-7").unwrap();
     rows.write(&Task::new(id, BriefVersion::new(2).unwrap(), spec).unwrap());
@@ -255,8 +271,14 @@ fn competing_attempts_finish_independently_and_are_compared() {
     let d = task.claim(&who("d"), at(40), LEASE).unwrap();
     assert_eq!(d.attempt(), AttemptNumber::new(2).unwrap());
     assert_eq!(d.token().as_i64(), 4);
-    task.fail(&who("c"), leases[2].token(), at(41), Retry::Never)
-        .unwrap();
+    task.fail(
+        &who("c"),
+        leases[2].token(),
+        at(41),
+        Retry::Never,
+        &mut Jitter::seeded(0),
+    )
+    .unwrap();
     rows.write(&task);
     rows.submit("essay-7", &submission("d", d.token(), "k", 2), at(42))
         .unwrap();

@@ -45,6 +45,7 @@ fn attempt(index: usize, (state, granted, length, until): AttemptSeed) -> Attemp
         state,
         tries: u32::from(lease.is_some()),
         lease,
+        last_error: None,
     }
 }
 
@@ -60,6 +61,7 @@ fn record() -> impl Strategy<Value = TaskRecord> {
             id: TaskId::parse("task").unwrap(),
             version: BriefVersion::FIRST,
             lapse_backoff: Duration::from_secs(backoff),
+            max_tries: tessera_lease::DEFAULT_MAX_TRIES,
             last_token: Some(FencingToken::new(attempts.len() as i64).unwrap()),
             attempts,
         }

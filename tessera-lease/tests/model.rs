@@ -1,7 +1,8 @@
 //! Model test: random interleavings of claim, heartbeat, time passing (and
-//! stepping back), expiry sweeps, submissions, resubmissions and failure
-//! reports by several workers on several tasks, checked against a simple
-//! independent model of what each rule must allow.
+//! stepping back), expiry sweeps, submissions, resubmissions, failure
+//! reports and operators' retries by several workers on several tasks with
+//! few tries each, checked against a simple independent model of what each
+//! rule must allow.
 //!
 //! Tasks live serialized between steps, as a store keeps them, so every
 //! reachable state also passes `Task::restore`.
@@ -12,16 +13,17 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use proptest::prelude::*;
 use tessera_lease::{
-    BriefVersion, Digest, FencingToken, IdempotencyKey, LeaseError, Principal, Receipt, Retry,
-    Submission, Submitted, Task, TaskId, TaskSpec, TaskState,
+    BriefVersion, Digest, DiscardReason, FencingToken, IdempotencyKey, Jitter, LeaseError,
+    Principal, RETRY_BACKOFF_BASE, Receipt, Retry, Submission, Submitted, Task, TaskId, TaskSpec,
+    TaskState,
 };
 
 const WORKERS: usize = 3;
 const LEASE: Duration = Duration::from_secs(30);
 const EXTENSION: Duration = Duration::from_secs(20);
 
-/// (alternatives, lapse backoff in seconds) of each task.
-const TASKS: [(u16, u64); 3] = [(1, 0), (2, 0), (2, 15)];
+/// (alternatives, lapse backoff in seconds, tries) of each task.
+const TASKS: [(u16, u64, u32); 3] = [(1, 0, 2), (2, 0, 3), (2, 15, 20)];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -47,11 +49,17 @@ enum Op {
         key: u8,
         digest: u8,
     },
+    /// `retry`: `None` gives up, `Some(None)` asks for the default
+    /// backoff, `Some(Some(s))` for `s` seconds.
     Fail {
         worker: usize,
         task: usize,
         pick: usize,
-        retry: Option<u64>,
+        retry: Option<Option<u64>>,
+    },
+    /// An operator's retry.
+    Retry {
+        task: usize,
     },
 }
 
@@ -68,8 +76,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (worker.clone(), task.clone(), any::<usize>(), 0u8..2, 0u8..2).prop_map(
             |(worker, task, pick, key, digest)| Op::Submit { worker, task, pick, key, digest }
         ),
-        1 => (worker, task, any::<usize>(), proptest::option::of(0u64..40))
+        2 => (worker, task.clone(), any::<usize>(), proptest::option::of(proptest::option::of(0u64..40)))
             .prop_map(|(worker, task, pick, retry)| Op::Fail { worker, task, pick, retry }),
+        1 => task.prop_map(|task| Op::Retry { task }),
     ]
 }
 
@@ -85,6 +94,7 @@ struct Grant {
 enum Ended {
     Done,
     Failed,
+    Discarded(DiscardReason),
     /// Ended by a failure report with a retry, or by a lapse a sweep
     /// recorded; claimable from `until` (`None`: at once).
     Waiting {
@@ -102,16 +112,26 @@ struct ModelAttempt {
     latest: Option<Grant>,
     ended: Option<Ended>,
     accepted: usize,
+    tries: u32,
 }
 
 impl ModelAttempt {
-    fn claimable(&self, now: DateTime<Utc>, lapse_backoff: TimeDelta) -> bool {
+    fn claimable(&self, now: DateTime<Utc>, lapse_backoff: TimeDelta, max_tries: u32) -> bool {
         match (&self.latest, self.ended) {
             (None, _) => true,
-            (Some(_), Some(Ended::Done | Ended::Failed)) => false,
+            (Some(_), Some(Ended::Done | Ended::Failed | Ended::Discarded(_))) => false,
             (Some(_), Some(Ended::Waiting { until })) => until.is_none_or(|u| u <= now),
-            (Some(grant), None) => grant.expires_at + lapse_backoff <= now,
+            (Some(grant), None) => {
+                self.tries < max_tries && grant.expires_at + lapse_backoff <= now
+            }
         }
+    }
+
+    fn is_final(&self) -> bool {
+        matches!(
+            self.ended,
+            Some(Ended::Done | Ended::Failed | Ended::Discarded(_))
+        )
     }
 
     fn state(&self) -> TaskState {
@@ -120,6 +140,7 @@ impl ModelAttempt {
             (Some(_), None) => TaskState::Leased,
             (Some(_), Some(Ended::Done)) => TaskState::Done,
             (Some(_), Some(Ended::Failed)) => TaskState::Failed,
+            (Some(_), Some(Ended::Discarded(reason))) => TaskState::Discarded { reason },
             (Some(_), Some(Ended::Waiting { until: Some(until) })) => TaskState::Backoff { until },
         }
     }
@@ -138,6 +159,8 @@ struct Model {
     attempts: Vec<Vec<ModelAttempt>>,
     /// Every token granted per task, in grant order.
     granted: Vec<Vec<i64>>,
+    /// Each task's tries per attempt; an operator's retry raises it.
+    max_tries: Vec<u32>,
     /// Receipts by (worker, task, key), with their serialized bytes.
     receipts: HashMap<(usize, usize, u8), (Receipt, Vec<u8>)>,
 }
@@ -155,10 +178,11 @@ impl Model {
         let stored = TASKS
             .iter()
             .enumerate()
-            .map(|(i, &(alternatives, backoff))| {
+            .map(|(i, &(alternatives, backoff, max_tries))| {
                 let spec = TaskSpec {
                     alternatives,
                     lapse_backoff: Duration::from_secs(backoff),
+                    max_tries,
                 };
                 let id = TaskId::parse(&format!("task-{i}")).unwrap();
                 serde_json::to_string(&Task::new(id, BriefVersion::FIRST, spec).unwrap()).unwrap()
@@ -169,9 +193,10 @@ impl Model {
             stored,
             attempts: TASKS
                 .iter()
-                .map(|&(n, _)| vec![ModelAttempt::default(); usize::from(n)])
+                .map(|&(n, _, _)| vec![ModelAttempt::default(); usize::from(n)])
                 .collect(),
             granted: vec![Vec::new(); TASKS.len()],
+            max_tries: TASKS.iter().map(|&(_, _, tries)| tries).collect(),
             receipts: HashMap::new(),
         }
     }
@@ -223,6 +248,7 @@ impl Model {
                 pick,
                 retry,
             } => self.fail(worker, task, pick, retry),
+            Op::Retry { task } => self.retry(task),
         }
         self.check_leases();
     }
@@ -230,9 +256,10 @@ impl Model {
     fn claim(&mut self, worker: usize, task: usize) {
         let mut value = self.load(task);
         let before = value.clone();
+        let max_tries = self.max_tries[task];
         let expected = self.attempts[task]
             .iter()
-            .position(|a| a.claimable(self.now, lapse_backoff(task)));
+            .position(|a| a.claimable(self.now, lapse_backoff(task), max_tries));
         match (value.claim(&principal(worker), self.now, LEASE), expected) {
             (Ok(lease), Some(index)) => {
                 assert_eq!(usize::from(lease.attempt().as_u16()) - 1, index);
@@ -252,15 +279,18 @@ impl Model {
                     expires_at: lease.expires_at(),
                 });
                 attempt.ended = None;
+                attempt.tries += 1;
+                assert!(attempt.tries <= max_tries, "a grant past the last try");
                 assert_eq!(lease.expires_at(), self.now + TimeDelta::seconds(30));
                 self.granted[task].push(token);
                 self.save(task, &value);
             }
             (Err(LeaseError::TaskFinished), None) => {
+                // Final, or leased on the last try: never claimable again.
                 assert!(
                     self.attempts[task]
                         .iter()
-                        .all(|a| matches!(a.ended, Some(Ended::Done | Ended::Failed)))
+                        .all(|a| a.is_final() || (a.ended.is_none() && a.tries >= max_tries))
                 );
                 assert_eq!(value, before);
             }
@@ -343,31 +373,93 @@ impl Model {
         }
     }
 
-    fn fail(&mut self, worker: usize, task: usize, pick: usize, retry: Option<u64>) {
+    fn fail(&mut self, worker: usize, task: usize, pick: usize, retry: Option<Option<u64>>) {
         let token = self.pick_token(task, pick);
         let retry = match retry {
             None => Retry::Never,
-            Some(seconds) => Retry::After(Duration::from_secs(seconds)),
+            Some(None) => Retry::Backoff,
+            Some(Some(seconds)) => Retry::After(Duration::from_secs(seconds)),
         };
         let mut value = self.load(task);
         let before = value.clone();
-        let result = value.fail(&principal(worker), token, self.now, retry);
+        let seed = token.as_i64() as u64;
+        let result = value.fail(
+            &principal(worker),
+            token,
+            self.now,
+            retry,
+            &mut Jitter::seeded(seed),
+        );
+        let max_tries = self.max_tries[task];
         match (result, self.valid(task, worker, token)) {
             (Ok(state), Some(index)) => {
+                let now = self.now;
+                let attempt = &mut self.attempts[task][index];
                 let ended = match retry {
                     Retry::Never => Ended::Failed,
+                    _ if attempt.tries >= max_tries => Ended::Discarded(DiscardReason::Failed),
                     Retry::After(backoff) if backoff.is_zero() => Ended::Waiting { until: None },
                     Retry::After(backoff) => Ended::Waiting {
-                        until: Some(self.now + TimeDelta::from_std(backoff).unwrap()),
+                        until: Some(now + TimeDelta::from_std(backoff).unwrap()),
                     },
+                    Retry::Backoff => {
+                        let TaskState::Backoff { until } = state else {
+                            panic!("a default backoff gave {state:?}");
+                        };
+                        let step = RETRY_BACKOFF_BASE * (1 << (attempt.tries - 1));
+                        let wait = (until - now).to_std().unwrap();
+                        assert!(wait >= step / 2 && wait <= step, "backoff {wait:?}");
+                        let mut again = before.clone();
+                        let replay = again.fail(
+                            &principal(worker),
+                            token,
+                            now,
+                            retry,
+                            &mut Jitter::seeded(seed),
+                        );
+                        assert_eq!(replay, Ok(state), "the same seed, the same backoff");
+                        Ended::Waiting { until: Some(until) }
+                    }
                 };
-                let attempt = &mut self.attempts[task][index];
                 attempt.ended = Some(ended);
                 assert_eq!(state, attempt.state());
                 self.save(task, &value);
             }
             (Err(_), None) => assert_eq!(value, before, "a refused failure changed the task"),
             (outcome, valid) => panic!("fail gave {outcome:?}, model valid {valid:?}"),
+        }
+    }
+
+    fn retry(&mut self, task: usize) {
+        let mut value = self.load(task);
+        let before = value.clone();
+        let dead: Vec<usize> = self.attempts[task]
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a.ended, Some(Ended::Failed | Ended::Discarded(_))))
+            .map(|(index, _)| index)
+            .collect();
+        match value.retry() {
+            Ok(retried) => {
+                let retried: Vec<usize> = retried
+                    .iter()
+                    .map(|n| usize::from(n.as_u16()) - 1)
+                    .collect();
+                assert_eq!(retried, dead);
+                let most = dead.iter().map(|&i| self.attempts[task][i].tries).max();
+                let max_tries = self.max_tries[task].max(most.unwrap() + 1);
+                self.max_tries[task] = max_tries;
+                assert_eq!(value.max_tries(), max_tries);
+                for index in dead {
+                    self.attempts[task][index].ended = Some(Ended::Waiting { until: None });
+                }
+                self.save(task, &value);
+            }
+            Err(LeaseError::NothingToRetry) => {
+                assert!(dead.is_empty());
+                assert_eq!(value, before);
+            }
+            Err(error) => panic!("retry gave {error:?}"),
         }
     }
 
@@ -388,8 +480,12 @@ impl Model {
         );
         // A recorded lapse stays recorded, even if the clock later steps back.
         let now = self.now;
+        let max_tries = self.max_tries[task];
         for attempt in &mut self.attempts[task] {
             match (&attempt.latest, attempt.ended) {
+                (Some(grant), None) if now >= grant.expires_at && attempt.tries >= max_tries => {
+                    attempt.ended = Some(Ended::Discarded(DiscardReason::Lapsed));
+                }
                 (Some(grant), None) if now >= grant.expires_at => {
                     let until = grant.expires_at + lapse_backoff(task);
                     attempt.ended = Some(Ended::Waiting {
@@ -422,6 +518,8 @@ impl Model {
                     "at most one unexpired lease per attempt, the model's"
                 );
                 assert_eq!(attempt.state, model.state(), "attempt state");
+                assert_eq!(attempt.tries, model.tries, "tries");
+                assert!(attempt.tries <= value.max_tries(), "tries within the limit");
                 assert!(model.accepted <= 1);
                 assert_eq!(model.accepted == 1, attempt.state == TaskState::Done);
             }

@@ -41,6 +41,7 @@ pub struct StoreConfig {
     address_secret: Option<Secret>,
     session_lifetime: Duration,
     session_practice_tasks: u16,
+    retry_jitter_seed: Option<u64>,
 }
 
 impl Default for StoreConfig {
@@ -59,6 +60,7 @@ impl Default for StoreConfig {
             address_secret: None,
             session_lifetime: Duration::from_secs(24 * 60 * 60),
             session_practice_tasks: 3,
+            retry_jitter_seed: None,
         }
     }
 }
@@ -168,6 +170,20 @@ impl StoreConfig {
     pub fn with_session_practice_tasks(mut self, count: u16) -> Self {
         self.session_practice_tasks = count;
         self
+    }
+
+    /// Seeds the jitter of the default retry backoff
+    /// ([`Retry::Backoff`](tessera_lease::Retry::Backoff)), so a test sees
+    /// the same backoffs every run. Unset (the default), the store seeds it
+    /// from the system clock when it opens.
+    pub fn with_retry_jitter_seed(mut self, seed: u64) -> Self {
+        self.retry_jitter_seed = Some(seed);
+        self
+    }
+
+    /// The retry jitter's seed, if one was set.
+    pub fn retry_jitter_seed(&self) -> Option<u64> {
+        self.retry_jitter_seed
     }
 
     /// Checks the store's own settings (the admission, idle and mint
@@ -287,6 +303,7 @@ impl fmt::Debug for StoreConfig {
             .field("address_secret", &self.address_secret.is_some())
             .field("session_lifetime", &self.session_lifetime)
             .field("session_practice_tasks", &self.session_practice_tasks)
+            .field("retry_jitter_seed", &self.retry_jitter_seed)
             .finish_non_exhaustive()
     }
 }

@@ -233,8 +233,8 @@ pub use store::Store;
 pub use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig, Stats, Ticket};
 pub use tessera_audit::{Action, AuditEvent, Counter, IpHash, Outcome, Secret};
 pub use tessera_lease::{
-    AttemptNumber, BriefVersion, FencingToken, IdempotencyKey, Lease, LeaseError, Namespace,
-    QueueName, Receipt, Retry, Submitted, TaskId, TaskState,
+    AttemptNumber, BriefVersion, DiscardReason, Failure, FencingToken, IdempotencyKey, Lease,
+    LeaseError, Namespace, QueueName, Receipt, Retry, Submitted, TaskId, TaskState,
 };
 
 /// The limits and fixed names the store applies.
@@ -245,7 +245,10 @@ pub mod limits {
     pub use crate::model::session::ANONYMOUS_ACCOUNT;
     pub use crate::model::task::PRACTICE_QUEUE;
     pub use crate::model::wait::MAX_LONG_POLL;
-    pub use tessera_lease::{MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_LEASE_DURATION};
+    pub use tessera_lease::{
+        DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,
+        MAX_TRIES,
+    };
 }
 
 /// The policies the store composes, through their own crates: the bare

@@ -46,6 +46,7 @@ pub(crate) struct TaskRow {
     pub(crate) brief: Option<Vec<u8>>,
     pub(crate) brief_format: String,
     pub(crate) lapse_backoff_ms: i64,
+    pub(crate) max_tries: i64,
     pub(crate) last_token: i64,
     pub(crate) claimable_at: Option<i64>,
     pub(crate) created_at: i64,
@@ -57,6 +58,9 @@ pub(crate) struct AttemptRow {
     pub(crate) number: i64,
     pub(crate) state: String,
     pub(crate) until_at: Option<i64>,
+    /// A discarded attempt's reason: `lapsed` or `failed`.
+    pub(crate) discarded: Option<String>,
+    pub(crate) last_error: Option<String>,
     pub(crate) tries: i64,
     pub(crate) holder: Option<String>,
     pub(crate) token: Option<i64>,
@@ -183,6 +187,7 @@ impl TaskRow {
             lapse_backoff: Duration::from_millis(
                 u64::try_from(self.lapse_backoff_ms).map_err(|_| corrupt("task row"))?,
             ),
+            max_tries: u32::try_from(self.max_tries).map_err(|_| corrupt("task row"))?,
             last_token: match self.last_token {
                 0 => None,
                 token => Some(FencingToken::new(token).map_err(|_| corrupt("task row"))?),
@@ -199,8 +204,12 @@ impl AttemptRow {
     pub(crate) fn record(&self) -> Result<AttemptRecord> {
         let bad = || corrupt("attempt row");
         let name: StateName = self.state.parse().map_err(|_| bad())?;
-        let state =
-            TaskState::from_parts(name, self.until_at.map(from_millis)).map_err(|_| bad())?;
+        let reason = match &self.discarded {
+            Some(reason) => Some(reason.parse().map_err(|_| bad())?),
+            None => None,
+        };
+        let state = TaskState::from_parts(name, self.until_at.map(from_millis), reason)
+            .map_err(|_| bad())?;
         let lease = match (&self.holder, self.token, self.granted_at, self.expires_at) {
             (Some(holder), Some(token), Some(granted_at), Some(expires_at)) => Some(LeaseRecord {
                 holder: holder.parse().map_err(|_| bad())?,
@@ -219,6 +228,7 @@ impl AttemptRow {
             state,
             tries: u32::try_from(self.tries).map_err(|_| bad())?,
             lease,
+            last_error: self.last_error.clone(),
         })
     }
 
@@ -229,6 +239,11 @@ impl AttemptRow {
             number: i64::from(record.number.as_u16()),
             state: record.state.as_str().to_owned(),
             until_at: record.state.until().map(millis),
+            discarded: record
+                .state
+                .discard_reason()
+                .map(|reason| reason.as_str().to_owned()),
+            last_error: record.last_error.clone(),
             tries: i64::from(record.tries),
             holder: lease.map(|l| l.holder.as_str().to_owned()),
             token: lease.map(|l| l.token.as_i64()),
@@ -385,6 +400,7 @@ pub(crate) fn state_counts(by_state: Vec<(String, i64)>) -> Result<StateCounts> 
             Ok(StateName::Done) => attempts.done += count,
             Ok(StateName::Failed) => attempts.failed += count,
             Ok(StateName::Backoff) => attempts.backoff += count,
+            Ok(StateName::Discarded) => attempts.discarded += count,
             Err(_) => return Err(corrupt("attempt state")),
         }
     }
@@ -457,6 +473,8 @@ pub(crate) struct TaskWrites {
     pub(crate) last_token: Option<i64>,
     /// The new claim-index column, if it moved.
     pub(crate) claimable_at: Option<Option<i64>>,
+    /// The new number of tries, if an operator's retry raised it.
+    pub(crate) max_tries: Option<i64>,
 }
 
 impl TaskWrites {
@@ -489,6 +507,9 @@ impl TaskWrites {
         if claimable_column(before) != claimable {
             writes.claimable_at = Some(claimable);
         }
+        if before.max_tries != after.max_tries {
+            writes.max_tries = Some(i64::from(after.max_tries));
+        }
         writes
     }
 
@@ -506,6 +527,7 @@ impl TaskWrites {
                 .collect(),
             last_token: None,
             claimable_at: Some(claimable_column(record)),
+            max_tries: None,
         }
     }
 }
@@ -513,7 +535,7 @@ impl TaskWrites {
 #[cfg(test)]
 mod tests {
     use tessera_audit::{Action, Outcome};
-    use tessera_lease::{Retry, Task, TaskSpec};
+    use tessera_lease::{Jitter, Retry, Task, TaskSpec};
 
     use super::*;
 
@@ -528,6 +550,7 @@ mod tests {
         let spec = TaskSpec {
             alternatives: 2,
             lapse_backoff: Duration::from_secs(5),
+            ..TaskSpec::default()
         };
         let mut task = Task::new(TaskId::parse("t").unwrap(), BriefVersion::FIRST, spec).unwrap();
         assert_eq!(claimable_column(task.record()), Some(0));
@@ -557,6 +580,7 @@ mod tests {
             second.token(),
             at(2),
             Retry::After(Duration::from_secs(10)),
+            &mut Jitter::seeded(0),
         )
         .unwrap();
         assert_eq!(claimable_column(task.record()), Some(millis(at(12))));

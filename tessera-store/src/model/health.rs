@@ -23,12 +23,15 @@ pub struct StateCounts {
     pub failed: u64,
     /// Waiting out a retry or lapse backoff.
     pub backoff: u64,
+    /// Out of tries: the last one lapsed or failed asking for a retry.
+    #[serde(default)]
+    pub discarded: u64,
 }
 
 impl StateCounts {
     /// Every attempt.
     pub fn total(&self) -> u64 {
-        self.ready + self.leased + self.done + self.failed + self.backoff
+        self.ready + self.leased + self.done + self.failed + self.backoff + self.discarded
     }
 }
 

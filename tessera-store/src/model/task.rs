@@ -131,6 +131,15 @@ impl EnqueueOptions {
         self
     }
 
+    /// How many tries each attempt gets, lapses and failures alike
+    /// (default [`DEFAULT_MAX_TRIES`](tessera_lease::DEFAULT_MAX_TRIES), at
+    /// most [`MAX_TRIES`](tessera_lease::MAX_TRIES)). An attempt whose last
+    /// try lapses, or fails asking for a retry, is discarded.
+    pub fn with_max_tries(mut self, tries: u32) -> Self {
+        self.spec.max_tries = tries;
+        self
+    }
+
     /// How long an attempt whose lease lapsed waits before it can be
     /// claimed again (default zero: at once).
     pub fn with_lapse_backoff(mut self, backoff: Duration) -> Self {

@@ -22,7 +22,8 @@ use crate::state::waiting::{ClaimRequest, Decided};
 use crate::store::Store;
 
 /// How often the lease transaction skips a task whose stored claim times
-/// turned out stale before it reports the queue empty.
+/// turned out stale before it reports the queue empty (a lease that lapsed
+/// on its last try is discarded and not counted).
 const MAX_PICKS: usize = 4;
 
 impl Store {
@@ -338,15 +339,25 @@ impl Store {
             if session {
                 self.open_namespace(writer, caller, namespace, now)?;
             }
-            for _ in 0..MAX_PICKS {
+            let mut stale = 0;
+            while stale < MAX_PICKS {
                 let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {
                     break;
                 };
                 let mut rules = Task::restore(loaded.record)?;
                 if rules.next_claimable_at(now) != Some(now) {
-                    // The stored claim times were stale; correct them and
-                    // look again.
-                    writer.resync_task(loaded.handle, rules.record())?;
+                    // A lease lapsed on its last try: discard its attempt
+                    // and look again (each pass takes one lapse out of the
+                    // index, so this ends). Otherwise the stored claim
+                    // times were stale: correct them and look again.
+                    if apply(writer, loaded.handle, &mut rules, |rules| {
+                        Ok(rules.expire(now))
+                    })?
+                    .is_empty()
+                    {
+                        writer.resync_task(loaded.handle, rules.record())?;
+                        stale += 1;
+                    }
                     continue;
                 }
                 let lease = apply(writer, loaded.handle, &mut rules, |rules| {

@@ -5,9 +5,9 @@
 use chrono::{DateTime, Utc};
 use tessera_audit::{Action, Outcome};
 use tessera_lease::{
-    AttemptNumber, BriefVersion, FencingToken, Idempotency, IdempotencyKey, Lease, LeaseError,
-    MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Retry, Submission, Submitted, Task, TaskId,
-    TaskSpec, TaskState, check_brief_size, decide_idempotency,
+    AttemptNumber, BriefVersion, Failure, FencingToken, Idempotency, IdempotencyKey, Lease,
+    LeaseError, MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Retry, Submission, Submitted,
+    Task, TaskId, TaskSpec, TaskState, check_brief_size, decide_idempotency,
 };
 
 use crate::backend::{
@@ -273,35 +273,66 @@ impl Store {
         Ok(submitted)
     }
 
-    /// Ends the lease `token` on `task` with a failure report:
-    /// [`Retry::Never`] fails its attempt for good, [`Retry::After`] makes
+    /// Ends the lease `token` on `task` with a failure report (a [`Retry`]
+    /// alone, or a [`Failure`] with an error text):
+    /// [`Retry::Never`] fails its attempt for good; [`Retry::After`] makes
     /// it claimable again after the backoff (counted in whole
-    /// milliseconds, as times are stored). Returns the attempt's new
-    /// state. Same permissions and token rules as
-    /// [`heartbeat`](Self::heartbeat).
+    /// milliseconds, as times are stored), and [`Retry::Backoff`] after the
+    /// default exponential backoff with jitter
+    /// ([`retry_backoff`](tessera_lease::retry_backoff)). A retry asked for
+    /// on the attempt's last try discards it instead
+    /// ([`TaskState::Discarded`]). Returns the attempt's new state. Same
+    /// permissions and token rules as [`heartbeat`](Self::heartbeat).
     pub fn fail(
         &self,
         caller: &Caller,
         task: &TaskRef,
         token: FencingToken,
-        retry: Retry,
+        failure: impl Into<Failure>,
     ) -> Result<TaskState, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Fail)?;
         let now = self.now_utc();
         let holder = caller.lease_principal();
-        let retry = match retry {
-            Retry::After(backoff) => Retry::After(whole_millis(backoff)),
-            Retry::Never => Retry::Never,
-        };
+        let mut failure = failure.into();
+        if let Retry::After(backoff) = failure.retry {
+            failure.retry = Retry::After(whole_millis(backoff));
+        }
         let state = self.perform(&scope, now, |writer| {
             let (handle, mut rules) = load(writer.reads(), task)?;
             let state = apply(writer, handle, &mut rules, |rules| {
-                rules.fail(&holder, token, now, retry)
+                // Whole milliseconds from a whole-millisecond now.
+                rules.fail(
+                    &holder,
+                    token,
+                    now,
+                    failure.clone(),
+                    &mut self.jitter.lock(),
+                )
             })?;
             Ok((state, task.resource(&format!("/t{token}"))))
         })?;
         self.namespace_changed(&task.namespace);
         Ok(state)
+    }
+
+    /// An operator's retry: every failed or discarded attempt of `task`
+    /// becomes ready again, with one more try than it has had if it was
+    /// out of tries ([`Task::retry`]). Its next claim grants a fresh
+    /// token. Returns the attempts retried.
+    ///
+    /// Needs the `enqueue` scope and the namespace grant (an admin has
+    /// both); `409` if no attempt is failed or discarded. Audited as
+    /// `retry_task` naming the task.
+    pub fn retry_task(&self, caller: &Caller, task: &TaskRef) -> Result<Vec<AttemptNumber>, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Enqueue, Action::RetryTask)?;
+        let now = self.now_utc();
+        let retried = self.perform(&scope, now, |writer| {
+            let (handle, mut rules) = load(writer.reads(), task)?;
+            let retried = apply(writer, handle, &mut rules, Task::retry)?;
+            Ok((retried, task.resource("")))
+        })?;
+        self.namespace_changed(&task.namespace);
+        Ok(retried)
     }
 
     /// Returns the lapsed leases of `namespace` to their attempts' next

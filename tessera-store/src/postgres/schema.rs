@@ -14,7 +14,7 @@ use postgres::Client;
 use crate::error::Error;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Every table, created if missing.
 const TABLES: &[(&str, &str)] = &[
@@ -164,7 +164,12 @@ const INDEXES: &[(&str, &str)] = &[
 /// Columns added since a table first shipped (a session namespace's
 /// purge time), added where missing. An older build ignores them, so the
 /// version stays.
-const COLUMNS: &[&str] = &["ALTER TABLE namespaces ADD COLUMN IF NOT EXISTS purge_at BIGINT"];
+const COLUMNS: &[&str] = &[
+    "ALTER TABLE namespaces ADD COLUMN IF NOT EXISTS purge_at BIGINT",
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS max_tries BIGINT NOT NULL DEFAULT 20",
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS discarded TEXT",
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS last_error TEXT",
+];
 
 /// What the catalog says of the schema.
 struct Inspection {

@@ -155,7 +155,7 @@ impl<'a> PgTransaction<'a> {
 macro_rules! task_columns {
     () => {
         "id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, last_token, \
-         claimable_at, created_at"
+         claimable_at, created_at, max_tries"
     };
 }
 
@@ -211,25 +211,27 @@ const HAS_CLAIMABLE: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE namespace 
      OR EXISTS (SELECT 1 FROM attempts WHERE namespace = $1 AND queue = $2 \
      AND state = 'leased' AND lapses_at <= $3)";
 const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
-     granted_at, expires_at, lapses_at FROM attempts WHERE task = $1 ORDER BY number";
+     granted_at, expires_at, lapses_at, discarded, last_error FROM attempts WHERE task = $1 \
+     ORDER BY number";
 const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at, purge_at) \
      VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING";
 const NAMESPACE_EXISTS: &str = "SELECT 1 FROM namespaces WHERE name = $1";
 const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, brief, \
-     brief_format, alternatives, lapse_backoff_ms, last_token, claimable_at, created_at, \
-     enqueued_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, 0, $9, $10) \
+     brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
+     created_at, enqueued_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, 0, $9, $10) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING RETURNING id";
 const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, state, \
      tries) VALUES ($1, $2, $3, $4, 'ready', 0)";
 const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = $3, until_at = $4, tries = $5, \
-     holder = $6, token = $7, granted_at = $8, expires_at = $9, lapses_at = $10 \
-     WHERE task = $1 AND number = $2";
+     holder = $6, token = $7, granted_at = $8, expires_at = $9, lapses_at = $10, \
+     discarded = $11, last_error = $12 WHERE task = $1 AND number = $2";
 const UPDATE_ATTEMPT_STATE: &str = "UPDATE attempts SET state = $3, until_at = $4, \
-     lapses_at = $5 WHERE task = $1 AND number = $2";
+     lapses_at = $5, discarded = $6, last_error = $7 WHERE task = $1 AND number = $2";
 const EXTEND_ATTEMPT: &str = "UPDATE attempts SET expires_at = $3, lapses_at = $4 \
      WHERE task = $1 AND number = $2";
 const UPDATE_TASK: &str = "UPDATE tasks SET last_token = $2, claimable_at = $3 WHERE id = $1";
 const UPDATE_TOKEN: &str = "UPDATE tasks SET last_token = $2 WHERE id = $1";
+const UPDATE_MAX_TRIES: &str = "UPDATE tasks SET max_tries = $2 WHERE id = $1";
 const UPDATE_CLAIMABLE: &str = "UPDATE tasks SET claimable_at = $2 WHERE id = $1";
 /// Tasks with an expired lease, each once, locked or skipped.
 const LAPSED_TASKS: &str = "SELECT DISTINCT task FROM attempts \
@@ -370,6 +372,7 @@ fn task_row(row: &Row) -> Result<TaskRow> {
         last_token: row.try_get(7)?,
         claimable_at: row.try_get(8)?,
         created_at: row.try_get(9)?,
+        max_tries: row.try_get(10)?,
     })
 }
 
@@ -384,6 +387,8 @@ fn attempt_row(row: &Row) -> Result<AttemptRow> {
         granted_at: row.try_get(6)?,
         expires_at: row.try_get(7)?,
         lapses_at: row.try_get(8)?,
+        discarded: row.try_get(9)?,
+        last_error: row.try_get(10)?,
     })
 }
 
@@ -791,6 +796,7 @@ impl WriteTransaction for PgTransaction<'_> {
                 &duration_millis(task.spec.lapse_backoff),
                 &millis(task.created_at),
                 &task.enqueued_by,
+                &i64::from(task.spec.max_tries),
             ],
         )?;
         let Some(row) = row else {
@@ -909,7 +915,15 @@ impl PgTransaction<'_> {
             match write {
                 AttemptWrite::State(row) => self.execute(
                     UPDATE_ATTEMPT_STATE,
-                    &[&id, &row.number, &row.state, &row.until_at, &row.lapses_at],
+                    &[
+                        &id,
+                        &row.number,
+                        &row.state,
+                        &row.until_at,
+                        &row.lapses_at,
+                        &row.discarded,
+                        &row.last_error,
+                    ],
                 )?,
                 AttemptWrite::Expiry(row) => self.execute(
                     EXTEND_ATTEMPT,
@@ -928,6 +942,8 @@ impl PgTransaction<'_> {
                         &row.granted_at,
                         &row.expires_at,
                         &row.lapses_at,
+                        &row.discarded,
+                        &row.last_error,
                     ],
                 )?,
             };
@@ -940,6 +956,9 @@ impl PgTransaction<'_> {
             (None, Some(claimable)) => self.execute(UPDATE_CLAIMABLE, &[&id, &claimable])?,
             (None, None) => 0,
         };
+        if let Some(max_tries) = writes.max_tries {
+            self.execute(UPDATE_MAX_TRIES, &[&id, &max_tries])?;
+        }
         Ok(())
     }
 }

@@ -20,7 +20,7 @@ use super::quota::{QuotaRules, classify};
 use crate::error::{Error, corrupt};
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The marker table and key that hold the schema version.
 const META_TABLE: &str = "tessera_meta";
@@ -174,6 +174,8 @@ pub(crate) const TABLES: &[Table] = &[
             ("brief_format", "TEXT NOT NULL"),
             ("alternatives", "INTEGER NOT NULL"),
             ("lapse_backoff_ms", "INTEGER NOT NULL"),
+            // Tries per attempt; added in version 2.
+            ("max_tries", "INTEGER NOT NULL DEFAULT 20"),
             // The highest fencing token granted; 0 before the first.
             ("last_token", "INTEGER NOT NULL"),
             // When an attempt is next claimable without a lease lapsing:
@@ -198,10 +200,14 @@ pub(crate) const TABLES: &[Table] = &[
             // use an index.
             ("namespace", "TEXT NOT NULL"),
             ("queue", "TEXT NOT NULL"),
-            // ready | leased | done | failed | backoff
+            // ready | leased | done | failed | backoff | discarded
             ("state", "TEXT NOT NULL"),
             // The end of a backoff.
             ("until_at", "INTEGER"),
+            // A discarded attempt's reason: lapsed | failed (version 2).
+            ("discarded", "TEXT"),
+            // The latest failure report's error text (version 2).
+            ("last_error", "TEXT"),
             ("tries", "INTEGER NOT NULL"),
             // The lease of the latest grant: holder, fencing token, times.
             ("holder", "TEXT"),

@@ -155,6 +155,10 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::UPDATE_TOKEN,
     },
     HotStatement {
+        name: "update tries",
+        sql: tasks::UPDATE_MAX_TRIES,
+    },
+    HotStatement {
         name: "update task",
         sql: tasks::UPDATE_TASK,
     },

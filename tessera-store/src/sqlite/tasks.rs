@@ -34,8 +34,8 @@ pub(crate) const PURGE_NAMESPACES: &str = "DELETE FROM namespaces WHERE id IN \
 pub(crate) const NAMESPACE_EXISTS: &str = "SELECT id FROM namespaces WHERE name = ?1";
 
 pub(crate) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
-     brief, brief_format, alternatives, lapse_backoff_ms, last_token, claimable_at, created_at, \
-     enqueued_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, 0, ?9, ?10) \
+     brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
+     created_at, enqueued_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?11, 0, 0, ?9, ?10) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING";
 
 /// A task row's columns, in [`TaskRow::from_row`] order, with the brief
@@ -45,7 +45,8 @@ macro_rules! select_tasks {
         concat!(
             "SELECT id, queue, task_id, version, ",
             $brief,
-            ", brief_format, lapse_backoff_ms, last_token, claimable_at, created_at FROM tasks ",
+            ", brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries ",
+            "FROM tasks ",
             $tail
         )
     };
@@ -96,19 +97,22 @@ pub(crate) const UPDATE_CLAIMABLE: &str = "UPDATE tasks SET claimable_at = ?2 WH
 
 pub(crate) const UPDATE_TOKEN: &str = "UPDATE tasks SET last_token = ?2 WHERE id = ?1";
 
+pub(crate) const UPDATE_MAX_TRIES: &str = "UPDATE tasks SET max_tries = ?2 WHERE id = ?1";
+
 pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, \
      state, until_at, tries, holder, token, granted_at, expires_at, lapses_at) \
      VALUES (?1, ?2, ?3, ?4, 'ready', NULL, 0, NULL, NULL, NULL, NULL, NULL)";
 
 pub(crate) const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
-     granted_at, expires_at, lapses_at FROM attempts WHERE task = ?1 ORDER BY number";
+     granted_at, expires_at, lapses_at, discarded, last_error FROM attempts WHERE task = ?1 \
+     ORDER BY number";
 
 pub(crate) const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = ?3, until_at = ?4, \
-     tries = ?5, holder = ?6, token = ?7, granted_at = ?8, expires_at = ?9, lapses_at = ?10 \
-     WHERE task = ?1 AND number = ?2";
+     tries = ?5, holder = ?6, token = ?7, granted_at = ?8, expires_at = ?9, lapses_at = ?10, \
+     discarded = ?11, last_error = ?12 WHERE task = ?1 AND number = ?2";
 
 pub(crate) const UPDATE_ATTEMPT_STATE: &str = "UPDATE attempts SET state = ?3, until_at = ?4, \
-     lapses_at = ?5 WHERE task = ?1 AND number = ?2";
+     lapses_at = ?5, discarded = ?6, last_error = ?7 WHERE task = ?1 AND number = ?2";
 
 pub(crate) const EXTEND_ATTEMPT: &str = "UPDATE attempts SET expires_at = ?3, lapses_at = ?4 \
      WHERE task = ?1 AND number = ?2";
@@ -161,6 +165,7 @@ impl TaskRow {
             last_token: row.get(7)?,
             claimable_at: row.get(8)?,
             created_at: row.get(9)?,
+            max_tries: row.get(10)?,
         })
     }
 }
@@ -176,6 +181,7 @@ pub(crate) struct NewTask<'a> {
     pub(crate) brief_format: &'a str,
     pub(crate) alternatives: i64,
     pub(crate) lapse_backoff_ms: i64,
+    pub(crate) max_tries: i64,
     pub(crate) created_at: i64,
     pub(crate) enqueued_by: &'a str,
 }
@@ -192,6 +198,8 @@ impl AttemptRow {
             granted_at: row.get(6)?,
             expires_at: row.get(7)?,
             lapses_at: row.get(8)?,
+            discarded: row.get(9)?,
+            last_error: row.get(10)?,
         })
     }
 }
@@ -260,6 +268,7 @@ pub(crate) fn insert_task(
             task.lapse_backoff_ms,
             task.created_at,
             task.enqueued_by,
+            task.max_tries,
         ],
     )?;
     Ok((changed == 1).then(|| writer.last_insert_rowid()))
@@ -344,6 +353,16 @@ pub(crate) fn update_token(writer: &Writer<'_>, id: i64, last_token: i64) -> rus
     Ok(())
 }
 
+/// Writes a task's number of tries.
+pub(crate) fn update_max_tries(
+    writer: &Writer<'_>,
+    id: i64,
+    max_tries: i64,
+) -> rusqlite::Result<()> {
+    writer.execute(UPDATE_MAX_TRIES, params![id, max_tries])?;
+    Ok(())
+}
+
 /// Writes a task's token counter and when it is next claimable.
 pub(crate) fn update_task(
     writer: &Writer<'_>,
@@ -404,6 +423,8 @@ pub(crate) fn update_attempt(
             row.granted_at,
             row.expires_at,
             row.lapses_at,
+            row.discarded,
+            row.last_error,
         ],
     )?;
     Ok(())
@@ -418,7 +439,15 @@ pub(crate) fn update_attempt_state(
 ) -> rusqlite::Result<()> {
     writer.execute(
         UPDATE_ATTEMPT_STATE,
-        params![task, row.number, row.state, row.until_at, row.lapses_at],
+        params![
+            task,
+            row.number,
+            row.state,
+            row.until_at,
+            row.lapses_at,
+            row.discarded,
+            row.last_error
+        ],
     )?;
     Ok(())
 }

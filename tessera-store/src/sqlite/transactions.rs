@@ -245,6 +245,9 @@ fn write_task(writer: &Writer<'_>, handle: TaskHandle, writes: TaskWrites) -> Re
         (None, Some(claimable)) => sql::update_claimable(writer, id, claimable)?,
         (None, None) => {}
     }
+    if let Some(max_tries) = writes.max_tries {
+        sql::update_max_tries(writer, id, max_tries)?;
+    }
     Ok(())
 }
 
@@ -354,6 +357,7 @@ impl WriteTransaction for Writer<'_> {
                 brief_format: task.brief_format,
                 alternatives: i64::from(task.spec.alternatives),
                 lapse_backoff_ms: duration_millis(task.spec.lapse_backoff),
+                max_tries: i64::from(task.spec.max_tries),
                 created_at: millis(task.created_at),
                 enqueued_by: task.enqueued_by,
             },

@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 
 use tessera_admission::MintAllowance;
 use tessera_audit::{AddressHasher, CounterBuffer, ObservationCoalescer, RetentionSchedule};
+use tessera_lease::Jitter;
 
 use crate::backend::{Backend, OpenPolicy, ReadTransaction, Signal, SignalSink, WriteTransaction};
 use crate::clock::{Clock, storable};
@@ -82,6 +83,8 @@ pub struct Store {
     pub(crate) mint: Mutex<MintAllowance>,
     /// The address hasher, keyed once the secret is known.
     pub(crate) hasher: OnceLock<AddressHasher>,
+    /// The jitter of the default retry backoff.
+    pub(crate) jitter: Mutex<Jitter>,
 }
 
 impl fmt::Debug for Store {
@@ -174,6 +177,11 @@ impl Store {
         let observations = ObservationCoalescer::new(config.observation_capacity());
         let health = Arc::new(HealthCache::default());
         let signals = Arc::new(QueueSignals::default());
+        let seed = config.retry_jitter_seed().unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_nanos() as u64)
+        });
         let backend = open()?;
         backend.listen(Self::signal_sink(&gate, &health, &signals));
         Ok(Self {
@@ -187,6 +195,7 @@ impl Store {
             signals,
             mint: Mutex::new(mint),
             hasher: OnceLock::new(),
+            jitter: Mutex::new(Jitter::seeded(seed)),
         })
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
-use tessera_lease::{Task, TaskSpec};
+use tessera_lease::{Jitter, Task, TaskSpec};
 use tessera_store::{
     Caller, ClaimOutcome, EnqueueOptions, FencingToken, Grant, IdempotencyKey, KeySpec,
     ManualClock, Namespace, Output, QueueName, Retry, Scope, Store, StoreConfig, TaskRef,
@@ -296,6 +296,7 @@ impl World {
                 let spec = TaskSpec {
                     alternatives,
                     lapse_backoff: Duration::from_secs(lapse_backoff),
+                    ..TaskSpec::default()
                 };
                 let rules = Task::new(task.id.clone(), task.version, spec).unwrap();
                 self.model.push(Modelled { task, queue, rules });
@@ -363,7 +364,10 @@ impl World {
                 let stored = self
                     .store
                     .fail(&self.worker, &self.model[n].task, token, retry);
-                let modelled = self.model[n].rules.fail(&holder, token, now, retry);
+                let modelled =
+                    self.model[n]
+                        .rules
+                        .fail(&holder, token, now, retry, &mut Jitter::seeded(0));
                 prop_assert_eq!(stored.ok(), modelled.ok());
             }
             Op::Advance { seconds } => self.clock.advance(Duration::from_secs(seconds)),

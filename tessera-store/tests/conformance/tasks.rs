@@ -189,32 +189,6 @@ fn a_stale_token_after_expiry_and_reclaim_is_refused(db: &TestDb) {
     assert_eq!(view.record.attempts[0].tries, 2);
 }
 
-fn a_takeover_stores_the_new_grant_even_when_the_try_count_is_saturated(db: &TestDb) {
-    let f = Fixture::new(db);
-    let alice = f.login(&f.full_worker(Grant::AllNamespaces));
-    let bob = f.login(&f.full_worker(Grant::AllNamespaces));
-    let (ns, q) = (namespace("renders"), queue("jobs"));
-    let task = f.enqueue(&alice, &ns, &q, 1).remove(0);
-    f.claim(&alice, &ns, &q);
-    // The try count can grow no further: a takeover leaves it as it is.
-    db.set_try_counts(u32::MAX);
-
-    f.clock.advance(Duration::from_secs(61));
-    let taken = f.claim(&bob, &ns, &q);
-    let stored = f.store.read_task(&bob, &task).unwrap().record.attempts[0].clone();
-    assert_eq!(stored.tries, u32::MAX);
-    let lease = stored.lease.unwrap();
-    assert_eq!(
-        (lease.holder, lease.token, lease.granted_at),
-        (
-            taken.lease.holder().clone(),
-            taken.lease.token(),
-            taken.lease.granted_at()
-        )
-    );
-    assert!(f.store.heartbeat(&bob, &task, taken.lease.token()).is_ok());
-}
-
 fn a_resubmission_replays_its_receipt_and_writes_nothing(db: &TestDb) {
     let f = Fixture::new(db);
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
@@ -526,7 +500,6 @@ conformance! {
     enqueue_checks_scope_grant_size_and_duplicates,
     heartbeats_extend_the_lease_and_keep_others_out,
     a_stale_token_after_expiry_and_reclaim_is_refused,
-    a_takeover_stores_the_new_grant_even_when_the_try_count_is_saturated,
     a_resubmission_replays_its_receipt_and_writes_nothing,
     times_handed_out_read_back_unchanged_on_a_sub_millisecond_clock,
     a_backoff_reads_back_as_it_was_returned,

@@ -1,0 +1,204 @@
+//! Attempt limits: a lapse counts as a try, the last try's lapse or failed
+//! retry discards the attempt, the default backoff grows with seeded jitter,
+//! and an operator's retry puts a discarded attempt back.
+
+use std::time::Duration;
+
+use tessera_store::limits::{MAX_ERROR_BYTES, MAX_TRIES};
+use tessera_store::{
+    AuditQuery, Caller, ClaimOutcome, Clock, DiscardReason, EnqueueOptions, Failure, Grant, Retry,
+    TaskRef, TaskState,
+};
+
+use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
+
+/// One task with `tries` tries in `renders/jobs`.
+fn enqueue_with_tries(f: &Fixture<'_>, caller: &Caller, tries: u32) -> TaskRef {
+    f.store
+        .enqueue(
+            caller,
+            &namespace("renders"),
+            &queue("jobs"),
+            &json_brief(0),
+            &EnqueueOptions::default().with_max_tries(tries),
+        )
+        .unwrap()
+}
+
+fn a_task_whose_every_worker_crashes_is_discarded_after_its_tries(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let task = enqueue_with_tries(&f, &worker, 3);
+    for token in 1..=3 {
+        let claimed = f.claim(&worker, &ns, &q);
+        assert_eq!(claimed.lease.token().as_i64(), token);
+        // The worker crashes: its lease lapses.
+        f.clock.advance(Duration::from_secs(61));
+    }
+    assert!(matches!(
+        f.store.claim(&worker, &ns, &q).unwrap(),
+        ClaimOutcome::Empty { .. }
+    ));
+    let attempt = f.store.read_task(&worker, &task).unwrap().record.attempts[0].clone();
+    assert_eq!(
+        attempt.state,
+        TaskState::Discarded {
+            reason: DiscardReason::Lapsed
+        }
+    );
+    assert_eq!(attempt.tries, 3, "every lapse counted as a try");
+    let health = f.store.health(&worker, &ns).unwrap();
+    assert_eq!((health.attempts.discarded, health.attempts.ready), (1, 0));
+
+    // An operator retries it: one more try, under a fresh token.
+    let retried = f.store.retry_task(&f.admin, &task).unwrap();
+    assert_eq!(retried.len(), 1);
+    let claimed = f.claim(&worker, &ns, &q);
+    assert_eq!((&claimed.task, claimed.lease.token().as_i64()), (&task, 4));
+    let view = f.store.read_task(&worker, &task).unwrap();
+    assert_eq!(
+        (view.record.attempts[0].tries, view.record.max_tries),
+        (4, 4)
+    );
+    let events = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    assert!(
+        events
+            .events
+            .iter()
+            .any(|event| event.action.as_str() == "retry_task"),
+        "the retry is audited"
+    );
+}
+
+fn a_retry_asked_for_on_the_last_try_discards_the_attempt_with_its_error(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let task = enqueue_with_tries(&f, &worker, 2);
+
+    let first = f.claim(&worker, &ns, &q);
+    let failure = Failure::with_error(Retry::After(Duration::ZERO), "disk full");
+    let state = f
+        .store
+        .fail(&worker, &task, first.lease.token(), failure)
+        .unwrap();
+    assert_eq!(state, TaskState::Ready, "a try is left");
+
+    let second = f.claim(&worker, &ns, &q);
+    let failure = Failure::with_error(Retry::Backoff, "disk still full");
+    let state = f
+        .store
+        .fail(&worker, &task, second.lease.token(), failure)
+        .unwrap();
+    let discarded = TaskState::Discarded {
+        reason: DiscardReason::Failed,
+    };
+    assert_eq!(state, discarded);
+    let attempt = f.store.read_task(&worker, &task).unwrap().record.attempts[0].clone();
+    assert_eq!(attempt.state, discarded);
+    assert_eq!(attempt.last_error.as_deref(), Some("disk still full"));
+    // A late call under the discarded lease is refused.
+    let late = f
+        .store
+        .heartbeat(&worker, &task, second.lease.token())
+        .unwrap_err();
+    assert_eq!(late.status(), 409);
+
+    // An error text past its bound is refused and changes nothing.
+    let third = {
+        f.store.retry_task(&f.admin, &task).unwrap();
+        f.claim(&worker, &ns, &q)
+    };
+    let long = "x".repeat(MAX_ERROR_BYTES + 1);
+    let error = f
+        .store
+        .fail(
+            &worker,
+            &task,
+            third.lease.token(),
+            Failure::with_error(Retry::Never, long),
+        )
+        .unwrap_err();
+    assert_eq!(error.status(), 400);
+    assert!(
+        f.store
+            .heartbeat(&worker, &task, third.lease.token())
+            .is_ok()
+    );
+    f.store
+        .fail(&worker, &task, third.lease.token(), Retry::Never)
+        .unwrap();
+    // Retrying a task with nothing failed or discarded is a conflict.
+    f.store.retry_task(&f.admin, &task).unwrap();
+    let error = f.store.retry_task(&f.admin, &task).unwrap_err();
+    assert_eq!(error.status(), 409);
+}
+
+/// The waits the default backoff gives one task's first three failures.
+fn default_backoffs(db: &TestDb, seed: u64) -> Vec<Duration> {
+    let f = Fixture::with(db, |config| config.with_retry_jitter_seed(seed));
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let task = enqueue_with_tries(&f, &worker, 10);
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let claimed = f.claim(&worker, &ns, &q);
+        let state = f
+            .store
+            .fail(&worker, &task, claimed.lease.token(), Retry::Backoff)
+            .unwrap();
+        let TaskState::Backoff { until } = state else {
+            panic!("a default backoff gave {state:?}");
+        };
+        let wait = (until - f.clock.now_utc()).to_std().unwrap();
+        waits.push(wait);
+        f.clock.advance(wait);
+    }
+    waits
+}
+
+fn the_default_backoff_doubles_with_jitter_drawn_from_the_seed(db: &TestDb) {
+    let waits = default_backoffs(db, 42);
+    for (n, wait) in waits.iter().enumerate() {
+        let step = Duration::from_secs(1 << n);
+        assert!(
+            *wait >= step / 2 && *wait <= step,
+            "try {}: {wait:?} outside half to all of {step:?}",
+            n + 1
+        );
+    }
+    assert_eq!(default_backoffs(&db.fresh(), 42), waits, "the same seed");
+}
+
+fn a_try_count_past_the_limit_reads_as_a_corrupt_record(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let task = enqueue_with_tries(&f, &worker, 3);
+    f.claim(&worker, &ns, &q);
+    db.set_try_counts(4);
+    let error = f.store.read_task(&worker, &task).unwrap_err();
+    assert_eq!(error.code(), "corrupt_database");
+    // Out-of-range limits are refused at enqueue.
+    for tries in [0, MAX_TRIES + 1] {
+        let error = f
+            .store
+            .enqueue(
+                &worker,
+                &ns,
+                &q,
+                &json_brief(1),
+                &EnqueueOptions::default().with_max_tries(tries),
+            )
+            .unwrap_err();
+        assert_eq!(error.status(), 400);
+    }
+}
+
+conformance! {
+    a_task_whose_every_worker_crashes_is_discarded_after_its_tries,
+    a_retry_asked_for_on_the_last_try_discards_the_attempt_with_its_error,
+    the_default_backoff_doubles_with_jitter_drawn_from_the_seed,
+    a_try_count_past_the_limit_reads_as_a_corrupt_record,
+}

@@ -66,7 +66,7 @@ impl TaskRecord {
     /// When the task can next be claimed without a lease lapsing:
     /// [`ClaimableAt::Ready`] while an attempt is ready, the earliest backoff
     /// end otherwise, `None` while every unfinished attempt is leased or once
-    /// all are done or failed. The value a backend's claim index holds.
+    /// all are final. The value a backend's claim index holds.
     ///
     /// A leased attempt's lapse is not in it (see
     /// [`AttemptRecord::lapses_at`]), so a heartbeat leaves it unchanged. An

@@ -220,10 +220,12 @@ impl Task {
     /// Checks a stored record and wraps it.
     ///
     /// Rejects (as [`LeaseError::InvalidRecord`]) attempts that are not
-    /// numbered 1, 2, … up to [`MAX_ALTERNATIVES`]; a leased, done or failed
+    /// numbered 1, 2, … up to [`MAX_ALTERNATIVES`]; a leased or final
     /// attempt without a lease; a lease token above `last_token` or shared by
-    /// two attempts; a lease that does not end after it starts; and a lease
-    /// on an attempt never tried.
+    /// two attempts; a lease that does not end after it starts; a lease on
+    /// an attempt never tried; `max_tries` outside 1 to [`MAX_TRIES`]; more
+    /// tries than `max_tries`, or a ready or backoff attempt with no try
+    /// left; and an error text over [`MAX_ERROR_BYTES`].
     pub fn restore(record: TaskRecord) -> Result<Self, LeaseError> {
         let invalid = |reason| Err(LeaseError::InvalidRecord { reason });
         let count = record.attempts.len();
@@ -440,8 +442,8 @@ impl Task {
     /// [`UnknownToken`](LeaseError::UnknownToken),
     /// [`StaleToken`](LeaseError::StaleToken) (its attempt was granted again),
     /// [`WrongHolder`](LeaseError::WrongHolder),
-    /// [`LeaseEnded`](LeaseError::LeaseEnded) (the attempt is done, failed or
-    /// waiting after a failure report),
+    /// [`LeaseEnded`](LeaseError::LeaseEnded) (the attempt is done, failed,
+    /// discarded or waiting after a failure report),
     /// [`LeaseExpired`](LeaseError::LeaseExpired). A
     /// [`ReceiptMismatch`](LeaseError::ReceiptMismatch) means `stored` is
     /// not this submission's receipt.

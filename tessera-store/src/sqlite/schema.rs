@@ -181,7 +181,7 @@ pub(crate) const TABLES: &[Table] = &[
             // When an attempt is next claimable without a lease lapsing:
             // 0 while one is ready, the earliest backoff end otherwise,
             // NULL while every unfinished attempt is leased or once all are
-            // done or failed (the task is then out of the claim index;
+            // final (the task is then out of the claim index;
             // lapsed leases are found through `attempts_leased`, so a
             // heartbeat never rewrites the task).
             ("claimable_at", "INTEGER"),

@@ -8,11 +8,11 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use tessera_store::{
-    AdmissionConfig, Caller, ClaimEvent, ClaimOutcome, ClaimStart, Error, Grant, Namespace,
-    QueueName, Retry, Store,
+    AdmissionConfig, Caller, ClaimEvent, ClaimOutcome, ClaimStart, EnqueueOptions, Error, Grant,
+    Namespace, QueueName, Retry, Store,
 };
 
-use crate::harness::{Fixture, TestDb, namespace, queue};
+use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
 
 fn with_capacity(db: &TestDb, capacity: u32, max_wait: Duration) -> Fixture<'_> {
     Fixture::with(db, |config| {
@@ -456,7 +456,12 @@ fn threads_racing_for_one_task_get_every_token_in_turn(db: &TestDb) {
     let f = Fixture::new(db);
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
-    let task = f.enqueue(&worker, &ns, &q, 1).remove(0);
+    // Enough tries for every grant: each failure here asks for a retry.
+    let options = EnqueueOptions::default().with_max_tries(GRANTS as u32);
+    let task = f
+        .store
+        .enqueue(&worker, &ns, &q, &json_brief(0), &options)
+        .unwrap();
     let granted = AtomicUsize::new(0);
     let mut tokens: Vec<i64> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..THREADS)

@@ -538,13 +538,13 @@ impl Task {
             Retry::After(backoff) => Some(backoff),
             Retry::Backoff => Some(retry_backoff(live.tries, jitter)),
         };
-        let state = match (failure.retry, backoff) {
-            (Retry::Never, _) => TaskState::Failed,
-            (_, None) => TaskState::Discarded {
+        let state = match backoff {
+            None if failure.retry == Retry::Never => TaskState::Failed,
+            None => TaskState::Discarded {
                 reason: DiscardReason::Failed,
             },
-            (_, Some(backoff)) if backoff.is_zero() => TaskState::Ready,
-            (_, Some(backoff)) => TaskState::Backoff {
+            Some(backoff) if backoff.is_zero() => TaskState::Ready,
+            Some(backoff) => TaskState::Backoff {
                 until: time::add(now, backoff)?,
             },
         };

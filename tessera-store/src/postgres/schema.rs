@@ -171,6 +171,14 @@ const COLUMNS: &[&str] = &[
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS last_error TEXT",
 ];
 
+/// Version 1 counted tries without a limit. On the move to version 2
+/// each task allows at least one try more than any of its attempts has
+/// had (up to `MAX_TRIES`), so no stored attempt runs out of tries, or
+/// reads as corrupt, by the upgrade alone. One pass over the tasks, once.
+const BACKFILL_MAX_TRIES: &str = "UPDATE tasks SET max_tries = LEAST(a.most + 1, 10000) \
+     FROM (SELECT task, max(tries) AS most FROM attempts GROUP BY task) a \
+     WHERE a.task = tasks.id AND tasks.max_tries <= a.most";
+
 /// What the catalog says of the schema.
 struct Inspection {
     tables: usize,
@@ -291,6 +299,9 @@ pub(crate) fn migrate(
     }
     for (_, ddl) in INDEXES {
         transaction.batch_execute(ddl)?;
+    }
+    if inspection.version.is_some_and(|found| found < 2) {
+        transaction.batch_execute(BACKFILL_MAX_TRIES)?;
     }
     transaction.execute(
         "INSERT INTO tessera_meta (key, value) VALUES ('schema_version', $1) \

@@ -594,9 +594,20 @@ pub(crate) fn cold_start(
         .map(|done| done.value)
 }
 
+/// Version 1 counted tries without a limit. On the move to version 2
+/// each task allows at least one try more than any of its attempts has
+/// had (up to `MAX_TRIES`), so no stored attempt runs out of tries, or
+/// reads as corrupt, by the upgrade alone. One pass over the tasks, once.
+const BACKFILL_MAX_TRIES: &str = "UPDATE tasks SET max_tries = \
+     (SELECT min(max(tries) + 1, 10000) FROM attempts WHERE attempts.task = tasks.id) \
+     WHERE max_tries <= (SELECT max(tries) FROM attempts WHERE attempts.task = tasks.id)";
+
 fn apply(writer: &Writer<'_>, inspection: &Inspection) -> Result<(), Error> {
     for statement in missing_ddl(inspection) {
         writer.ddl(&statement)?;
+    }
+    if inspection.version.is_some_and(|found| found < 2) {
+        writer.execute(BACKFILL_MAX_TRIES, [])?;
     }
     if inspection.version != Some(SCHEMA_VERSION) {
         writer.execute(

@@ -6,23 +6,26 @@ use std::time::Duration;
 
 use tessera_store::limits::{MAX_ERROR_BYTES, MAX_TRIES};
 use tessera_store::{
-    AuditQuery, Caller, ClaimOutcome, Clock, DiscardReason, EnqueueOptions, Failure, Grant, Retry,
-    TaskRef, TaskState,
+    AuditQuery, Caller, ClaimOutcome, Clock, DiscardReason, EnqueueOptions, Error, Failure, Grant,
+    Retry, TaskRef, TaskState,
 };
 
 use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
 
+/// Enqueues one task with `tries` tries in `renders/jobs`.
+fn try_enqueue(f: &Fixture<'_>, caller: &Caller, tries: u32) -> Result<TaskRef, Error> {
+    f.store.enqueue(
+        caller,
+        &namespace("renders"),
+        &queue("jobs"),
+        &json_brief(0),
+        &EnqueueOptions::default().with_max_tries(tries),
+    )
+}
+
 /// One task with `tries` tries in `renders/jobs`.
 fn enqueue_with_tries(f: &Fixture<'_>, caller: &Caller, tries: u32) -> TaskRef {
-    f.store
-        .enqueue(
-            caller,
-            &namespace("renders"),
-            &queue("jobs"),
-            &json_brief(0),
-            &EnqueueOptions::default().with_max_tries(tries),
-        )
-        .unwrap()
+    try_enqueue(f, caller, tries).unwrap()
 }
 
 fn a_task_whose_every_worker_crashes_is_discarded_after_its_tries(db: &TestDb) {
@@ -182,18 +185,35 @@ fn a_try_count_past_the_limit_reads_as_a_corrupt_record(db: &TestDb) {
     assert_eq!(error.code(), "corrupt_database");
     // Out-of-range limits are refused at enqueue.
     for tries in [0, MAX_TRIES + 1] {
-        let error = f
-            .store
-            .enqueue(
-                &worker,
-                &ns,
-                &q,
-                &json_brief(1),
-                &EnqueueOptions::default().with_max_tries(tries),
-            )
-            .unwrap_err();
+        let error = try_enqueue(&f, &worker, tries).unwrap_err();
         assert_eq!(error.status(), 400);
     }
+}
+
+fn an_upgrade_from_version_one_leaves_every_stored_attempt_a_try(db: &TestDb) {
+    let mut f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let busy = enqueue_with_tries(&f, &worker, 20);
+    let quiet = enqueue_with_tries(&f, &worker, 20);
+    f.claim(&worker, &ns, &q);
+    // Version 1 kept no limit: an attempt could have had 30 tries.
+    db.set_try_counts(30);
+    db.set_schema_version(1);
+    f.reopen(f.config());
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let view = f.store.read_task(&worker, &busy).unwrap();
+    assert_eq!(
+        (view.record.attempts[0].tries, view.record.max_tries),
+        (30, 31)
+    );
+    assert_eq!(
+        f.store.read_task(&worker, &quiet).unwrap().record.max_tries,
+        31
+    );
+    // The leased one keeps its lease; the ready one can still be claimed.
+    let claimed = f.claim(&worker, &ns, &q);
+    assert_eq!(claimed.task, quiet);
 }
 
 conformance! {
@@ -201,4 +221,5 @@ conformance! {
     a_retry_asked_for_on_the_last_try_discards_the_attempt_with_its_error,
     the_default_backoff_doubles_with_jitter_drawn_from_the_seed,
     a_try_count_past_the_limit_reads_as_a_corrupt_record,
+    an_upgrade_from_version_one_leaves_every_stored_attempt_a_try,
 }

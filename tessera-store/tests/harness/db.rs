@@ -363,6 +363,16 @@ impl TestDb {
         }
     }
 
+    /// Writes `version` as the database's schema version, as an older
+    /// build would have left it.
+    pub(crate) fn set_schema_version(&self, version: i64) {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::set_schema_version(path, version),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => pg::set_schema_version(url, schema, version),
+        }
+    }
+
     /// Sets the try count of every attempt of every task.
     pub(crate) fn set_try_counts(&self, tries: u32) {
         match &self.place {

@@ -113,6 +113,17 @@ pub(super) fn stored_bytes(url: &str, schema: &str) -> Vec<u8> {
     bytes
 }
 
+pub(super) fn set_schema_version(url: &str, schema: &str, version: i64) {
+    client(url)
+        .execute(
+            &format!(
+                "UPDATE \"{schema}\".tessera_meta SET value = $1 WHERE key = 'schema_version'"
+            ),
+            &[&version.to_string()],
+        )
+        .unwrap();
+}
+
 pub(super) fn rename_account(url: &str, schema: &str, principal: PrincipalId, account: &str) {
     client(url)
         .execute(

@@ -106,6 +106,15 @@ pub(super) fn files_beside(path: &Path) -> Vec<String> {
     files
 }
 
+pub(super) fn set_schema_version(path: &Path, version: i64) {
+    writer(path)
+        .execute(
+            "UPDATE tessera_meta SET value = ?1 WHERE key = 'schema_version'",
+            [version.to_string()],
+        )
+        .unwrap();
+}
+
 pub(super) fn rename_account(path: &Path, principal: PrincipalId, account: &str) {
     writer(path)
         .execute(

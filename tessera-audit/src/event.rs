@@ -70,6 +70,8 @@ named_enum!(
     Fail = "fail",
     /// An operator put a task's failed or discarded attempts back to ready.
     RetryTask = "retry_task",
+    /// List a namespace's tasks by state.
+    ListTasks = "list_tasks",
     /// Read a task.
     ReadTask = "read_task",
     /// Read an execution receipt.

@@ -225,7 +225,10 @@ pub use model::audit::{AuditPage, AuditQuery, Maintenance};
 pub use model::claim::{ClaimOutcome, Claimed};
 pub use model::health::{HealthSnapshot, StateCounts};
 pub use model::session::Session;
-pub use model::task::{Brief, EnqueueOptions, Output, StoredReceipt, TaskRef, TaskView};
+pub use model::task::{
+    Brief, EnqueueOptions, ListOrder, Output, StoredReceipt, TaskCursor, TaskListing, TaskPage,
+    TaskQuery, TaskRef, TaskView,
+};
 pub use model::wait::WaitOutcome;
 pub use state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker};
 pub use store::Store;
@@ -243,7 +246,7 @@ pub mod limits {
     pub use crate::model::audit::{MAX_AUDIT_ROWS, STORE_NAMESPACE};
     pub use crate::model::health::HEALTH_SNAPSHOT_TTL;
     pub use crate::model::session::ANONYMOUS_ACCOUNT;
-    pub use crate::model::task::PRACTICE_QUEUE;
+    pub use crate::model::task::{MAX_TASKS_LISTED, PRACTICE_QUEUE};
     pub use crate::model::wait::MAX_LONG_POLL;
     pub use tessera_lease::{
         DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,

@@ -26,7 +26,8 @@ use chrono::{DateTime, Utc};
 use tessera_admission::DailyRowAllowance;
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, TaskRecord, TaskSpec,
+    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, StateName, TaskRecord,
+    TaskSpec,
 };
 
 use crate::error::{Error, StorageError};
@@ -34,7 +35,7 @@ use crate::key::KeyId;
 use crate::meter::MeterSnapshot;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::health::StateCounts;
-use crate::model::task::{Brief, StoredReceipt, TaskRef};
+use crate::model::task::{Brief, ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 pub(crate) mod rows;
 
@@ -365,6 +366,18 @@ pub(crate) trait ReadTransaction {
         handle: TaskHandle,
         limit: usize,
     ) -> Result<Vec<StoredReceipt>>;
+
+    /// A namespace's attempts in `state`, in `order` of (task row, attempt
+    /// number), after `after`, at most `limit`: one search of an index on
+    /// (namespace, state, task, number).
+    fn tasks_by_state(
+        &self,
+        namespace: &Namespace,
+        state: StateName,
+        order: ListOrder,
+        after: Option<TaskCursor>,
+        limit: usize,
+    ) -> Result<Vec<(TaskCursor, TaskListing)>>;
 
     /// Attempts per state in a namespace, and how many leases there have
     /// expired by `now`.

@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter, CounterKey, Minute, Resource};
 use tessera_lease::{
     AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, ClaimableAt, FencingToken,
-    LeaseRecord, Principal, QueueName, Receipt, StateName, TaskId, TaskRecord, TaskState,
-    first_claimable,
+    LeaseRecord, Namespace, Principal, QueueName, Receipt, StateName, TaskId, TaskRecord,
+    TaskState, first_claimable,
 };
 
 use crate::backend::{LoadedTask, Result, StoredKey, TaskHandle};
@@ -18,7 +18,7 @@ use crate::error::{StorageError, StorageErrorKind};
 use crate::key::KeyId;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::health::StateCounts;
-use crate::model::task::{Brief, StoredReceipt, TaskRef};
+use crate::model::task::{Brief, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 /// A stored time: Unix milliseconds.
 pub(crate) fn millis(time: DateTime<Utc>) -> i64 {
@@ -68,6 +68,75 @@ pub(crate) struct AttemptRow {
     pub(crate) expires_at: Option<i64>,
     /// While leased: the expiry plus the task's lapse backoff.
     pub(crate) lapses_at: Option<i64>,
+}
+
+/// An attempt of a listing with its task's columns, in the order
+/// listing statements select them.
+#[derive(Debug, Clone)]
+pub(crate) struct ListingRow {
+    /// Where a listing goes on after it, with `number`: a row id of the
+    /// backend's listing order.
+    pub(crate) position: i64,
+    pub(crate) number: i64,
+    pub(crate) state: String,
+    pub(crate) until_at: Option<i64>,
+    pub(crate) discarded: Option<String>,
+    pub(crate) tries: i64,
+    pub(crate) queue: String,
+    pub(crate) task_id: String,
+    pub(crate) version: i64,
+}
+
+impl ListingRow {
+    /// The listing of an attempt in `namespace`, and where a listing
+    /// goes on after it.
+    pub(crate) fn listing(self, namespace: &Namespace) -> Result<(TaskCursor, TaskListing)> {
+        let bad = || corrupt("attempt row");
+        let number = attempt_number(self.number).ok_or_else(bad)?;
+        let task = TaskRef::new(
+            namespace.clone(),
+            TaskId::parse(&self.task_id).map_err(|_| corrupt("task row"))?,
+            brief_version(self.version)?,
+        );
+        let listing = TaskListing {
+            task,
+            queue: QueueName::parse(&self.queue).map_err(|_| corrupt("task queue"))?,
+            attempt: number,
+            state: stored_state(&self.state, self.until_at, self.discarded.as_deref())?,
+            tries: u32::try_from(self.tries).map_err(|_| bad())?,
+        };
+        let cursor = TaskCursor {
+            row: self.position,
+            attempt: number.as_u16(),
+        };
+        Ok((cursor, listing))
+    }
+}
+
+/// A stored attempt number.
+fn attempt_number(value: i64) -> Option<AttemptNumber> {
+    u16::try_from(value)
+        .ok()
+        .and_then(|n| AttemptNumber::new(n).ok())
+}
+
+/// A stored brief version.
+fn brief_version(value: i64) -> Result<BriefVersion> {
+    u32::try_from(value)
+        .ok()
+        .and_then(|v| BriefVersion::new(v).ok())
+        .ok_or_else(|| corrupt("task version"))
+}
+
+/// An attempt's state from its `state`, `until_at` and `discarded` columns.
+fn stored_state(state: &str, until_at: Option<i64>, discarded: Option<&str>) -> Result<TaskState> {
+    let bad = || corrupt("attempt row");
+    let name: StateName = state.parse().map_err(|_| bad())?;
+    let reason = match discarded {
+        Some(reason) => Some(reason.parse().map_err(|_| bad())?),
+        None => None,
+    };
+    TaskState::from_parts(name, until_at.map(from_millis), reason).map_err(|_| bad())
 }
 
 /// A `receipts` row of a known task; times in Unix milliseconds.
@@ -180,10 +249,7 @@ impl TaskRow {
     pub(crate) fn record(&self, attempts: Vec<AttemptRow>) -> Result<TaskRecord> {
         Ok(TaskRecord {
             id: TaskId::parse(&self.task_id).map_err(|_| corrupt("task row"))?,
-            version: u32::try_from(self.version)
-                .ok()
-                .and_then(|v| BriefVersion::new(v).ok())
-                .ok_or_else(|| corrupt("task version"))?,
+            version: brief_version(self.version)?,
             lapse_backoff: Duration::from_millis(
                 u64::try_from(self.lapse_backoff_ms).map_err(|_| corrupt("task row"))?,
             ),
@@ -203,13 +269,7 @@ impl TaskRow {
 impl AttemptRow {
     pub(crate) fn record(&self) -> Result<AttemptRecord> {
         let bad = || corrupt("attempt row");
-        let name: StateName = self.state.parse().map_err(|_| bad())?;
-        let reason = match &self.discarded {
-            Some(reason) => Some(reason.parse().map_err(|_| bad())?),
-            None => None,
-        };
-        let state = TaskState::from_parts(name, self.until_at.map(from_millis), reason)
-            .map_err(|_| bad())?;
+        let state = stored_state(&self.state, self.until_at, self.discarded.as_deref())?;
         let lease = match (&self.holder, self.token, self.granted_at, self.expires_at) {
             (Some(holder), Some(token), Some(granted_at), Some(expires_at)) => Some(LeaseRecord {
                 holder: holder.parse().map_err(|_| bad())?,
@@ -221,10 +281,7 @@ impl AttemptRow {
             _ => return Err(bad()),
         };
         Ok(AttemptRecord {
-            number: u16::try_from(self.number)
-                .ok()
-                .and_then(|n| AttemptNumber::new(n).ok())
-                .ok_or_else(bad)?,
+            number: attempt_number(self.number).ok_or_else(bad)?,
             state,
             tries: u32::try_from(self.tries).map_err(|_| bad())?,
             lease,
@@ -260,10 +317,7 @@ impl ReceiptRow {
         let receipt = Receipt {
             task: task.id.clone(),
             version: task.version,
-            attempt: u16::try_from(self.attempt)
-                .ok()
-                .and_then(|n| AttemptNumber::new(n).ok())
-                .ok_or_else(|| corrupt("receipt row"))?,
+            attempt: attempt_number(self.attempt).ok_or_else(|| corrupt("receipt row"))?,
             token: FencingToken::new(self.token).map_err(bad)?,
             principal: self.principal.parse().map_err(bad)?,
             idempotency_key: self.idempotency_key.parse().map_err(bad)?,

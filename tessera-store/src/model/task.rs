@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use tessera_audit::Resource;
 use tessera_lease::{
-    BriefVersion, Digest, Namespace, QueueName, Receipt, TaskId, TaskRecord, TaskSpec,
-    check_brief_size,
+    AttemptNumber, BriefVersion, Digest, Namespace, QueueName, Receipt, StateName, TaskId,
+    TaskRecord, TaskSpec, TaskState, check_brief_size,
 };
 
 use crate::error::{Error, corrupt};
@@ -205,6 +205,103 @@ pub struct TaskView {
     pub created_at: DateTime<Utc>,
     /// Its attempts, their states and leases, and the token counter.
     pub record: TaskRecord,
+}
+
+/// The most attempts one [`Store::list_tasks`](crate::Store::list_tasks)
+/// page holds.
+pub const MAX_TASKS_LISTED: usize = 1_000;
+
+/// Which end of a listing comes first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListOrder {
+    /// In enqueue order (the default).
+    #[default]
+    Oldest,
+    /// Newest enqueued first.
+    Newest,
+}
+
+/// Where a listing goes on: after the last attempt of the page before.
+/// Opaque; it travels as text (`Display` and `FromStr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskCursor {
+    /// A row id of the backend's listing order, with the attempt number.
+    pub(crate) row: i64,
+    pub(crate) attempt: u16,
+}
+
+impl fmt::Display for TaskCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.row, self.attempt)
+    }
+}
+
+impl std::str::FromStr for TaskCursor {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self, Error> {
+        let invalid = || Error::InvalidInput {
+            reason: format!("listing cursor {text:?} is not one a listing gave"),
+        };
+        let (row, attempt) = text.split_once('.').ok_or_else(invalid)?;
+        Ok(Self {
+            row: row.parse().map_err(|_| invalid())?,
+            attempt: attempt.parse().map_err(|_| invalid())?,
+        })
+    }
+}
+
+/// What [`Store::list_tasks`](crate::Store::list_tasks) lists: a
+/// namespace's attempts in one state, a page at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TaskQuery {
+    /// The state listed.
+    pub state: StateName,
+    /// Oldest or newest first.
+    pub order: ListOrder,
+    /// Where the page starts: `None` at the listing's start, else the
+    /// `next` of the page before.
+    pub after: Option<TaskCursor>,
+    /// The most attempts on the page, held to 1 to [`MAX_TASKS_LISTED`].
+    pub limit: usize,
+}
+
+impl TaskQuery {
+    /// The first page of `state`, oldest first, of up to 100 attempts.
+    pub fn new(state: StateName) -> Self {
+        Self {
+            state,
+            order: ListOrder::Oldest,
+            after: None,
+            limit: 100,
+        }
+    }
+}
+
+/// One attempt of a listing: small columns only. The brief, the lease and
+/// the last error are [`Store::read_task`](crate::Store::read_task)'s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskListing {
+    /// The task.
+    pub task: TaskRef,
+    /// Its queue.
+    pub queue: QueueName,
+    /// The attempt.
+    pub attempt: AttemptNumber,
+    /// Its state, with a backoff's end or a discard's reason.
+    pub state: TaskState,
+    /// The tries it has had.
+    pub tries: u32,
+}
+
+/// One page of [`Store::list_tasks`](crate::Store::list_tasks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskPage {
+    /// The attempts, in the query's order.
+    pub tasks: Vec<TaskListing>,
+    /// Where the next page starts; `None` once the listing is done.
+    pub next: Option<TaskCursor>,
 }
 
 pub(crate) fn not_found(task: &TaskRef) -> Error {

@@ -17,8 +17,8 @@ use crate::error::Error;
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::Trail;
 use crate::model::task::{
-    Brief, EnqueueOptions, Output, PRACTICE_QUEUE, StoredReceipt, TaskRef, TaskView, not_found,
-    whole_millis,
+    Brief, EnqueueOptions, MAX_TASKS_LISTED, Output, PRACTICE_QUEUE, StoredReceipt, TaskPage,
+    TaskQuery, TaskRef, TaskView, not_found, whole_millis,
 };
 use crate::store::Store;
 
@@ -374,6 +374,35 @@ impl Store {
             self.namespace_changed(namespace);
         }
         Ok(changed)
+    }
+
+    /// Lists a namespace's attempts in one state ([`TaskQuery`]), a page at
+    /// a time: each with its task, queue, state and tries, oldest or newest
+    /// first, and the cursor of the next page. A discarded attempt found
+    /// here is put back by [`retry_task`](Self::retry_task).
+    ///
+    /// One search of an index on (namespace, state, task, attempt) per
+    /// page, however many tasks the namespace holds. Needs the `read` scope
+    /// and the namespace grant; the limit is held to 1 to
+    /// [`MAX_TASKS_LISTED`](crate::limits::MAX_TASKS_LISTED), as
+    /// [`list_keys`](Self::list_keys) holds its own. Audited as `list_tasks`.
+    pub fn list_tasks(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        query: &TaskQuery,
+    ) -> Result<TaskPage, Error> {
+        let scope = self.admit(caller, namespace, Scope::Read, Action::ListTasks)?;
+        let limit = query.limit.clamp(1, MAX_TASKS_LISTED);
+        self.perform_read(&scope, |reader| {
+            let rows =
+                reader.tasks_by_state(namespace, query.state, query.order, query.after, limit)?;
+            let next = (rows.len() == limit)
+                .then(|| rows.last().map(|(cursor, _)| *cursor))
+                .flatten();
+            let tasks = rows.into_iter().map(|(_, listing)| listing).collect();
+            Ok((TaskPage { tasks, next }, None))
+        })
     }
 
     /// Reads a task: its brief, queue, attempts and leases. Needs the

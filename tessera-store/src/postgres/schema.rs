@@ -142,8 +142,8 @@ const INDEXES: &[(&str, &str)] = &[
          WHERE claimable_at IS NOT NULL",
     ),
     (
-        "attempts_state",
-        "CREATE INDEX IF NOT EXISTS attempts_state ON attempts (namespace, state)",
+        "attempts_by_state",
+        "CREATE INDEX IF NOT EXISTS attempts_by_state ON attempts (namespace, state, task, number)",
     ),
     (
         "attempts_leased",
@@ -161,14 +161,17 @@ const INDEXES: &[(&str, &str)] = &[
     ),
 ];
 
-/// Columns added since a table first shipped (a session namespace's
-/// purge time), added where missing. An older build ignores them, so the
-/// version stays.
-const COLUMNS: &[&str] = &[
+/// Changes since a table first shipped, each a no-op where made already:
+/// columns added where missing (a session namespace's purge time; in
+/// version 2 the tries, discard reasons and last errors) and indexes
+/// retired.
+const ALTERATIONS: &[&str] = &[
     "ALTER TABLE namespaces ADD COLUMN IF NOT EXISTS purge_at BIGINT",
     "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS max_tries BIGINT NOT NULL DEFAULT 20",
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS discarded TEXT",
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS last_error TEXT",
+    // Retired in version 2: `attempts_by_state` begins with its columns.
+    "DROP INDEX IF EXISTS attempts_state",
 ];
 
 /// Version 1 counted tries without a limit. On the move to version 2
@@ -294,7 +297,7 @@ pub(crate) fn migrate(
     for (_, ddl) in TABLES.iter() {
         transaction.batch_execute(ddl)?;
     }
-    for ddl in COLUMNS {
+    for ddl in ALTERATIONS {
         transaction.batch_execute(ddl)?;
     }
     for (_, ddl) in INDEXES {

@@ -14,12 +14,12 @@ use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, TaskRecord,
+    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, StateName, TaskRecord,
 };
 
 use crate::backend::rows::{
-    self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, ReceiptRow, TaskRow, TaskWrites,
-    corrupt, count, duration_millis, millis, minute_number, state_counts, to_json,
+    self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, ListingRow, ReceiptRow, TaskRow,
+    TaskWrites, corrupt, count, duration_millis, millis, minute_number, state_counts, to_json,
 };
 use crate::backend::{
     KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewTask, Purge, ReadTransaction,
@@ -28,7 +28,7 @@ use crate::backend::{
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::health::StateCounts;
-use crate::model::task::{StoredReceipt, TaskRef};
+use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 /// Statements prepared on one connection, by their text.
 pub(crate) type Prepared = HashMap<&'static str, Statement>;
@@ -236,6 +236,25 @@ const UPDATE_CLAIMABLE: &str = "UPDATE tasks SET claimable_at = $2 WHERE id = $1
 /// Tasks with an expired lease, each once, locked or skipped.
 const LAPSED_TASKS: &str = "SELECT DISTINCT task FROM attempts \
      WHERE namespace = $1 AND state = 'leased' AND expires_at <= $2 LIMIT $3";
+/// A listing's columns and join, in [`ListingRow`] order.
+macro_rules! select_listing {
+    ($tail:literal) => {
+        concat!(
+            "SELECT a.task, a.number, a.state, a.until_at, a.discarded, a.tries, ",
+            "t.queue, t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task ",
+            "WHERE a.namespace = $1 AND a.state = $2 ",
+            $tail
+        )
+    };
+}
+/// A namespace's attempts in one state after ($3, $4), oldest first: one
+/// search of `attempts_by_state`.
+const TASKS_BY_STATE_OLDEST: &str =
+    select_listing!("AND (a.task, a.number) > ($3, $4) ORDER BY a.task, a.number LIMIT $5");
+/// [`TASKS_BY_STATE_OLDEST`] newest first, before ($3, $4).
+const TASKS_BY_STATE_NEWEST: &str = select_listing!(
+    "AND (a.task, a.number) < ($3, $4) ORDER BY a.task DESC, a.number DESC LIMIT $5"
+);
 const COUNT_BY_STATE: &str =
     "SELECT state, count(*) FROM attempts WHERE namespace = $1 GROUP BY state";
 const COUNT_LAPSED: &str = "SELECT count(*) FROM attempts \
@@ -639,6 +658,48 @@ impl ReadTransaction for PgTransaction<'_> {
                 None => 0,
             };
         Ok((state_counts(by_state)?, u64::try_from(expired).unwrap_or(0)))
+    }
+
+    fn tasks_by_state(
+        &self,
+        namespace: &Namespace,
+        state: StateName,
+        order: ListOrder,
+        after: Option<TaskCursor>,
+        limit: usize,
+    ) -> Result<Vec<(TaskCursor, TaskListing)>> {
+        let (sql, start) = match order {
+            ListOrder::Oldest => (TASKS_BY_STATE_OLDEST, (0, 0)),
+            ListOrder::Newest => (TASKS_BY_STATE_NEWEST, (i64::MAX, 0)),
+        };
+        // The cursor's row is the attempt's task row here.
+        let (task, number) = after.map_or(start, |c| (c.row, i64::from(c.attempt)));
+        self.query(
+            sql,
+            &[
+                &namespace.as_str(),
+                &state.as_str(),
+                &task,
+                &number,
+                &count(limit),
+            ],
+        )?
+        .iter()
+        .map(|row| {
+            ListingRow {
+                position: row.try_get(0)?,
+                number: row.try_get(1)?,
+                state: row.try_get(2)?,
+                until_at: row.try_get(3)?,
+                discarded: row.try_get(4)?,
+                tries: row.try_get(5)?,
+                queue: row.try_get(6)?,
+                task_id: row.try_get(7)?,
+                version: row.try_get(8)?,
+            }
+            .listing(namespace)
+        })
+        .collect()
     }
 
     fn meta(&self, key: &str) -> Result<Option<String>> {

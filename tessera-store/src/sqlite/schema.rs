@@ -330,6 +330,8 @@ pub(crate) const INDEXES: &[Index] = &[
         columns: &["task", "number"],
         filter: None,
     },
+    // Health counts a namespace's attempts per state from it, and a
+    // listing pages through one state by the row id that ends every entry.
     Index {
         name: "attempts_state",
         table: "attempts",

@@ -155,6 +155,14 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::UPDATE_TOKEN,
     },
     HotStatement {
+        name: "tasks by state, oldest first",
+        sql: tasks::TASKS_BY_STATE_OLDEST,
+    },
+    HotStatement {
+        name: "tasks by state, newest first",
+        sql: tasks::TASKS_BY_STATE_NEWEST,
+    },
+    HotStatement {
         name: "update tries",
         sql: tasks::UPDATE_MAX_TRIES,
     },
@@ -311,6 +319,20 @@ mod tests {
         assert!(receipt.contains("receipts_key"), "{receipt}");
         let attempts = plan("attempts of a task");
         assert!(attempts.contains("attempts_task"), "{attempts}");
+        // A listing page is one range of `attempts_state`, already in its
+        // row-id order, each task found by its row id.
+        for name in [
+            "tasks by state, oldest first",
+            "tasks by state, newest first",
+        ] {
+            let listing = plan(name);
+            assert!(
+                listing.contains("INDEX attempts_state (namespace=? AND state=? AND rowid"),
+                "{name}: {listing}"
+            );
+            assert!(listing.contains("INTEGER PRIMARY KEY"), "{name}: {listing}");
+            assert!(!listing.contains("TEMP B-TREE"), "{name}: {listing}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use rusqlite::{Row, params};
 
 use super::connection::{Reader, Writer};
-use crate::backend::rows::{AttemptRow, ReceiptRow, TaskRow};
+use crate::backend::rows::{AttemptRow, ListingRow, ReceiptRow, TaskRow};
 
 pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces \
      (name, kind, created_at, purge_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING";
@@ -124,6 +124,29 @@ pub(crate) const LAPSED_LEASES: &str = "SELECT task FROM attempts \
 pub(crate) const COUNT_LAPSED_LEASES: &str = "SELECT count(*) FROM attempts \
      WHERE namespace = ?1 AND state = 'leased' AND expires_at <= ?2";
 
+/// A listing's columns and join, in [`ListingRow::from_row`] order.
+macro_rules! select_listing {
+    ($tail:literal) => {
+        concat!(
+            "SELECT a.id, a.number, a.state, a.until_at, a.discarded, a.tries, ",
+            "t.queue, t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task ",
+            "WHERE a.namespace = ?1 AND a.state = ?2 ",
+            $tail
+        )
+    };
+}
+
+/// A namespace's attempts in one state after attempt row `?3`, oldest
+/// first: one range of `attempts_state`, whose entries end in the row id
+/// (attempts are inserted at enqueue, so row ids are enqueue order), each
+/// task by its row id.
+pub(crate) const TASKS_BY_STATE_OLDEST: &str =
+    select_listing!("AND a.id > ?3 ORDER BY a.id LIMIT ?4");
+
+/// [`TASKS_BY_STATE_OLDEST`] newest first, before row `?3`.
+pub(crate) const TASKS_BY_STATE_NEWEST: &str =
+    select_listing!("AND a.id < ?3 ORDER BY a.id DESC LIMIT ?4");
+
 /// Attempts per state in a namespace, from the `attempts_state` index alone.
 pub(crate) const COUNT_BY_STATE: &str = "SELECT state, count(*) FROM attempts \
      WHERE namespace = ?1 GROUP BY state";
@@ -202,6 +225,39 @@ impl AttemptRow {
             last_error: row.get(10)?,
         })
     }
+}
+
+impl ListingRow {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            position: row.get(0)?,
+            number: row.get(1)?,
+            state: row.get(2)?,
+            until_at: row.get(3)?,
+            discarded: row.get(4)?,
+            tries: row.get(5)?,
+            queue: row.get(6)?,
+            task_id: row.get(7)?,
+            version: row.get(8)?,
+        })
+    }
+}
+
+/// A page of a namespace's attempts in `state`, after attempt row
+/// `after` in the order `sql` lists them.
+pub(crate) fn tasks_by_state(
+    reader: &Reader<'_>,
+    sql: &str,
+    namespace: &str,
+    state: &str,
+    after: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<ListingRow>> {
+    reader.all(
+        sql,
+        params![namespace, state, after, limit],
+        ListingRow::from_row,
+    )
 }
 
 impl ReceiptRow {

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, TaskRecord,
+    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, StateName, TaskRecord,
 };
 
 use super::access as keys;
@@ -24,7 +24,7 @@ use crate::backend::{
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::health::StateCounts;
-use crate::model::task::{StoredReceipt, TaskRef};
+use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 /// A task row with its attempts.
 fn load(reader: &Reader<'_>, row: TaskRow) -> Result<LoadedTask> {
@@ -179,6 +179,33 @@ impl ReadTransaction for Reader<'_> {
             .collect()
     }
 
+    fn tasks_by_state(
+        &self,
+        namespace: &Namespace,
+        state: StateName,
+        order: ListOrder,
+        after: Option<TaskCursor>,
+        limit: usize,
+    ) -> Result<Vec<(TaskCursor, TaskListing)>> {
+        // The cursor's row is the attempt's row id here.
+        let (sql, start) = match order {
+            ListOrder::Oldest => (sql::TASKS_BY_STATE_OLDEST, 0),
+            ListOrder::Newest => (sql::TASKS_BY_STATE_NEWEST, i64::MAX),
+        };
+        let after = after.map_or(start, |cursor| cursor.row);
+        sql::tasks_by_state(
+            self,
+            sql,
+            namespace.as_str(),
+            state.as_str(),
+            after,
+            count(limit),
+        )?
+        .into_iter()
+        .map(|row| row.listing(namespace))
+        .collect()
+    }
+
     /// Attempts per state from the `attempts_state` index and the expired
     /// leases from the namespace's `attempts_leased` entries.
     fn health(&self, namespace: &Namespace, now: DateTime<Utc>) -> Result<(StateCounts, u64)> {
@@ -225,6 +252,7 @@ reads_through_writer! {
     receipts_of_attempt(task: &TaskRef, handle: TaskHandle, attempt: AttemptNumber) -> Result<Vec<StoredReceipt>>;
     receipts_of_task(task: &TaskRef, handle: TaskHandle, limit: usize) -> Result<Vec<StoredReceipt>>;
     health(namespace: &Namespace, now: DateTime<Utc>) -> Result<(StateCounts, u64)>;
+    tasks_by_state(namespace: &Namespace, state: StateName, order: ListOrder, after: Option<TaskCursor>, limit: usize) -> Result<Vec<(TaskCursor, TaskListing)>>;
     meta(key: &str) -> Result<Option<String>>;
     limit_count(subject: &str, start: DateTime<Utc>) -> Result<u64>;
 }

@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
+use tessera_store::lease::StateName;
 use tessera_store::limits::{MAX_ERROR_BYTES, MAX_TRIES};
 use tessera_store::{
     AuditQuery, Caller, ClaimOutcome, Clock, DiscardReason, EnqueueOptions, Error, Failure, Grant,
-    Retry, TaskRef, TaskState,
+    ListOrder, Retry, Scope, TaskCursor, TaskQuery, TaskRef, TaskState,
 };
 
 use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
@@ -216,10 +217,112 @@ fn an_upgrade_from_version_one_leaves_every_stored_attempt_a_try(db: &TestDb) {
     assert_eq!(claimed.task, quiet);
 }
 
+fn discarded_tasks_are_listed_a_page_at_a_time_and_retried_from_the_listing(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let tasks: Vec<TaskRef> = (0..5).map(|_| enqueue_with_tries(&f, &worker, 1)).collect();
+    // Another namespace's dead task is not listed here.
+    let elsewhere = f
+        .store
+        .enqueue(
+            &worker,
+            &namespace("other"),
+            &q,
+            &json_brief(0),
+            &EnqueueOptions::default().with_max_tries(1),
+        )
+        .unwrap();
+    for _ in &tasks {
+        let claimed = f.claim(&worker, &ns, &q);
+        f.store
+            .fail(
+                &worker,
+                &claimed.task,
+                claimed.lease.token(),
+                Retry::Backoff,
+            )
+            .unwrap();
+    }
+    let claimed = f.claim(&worker, &namespace("other"), &q);
+    assert_eq!(claimed.task, elsewhere);
+    f.store
+        .fail(&worker, &elsewhere, claimed.lease.token(), Retry::Backoff)
+        .unwrap();
+
+    let listed = |order: ListOrder| -> Vec<TaskRef> {
+        let mut query = TaskQuery::new(StateName::Discarded);
+        query.order = order;
+        query.limit = 2;
+        let mut seen = Vec::new();
+        loop {
+            let page = f.store.list_tasks(&worker, &ns, &query).unwrap();
+            assert!(page.tasks.len() <= 2);
+            for listing in &page.tasks {
+                assert_eq!(
+                    (listing.tries, listing.state),
+                    (
+                        1,
+                        TaskState::Discarded {
+                            reason: DiscardReason::Failed
+                        }
+                    )
+                );
+            }
+            seen.extend(page.tasks.into_iter().map(|listing| listing.task));
+            match page.next {
+                // The cursor travels as text.
+                Some(next) => query.after = Some(next.to_string().parse().unwrap()),
+                None => return seen,
+            }
+        }
+    };
+    assert_eq!(listed(ListOrder::Oldest), tasks);
+    let mut newest = tasks.clone();
+    newest.reverse();
+    assert_eq!(listed(ListOrder::Newest), newest);
+    let ready = f
+        .store
+        .list_tasks(&worker, &ns, &TaskQuery::new(StateName::Ready))
+        .unwrap();
+    assert_eq!((ready.tasks.len(), ready.next), (0, None));
+
+    // Retried from the listing, a task leaves it.
+    f.store.retry_task(&f.admin, &tasks[2]).unwrap();
+    let mut left = tasks.clone();
+    left.remove(2);
+    assert_eq!(listed(ListOrder::Oldest), left);
+    let page = f
+        .store
+        .list_tasks(&worker, &ns, &TaskQuery::new(StateName::Ready))
+        .unwrap();
+    assert_eq!(page.tasks[0].task, tasks[2]);
+
+    // A listing is a read: audited, and refused without the read scope.
+    let events = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    assert!(
+        events
+            .events
+            .iter()
+            .any(|event| event.action.as_str() == "list_tasks")
+    );
+    let claimer = f.login(&f.key(&[Scope::Claim, Scope::Enqueue], Grant::AllNamespaces));
+    let error = f
+        .store
+        .list_tasks(&claimer, &ns, &TaskQuery::new(StateName::Discarded))
+        .unwrap_err();
+    assert_eq!(error.status(), 403);
+    assert_eq!(
+        "7".parse::<TaskCursor>().unwrap_err().code(),
+        "invalid_input"
+    );
+}
+
 conformance! {
     a_task_whose_every_worker_crashes_is_discarded_after_its_tries,
     a_retry_asked_for_on_the_last_try_discards_the_attempt_with_its_error,
     the_default_backoff_doubles_with_jitter_drawn_from_the_seed,
     a_try_count_past_the_limit_reads_as_a_corrupt_record,
     an_upgrade_from_version_one_leaves_every_stored_attempt_a_try,
+    discarded_tasks_are_listed_a_page_at_a_time_and_retried_from_the_listing,
 }

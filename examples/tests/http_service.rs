@@ -344,7 +344,7 @@ fn heartbeat_extends_and_submit_is_idempotent() {
     let other = json!({ "version": 2, "token": token, "output": { "pixels": 43 } });
     let conflict = service.send("POST", submit, Some(&worker), &key, Some(&other));
     assert_eq!(conflict.status, 409);
-    assert_eq!(conflict.error_code(), "conflict");
+    assert_eq!(conflict.error_code(), "idempotency_conflict");
 
     let unkeyed = service.send("POST", submit, Some(&worker), &[], Some(&output));
     assert_eq!(unkeyed.status, 400);

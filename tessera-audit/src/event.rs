@@ -68,8 +68,11 @@ named_enum!(
     Submit = "submit",
     /// Give up a task under a lease, to be retried after a backoff.
     Fail = "fail",
-    /// An operator put a task's failed or discarded attempts back to ready.
+    /// An operator put a task's failed, discarded or cancelled attempts
+    /// back to ready.
     RetryTask = "retry_task",
+    /// An operator cancelled a task's unfinished attempts.
+    CancelTask = "cancel_task",
     /// List a namespace's tasks by state.
     ListTasks = "list_tasks",
     /// Read a task.
@@ -118,7 +121,9 @@ named_enum!(
     Forbidden = "forbidden",
     /// What it named does not exist (`404`).
     NotFound = "not_found",
-    /// A stale fencing token or a reused idempotency key (`409`).
+    /// The request contradicts the current state: a stale fencing token, a
+    /// reused idempotency key, a cancelled task (`409`, whichever conflict
+    /// code the host returns).
     Conflict = "conflict",
     /// The request was malformed (`400`).
     InvalidInput = "invalid_input",

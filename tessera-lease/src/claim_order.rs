@@ -10,20 +10,33 @@
 //!   plus the task's lapse backoff. A heartbeat moves only this entry.
 //!
 //! A claim at `now` takes the smallest [`ClaimKey`] that
-//! [`is_due`](ClaimKey::is_due): ready tasks first, oldest first, then lapsed
-//! leases and ended backoffs by when each became claimable, ties to the
-//! older task. With each index ordered by its key, the first entry of each
-//! is enough: [`first_claimable`] picks between them. Together they say
-//! exactly what [`Task::next_claimable_at`](crate::Task::next_claimable_at)
-//! and [`Task::claim`](crate::Task::claim) say for one task.
+//! [`is_due`](ClaimKey::is_due): the highest priority first; within it,
+//! ready tasks first, oldest first, then lapsed leases, ended backoffs and
+//! passed schedules by when each became claimable, ties to the older task.
+//! Each index is ordered by priority, then by the rest of its key, and a
+//! backend searches it one priority at a time, from the highest
+//! ([`priorities`]), stopping at the first due entry: at most
+//! `MAX_PRIORITY + 1` searches, however many entries are not yet due.
+//! [`first_claimable`] picks between the two indexes' first entries.
+//! Together they say exactly what
+//! [`Task::next_claimable_at`](crate::Task::next_claimable_at) and
+//! [`Task::claim`](crate::Task::claim) say for one task.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use std::cmp::Ordering;
+
 use crate::attempt::AttemptRecord;
 use crate::state::TaskState;
-use crate::task::{TaskRecord, lapse_end};
+use crate::task::{MAX_PRIORITY, TaskRecord, lapse_end};
+
+/// Every priority, highest first: the order a backend searches its claim
+/// indexes in.
+pub fn priorities() -> impl Iterator<Item = u8> {
+    (0..=MAX_PRIORITY).rev()
+}
 
 /// When a task can next be claimed, leaving lapsing leases aside (those are
 /// [`AttemptRecord::lapses_at`]).
@@ -78,11 +91,14 @@ impl TaskRecord {
             .iter()
             .filter_map(|attempt| match attempt.state {
                 TaskState::Ready => Some(ClaimableAt::Ready),
-                TaskState::Backoff { until } => Some(ClaimableAt::At(until)),
+                TaskState::Backoff { until } | TaskState::Scheduled { at: until } => {
+                    Some(ClaimableAt::At(until))
+                }
                 TaskState::Leased
                 | TaskState::Done
                 | TaskState::Failed
-                | TaskState::Discarded { .. } => None,
+                | TaskState::Discarded { .. }
+                | TaskState::Cancelled => None,
             })
             .min()
     }
@@ -103,35 +119,71 @@ impl AttemptRecord {
     }
 }
 
-/// A claim candidate's place in the claim order: when it became claimable,
-/// then its `sequence`, the backend's enqueue order (a row id; smaller is
-/// older).
+/// A claim candidate's place in the claim order: its task's priority, when
+/// it became claimable, then its `sequence`, the backend's enqueue order (a
+/// row id; smaller is older).
 ///
-/// Keys compare in claim order (the derived `Ord`, field by field): ready
-/// before every time, earlier times first, and at the same time the older
-/// task. A task in backoff or with an ended backoff is keyed by
-/// [`TaskRecord::claimable_at`]; a lapsing lease by
-/// [`ClaimKey::lapsed`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Keys compare in claim order, smallest first: the higher priority, then
+/// ready before every time, earlier times first, and at the same time the
+/// older task. A task in backoff, scheduled, or past either is keyed by
+/// [`TaskRecord::claimable_at`]; a lapsing lease by [`ClaimKey::lapsed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ClaimKey<S = u64> {
+    /// The task's priority ([`TaskRecord::priority`]); a higher one sorts
+    /// first.
+    pub priority: u8,
     /// When the candidate became (or becomes) claimable.
     pub at: ClaimableAt,
     /// The candidate task's enqueue order; ties go to the smaller.
     pub sequence: S,
 }
 
+impl<S: Ord> Ord for ClaimKey<S> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .priority
+            .cmp(&self.priority)
+            .then_with(|| self.at.cmp(&other.at))
+            .then_with(|| self.sequence.cmp(&other.sequence))
+    }
+}
+
+impl<S: Ord> PartialOrd for ClaimKey<S> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 impl<S> ClaimKey<S> {
-    /// The key of a task in the claim index, claimable from `at`.
+    /// The key of a task of `priority` in the claim index, claimable from
+    /// `at`.
     #[must_use]
-    pub fn new(at: ClaimableAt, sequence: S) -> Self {
-        Self { at, sequence }
+    pub fn new(priority: u8, at: ClaimableAt, sequence: S) -> Self {
+        Self {
+            priority,
+            at,
+            sequence,
+        }
     }
 
-    /// The key of a leased attempt of task `sequence` that lapses into being
-    /// claimable at `lapses_at` ([`AttemptRecord::lapses_at`]).
+    /// The key of a leased attempt of task `sequence`, of `priority`, that
+    /// lapses into being claimable at `lapses_at`
+    /// ([`AttemptRecord::lapses_at`]).
     #[must_use]
-    pub fn lapsed(lapses_at: DateTime<Utc>, sequence: S) -> Self {
-        Self::new(ClaimableAt::At(lapses_at), sequence)
+    pub fn lapsed(priority: u8, lapses_at: DateTime<Utc>, sequence: S) -> Self {
+        Self::new(priority, ClaimableAt::At(lapses_at), sequence)
+    }
+
+    /// The lowest priority a lapsed lease needs to come before this key:
+    /// `None` if none can (a ready candidate of the highest priority). A
+    /// ready candidate beats every lapse of its own priority; any other
+    /// is compared with lapses of its priority too.
+    #[must_use]
+    pub fn lapse_floor(&self) -> Option<u8> {
+        match self.at {
+            ClaimableAt::Ready => self.priority.checked_add(1).filter(|p| *p <= MAX_PRIORITY),
+            ClaimableAt::At(_) => Some(self.priority),
+        }
     }
 
     /// Whether a claim at `now` may take this candidate.
@@ -156,9 +208,11 @@ pub enum ClaimSource {
 /// first due lapsed lease); `None` when neither exists.
 ///
 /// Equal keys name the same task at the same time; the claimable candidate
-/// is kept, as the backend has it in hand. A ready candidate always wins, so
-/// a backend that finds one need not look up a lapsed lease at all. Both
-/// arguments must already be due at the claim's `now` ([`ClaimKey::is_due`]).
+/// is kept, as the backend has it in hand. A ready candidate beats every
+/// lapse of its priority or below, so a backend that finds one needs only
+/// search the priorities above it for a lapsed lease
+/// ([`ClaimKey::lapse_floor`]). Both arguments must already be due at the
+/// claim's `now` ([`ClaimKey::is_due`]).
 #[must_use]
 pub fn first_claimable<S: Ord>(
     claimable: Option<&ClaimKey<S>>,
@@ -299,20 +353,46 @@ mod tests {
 
     #[test]
     fn claim_keys_order_ready_then_time_then_age() {
-        let ready_young = ClaimKey::new(ClaimableAt::Ready, 9_u64);
-        let early_old = ClaimKey::lapsed(at(1), 1);
-        let early_young = ClaimKey::new(ClaimableAt::At(at(1)), 2);
-        let late_old = ClaimKey::lapsed(at(2), 0);
+        let ready_young = ClaimKey::new(0, ClaimableAt::Ready, 9_u64);
+        let early_old = ClaimKey::lapsed(0, at(1), 1);
+        let early_young = ClaimKey::new(0, ClaimableAt::At(at(1)), 2);
+        let late_old = ClaimKey::lapsed(0, at(2), 0);
         let mut keys = [late_old, early_young, ready_young, early_old];
         keys.sort();
         assert_eq!(keys, [ready_young, early_old, early_young, late_old]);
     }
 
     #[test]
+    fn a_higher_priority_comes_first_whatever_its_time() {
+        let urgent_late = ClaimKey::lapsed(2, at(50), 9_u64);
+        let urgent_ready = ClaimKey::new(2, ClaimableAt::Ready, 10);
+        let normal_ready = ClaimKey::new(0, ClaimableAt::Ready, 1);
+        let high_ready = ClaimKey::new(1, ClaimableAt::Ready, 3);
+        let mut keys = [normal_ready, urgent_late, high_ready, urgent_ready];
+        keys.sort();
+        assert_eq!(keys, [urgent_ready, urgent_late, high_ready, normal_ready]);
+        assert_eq!(
+            first_claimable(Some(&normal_ready), Some(&urgent_late)),
+            Some(ClaimSource::Lapsed)
+        );
+        assert_eq!(priorities().collect::<Vec<_>>(), [3, 2, 1, 0]);
+    }
+
+    #[test]
+    fn a_ready_key_needs_lapses_above_its_priority_only() {
+        let ready = |p| ClaimKey::new(p, ClaimableAt::Ready, 1_u64);
+        let ended = |p| ClaimKey::new(p, ClaimableAt::At(at(1)), 1_u64);
+        assert_eq!(ready(0).lapse_floor(), Some(1));
+        assert_eq!(ready(MAX_PRIORITY).lapse_floor(), None);
+        assert_eq!(ended(0).lapse_floor(), Some(0));
+        assert_eq!(ended(MAX_PRIORITY).lapse_floor(), Some(MAX_PRIORITY));
+    }
+
+    #[test]
     fn first_claimable_keeps_ready_and_breaks_ties_to_the_index() {
-        let ready = ClaimKey::new(ClaimableAt::Ready, 5_u64);
-        let ended = ClaimKey::new(ClaimableAt::At(at(10)), 5);
-        let lapsed = |seconds, sequence| ClaimKey::lapsed(at(seconds), sequence);
+        let ready = ClaimKey::new(0, ClaimableAt::Ready, 5_u64);
+        let ended = ClaimKey::new(0, ClaimableAt::At(at(10)), 5);
+        let lapsed = |seconds, sequence| ClaimKey::lapsed(0, at(seconds), sequence);
         let pick = |c: Option<&ClaimKey>, l: Option<&ClaimKey>| first_claimable(c, l);
         assert_eq!(pick(None, None), None);
         assert_eq!(pick(Some(&ready), None), Some(ClaimSource::Claimable));

@@ -103,10 +103,22 @@ pub enum LeaseError {
     /// payload digest.
     #[error("idempotency key was already used with a different payload")]
     IdempotencyConflict,
-    /// An operator asked to retry a task none of whose attempts is failed
-    /// or discarded.
-    #[error("nothing to retry: no attempt is failed or discarded")]
+    /// An operator asked to retry a task none of whose attempts is failed,
+    /// discarded or cancelled.
+    #[error("nothing to retry: no attempt is failed, discarded or cancelled")]
     NothingToRetry,
+    /// The lease `token` ended because an operator cancelled its task: the
+    /// holder should stop work; nothing it submits is accepted.
+    #[error("lease {token} has ended: the task was cancelled")]
+    TaskCancelled {
+        /// The token presented.
+        token: FencingToken,
+        /// The attempt the token was granted for.
+        attempt: AttemptNumber,
+    },
+    /// An operator asked to cancel a task whose attempts are all final.
+    #[error("nothing to cancel: every attempt is final")]
+    NothingToCancel,
     /// Every fencing token a task can hold has been granted.
     #[error("fencing tokens for this task are exhausted")]
     TokensExhausted,
@@ -166,6 +178,8 @@ pub enum Field {
     MaxTries,
     /// A failure report's error text.
     Error,
+    /// A task's priority.
+    Priority,
 }
 
 impl Field {
@@ -190,6 +204,7 @@ impl Field {
             Self::Backoff => "retry backoff",
             Self::MaxTries => "maximum tries",
             Self::Error => "error text",
+            Self::Priority => "priority",
         }
     }
 }

@@ -107,7 +107,7 @@ mod token;
 mod tries;
 
 pub use attempt::{AttemptNumber, AttemptRecord};
-pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable};
+pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable, priorities};
 pub use digest::Digest;
 pub use error::{DurationRule, Field, LeaseError, Rule};
 pub use lease::{Lease, LeaseRecord};
@@ -117,7 +117,9 @@ pub use name::{
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
 pub use state::{DiscardReason, StateName, TaskState};
-pub use task::{BriefVersion, Failure, MAX_ALTERNATIVES, Retry, Task, TaskRecord, TaskSpec};
+pub use task::{
+    BriefVersion, Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, Task, TaskRecord, TaskSpec,
+};
 pub use time::{MAX_BACKOFF, MAX_LEASE_DURATION};
 pub use token::FencingToken;
 pub use tries::{

@@ -24,10 +24,14 @@ use crate::error::{Field, LeaseError, Rule};
 ///
 ///  Leased ──▶ Discarded{reason}  its last try lapsed or failed
 ///                                (tries reached the task's max_tries)
+///
+///  Scheduled{at} ──▶ (claimable from `at` on, as an ended backoff)
+///  any unfinished state ──▶ Cancelled   an operator cancelled the task
 /// ```
 ///
-/// Done, Failed and Discarded are final; an operator may put a failed or
-/// discarded attempt back to ready ([`Task::retry`](crate::Task::retry)). Serialized with a `state` tag in lowercase,
+/// Done, Failed, Discarded and Cancelled are final; an operator may put a
+/// failed, discarded or cancelled attempt back to ready
+/// ([`Task::retry`](crate::Task::retry)). Serialized with a `state` tag in lowercase,
 /// e.g. `{"state":"backoff","until":"2026-10-29T12:00:00Z"}`; a store keeps
 /// [`TaskState::name`] in a text column and [`TaskState::until`] beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -51,6 +55,16 @@ pub enum TaskState {
         /// How the last try ended.
         reason: DiscardReason,
     },
+    /// Enqueued to run later; claimable from `at` on, ordered by `at` as an
+    /// ended backoff is.
+    Scheduled {
+        /// The task's not-before time.
+        at: DateTime<Utc>,
+    },
+    /// An operator cancelled the task before this attempt finished; final.
+    /// A holder of its lease learns it at its next heartbeat, submit or
+    /// failure report.
+    Cancelled,
 }
 
 /// How the last try of a [`TaskState::Discarded`] attempt ended.
@@ -107,6 +121,8 @@ impl TaskState {
             Self::Failed => StateName::Failed,
             Self::Backoff { .. } => StateName::Backoff,
             Self::Discarded { .. } => StateName::Discarded,
+            Self::Scheduled { .. } => StateName::Scheduled,
+            Self::Cancelled => StateName::Cancelled,
         }
     }
 
@@ -115,10 +131,12 @@ impl TaskState {
         self.name().as_str()
     }
 
-    /// The end of a backoff; `None` for every other state.
+    /// The end of a backoff or a scheduled attempt's not-before time (the
+    /// time a store keeps beside the state's name); `None` for every other
+    /// state.
     pub fn until(&self) -> Option<DateTime<Utc>> {
         match self {
-            Self::Backoff { until } => Some(*until),
+            Self::Backoff { until } | Self::Scheduled { at: until } => Some(*until),
             _ => None,
         }
     }
@@ -132,8 +150,8 @@ impl TaskState {
     }
 
     /// Rebuilds a state from its stored columns. `until` is required for a
-    /// backoff and must be absent otherwise; `reason` likewise for a
-    /// discarded state.
+    /// backoff or a scheduled attempt and must be absent otherwise; `reason`
+    /// likewise for a discarded state.
     pub fn from_parts(
         name: StateName,
         until: Option<DateTime<Utc>>,
@@ -142,8 +160,11 @@ impl TaskState {
         let invalid = |reason| Err(LeaseError::InvalidRecord { reason });
         let state = match (name, until, reason) {
             (StateName::Backoff, Some(until), None) => Self::Backoff { until },
-            (StateName::Backoff, None, _) => return invalid("a backoff state needs its end time"),
-            (_, Some(_), _) => return invalid("only a backoff state has an end time"),
+            (StateName::Scheduled, Some(at), None) => Self::Scheduled { at },
+            (StateName::Backoff | StateName::Scheduled, None, _) => {
+                return invalid("a backoff or scheduled state needs its time");
+            }
+            (_, Some(_), _) => return invalid("only a backoff or scheduled state has a time"),
             (StateName::Discarded, None, Some(reason)) => Self::Discarded { reason },
             (StateName::Discarded, None, None) => {
                 return invalid("a discarded state needs its reason");
@@ -153,13 +174,23 @@ impl TaskState {
             (StateName::Leased, None, None) => Self::Leased,
             (StateName::Done, None, None) => Self::Done,
             (StateName::Failed, None, None) => Self::Failed,
+            (StateName::Cancelled, None, None) => Self::Cancelled,
         };
         Ok(state)
     }
 
-    /// Whether the state is final (done, failed or discarded).
+    /// Whether the state is final (done, failed, discarded or cancelled).
     pub fn is_final(&self) -> bool {
-        matches!(self, Self::Done | Self::Failed | Self::Discarded { .. })
+        matches!(
+            self,
+            Self::Done | Self::Failed | Self::Discarded { .. } | Self::Cancelled
+        )
+    }
+
+    /// Whether an operator's retry puts it back: it ended without success
+    /// (failed, discarded or cancelled).
+    pub fn is_retryable(&self) -> bool {
+        self.is_final() && *self != Self::Done
     }
 }
 
@@ -179,17 +210,23 @@ pub enum StateName {
     Backoff,
     /// `discarded`
     Discarded,
+    /// `scheduled`
+    Scheduled,
+    /// `cancelled`
+    Cancelled,
 }
 
 impl StateName {
     /// Every name, in lifecycle order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::Ready,
         Self::Leased,
         Self::Done,
         Self::Failed,
         Self::Backoff,
         Self::Discarded,
+        Self::Scheduled,
+        Self::Cancelled,
     ];
 
     /// The stable lowercase name.
@@ -201,6 +238,8 @@ impl StateName {
             Self::Failed => "failed",
             Self::Backoff => "backoff",
             Self::Discarded => "discarded",
+            Self::Scheduled => "scheduled",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -256,6 +295,8 @@ mod tests {
             TaskState::Discarded {
                 reason: DiscardReason::Failed,
             },
+            TaskState::Scheduled { at: until },
+            TaskState::Cancelled,
         ];
         for state in states {
             assert_eq!(
@@ -268,6 +309,8 @@ mod tests {
         assert!(TaskState::from_parts(StateName::Backoff, None, None).is_err());
         assert!(TaskState::from_parts(StateName::Ready, Some(until), None).is_err());
         assert!(TaskState::from_parts(StateName::Discarded, None, None).is_err());
+        assert!(TaskState::from_parts(StateName::Scheduled, None, None).is_err());
+        assert!(TaskState::from_parts(StateName::Cancelled, Some(until), None).is_err());
         let lapsed = Some(DiscardReason::Lapsed);
         assert!(TaskState::from_parts(StateName::Failed, None, lapsed).is_err());
         assert_eq!(

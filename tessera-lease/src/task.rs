@@ -19,6 +19,10 @@ use crate::tries::{DEFAULT_MAX_TRIES, Jitter, MAX_ERROR_BYTES, MAX_TRIES, retry_
 /// The most competing attempts one task may have.
 pub const MAX_ALTERNATIVES: u16 = 32;
 
+/// The highest task priority; priorities run from 0 (the default) to this,
+/// and a higher one is claimed first.
+pub const MAX_PRIORITY: u8 = 3;
+
 /// The version of a task's brief, from 1. Receipts name it so alternatives
 /// of different versions are never compared with each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -80,6 +84,16 @@ pub struct TaskSpec {
     /// An attempt whose last try lapses, or fails asking for a retry, is
     /// [`TaskState::Discarded`]. [`DEFAULT_MAX_TRIES`] unless set.
     pub max_tries: u32,
+    /// 0 (the default) to [`MAX_PRIORITY`]: a claim takes a claimable task
+    /// of a higher priority first, and within one priority the claim order
+    /// of [`claim_order`](crate::ClaimKey).
+    #[serde(default)]
+    pub priority: u8,
+    /// Not claimable before this time: the attempts start
+    /// [`TaskState::Scheduled`] and are ordered by it once it passes, as an
+    /// ended backoff is. `None` (the default): ready at once.
+    #[serde(default)]
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 impl Default for TaskSpec {
@@ -88,6 +102,8 @@ impl Default for TaskSpec {
             alternatives: 1,
             lapse_backoff: Duration::ZERO,
             max_tries: DEFAULT_MAX_TRIES,
+            priority: 0,
+            not_before: None,
         }
     }
 }
@@ -151,6 +167,9 @@ pub struct TaskRecord {
     /// How many tries each attempt gets ([`TaskSpec::max_tries`]).
     #[serde(default = "default_max_tries")]
     pub max_tries: u32,
+    /// The task's priority ([`TaskSpec::priority`]).
+    #[serde(default)]
+    pub priority: u8,
     /// The highest fencing token ever granted for this task; `None` (stored
     /// as 0) before the first claim. The next grant gets the one after it.
     pub last_token: Option<FencingToken>,
@@ -193,7 +212,12 @@ fn default_max_tries() -> u32 {
 pub struct Task(TaskRecord);
 
 impl Task {
-    /// A new task with every attempt ready.
+    /// A new task with every attempt ready, or scheduled for
+    /// [`TaskSpec::not_before`].
+    ///
+    /// Errors: [`OutOfRange`](LeaseError::OutOfRange) for the alternatives,
+    /// tries or priority, and a lapse backoff above
+    /// [`MAX_BACKOFF`](crate::MAX_BACKOFF).
     pub fn new(id: TaskId, version: BriefVersion, spec: TaskSpec) -> Result<Self, LeaseError> {
         if spec.alternatives == 0 || spec.alternatives > MAX_ALTERNATIVES {
             return Err(LeaseError::OutOfRange {
@@ -204,14 +228,22 @@ impl Task {
         }
         time::check_backoff(spec.lapse_backoff)?;
         check_max_tries(spec.max_tries)?;
+        check_priority(spec.priority)?;
         let attempts = (1..=spec.alternatives)
-            .map(|n| AttemptRecord::new(AttemptNumber(n)))
+            .map(|n| {
+                let mut attempt = AttemptRecord::new(AttemptNumber(n));
+                if let Some(at) = spec.not_before {
+                    attempt.state = TaskState::Scheduled { at };
+                }
+                attempt
+            })
             .collect();
         Ok(Self(TaskRecord {
             id,
             version,
             lapse_backoff: spec.lapse_backoff,
             max_tries: spec.max_tries,
+            priority: spec.priority,
             last_token: None,
             attempts,
         }))
@@ -224,8 +256,9 @@ impl Task {
     /// attempt without a lease; a lease token above `last_token` or shared by
     /// two attempts; a lease that does not end after it starts; a lease on
     /// an attempt never tried; `max_tries` outside 1 to [`MAX_TRIES`]; more
-    /// tries than `max_tries`, or a ready or backoff attempt with no try
-    /// left; and an error text over [`MAX_ERROR_BYTES`].
+    /// tries than `max_tries`, or a ready, backoff or scheduled attempt with
+    /// no try left; a priority above [`MAX_PRIORITY`]; and an error text
+    /// over [`MAX_ERROR_BYTES`].
     pub fn restore(record: TaskRecord) -> Result<Self, LeaseError> {
         let invalid = |reason| Err(LeaseError::InvalidRecord { reason });
         let count = record.attempts.len();
@@ -238,13 +271,19 @@ impl Task {
         if check_max_tries(record.max_tries).is_err() {
             return invalid("a task allows 1 to MAX_TRIES tries");
         }
+        if check_priority(record.priority).is_err() {
+            return invalid("a task's priority is 0 to MAX_PRIORITY");
+        }
         for (index, attempt) in record.attempts.iter().enumerate() {
             if attempt.number.index() != index {
                 return invalid("attempts must be numbered 1, 2, ... in order");
             }
             if attempt.tries > record.max_tries
                 || (attempt.tries == record.max_tries
-                    && matches!(attempt.state, TaskState::Ready | TaskState::Backoff { .. }))
+                    && matches!(
+                        attempt.state,
+                        TaskState::Ready | TaskState::Backoff { .. } | TaskState::Scheduled { .. }
+                    ))
             {
                 return invalid("an attempt out of tries is leased or final");
             }
@@ -256,13 +295,10 @@ impl Task {
                 return invalid("an error text longer than MAX_ERROR_BYTES");
             }
             let Some(lease) = &attempt.lease else {
-                if matches!(
-                    attempt.state,
-                    TaskState::Leased
-                        | TaskState::Done
-                        | TaskState::Failed
-                        | TaskState::Discarded { .. }
-                ) {
+                // A cancel may end an attempt never claimed.
+                if (attempt.state.is_final() && attempt.state != TaskState::Cancelled)
+                    || attempt.state == TaskState::Leased
+                {
                     return invalid("a leased or final attempt needs its lease");
                 }
                 continue;
@@ -335,8 +371,13 @@ impl Task {
         self.0.max_tries
     }
 
-    /// Whether every attempt is done, failed or discarded; the comparison
-    /// step may run.
+    /// The task's priority, 0 to [`MAX_PRIORITY`].
+    pub fn priority(&self) -> u8 {
+        self.0.priority
+    }
+
+    /// Whether every attempt is final (done, failed, discarded or
+    /// cancelled); the comparison step may run.
     pub fn is_finished(&self) -> bool {
         self.0.attempts.iter().all(|a| a.state.is_final())
     }
@@ -353,8 +394,8 @@ impl Task {
     }
 
     /// Grants a lease on the lowest-numbered claimable attempt: one that is
-    /// ready, whose backoff has ended, or whose lease lapsed (and whose lapse
-    /// backoff has passed) with a try left. The new token is the task's
+    /// ready, whose backoff or schedule has ended, or whose lease lapsed (and
+    /// whose lapse backoff has passed) with a try left. The new token is the task's
     /// next, and the grant is one of the attempt's tries.
     ///
     /// Errors: [`TaskFinished`](LeaseError::TaskFinished),
@@ -442,6 +483,7 @@ impl Task {
     /// [`UnknownToken`](LeaseError::UnknownToken),
     /// [`StaleToken`](LeaseError::StaleToken) (its attempt was granted again),
     /// [`WrongHolder`](LeaseError::WrongHolder),
+    /// [`TaskCancelled`](LeaseError::TaskCancelled),
     /// [`LeaseEnded`](LeaseError::LeaseEnded) (the attempt is done, failed,
     /// discarded or waiting after a failure report),
     /// [`LeaseExpired`](LeaseError::LeaseExpired). A
@@ -555,21 +597,17 @@ impl Task {
         Ok(state)
     }
 
-    /// An operator's retry: every failed or discarded attempt becomes ready
-    /// again, and the task allows at least one more try than any of them
-    /// has had. Its next claim grants a fresh token, as every claim does.
-    /// Returns the attempts retried.
+    /// An operator's retry: every failed, discarded or cancelled attempt
+    /// becomes ready again, and the task allows at least one more try than
+    /// any of them has had. Its next claim grants a fresh token, as every
+    /// claim does. Returns the attempts retried.
     ///
     /// Errors: [`NothingToRetry`](LeaseError::NothingToRetry) if no attempt
-    /// is failed or discarded; [`OutOfRange`](LeaseError::OutOfRange) if one
-    /// has had [`MAX_TRIES`] tries already.
+    /// is failed, discarded or cancelled;
+    /// [`OutOfRange`](LeaseError::OutOfRange) if one has had [`MAX_TRIES`]
+    /// tries already.
     pub fn retry(&mut self) -> Result<Vec<AttemptNumber>, LeaseError> {
-        let dead = |attempt: &&AttemptRecord| {
-            matches!(
-                attempt.state,
-                TaskState::Failed | TaskState::Discarded { .. }
-            )
-        };
+        let dead = |attempt: &&AttemptRecord| attempt.state.is_retryable();
         let Some(most) = self.0.attempts.iter().filter(dead).map(|a| a.tries).max() else {
             return Err(LeaseError::NothingToRetry);
         };
@@ -586,10 +624,36 @@ impl Task {
         Ok(retried)
     }
 
+    /// An operator's cancel: every attempt not yet final becomes
+    /// [`TaskState::Cancelled`], a leased one included. Its holder learns it
+    /// at its next heartbeat, submit or failure report
+    /// ([`TaskCancelled`](LeaseError::TaskCancelled)), and nothing it sends
+    /// is accepted. Returns the attempts cancelled.
+    ///
+    /// Errors: [`NothingToCancel`](LeaseError::NothingToCancel) if every
+    /// attempt is final already.
+    pub fn cancel(&mut self) -> Result<Vec<AttemptNumber>, LeaseError> {
+        let cancelled: Vec<AttemptNumber> = self
+            .0
+            .attempts
+            .iter_mut()
+            .filter(|attempt| !attempt.state.is_final())
+            .map(|attempt| {
+                attempt.state = TaskState::Cancelled;
+                attempt.number
+            })
+            .collect();
+        if cancelled.is_empty() {
+            return Err(LeaseError::NothingToCancel);
+        }
+        Ok(cancelled)
+    }
+
     /// Applies what the passing of time alone changes: a lapsed lease makes
     /// its attempt ready, or puts it in backoff until `expires_at +
     /// lapse_backoff`, or discards it ([`DiscardReason::Lapsed`]) if that
-    /// was its last try; an ended backoff makes its attempt ready. Returns
+    /// was its last try; an ended backoff or schedule makes its attempt
+    /// ready. Returns
     /// the attempts that changed (empty: nothing to write).
     ///
     /// Optional: [`Task::claim`] treats lapsed leases and ended backoffs the
@@ -617,7 +681,11 @@ impl Task {
                         TaskState::Backoff { until }
                     }
                 }
-                (TaskState::Backoff { until }, _) if until <= now => TaskState::Ready,
+                (TaskState::Backoff { until } | TaskState::Scheduled { at: until }, _)
+                    if until <= now =>
+                {
+                    TaskState::Ready
+                }
                 _ => continue,
             };
             attempt.state = next;
@@ -657,13 +725,14 @@ impl Task {
     fn claimable_at(&self, attempt: &AttemptRecord) -> Option<DateTime<Utc>> {
         match attempt.state {
             TaskState::Ready => Some(DateTime::<Utc>::MIN_UTC),
-            TaskState::Backoff { until } => Some(until),
+            TaskState::Backoff { until } | TaskState::Scheduled { at: until } => Some(until),
             // A lapse on the last try discards the attempt.
             TaskState::Leased if attempt.tries >= self.0.max_tries => None,
-            TaskState::Leased
-            | TaskState::Done
+            TaskState::Leased => attempt.lapses_at(self.0.lapse_backoff),
+            TaskState::Done
             | TaskState::Failed
-            | TaskState::Discarded { .. } => attempt.lapses_at(self.0.lapse_backoff),
+            | TaskState::Discarded { .. }
+            | TaskState::Cancelled => None,
         }
     }
 }
@@ -714,6 +783,12 @@ fn live_attempt<'a>(
     if live.lease.holder != *holder {
         return Err(LeaseError::WrongHolder { token });
     }
+    if *live.state == TaskState::Cancelled {
+        return Err(LeaseError::TaskCancelled {
+            token,
+            attempt: live.number,
+        });
+    }
     let ended = LeaseError::LeaseEnded {
         token,
         attempt: live.number,
@@ -741,6 +816,18 @@ fn check_max_tries(max_tries: u32) -> Result<(), LeaseError> {
             field: Field::MaxTries,
             value: i64::from(max_tries),
             max: i64::from(MAX_TRIES),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a task's priority: 0 to [`MAX_PRIORITY`].
+fn check_priority(priority: u8) -> Result<(), LeaseError> {
+    if priority > MAX_PRIORITY {
+        return Err(LeaseError::OutOfRange {
+            field: Field::Priority,
+            value: i64::from(priority),
+            max: i64::from(MAX_PRIORITY),
         });
     }
     Ok(())

@@ -117,6 +117,7 @@ impl Rows {
             version: BriefVersion::new(row.version).unwrap(),
             lapse_backoff: Duration::from_millis(u64::try_from(row.lapse_backoff_ms).unwrap()),
             max_tries: row.max_tries,
+            priority: 0,
             last_token: (row.last_token > 0).then(|| FencingToken::new(row.last_token).unwrap()),
             attempts,
         })

@@ -7,7 +7,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use proptest::prelude::*;
 use tessera_lease::{
     AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, FencingToken, LeaseError,
-    LeaseRecord, Principal, Task, TaskId, TaskRecord, TaskState, first_claimable,
+    LeaseRecord, MAX_PRIORITY, Principal, Task, TaskId, TaskRecord, TaskState, first_claimable,
+    priorities,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -20,7 +21,7 @@ fn at(seconds: i64) -> DateTime<Utc> {
     origin() + TimeDelta::seconds(seconds)
 }
 
-/// One attempt: (state 0..5, granted at, lease length, backoff end), times in
+/// One attempt: (state 0..8, granted at, lease length, backoff end), times in
 /// seconds from the origin.
 type AttemptSeed = (u8, i64, i64, i64);
 
@@ -38,6 +39,9 @@ fn attempt(index: usize, (state, granted, length, until): AttemptSeed) -> Attemp
         2 => (TaskState::Leased, Some(lease)),
         3 => (TaskState::Done, Some(lease)),
         4 => (TaskState::Failed, Some(lease)),
+        5 => (TaskState::Scheduled { at: at(until) }, None),
+        6 => (TaskState::Cancelled, None),
+        7 => (TaskState::Cancelled, Some(lease)),
         _ => (TaskState::Backoff { until: at(until) }, Some(lease)),
     };
     AttemptRecord {
@@ -50,34 +54,43 @@ fn attempt(index: usize, (state, granted, length, until): AttemptSeed) -> Attemp
 }
 
 fn record() -> impl Strategy<Value = TaskRecord> {
-    let seed = (0_u8..6, 0_i64..200, 1_i64..100, 0_i64..300);
-    (proptest::collection::vec(seed, 1..5), 0_u64..60).prop_map(|(seeds, backoff)| {
-        let attempts: Vec<AttemptRecord> = seeds
-            .into_iter()
-            .enumerate()
-            .map(|(index, seed)| attempt(index, seed))
-            .collect();
-        TaskRecord {
-            id: TaskId::parse("task").unwrap(),
-            version: BriefVersion::FIRST,
-            lapse_backoff: Duration::from_secs(backoff),
-            max_tries: tessera_lease::DEFAULT_MAX_TRIES,
-            last_token: Some(FencingToken::new(attempts.len() as i64).unwrap()),
-            attempts,
-        }
-    })
+    let seed = (0_u8..9, 0_i64..200, 1_i64..100, 0_i64..300);
+    (
+        proptest::collection::vec(seed, 1..5),
+        0_u64..60,
+        0..=MAX_PRIORITY,
+    )
+        .prop_map(|(seeds, backoff, priority)| {
+            let attempts: Vec<AttemptRecord> = seeds
+                .into_iter()
+                .enumerate()
+                .map(|(index, seed)| attempt(index, seed))
+                .collect();
+            TaskRecord {
+                id: TaskId::parse("task").unwrap(),
+                version: BriefVersion::FIRST,
+                lapse_backoff: Duration::from_secs(backoff),
+                max_tries: tessera_lease::DEFAULT_MAX_TRIES,
+                priority,
+                last_token: Some(FencingToken::new(attempts.len() as i64).unwrap()),
+                attempts,
+            }
+        })
 }
 
 /// The task's earliest claim key in a backend's two indexes: its claim index
 /// entry and the lapses of its leased attempts.
 fn keys(record: &TaskRecord, sequence: u64) -> (Option<ClaimKey>, Option<ClaimKey>) {
-    let claimable = record.claimable_at().map(|at| ClaimKey::new(at, sequence));
+    let priority = record.priority;
+    let claimable = record
+        .claimable_at()
+        .map(|at| ClaimKey::new(priority, at, sequence));
     let lapsed = record
         .attempts
         .iter()
         .filter_map(|a| a.lapses_at(record.lapse_backoff))
         .min()
-        .map(|at| ClaimKey::lapsed(at, sequence));
+        .map(|at| ClaimKey::lapsed(priority, at, sequence));
     (claimable, lapsed)
 }
 
@@ -134,8 +147,21 @@ proptest! {
             claimable.extend(c.filter(|key| key.is_due(now)));
             lapsed.extend(l.filter(|key| key.is_due(now)));
         }
-        let first_claimable_key = claimable.iter().min();
-        let first_lapsed_key = lapsed.iter().min();
+        // A backend searches each index a priority at a time, highest
+        // first, and stops at the first priority with a due entry; lapses
+        // only from the claimable key's floor up.
+        fn search(keys: &[ClaimKey], floor: u8) -> Option<&ClaimKey> {
+            priorities()
+                .filter(|p| *p >= floor)
+                .find_map(|p| keys.iter().filter(|key| key.priority == p).min())
+        }
+        let first_claimable_key = search(&claimable, 0);
+        prop_assert_eq!(first_claimable_key, claimable.iter().min());
+        let first_lapsed_key = match first_claimable_key.map(ClaimKey::lapse_floor) {
+            None => search(&lapsed, 0),
+            Some(None) => None,
+            Some(Some(floor)) => search(&lapsed, floor),
+        };
         let picked = match first_claimable(first_claimable_key, first_lapsed_key) {
             Some(ClaimSource::Claimable) => first_claimable_key,
             Some(ClaimSource::Lapsed) => first_lapsed_key,

@@ -1,8 +1,8 @@
 //! Model test: random interleavings of claim, heartbeat, time passing (and
 //! stepping back), expiry sweeps, submissions, resubmissions, failure
-//! reports and operators' retries by several workers on several tasks with
-//! few tries each, checked against a simple independent model of what each
-//! rule must allow.
+//! reports, operators' retries and cancels by several workers on several
+//! tasks with few tries each, one of them scheduled, checked against a
+//! simple independent model of what each rule must allow.
 //!
 //! Tasks live serialized between steps, as a store keeps them, so every
 //! reachable state also passes `Task::restore`.
@@ -24,6 +24,9 @@ const EXTENSION: Duration = Duration::from_secs(20);
 
 /// (alternatives, lapse backoff in seconds, tries) of each task.
 const TASKS: [(u16, u64, u32); 3] = [(1, 0, 2), (2, 0, 3), (2, 15, 20)];
+
+/// Each task's not-before time, in seconds from the start.
+const SCHEDULED: [Option<i64>; 3] = [None, Some(40), None];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -61,6 +64,10 @@ enum Op {
     Retry {
         task: usize,
     },
+    /// An operator's cancel.
+    Cancel {
+        task: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -78,7 +85,8 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         2 => (worker, task.clone(), any::<usize>(), proptest::option::of(proptest::option::of(0u64..40)))
             .prop_map(|(worker, task, pick, retry)| Op::Fail { worker, task, pick, retry }),
-        1 => task.prop_map(|task| Op::Retry { task }),
+        1 => task.clone().prop_map(|task| Op::Retry { task }),
+        1 => task.prop_map(|task| Op::Cancel { task }),
     ]
 }
 
@@ -95,6 +103,7 @@ enum Ended {
     Done,
     Failed,
     Discarded(DiscardReason),
+    Cancelled,
     /// Ended by a failure report with a retry, or by a lapse a sweep
     /// recorded; claimable from `until` (`None`: at once).
     Waiting {
@@ -113,14 +122,18 @@ struct ModelAttempt {
     ended: Option<Ended>,
     accepted: usize,
     tries: u32,
+    /// A not-before time not yet passed or claimed.
+    scheduled: Option<DateTime<Utc>>,
 }
 
 impl ModelAttempt {
     fn claimable(&self, now: DateTime<Utc>, lapse_backoff: TimeDelta, max_tries: u32) -> bool {
         match (&self.latest, self.ended) {
-            (None, _) => true,
-            (Some(_), Some(Ended::Done | Ended::Failed | Ended::Discarded(_))) => false,
-            (Some(_), Some(Ended::Waiting { until })) => until.is_none_or(|u| u <= now),
+            (_, Some(Ended::Done | Ended::Failed | Ended::Discarded(_) | Ended::Cancelled)) => {
+                false
+            }
+            (_, Some(Ended::Waiting { until })) => until.is_none_or(|u| u <= now),
+            (None, None) => self.scheduled.is_none_or(|at| at <= now),
             (Some(grant), None) => {
                 self.tries < max_tries && grant.expires_at + lapse_backoff <= now
             }
@@ -130,18 +143,22 @@ impl ModelAttempt {
     fn is_final(&self) -> bool {
         matches!(
             self.ended,
-            Some(Ended::Done | Ended::Failed | Ended::Discarded(_))
+            Some(Ended::Done | Ended::Failed | Ended::Discarded(_) | Ended::Cancelled)
         )
     }
 
     fn state(&self) -> TaskState {
         match (&self.latest, self.ended) {
-            (None, _) | (Some(_), Some(Ended::Waiting { until: None })) => TaskState::Ready,
+            (_, Some(Ended::Waiting { until: None })) => TaskState::Ready,
+            (None, None) => self
+                .scheduled
+                .map_or(TaskState::Ready, |at| TaskState::Scheduled { at }),
             (Some(_), None) => TaskState::Leased,
-            (Some(_), Some(Ended::Done)) => TaskState::Done,
-            (Some(_), Some(Ended::Failed)) => TaskState::Failed,
-            (Some(_), Some(Ended::Discarded(reason))) => TaskState::Discarded { reason },
-            (Some(_), Some(Ended::Waiting { until: Some(until) })) => TaskState::Backoff { until },
+            (_, Some(Ended::Done)) => TaskState::Done,
+            (_, Some(Ended::Failed)) => TaskState::Failed,
+            (_, Some(Ended::Discarded(reason))) => TaskState::Discarded { reason },
+            (_, Some(Ended::Cancelled)) => TaskState::Cancelled,
+            (_, Some(Ended::Waiting { until: Some(until) })) => TaskState::Backoff { until },
         }
     }
 
@@ -149,6 +166,16 @@ impl ModelAttempt {
         self.latest
             .as_ref()
             .filter(|grant| self.ended.is_none() && now < grant.expires_at)
+    }
+
+    /// Whether `token`, held by `worker`, is this attempt's latest grant
+    /// and the attempt was cancelled.
+    fn cancelled_under(&self, worker: usize, token: FencingToken) -> bool {
+        self.ended == Some(Ended::Cancelled)
+            && self
+                .latest
+                .as_ref()
+                .is_some_and(|g| g.token == token.as_i64() && g.holder == worker)
     }
 }
 
@@ -173,6 +200,10 @@ fn lapse_backoff(task: usize) -> TimeDelta {
     TimeDelta::seconds(TASKS[task].1 as i64)
 }
 
+fn start() -> DateTime<Utc> {
+    "2026-10-29T12:00:00Z".parse().unwrap()
+}
+
 impl Model {
     fn new() -> Self {
         let stored = TASKS
@@ -183,17 +214,26 @@ impl Model {
                     alternatives,
                     lapse_backoff: Duration::from_secs(backoff),
                     max_tries,
+                    not_before: SCHEDULED[i].map(|s| start() + TimeDelta::seconds(s)),
+                    ..TaskSpec::default()
                 };
                 let id = TaskId::parse(&format!("task-{i}")).unwrap();
                 serde_json::to_string(&Task::new(id, BriefVersion::FIRST, spec).unwrap()).unwrap()
             })
             .collect();
         Self {
-            now: "2026-10-29T12:00:00Z".parse().unwrap(),
+            now: start(),
             stored,
             attempts: TASKS
                 .iter()
-                .map(|&(n, _, _)| vec![ModelAttempt::default(); usize::from(n)])
+                .zip(SCHEDULED)
+                .map(|(&(n, _, _), scheduled)| {
+                    let attempt = ModelAttempt {
+                        scheduled: scheduled.map(|s| start() + TimeDelta::seconds(s)),
+                        ..ModelAttempt::default()
+                    };
+                    vec![attempt; usize::from(n)]
+                })
                 .collect(),
             granted: vec![Vec::new(); TASKS.len()],
             max_tries: TASKS.iter().map(|&(_, _, tries)| tries).collect(),
@@ -249,6 +289,7 @@ impl Model {
                 retry,
             } => self.fail(worker, task, pick, retry),
             Op::Retry { task } => self.retry(task),
+            Op::Cancel { task } => self.cancel(task),
         }
         self.check_leases();
     }
@@ -279,6 +320,7 @@ impl Model {
                     expires_at: lease.expires_at(),
                 });
                 attempt.ended = None;
+                attempt.scheduled = None;
                 attempt.tries += 1;
                 assert!(attempt.tries <= max_tries, "a grant past the last try");
                 assert_eq!(lease.expires_at(), self.now + TimeDelta::seconds(30));
@@ -307,6 +349,14 @@ impl Model {
         let mut value = self.load(task);
         let before = value.clone();
         let result = value.heartbeat(&principal(worker), token, self.now, EXTENSION);
+        let cancelled = self.attempts[task]
+            .iter()
+            .any(|a| a.cancelled_under(worker, token));
+        assert_eq!(
+            cancelled,
+            matches!(result, Err(LeaseError::TaskCancelled { .. })),
+            "a cancelled lease's holder learns it, and only it: {result:?}"
+        );
         match (result, self.valid(task, worker, token)) {
             (Ok(lease), Some(index)) => {
                 let grant = self.attempts[task][index].latest.as_mut().unwrap();
@@ -436,7 +486,12 @@ impl Model {
         let dead: Vec<usize> = self.attempts[task]
             .iter()
             .enumerate()
-            .filter(|(_, a)| matches!(a.ended, Some(Ended::Failed | Ended::Discarded(_))))
+            .filter(|(_, a)| {
+                matches!(
+                    a.ended,
+                    Some(Ended::Failed | Ended::Discarded(_) | Ended::Cancelled)
+                )
+            })
             .map(|(index, _)| index)
             .collect();
         match value.retry() {
@@ -460,6 +515,35 @@ impl Model {
                 assert_eq!(value, before);
             }
             Err(error) => panic!("retry gave {error:?}"),
+        }
+    }
+
+    fn cancel(&mut self, task: usize) {
+        let mut value = self.load(task);
+        let before = value.clone();
+        let open: Vec<usize> = self.attempts[task]
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| !a.is_final())
+            .map(|(index, _)| index)
+            .collect();
+        match value.cancel() {
+            Ok(cancelled) => {
+                let cancelled: Vec<usize> = cancelled
+                    .iter()
+                    .map(|n| usize::from(n.as_u16()) - 1)
+                    .collect();
+                assert_eq!(cancelled, open);
+                for index in open {
+                    self.attempts[task][index].ended = Some(Ended::Cancelled);
+                }
+                self.save(task, &value);
+            }
+            Err(LeaseError::NothingToCancel) => {
+                assert!(open.is_empty());
+                assert_eq!(value, before);
+            }
+            Err(error) => panic!("cancel gave {error:?}"),
         }
     }
 
@@ -492,8 +576,11 @@ impl Model {
                         until: wait_until(until, now),
                     });
                 }
-                (Some(_), Some(Ended::Waiting { until: Some(until) })) if until <= now => {
+                (_, Some(Ended::Waiting { until: Some(until) })) if until <= now => {
                     attempt.ended = Some(Ended::Waiting { until: None });
+                }
+                (None, None) if attempt.scheduled.is_some_and(|at| at <= now) => {
+                    attempt.scheduled = None;
                 }
                 _ => {}
             }

@@ -34,10 +34,13 @@ pub enum Error {
         /// What was looked for.
         what: String,
     },
-    /// The request contradicts the current state (`409 conflict`), e.g. an
-    /// idempotency key replayed with a different payload.
+    /// The request contradicts the current state (`409`), e.g. an
+    /// idempotency key replayed with a different payload. Each
+    /// [`ConflictKind`] has its own code.
     #[error("conflict: {reason}")]
     Conflict {
+        /// Which kind of conflict: the error's code.
+        kind: ConflictKind,
         /// Which state it contradicts.
         reason: String,
     },
@@ -100,7 +103,75 @@ pub enum Error {
     RandomnessUnavailable,
 }
 
+/// What a `409` contradicts, each with its own stable
+/// [`code`](ConflictKind::as_str), so a client need not read the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ConflictKind {
+    /// The idempotency key was used before with a different payload.
+    IdempotencyConflict,
+    /// The token was granted, then superseded by a later grant of its
+    /// attempt.
+    StaleToken,
+    /// No such token was ever granted for the task.
+    UnknownToken,
+    /// The lease is held by another principal.
+    WrongHolder,
+    /// The lease expired.
+    LeaseExpired,
+    /// The lease ended: its attempt is done, failed, discarded or waiting
+    /// after a failure report.
+    LeaseEnded,
+    /// An operator cancelled the task; the holder should stop.
+    TaskCancelled,
+    /// A task with this id and version exists in the namespace.
+    TaskExists,
+    /// No attempt of the task is left to claim.
+    TaskFinished,
+    /// No attempt of the task is claimable yet.
+    NotReady,
+    /// An operator's retry found no failed, discarded or cancelled attempt.
+    NothingToRetry,
+    /// An operator's cancel found every attempt final.
+    NothingToCancel,
+    /// Every fencing token the task can hold has been granted.
+    TokensExhausted,
+    /// Any other conflict.
+    Other,
+}
+
+impl ConflictKind {
+    /// The stable code a host returns.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::IdempotencyConflict => "idempotency_conflict",
+            Self::StaleToken => "stale_token",
+            Self::UnknownToken => "unknown_token",
+            Self::WrongHolder => "wrong_holder",
+            Self::LeaseExpired => "lease_expired",
+            Self::LeaseEnded => "lease_ended",
+            Self::TaskCancelled => "task_cancelled",
+            Self::TaskExists => "task_exists",
+            Self::TaskFinished => "task_finished",
+            Self::NotReady => "not_ready",
+            Self::NothingToRetry => "nothing_to_retry",
+            Self::NothingToCancel => "nothing_to_cancel",
+            Self::TokensExhausted => "tokens_exhausted",
+            Self::Other => "conflict",
+        }
+    }
+}
+
 impl Error {
+    /// A `409` of `kind`, for `reason`.
+    pub fn conflict(kind: ConflictKind, reason: impl Into<String>) -> Self {
+        Self::Conflict {
+            kind,
+            reason: reason.into(),
+        }
+    }
+
     /// A `503 storage_quota_exhausted` refusal observed at `now`: the reset
     /// is the next 00:00 UTC strictly after `now`.
     pub fn storage_quota_exhausted(now: DateTime<Utc>) -> Self {
@@ -139,7 +210,7 @@ impl Error {
             Self::Unauthorized => "unauthorized",
             Self::Forbidden { .. } => "forbidden",
             Self::NotFound { .. } => "not_found",
-            Self::Conflict { .. } => "conflict",
+            Self::Conflict { kind, .. } => kind.as_str(),
             Self::InvalidInput { .. } => "invalid_input",
             Self::RateLimited { .. } => "rate_limited",
             Self::Cancelled => "cancelled",
@@ -354,9 +425,43 @@ impl From<tessera_lease::LeaseError> for Error {
                     reason: error.to_string(),
                 }
             }
-            _ => Self::Conflict {
-                reason: error.to_string(),
-            },
+            LeaseError::IdempotencyConflict => {
+                Self::conflict(ConflictKind::IdempotencyConflict, error.to_string())
+            }
+            LeaseError::StaleToken { .. } => {
+                Self::conflict(ConflictKind::StaleToken, error.to_string())
+            }
+            LeaseError::UnknownToken { .. } => {
+                Self::conflict(ConflictKind::UnknownToken, error.to_string())
+            }
+            LeaseError::WrongHolder { .. } => {
+                Self::conflict(ConflictKind::WrongHolder, error.to_string())
+            }
+            LeaseError::LeaseExpired { .. } => {
+                Self::conflict(ConflictKind::LeaseExpired, error.to_string())
+            }
+            LeaseError::LeaseEnded { .. } => {
+                Self::conflict(ConflictKind::LeaseEnded, error.to_string())
+            }
+            LeaseError::TaskCancelled { .. } => {
+                Self::conflict(ConflictKind::TaskCancelled, error.to_string())
+            }
+            LeaseError::TaskFinished => {
+                Self::conflict(ConflictKind::TaskFinished, error.to_string())
+            }
+            LeaseError::NoAttemptReady { .. } => {
+                Self::conflict(ConflictKind::NotReady, error.to_string())
+            }
+            LeaseError::NothingToRetry => {
+                Self::conflict(ConflictKind::NothingToRetry, error.to_string())
+            }
+            LeaseError::NothingToCancel => {
+                Self::conflict(ConflictKind::NothingToCancel, error.to_string())
+            }
+            LeaseError::TokensExhausted => {
+                Self::conflict(ConflictKind::TokensExhausted, error.to_string())
+            }
+            _ => Self::conflict(ConflictKind::Other, error.to_string()),
         }
     }
 }

@@ -215,7 +215,7 @@ mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::StoreConfig;
-pub use error::{Error, StorageError, StorageErrorKind};
+pub use error::{ConflictKind, Error, StorageError, StorageErrorKind};
 pub use key::{KeyId, KeySecret};
 pub use meter::MeterSnapshot;
 pub use model::access::{
@@ -250,7 +250,7 @@ pub mod limits {
     pub use crate::model::wait::MAX_LONG_POLL;
     pub use tessera_lease::{
         DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,
-        MAX_TRIES,
+        MAX_PRIORITY, MAX_TRIES,
     };
 }
 

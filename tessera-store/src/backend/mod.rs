@@ -18,6 +18,50 @@
 //! from its settings), the core is compiled once, and one virtual call per
 //! statement is noise beside the statement itself.
 
+/// `$select` (a statement ending in its `WHERE` conditions) once per task
+/// priority, highest first, each arm `$order` (an `ORDER BY`, `LIMIT 1` and
+/// any locking clause) and skipped when the floor parameter `$floor` is
+/// above its priority; the first row found ends the statement. The claim
+/// indexes lead with the priority, so each arm is one index search and
+/// the statement at most `MAX_PRIORITY + 1` of them
+/// ([`priorities`](tessera_lease::priorities)), however many entries are
+/// not yet due.
+macro_rules! by_priority {
+    ($select:expr, $order:expr, $floor:expr) => {
+        concat!(
+            "SELECT * FROM (",
+            $select,
+            " AND priority = 3 AND ",
+            $floor,
+            " <= 3 ",
+            $order,
+            ") AS p3 UNION ALL SELECT * FROM (",
+            $select,
+            " AND priority = 2 AND ",
+            $floor,
+            " <= 2 ",
+            $order,
+            ") AS p2 UNION ALL SELECT * FROM (",
+            $select,
+            " AND priority = 1 AND ",
+            $floor,
+            " <= 1 ",
+            $order,
+            ") AS p1 UNION ALL SELECT * FROM (",
+            $select,
+            " AND priority = 0 AND ",
+            $floor,
+            " <= 0 ",
+            $order,
+            ") AS p0 LIMIT 1"
+        )
+    };
+}
+pub(crate) use by_priority;
+
+// `by_priority!` spells out every priority.
+const _: () = assert!(tessera_lease::MAX_PRIORITY == 3);
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +71,6 @@ use tessera_admission::DailyRowAllowance;
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
     AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, StateName, TaskRecord,
-    TaskSpec,
 };
 
 use crate::error::{Error, StorageError};
@@ -181,7 +224,9 @@ pub(crate) struct NewTask<'a> {
     /// The encoded brief and its format name ([`Brief::encode`]).
     pub(crate) brief: &'a [u8],
     pub(crate) brief_format: &'a str,
-    pub(crate) spec: TaskSpec,
+    /// The task as the lease rules made it ([`Task::new`](tessera_lease::Task::new)):
+    /// its attempts' first states and its claim time are written as they are.
+    pub(crate) record: &'a TaskRecord,
     pub(crate) created_at: DateTime<Utc>,
     /// The enqueuing principal's name.
     pub(crate) enqueued_by: &'a str,

@@ -47,6 +47,7 @@ pub(crate) struct TaskRow {
     pub(crate) brief_format: String,
     pub(crate) lapse_backoff_ms: i64,
     pub(crate) max_tries: i64,
+    pub(crate) priority: i64,
     pub(crate) last_token: i64,
     pub(crate) claimable_at: Option<i64>,
     pub(crate) created_at: i64,
@@ -254,6 +255,7 @@ impl TaskRow {
                 u64::try_from(self.lapse_backoff_ms).map_err(|_| corrupt("task row"))?,
             ),
             max_tries: u32::try_from(self.max_tries).map_err(|_| corrupt("task row"))?,
+            priority: u8::try_from(self.priority).map_err(|_| corrupt("task row"))?,
             last_token: match self.last_token {
                 0 => None,
                 token => Some(FencingToken::new(token).map_err(|_| corrupt("task row"))?),
@@ -455,6 +457,8 @@ pub(crate) fn state_counts(by_state: Vec<(String, i64)>) -> Result<StateCounts> 
             Ok(StateName::Failed) => attempts.failed += count,
             Ok(StateName::Backoff) => attempts.backoff += count,
             Ok(StateName::Discarded) => attempts.discarded += count,
+            Ok(StateName::Scheduled) => attempts.scheduled += count,
+            Ok(StateName::Cancelled) => attempts.cancelled += count,
             Err(_) => return Err(corrupt("attempt state")),
         }
     }
@@ -479,24 +483,32 @@ impl KeyRow {
 }
 
 /// The task a claim takes, from the first due entry of the claim index
-/// (`indexed`) and, only when that is not ready, the first due lapsed
-/// lease (`first_lapsed`: its task row id and lapse time), in the lease
-/// rules' claim order; `by_id` reads a lapsed lease's task row.
+/// (`indexed`) and the first due lapsed lease that could come before it
+/// (`first_lapsed` from a priority floor: its task row id, lapse time and
+/// priority), in the lease rules' claim order; `by_id` reads a lapsed
+/// lease's task row.
 pub(crate) fn next_claimable(
     indexed: Option<TaskRow>,
-    first_lapsed: impl FnOnce() -> Result<Option<(i64, i64)>>,
+    first_lapsed: impl FnOnce(u8) -> Result<Option<(i64, i64, i64)>>,
     by_id: impl FnOnce(i64) -> Result<Option<TaskRow>>,
 ) -> Result<Option<TaskRow>> {
-    let indexed_key = indexed
-        .as_ref()
-        .map(|row| ClaimKey::new(claimable_from_column(row.claimable_at), row.id));
-    // A ready task is first whatever lapsed: no second search.
-    let lapsed = match indexed_key {
-        Some(ClaimKey {
-            at: ClaimableAt::Ready,
-            ..
-        }) => None,
-        _ => first_lapsed()?.map(|(task, at)| ClaimKey::lapsed(from_millis(at), task)),
+    let priority = |value: i64| u8::try_from(value).map_err(|_| corrupt("task priority"));
+    let indexed_key = match &indexed {
+        Some(row) => Some(ClaimKey::new(
+            priority(row.priority)?,
+            claimable_from_column(row.claimable_at),
+            row.id,
+        )),
+        None => None,
+    };
+    // A ready task beats every lapse of its priority: search above it only.
+    let floor = indexed_key.map_or(Some(0), |key| key.lapse_floor());
+    let lapsed = match floor {
+        None => None,
+        Some(floor) => match first_lapsed(floor)? {
+            Some((task, at, of)) => Some(ClaimKey::lapsed(priority(of)?, from_millis(at), task)),
+            None => None,
+        },
     };
     match (
         first_claimable(indexed_key.as_ref(), lapsed.as_ref()),

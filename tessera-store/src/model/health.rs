@@ -26,12 +26,25 @@ pub struct StateCounts {
     /// Out of tries: the last one lapsed or failed asking for a retry.
     #[serde(default)]
     pub discarded: u64,
+    /// Waiting for their not-before time.
+    #[serde(default)]
+    pub scheduled: u64,
+    /// Cancelled by an operator.
+    #[serde(default)]
+    pub cancelled: u64,
 }
 
 impl StateCounts {
     /// Every attempt.
     pub fn total(&self) -> u64 {
-        self.ready + self.leased + self.done + self.failed + self.backoff + self.discarded
+        self.ready
+            + self.leased
+            + self.done
+            + self.failed
+            + self.backoff
+            + self.discarded
+            + self.scheduled
+            + self.cancelled
     }
 }
 

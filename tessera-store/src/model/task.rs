@@ -146,6 +146,25 @@ impl EnqueueOptions {
         self.spec.lapse_backoff = backoff;
         self
     }
+
+    /// The task's priority, 0 (the default) to
+    /// [`MAX_PRIORITY`](tessera_lease::MAX_PRIORITY): a claim takes the
+    /// highest-priority claimable task of its queue first, and within a
+    /// priority the usual claim order. Priorities order one queue; which
+    /// principal's claim runs next is admission's fair share, not this.
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.spec.priority = priority;
+        self
+    }
+
+    /// Not claimable before `at` (in whole milliseconds, as times are
+    /// stored): the task's attempts are `scheduled` until then, and once it
+    /// passes a claim orders the task by `at`, as an ended backoff.
+    pub fn with_not_before(mut self, at: DateTime<Utc>) -> Self {
+        self.spec.not_before =
+            Some(DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at));
+        self
+    }
 }
 
 /// A submission's output: its digest, and the bytes if the store is to

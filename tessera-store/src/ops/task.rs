@@ -7,13 +7,13 @@ use tessera_audit::{Action, Outcome};
 use tessera_lease::{
     AttemptNumber, BriefVersion, Failure, FencingToken, Idempotency, IdempotencyKey, Lease,
     LeaseError, MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Retry, Submission, Submitted,
-    Task, TaskId, TaskSpec, TaskState, check_brief_size, decide_idempotency,
+    Task, TaskId, TaskRecord, TaskSpec, TaskState, check_brief_size, decide_idempotency,
 };
 
 use crate::backend::{
     LoadedTask, NamespaceKind, NewTask, ReadTransaction, TaskHandle, WriteTransaction,
 };
-use crate::error::Error;
+use crate::error::{ConflictKind, Error};
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::Trail;
 use crate::model::task::{
@@ -92,30 +92,25 @@ impl Store {
                 None => random_task_id()?,
             };
             let version = options.version.unwrap_or(BriefVersion::FIRST);
-            // Checks the alternatives and backoff before anything is written.
-            Task::new(id.clone(), version, options.spec)?;
-            Ok::<_, Error>((bytes, format, TaskRef::new(namespace.clone(), id, version)))
+            // The lease rules check the spec before anything is written.
+            let rules = Task::new(id.clone(), version, options.spec)?;
+            let task = TaskRef::new(namespace.clone(), id, version);
+            Ok::<_, Error>((bytes, format, task, rules.into_record()))
         })();
-        let (bytes, format, task) =
+        let (bytes, format, task, record) =
             prepared.inspect_err(|error| self.count(&scope, error.outcome()))?;
         let now = self.now_utc();
         let principal = caller.principal().to_string();
         self.perform(&scope, now, |writer| {
             self.open_namespace(writer, caller, namespace, now)?;
             let inserted = insert_task(
-                writer,
-                &task,
-                queue,
-                &bytes,
-                format,
-                options.spec,
-                now,
-                &principal,
+                writer, &task, queue, &bytes, format, &record, now, &principal,
             )?;
             if !inserted {
-                return Err(Error::Conflict {
-                    reason: format!("task {task} already exists"),
-                });
+                return Err(Error::conflict(
+                    ConflictKind::TaskExists,
+                    format!("task {task} already exists"),
+                ));
             }
             writer.signal_enqueued(namespace, queue)?;
             let resource = task.resource("");
@@ -149,18 +144,13 @@ impl Store {
             let principal = caller.principal().to_string();
             for n in 1..=self.config.session_practice_tasks() {
                 let id = TaskId::parse(&format!("practice-{n}")).expect("a valid task id");
+                let record =
+                    Task::new(id.clone(), BriefVersion::FIRST, TaskSpec::default())?.into_record();
                 let task = TaskRef::new(namespace.clone(), id, BriefVersion::FIRST);
                 let brief = serde_json::json!({ "practice": n, "task": "return the brief" });
                 let bytes = serde_json::to_vec(&brief).expect("a JSON value serializes");
                 insert_task(
-                    writer,
-                    &task,
-                    &queue,
-                    &bytes,
-                    "json",
-                    TaskSpec::default(),
-                    now,
-                    &principal,
+                    writer, &task, &queue, &bytes, "json", &record, now, &principal,
                 )?;
             }
         }
@@ -315,14 +305,14 @@ impl Store {
         Ok(state)
     }
 
-    /// An operator's retry: every failed or discarded attempt of `task`
-    /// becomes ready again, with one more try than it has had if it was
-    /// out of tries ([`Task::retry`]). Its next claim grants a fresh
+    /// An operator's retry: every failed, discarded or cancelled attempt of
+    /// `task` becomes ready again, with one more try than it has had if it
+    /// was out of tries ([`Task::retry`]). Its next claim grants a fresh
     /// token. Returns the attempts retried.
     ///
     /// Needs the `enqueue` scope and the namespace grant (an admin has
-    /// both); `409` if no attempt is failed or discarded. Audited as
-    /// `retry_task` naming the task.
+    /// both); `409 nothing_to_retry` if no attempt is failed, discarded or
+    /// cancelled. Audited as `retry_task` naming the task.
     pub fn retry_task(&self, caller: &Caller, task: &TaskRef) -> Result<Vec<AttemptNumber>, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Enqueue, Action::RetryTask)?;
         let now = self.now_utc();
@@ -333,6 +323,32 @@ impl Store {
         })?;
         self.namespace_changed(&task.namespace);
         Ok(retried)
+    }
+
+    /// An operator's cancel: every attempt of `task` not yet final becomes
+    /// cancelled ([`Task::cancel`]), a leased one included, and leaves the
+    /// claim indexes. The holder of a cancelled lease learns it at its next
+    /// heartbeat, submit or failure report, as `409 task_cancelled`, and
+    /// nothing it sends is accepted. Returns the attempts cancelled.
+    ///
+    /// Needs the `enqueue` scope and the namespace grant (an admin has
+    /// both); `409 nothing_to_cancel` if every attempt is final. Audited as
+    /// `cancel_task` naming the task. [`retry_task`](Self::retry_task)
+    /// undoes it.
+    pub fn cancel_task(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+    ) -> Result<Vec<AttemptNumber>, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Enqueue, Action::CancelTask)?;
+        let now = self.now_utc();
+        let cancelled = self.perform(&scope, now, |writer| {
+            let (handle, mut rules) = load(writer.reads(), task)?;
+            let cancelled = apply(writer, handle, &mut rules, Task::cancel)?;
+            Ok((cancelled, task.resource("")))
+        })?;
+        self.namespace_changed(&task.namespace);
+        Ok(cancelled)
     }
 
     /// Returns the lapsed leases of `namespace` to their attempts' next
@@ -488,7 +504,7 @@ fn insert_task(
     queue: &QueueName,
     brief: &[u8],
     format: &str,
-    spec: TaskSpec,
+    record: &TaskRecord,
     now: DateTime<Utc>,
     enqueued_by: &str,
 ) -> Result<bool, Error> {
@@ -497,7 +513,7 @@ fn insert_task(
         queue,
         brief,
         brief_format: format,
-        spec,
+        record,
         created_at: now,
         enqueued_by,
     })?)

@@ -14,7 +14,7 @@ use postgres::Client;
 use crate::error::Error;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Every table, created if missing.
 const TABLES: &[(&str, &str)] = &[
@@ -137,18 +137,19 @@ const INDEXES: &[(&str, &str)] = &[
         "CREATE UNIQUE INDEX IF NOT EXISTS tasks_ref ON tasks (namespace, task_id, version)",
     ),
     (
-        "tasks_claimable",
-        "CREATE INDEX IF NOT EXISTS tasks_claimable ON tasks (namespace, queue, claimable_at, id) \
-         WHERE claimable_at IS NOT NULL",
+        "tasks_claim_order",
+        "CREATE INDEX IF NOT EXISTS tasks_claim_order \
+         ON tasks (namespace, queue, priority, claimable_at, id) WHERE claimable_at IS NOT NULL",
     ),
     (
         "attempts_by_state",
         "CREATE INDEX IF NOT EXISTS attempts_by_state ON attempts (namespace, state, task, number)",
     ),
     (
-        "attempts_leased",
-        "CREATE INDEX IF NOT EXISTS attempts_leased \
-         ON attempts (namespace, queue, lapses_at, expires_at, task) WHERE state = 'leased'",
+        "attempts_lapsing",
+        "CREATE INDEX IF NOT EXISTS attempts_lapsing \
+         ON attempts (namespace, queue, priority, lapses_at, expires_at, task) \
+         WHERE state = 'leased'",
     ),
     (
         "receipts_key",
@@ -163,8 +164,8 @@ const INDEXES: &[(&str, &str)] = &[
 
 /// Changes since a table first shipped, each a no-op where made already:
 /// columns added where missing (a session namespace's purge time; in
-/// version 2 the tries, discard reasons and last errors) and indexes
-/// retired.
+/// version 2 the tries, discard reasons and last errors; in version 3 the
+/// priorities) and indexes retired.
 const ALTERATIONS: &[&str] = &[
     "ALTER TABLE namespaces ADD COLUMN IF NOT EXISTS purge_at BIGINT",
     "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS max_tries BIGINT NOT NULL DEFAULT 20",
@@ -172,6 +173,11 @@ const ALTERATIONS: &[&str] = &[
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS last_error TEXT",
     // Retired in version 2: `attempts_by_state` begins with its columns.
     "DROP INDEX IF EXISTS attempts_state",
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS priority BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS priority BIGINT NOT NULL DEFAULT 0",
+    // Retired in version 3: the claim indexes now lead with the priority.
+    "DROP INDEX IF EXISTS tasks_claimable",
+    "DROP INDEX IF EXISTS attempts_leased",
 ];
 
 /// Version 1 counted tries without a limit. On the move to version 2

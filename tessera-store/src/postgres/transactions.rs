@@ -19,11 +19,12 @@ use tessera_lease::{
 
 use crate::backend::rows::{
     self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, ListingRow, ReceiptRow, TaskRow,
-    TaskWrites, corrupt, count, duration_millis, millis, minute_number, state_counts, to_json,
+    TaskWrites, claimable_column, corrupt, count, duration_millis, millis, minute_number,
+    state_counts, to_json,
 };
 use crate::backend::{
     KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewTask, Purge, ReadTransaction,
-    Result, StoredKey, TaskHandle, WriteTransaction,
+    Result, StoredKey, TaskHandle, WriteTransaction, by_priority,
 };
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
@@ -155,7 +156,7 @@ impl<'a> PgTransaction<'a> {
 macro_rules! task_columns {
     () => {
         "id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, last_token, \
-         claimable_at, created_at, max_tries"
+         claimable_at, created_at, max_tries, priority"
     };
 }
 
@@ -177,39 +178,72 @@ const TASK_BY_ID_LOCKED: &str = concat!(
 );
 const FIND_TASK: &str =
     "SELECT id FROM tasks WHERE namespace = $1 AND task_id = $2 AND version = $3";
-/// The first claimable task of a queue in claim-index order, locked, or
-/// skipped if another transaction holds it.
+/// A queue's claimable tasks, as each priority's arm selects them.
+macro_rules! claimable_tasks {
+    () => {
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE namespace = $1 AND queue = $2 \
+             AND claimable_at IS NOT NULL AND claimable_at <= $3"
+        )
+    };
+}
+/// A queue's lapsed leases, as each priority's arm selects them.
+macro_rules! lapsed_leases {
+    () => {
+        "SELECT task, lapses_at, priority FROM attempts \
+         WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3"
+    };
+}
+/// The first claimable task of a queue in claim-index order, from the
+/// highest priority down, locked, or skipped if another transaction holds
+/// it (`$4` is 0).
 ///
-/// The columns come out of the locking CTE itself. Under `READ COMMITTED`
-/// a row locked after a concurrent commit is its newest version, while a
-/// second read of `tasks` in the same statement would see the statement's
-/// older snapshot: a last token behind the attempts read next.
-const NEXT_CLAIMABLE: &str = concat!(
-    "WITH next AS (SELECT ",
-    task_columns!(),
-    " FROM tasks WHERE namespace = $1 AND queue = $2 \
-     AND claimable_at IS NOT NULL AND claimable_at <= $3 \
-     ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) SELECT * FROM next"
+/// The columns come out of the locking subquery itself. Under `READ
+/// COMMITTED` a row locked after a concurrent commit is its newest
+/// version, while a second read of `tasks` in the same statement would
+/// see the statement's older snapshot: a last token behind the attempts
+/// read next.
+const NEXT_CLAIMABLE: &str = by_priority!(
+    claimable_tasks!(),
+    "ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
+    "$4::bigint"
 );
 /// [`NEXT_CLAIMABLE`] without taking it, for a read.
-const PEEK_CLAIMABLE: &str = concat!(
-    "SELECT ",
-    task_columns!(),
-    " FROM tasks WHERE namespace = $1 AND queue = $2 \
-     AND claimable_at IS NOT NULL AND claimable_at <= $3 ORDER BY claimable_at, id LIMIT 1"
+const PEEK_CLAIMABLE: &str = by_priority!(
+    claimable_tasks!(),
+    "ORDER BY claimable_at, id LIMIT 1",
+    "$4::bigint"
 );
 /// [`NEXT_LAPSED`] without taking it, for a read.
-const PEEK_LAPSED: &str = "SELECT task, lapses_at FROM attempts \
-     WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3 \
-     ORDER BY lapses_at LIMIT 1";
-/// The lease of a queue that lapsed first, its attempt locked.
-const NEXT_LAPSED: &str = "WITH next AS (SELECT task, lapses_at FROM attempts \
-     WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3 \
-     ORDER BY lapses_at LIMIT 1 FOR UPDATE SKIP LOCKED) SELECT task, lapses_at FROM next";
-const HAS_CLAIMABLE: &str = "SELECT EXISTS (SELECT 1 FROM tasks WHERE namespace = $1 \
-     AND queue = $2 AND claimable_at IS NOT NULL AND claimable_at <= $3) \
-     OR EXISTS (SELECT 1 FROM attempts WHERE namespace = $1 AND queue = $2 \
-     AND state = 'leased' AND lapses_at <= $3)";
+const PEEK_LAPSED: &str =
+    by_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "$4::bigint");
+/// The lease of a queue that lapsed first, from priority `$4` up, its
+/// attempt locked.
+const NEXT_LAPSED: &str = by_priority!(
+    lapsed_leases!(),
+    "ORDER BY lapses_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+    "$4::bigint"
+);
+/// Index searches only, at most one per priority and index.
+const HAS_CLAIMABLE: &str = concat!(
+    "SELECT EXISTS (",
+    by_priority!(
+        "SELECT 1 FROM tasks WHERE namespace = $1 AND queue = $2 \
+         AND claimable_at IS NOT NULL AND claimable_at <= $3",
+        "LIMIT 1",
+        "0"
+    ),
+    ") OR EXISTS (",
+    by_priority!(
+        "SELECT 1 FROM attempts WHERE namespace = $1 AND queue = $2 \
+         AND state = 'leased' AND lapses_at <= $3",
+        "LIMIT 1",
+        "0"
+    ),
+    ")"
+);
 const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
      granted_at, expires_at, lapses_at, discarded, last_error FROM attempts WHERE task = $1 \
      ORDER BY number";
@@ -218,10 +252,11 @@ const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at, 
 const NAMESPACE_EXISTS: &str = "SELECT 1 FROM namespaces WHERE name = $1";
 const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, brief, \
      brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
-     created_at, enqueued_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, 0, $9, $10) \
+     created_at, enqueued_by, priority) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, $12, $9, $10, $13) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING RETURNING id";
 const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, state, \
-     tries) VALUES ($1, $2, $3, $4, 'ready', 0)";
+     until_at, tries, priority) VALUES ($1, $2, $3, $4, $5, $6, 0, $7)";
 const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = $3, until_at = $4, tries = $5, \
      holder = $6, token = $7, granted_at = $8, expires_at = $9, lapses_at = $10, \
      discarded = $11, last_error = $12 WHERE task = $1 AND number = $2";
@@ -392,6 +427,7 @@ fn task_row(row: &Row) -> Result<TaskRow> {
         claimable_at: row.try_get(8)?,
         created_at: row.try_get(9)?,
         max_tries: row.try_get(10)?,
+        priority: row.try_get(11)?,
     })
 }
 
@@ -570,22 +606,23 @@ impl ReadTransaction for PgTransaction<'_> {
         queue: &QueueName,
         now: DateTime<Utc>,
     ) -> Result<Option<LoadedTask>> {
-        let params: Params<'_> = &[&namespace.as_str(), &queue.as_str(), &millis(now)];
+        let (namespace, queue, now) = (namespace.as_str(), queue.as_str(), millis(now));
         let (claimable_sql, lapsed_sql) = if self.locking {
             (NEXT_CLAIMABLE, NEXT_LAPSED)
         } else {
             (PEEK_CLAIMABLE, PEEK_LAPSED)
         };
         let indexed = self
-            .query_opt(claimable_sql, params)?
+            .query_opt(claimable_sql, &[&namespace, &queue, &now, &0_i64])?
             .as_ref()
             .map(task_row)
             .transpose()?;
         let row = rows::next_claimable(
             indexed,
-            || {
-                self.query_opt(lapsed_sql, params)?
-                    .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            |floor| {
+                let floor = i64::from(floor);
+                self.query_opt(lapsed_sql, &[&namespace, &queue, &now, &floor])?
+                    .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
                     .transpose()
             },
             |task| self.task_by_id(task),
@@ -842,7 +879,8 @@ impl WriteTransaction for PgTransaction<'_> {
     }
 
     fn insert_task(&self, task: &NewTask<'_>) -> Result<bool> {
-        let reference = task.task;
+        let (reference, record) = (task.task, task.record);
+        let priority = i64::from(record.priority);
         let statement = self.statement(INSERT_TASK)?;
         let row = self.transaction.borrow_mut().query_opt(
             &statement,
@@ -853,11 +891,13 @@ impl WriteTransaction for PgTransaction<'_> {
                 &version(reference),
                 &task.brief,
                 &task.brief_format,
-                &i64::from(task.spec.alternatives),
-                &duration_millis(task.spec.lapse_backoff),
+                &(record.attempts.len() as i64),
+                &duration_millis(record.lapse_backoff),
                 &millis(task.created_at),
                 &task.enqueued_by,
-                &i64::from(task.spec.max_tries),
+                &i64::from(record.max_tries),
+                &claimable_column(record),
+                &priority,
             ],
         )?;
         let Some(row) = row else {
@@ -865,14 +905,18 @@ impl WriteTransaction for PgTransaction<'_> {
         };
         self.rows.set(self.rows.get() + 1);
         let id: i64 = row.try_get(0)?;
-        for number in 1..=task.spec.alternatives {
+        for attempt in &record.attempts {
+            let row = AttemptRow::from_record(attempt, record.lapse_backoff);
             self.execute(
                 INSERT_ATTEMPT,
                 &[
                     &id,
-                    &i64::from(number),
+                    &row.number,
                     &reference.namespace.as_str(),
                     &task.queue.as_str(),
+                    &row.state,
+                    &row.until_at,
+                    &priority,
                 ],
             )?;
         }

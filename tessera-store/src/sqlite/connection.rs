@@ -1028,9 +1028,7 @@ mod tests {
         let result: Result<Done<()>, Error> =
             writer.transaction(now, &meter, &QuotaRules::default(), |w| {
                 w.execute("INSERT INTO t (a) VALUES (1)", [])?;
-                Err(Error::Conflict {
-                    reason: "test".to_owned(),
-                })
+                Err(Error::conflict(crate::error::ConflictKind::Other, "test"))
             });
         assert!(result.is_err());
         assert_eq!(meter.snapshot().rows_written, 0);

@@ -396,9 +396,10 @@ mod tests {
                     writer.execute("INSERT INTO t (n) VALUES (?1)", [n])?;
                     match then {
                         Then::Succeed => Ok(()),
-                        Then::Fail => Err(Error::Conflict {
-                            reason: format!("operation {n} fails"),
-                        }),
+                        Then::Fail => Err(Error::conflict(
+                            crate::error::ConflictKind::Other,
+                            format!("operation {n} fails"),
+                        )),
                         Then::Panic => panic!("operation {n} panics"),
                         Then::RefuseCommit | Then::PanicInCommit => {
                             self.refuse_commit.store(true, Ordering::SeqCst);

@@ -20,7 +20,7 @@ use super::quota::{QuotaRules, classify};
 use crate::error::{Error, corrupt};
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The marker table and key that hold the schema version.
 const META_TABLE: &str = "tessera_meta";
@@ -176,14 +176,16 @@ pub(crate) const TABLES: &[Table] = &[
             ("lapse_backoff_ms", "INTEGER NOT NULL"),
             // Tries per attempt; added in version 2.
             ("max_tries", "INTEGER NOT NULL DEFAULT 20"),
+            // 0 to MAX_PRIORITY, higher claimed first; added in version 3.
+            ("priority", "INTEGER NOT NULL DEFAULT 0"),
             // The highest fencing token granted; 0 before the first.
             ("last_token", "INTEGER NOT NULL"),
             // When an attempt is next claimable without a lease lapsing:
-            // 0 while one is ready, the earliest backoff end otherwise,
-            // NULL while every unfinished attempt is leased or once all are
-            // final (the task is then out of the claim index;
-            // lapsed leases are found through `attempts_leased`, so a
-            // heartbeat never rewrites the task).
+            // 0 while one is ready, the earliest backoff end or not-before
+            // time otherwise, NULL while every unfinished attempt is leased
+            // or once all are final (the task is then out of the claim
+            // index; lapsed leases are found through `attempts_lapsing`, so
+            // a heartbeat never rewrites the task).
             ("claimable_at", "INTEGER"),
             ("created_at", "INTEGER NOT NULL"),
             ("enqueued_by", "TEXT NOT NULL"),
@@ -200,9 +202,10 @@ pub(crate) const TABLES: &[Table] = &[
             // use an index.
             ("namespace", "TEXT NOT NULL"),
             ("queue", "TEXT NOT NULL"),
-            // ready | leased | done | failed | backoff | discarded
+            // ready | leased | done | failed | backoff | discarded, and
+            // since version 3 scheduled | cancelled
             ("state", "TEXT NOT NULL"),
-            // The end of a backoff.
+            // The end of a backoff, or a scheduled attempt's not-before time.
             ("until_at", "INTEGER"),
             // A discarded attempt's reason: lapsed | failed (version 2).
             ("discarded", "TEXT"),
@@ -218,6 +221,8 @@ pub(crate) const TABLES: &[Table] = &[
             // again, its expiry plus the task's lapse backoff. NULL
             // otherwise.
             ("lapses_at", "INTEGER"),
+            // The task's, for the lapse index (version 3).
+            ("priority", "INTEGER NOT NULL DEFAULT 0"),
         ],
         clustered_key: None,
     },
@@ -313,14 +318,15 @@ pub(crate) const INDEXES: &[Index] = &[
         columns: &["namespace", "task_id", "version"],
         filter: None,
     },
-    // Claim order: ready tasks (claimable_at 0) oldest first, then ended
-    // backoffs (merged with `attempts_leased`'s lapsed leases by time);
-    // tasks with nothing ready or in backoff are not in it.
+    // Claim order within each priority: ready tasks (claimable_at 0)
+    // oldest first, then ended backoffs and schedules (merged with
+    // `attempts_lapsing`'s lapsed leases by time); tasks with nothing ready,
+    // in backoff or scheduled are not in it.
     Index {
-        name: "tasks_claimable",
+        name: "tasks_claim_order",
         table: "tasks",
         unique: false,
-        columns: &["namespace", "queue", "claimable_at", "id"],
+        columns: &["namespace", "queue", "priority", "claimable_at", "id"],
         filter: Some("claimable_at IS NOT NULL"),
     },
     Index {
@@ -339,15 +345,22 @@ pub(crate) const INDEXES: &[Index] = &[
         columns: &["namespace", "state"],
         filter: None,
     },
-    // Live and lapsed leases only, by queue and when each lapses: a claim
-    // finds a queue's oldest lapsed lease in one search, health and expiry
-    // read a namespace's expiries and tasks from the index alone, and a
-    // heartbeat moves only its own entry.
+    // Live and lapsed leases only, by queue, priority and when each
+    // lapses: a claim finds a queue's oldest lapsed lease in one search per
+    // priority, expiry reads a namespace's expiries and tasks from the
+    // index alone, and a heartbeat moves only its own entry.
     Index {
-        name: "attempts_leased",
+        name: "attempts_lapsing",
         table: "attempts",
         unique: false,
-        columns: &["namespace", "queue", "lapses_at", "expires_at", "task"],
+        columns: &[
+            "namespace",
+            "queue",
+            "priority",
+            "lapses_at",
+            "expires_at",
+            "task",
+        ],
         filter: Some("state = 'leased'"),
     },
     Index {
@@ -374,7 +387,11 @@ pub(crate) const INDEXES: &[Index] = &[
 ///   row ids are in time order too; a time bound is found by a search of
 ///   the row ids (`audit.rs`), and each audit row costs one b-tree entry
 ///   less.
-pub(crate) const RETIRED_INDEXES: &[&str] = &["access_audit_at"];
+/// - `tasks_claimable` and `attempts_leased`: the claim indexes before
+///   priorities, replaced by `tasks_claim_order` and `attempts_lapsing`,
+///   which lead with the priority.
+pub(crate) const RETIRED_INDEXES: &[&str] =
+    &["access_audit_at", "tasks_claimable", "attempts_leased"];
 
 /// Tables earlier builds created, each with the statements that move its
 /// rows into this build's tables before it is dropped. An older build that

@@ -3,6 +3,7 @@
 use rusqlite::{Row, params};
 
 use super::connection::{Reader, Writer};
+use crate::backend::by_priority;
 use crate::backend::rows::{AttemptRow, ListingRow, ReceiptRow, TaskRow};
 
 pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces \
@@ -35,7 +36,8 @@ pub(crate) const NAMESPACE_EXISTS: &str = "SELECT id FROM namespaces WHERE name 
 
 pub(crate) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
      brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
-     created_at, enqueued_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?11, 0, 0, ?9, ?10) \
+     created_at, enqueued_by, priority) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?11, 0, ?12, ?9, ?10, ?13) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING";
 
 /// A task row's columns, in [`TaskRow::from_row`] order, with the brief
@@ -45,36 +47,59 @@ macro_rules! select_tasks {
         concat!(
             "SELECT id, queue, task_id, version, ",
             $brief,
-            ", brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries ",
+            ", brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries, ",
+            "priority ",
             "FROM tasks ",
             $tail
         )
     };
 }
 
-/// The first task of a queue in `tasks_claimable` order: ready ones
-/// (`claimable_at` 0) in enqueue order, then those whose backoff ended, by
-/// when it ended. One search of `tasks_claimable`; lapsed leases are in
-/// [`OLDEST_LAPSED`].
-pub(crate) const OLDEST_CLAIMABLE: &str = select_tasks!(
-    "brief",
-    "WHERE namespace = ?1 AND queue = ?2 AND claimable_at IS NOT NULL \
-     AND claimable_at <= ?3 ORDER BY claimable_at, id LIMIT 1"
+/// The first task of a queue in `tasks_claim_order` order: the highest
+/// priority with a claimable task, and in it ready ones (`claimable_at` 0)
+/// in enqueue order, then those whose backoff or schedule ended, by when.
+/// One search of `tasks_claim_order` per priority down to the first with
+/// one (`?4` is 0); lapsed leases are in [`OLDEST_LAPSED`].
+pub(crate) const OLDEST_CLAIMABLE: &str = by_priority!(
+    select_tasks!(
+        "brief",
+        "WHERE namespace = ?1 AND queue = ?2 AND claimable_at IS NOT NULL AND claimable_at <= ?3"
+    ),
+    "ORDER BY claimable_at, id LIMIT 1",
+    "?4"
 );
 
 /// A task of a queue claimable at `?3` if there is one: a ready attempt
-/// or an ended backoff in `tasks_claimable`, else a lapsed lease in
-/// `attempts_leased`. Two index searches in one statement, no table row.
-pub(crate) const HAS_CLAIMABLE: &str = "SELECT id FROM tasks WHERE namespace = ?1 AND queue = ?2 \
-     AND claimable_at IS NOT NULL AND claimable_at <= ?3 \
-     UNION ALL SELECT task FROM attempts WHERE namespace = ?1 AND queue = ?2 \
-     AND state = 'leased' AND lapses_at <= ?3 LIMIT 1";
+/// or an ended backoff or schedule in `tasks_claim_order`, else a lapsed
+/// lease in `attempts_lapsing`. Index searches only, one per priority and
+/// index at most, in one statement; no table row.
+pub(crate) const HAS_CLAIMABLE: &str = concat!(
+    "SELECT id FROM (",
+    by_priority!(
+        "SELECT id FROM tasks WHERE namespace = ?1 AND queue = ?2 \
+         AND claimable_at IS NOT NULL AND claimable_at <= ?3",
+        "LIMIT 1",
+        "0"
+    ),
+    ") AS claimable UNION ALL SELECT task FROM (",
+    by_priority!(
+        "SELECT task FROM attempts WHERE namespace = ?1 AND queue = ?2 \
+         AND state = 'leased' AND lapses_at <= ?3",
+        "LIMIT 1",
+        "0"
+    ),
+    ") AS lapsed LIMIT 1"
+);
 
-/// The lease of a queue that lapsed into being claimable first (its task
-/// and when): one search of the partial `attempts_leased` index.
-pub(crate) const OLDEST_LAPSED: &str = "SELECT task, lapses_at FROM attempts \
-     WHERE namespace = ?1 AND queue = ?2 AND state = 'leased' AND lapses_at <= ?3 \
-     ORDER BY lapses_at LIMIT 1";
+/// The lease of a queue that lapsed into being claimable first (its task,
+/// when, and the task's priority), from priority `?4` up: one search of
+/// the partial `attempts_lapsing` index per priority.
+pub(crate) const OLDEST_LAPSED: &str = by_priority!(
+    "SELECT task, lapses_at, priority FROM attempts \
+     WHERE namespace = ?1 AND queue = ?2 AND state = 'leased' AND lapses_at <= ?3",
+    "ORDER BY lapses_at LIMIT 1",
+    "?4"
+);
 
 pub(crate) const TASK_BY_REF: &str = select_tasks!(
     "NULL",
@@ -100,8 +125,7 @@ pub(crate) const UPDATE_TOKEN: &str = "UPDATE tasks SET last_token = ?2 WHERE id
 pub(crate) const UPDATE_MAX_TRIES: &str = "UPDATE tasks SET max_tries = ?2 WHERE id = ?1";
 
 pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, \
-     state, until_at, tries, holder, token, granted_at, expires_at, lapses_at) \
-     VALUES (?1, ?2, ?3, ?4, 'ready', NULL, 0, NULL, NULL, NULL, NULL, NULL)";
+     state, until_at, tries, priority) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7)";
 
 pub(crate) const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
      granted_at, expires_at, lapses_at, discarded, last_error FROM attempts WHERE task = ?1 \
@@ -189,6 +213,7 @@ impl TaskRow {
             claimable_at: row.get(8)?,
             created_at: row.get(9)?,
             max_tries: row.get(10)?,
+            priority: row.get(11)?,
         })
     }
 }
@@ -207,6 +232,9 @@ pub(crate) struct NewTask<'a> {
     pub(crate) max_tries: i64,
     pub(crate) created_at: i64,
     pub(crate) enqueued_by: &'a str,
+    /// The claim index entry ([`claimable_column`](crate::backend::rows::claimable_column)).
+    pub(crate) claimable_at: Option<i64>,
+    pub(crate) priority: i64,
 }
 
 impl AttemptRow {
@@ -325,6 +353,8 @@ pub(crate) fn insert_task(
             task.created_at,
             task.enqueued_by,
             task.max_tries,
+            task.claimable_at,
+            task.priority,
         ],
     )?;
     Ok((changed == 1).then(|| writer.last_insert_rowid()))
@@ -340,22 +370,26 @@ pub(crate) fn oldest_claimable(
 ) -> rusqlite::Result<Option<TaskRow>> {
     reader.optional(
         OLDEST_CLAIMABLE,
-        params![namespace, queue, now],
+        params![namespace, queue, now, 0],
         TaskRow::from_row,
     )
 }
 
 /// The task whose lease in a queue lapsed into being claimable first by
-/// `now`, and when (see [`OLDEST_LAPSED`]).
+/// `now`, of priority `floor` or above: its row id, when, and its priority
+/// (see [`OLDEST_LAPSED`]).
 pub(crate) fn oldest_lapsed(
     reader: &Reader<'_>,
     namespace: &str,
     queue: &str,
     now: i64,
-) -> rusqlite::Result<Option<(i64, i64)>> {
-    reader.optional(OLDEST_LAPSED, params![namespace, queue, now], |row| {
-        Ok((row.get(0)?, row.get(1)?))
-    })
+    floor: u8,
+) -> rusqlite::Result<Option<(i64, i64, i64)>> {
+    reader.optional(
+        OLDEST_LAPSED,
+        params![namespace, queue, now, floor],
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+    )
 }
 
 /// Whether a queue has a task claimable at `now`: a ready attempt, an
@@ -440,15 +474,28 @@ pub(crate) fn update_claimable(
     Ok(())
 }
 
-/// Inserts a new, ready attempt.
+/// Inserts a new attempt, never yet tried, in its first state (ready or
+/// scheduled), with its task's priority.
 pub(crate) fn insert_attempt(
     writer: &Writer<'_>,
     task: i64,
-    number: i64,
     namespace: &str,
     queue: &str,
+    priority: i64,
+    row: &AttemptRow,
 ) -> rusqlite::Result<()> {
-    writer.execute(INSERT_ATTEMPT, params![task, number, namespace, queue])?;
+    writer.execute(
+        INSERT_ATTEMPT,
+        params![
+            task,
+            row.number,
+            namespace,
+            queue,
+            row.state,
+            row.until_at,
+            priority
+        ],
+    )?;
     Ok(())
 }
 

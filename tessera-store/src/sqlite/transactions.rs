@@ -14,8 +14,9 @@ use super::connection::{Reader, Writer};
 use super::session as meta;
 use super::tasks::{self as sql, NewReceipt};
 use crate::backend::rows::{
-    self, AttemptWrite, CounterRow, EventRow, KeyRow, TaskRow, TaskWrites, corrupt, count,
-    duration_millis, millis, minute_number, state_counts, to_json,
+    self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, TaskRow, TaskWrites,
+    claimable_column, corrupt, count, duration_millis, millis, minute_number, state_counts,
+    to_json,
 };
 use crate::backend::{
     KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewTask, Purge, ReadTransaction,
@@ -112,8 +113,9 @@ impl ReadTransaction for Reader<'_> {
         Ok(row.map(|row| TaskHandle(row.id)))
     }
 
-    /// Two index searches, `tasks_claimable` and `attempts_leased`, and
-    /// the chosen task's row; the lease rules' claim order decides.
+    /// Index searches of `tasks_claim_order` and `attempts_lapsing`, one
+    /// per priority down to the first with a due entry, and the chosen
+    /// task's row; the lease rules' claim order decides.
     fn next_claimable(
         &self,
         namespace: &Namespace,
@@ -123,7 +125,7 @@ impl ReadTransaction for Reader<'_> {
         let (namespace, queue, now) = (namespace.as_str(), queue.as_str(), millis(now));
         let row = rows::next_claimable(
             sql::oldest_claimable(self, namespace, queue, now)?,
-            || Ok(sql::oldest_lapsed(self, namespace, queue, now)?),
+            |floor| Ok(sql::oldest_lapsed(self, namespace, queue, now, floor)?),
             |task| Ok(sql::task_by_id(self, task, true)?),
         )?;
         row.map(|row| load(self, row)).transpose()
@@ -373,7 +375,8 @@ impl WriteTransaction for Writer<'_> {
     }
 
     fn insert_task(&self, task: &NewTask<'_>) -> Result<bool> {
-        let reference = task.task;
+        let (reference, record) = (task.task, task.record);
+        let priority = i64::from(record.priority);
         let inserted = sql::insert_task(
             self,
             &sql::NewTask {
@@ -383,23 +386,26 @@ impl WriteTransaction for Writer<'_> {
                 version: i64::from(reference.version.as_u32()),
                 brief: task.brief,
                 brief_format: task.brief_format,
-                alternatives: i64::from(task.spec.alternatives),
-                lapse_backoff_ms: duration_millis(task.spec.lapse_backoff),
-                max_tries: i64::from(task.spec.max_tries),
+                alternatives: record.attempts.len() as i64,
+                lapse_backoff_ms: duration_millis(record.lapse_backoff),
+                max_tries: i64::from(record.max_tries),
                 created_at: millis(task.created_at),
                 enqueued_by: task.enqueued_by,
+                claimable_at: claimable_column(record),
+                priority,
             },
         )?;
         let Some(id) = inserted else {
             return Ok(false);
         };
-        for number in 1..=task.spec.alternatives {
+        for attempt in &record.attempts {
             sql::insert_attempt(
                 self,
                 id,
-                i64::from(number),
                 reference.namespace.as_str(),
                 task.queue.as_str(),
+                priority,
+                &AttemptRow::from_record(attempt, record.lapse_backoff),
             )?;
         }
         Ok(true)

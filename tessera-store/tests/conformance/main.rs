@@ -56,6 +56,7 @@ mod claims;
 mod cold_start;
 mod health;
 mod long_poll;
+mod queue;
 mod quota;
 mod refused_writes;
 mod reliability_crash;

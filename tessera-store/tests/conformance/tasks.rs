@@ -155,7 +155,7 @@ fn a_stale_token_after_expiry_and_reclaim_is_refused(db: &TestDb) {
         .store
         .heartbeat(&alice, &first.task, first.lease.token())
         .unwrap_err();
-    assert_eq!((stale.status(), stale.code()), (409, "conflict"));
+    assert_eq!((stale.status(), stale.code()), (409, "stale_token"));
     let stale = f
         .store
         .submit(
@@ -231,7 +231,10 @@ fn a_resubmission_replays_its_receipt_and_writes_nothing(db: &TestDb) {
             &Output::bytes("something else"),
         )
         .unwrap_err();
-    assert_eq!((conflict.status(), conflict.code()), (409, "conflict"));
+    assert_eq!(
+        (conflict.status(), conflict.code()),
+        (409, "idempotency_conflict")
+    );
 
     let stored = f
         .store

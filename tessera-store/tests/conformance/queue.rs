@@ -1,0 +1,237 @@
+//! Scheduled runs, priorities and cancel, through the public API.
+
+use std::time::Duration;
+
+use tessera_store::lease::StateName;
+use tessera_store::limits::MAX_PRIORITY;
+use tessera_store::{
+    AuditQuery, Caller, ClaimOutcome, Clock, EnqueueOptions, Grant, Output, Retry, Scope,
+    TaskQuery, TaskRef, TaskState,
+};
+
+use crate::harness::{Fixture, TestDb, json_brief, namespace, queue, task_id};
+
+/// Enqueues task `n` into `renders/jobs` with `options`.
+fn enqueue(f: &Fixture<'_>, caller: &Caller, n: usize, options: EnqueueOptions) -> TaskRef {
+    f.store
+        .enqueue(
+            caller,
+            &namespace("renders"),
+            &queue("jobs"),
+            &json_brief(n),
+            &options.with_task_id(task_id(n)),
+        )
+        .unwrap()
+}
+
+/// The task the next claim of `renders/jobs` takes, `None` if it is empty.
+fn next(f: &Fixture<'_>, caller: &Caller) -> Option<TaskRef> {
+    match f
+        .store
+        .claim(caller, &namespace("renders"), &queue("jobs"))
+        .unwrap()
+    {
+        ClaimOutcome::Granted(claimed) => Some(claimed.task),
+        ClaimOutcome::Empty { .. } => None,
+    }
+}
+
+fn a_scheduled_task_waits_for_its_time_then_takes_its_place_in_the_order(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let start = f.clock.now_utc();
+    let later = enqueue(
+        &f,
+        &worker,
+        1,
+        EnqueueOptions::default().with_not_before(start + Duration::from_secs(60)),
+    );
+    // Many tasks scheduled further out change nothing.
+    for n in 10..40 {
+        enqueue(
+            &f,
+            &worker,
+            n,
+            EnqueueOptions::default().with_not_before(start + Duration::from_secs(3600)),
+        );
+    }
+    assert_eq!(next(&f, &worker), None, "nothing is due yet");
+    let view = f.store.read_task(&worker, &later).unwrap();
+    assert_eq!(
+        view.record.attempts[0].state,
+        TaskState::Scheduled {
+            at: start + Duration::from_secs(60)
+        }
+    );
+    let health = f.store.health(&worker, &namespace("renders")).unwrap();
+    assert_eq!((health.attempts.scheduled, health.attempts.ready), (31, 0));
+    let listed = f
+        .store
+        .list_tasks(
+            &worker,
+            &namespace("renders"),
+            &TaskQuery {
+                limit: 5,
+                ..TaskQuery::new(StateName::Scheduled)
+            },
+        )
+        .unwrap();
+    assert_eq!(listed.tasks[0].task, later);
+
+    // Its time passes; a ready task enqueued meanwhile still goes first,
+    // as a ready task goes before an ended backoff.
+    f.clock.advance(Duration::from_secs(61));
+    let ready = enqueue(&f, &worker, 2, EnqueueOptions::default());
+    assert_eq!(next(&f, &worker), Some(ready.clone()));
+    assert_eq!(next(&f, &worker), Some(later.clone()));
+    assert_eq!(next(&f, &worker), None);
+    f.clock.advance(Duration::from_secs(3600));
+    // Both leases lapsed an hour ago, at one time: claimable since then,
+    // they go before those scheduled for the hour, the older first; then
+    // the scheduled ones, the older first.
+    assert_eq!(next(&f, &worker), Some(later.clone()));
+    assert_eq!(next(&f, &worker), Some(ready));
+    assert_eq!(
+        next(&f, &worker),
+        Some(TaskRef::new(
+            namespace("renders"),
+            task_id(10),
+            later.version
+        )),
+    );
+}
+
+fn a_higher_priority_is_claimed_first_lapsed_or_ready(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let low = enqueue(&f, &worker, 1, EnqueueOptions::default());
+    let high = enqueue(&f, &worker, 2, EnqueueOptions::default().with_priority(2));
+    let top = enqueue(
+        &f,
+        &worker,
+        3,
+        EnqueueOptions::default().with_priority(MAX_PRIORITY),
+    );
+    let high_too = enqueue(&f, &worker, 4, EnqueueOptions::default().with_priority(2));
+    assert_eq!(next(&f, &worker), Some(top.clone()));
+    assert_eq!(next(&f, &worker), Some(high.clone()), "then the older of 2");
+    // The top task's lease lapses: it comes back before every lower one.
+    f.clock.advance(Duration::from_secs(61));
+    assert_eq!(next(&f, &worker), Some(top));
+    // `high`'s lapse, older than the ready `high_too`, loses to it: within
+    // a priority a ready task goes first.
+    assert_eq!(next(&f, &worker), Some(high_too));
+    assert_eq!(next(&f, &worker), Some(high));
+    assert_eq!(next(&f, &worker), Some(low));
+
+    let error = f
+        .store
+        .enqueue(
+            &worker,
+            &namespace("renders"),
+            &queue("jobs"),
+            &json_brief(9),
+            &EnqueueOptions::default().with_priority(MAX_PRIORITY + 1),
+        )
+        .unwrap_err();
+    assert_eq!((error.status(), error.code()), (400, "invalid_input"));
+    let view = f
+        .store
+        .read_task(
+            &worker,
+            &enqueue(&f, &worker, 5, EnqueueOptions::default().with_priority(1)),
+        )
+        .unwrap();
+    assert_eq!(view.record.priority, 1);
+}
+
+fn a_cancelled_lease_is_refused_at_its_next_heartbeat_and_submit(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.worker(Grant::AllNamespaces));
+    let operator = f.login(&f.key(&[Scope::Enqueue, Scope::Read], Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let task = enqueue(&f, &operator, 1, EnqueueOptions::default());
+    let claimed = f.claim(&worker, &ns, &q);
+
+    // Cancelling needs the enqueue scope.
+    let error = f.store.cancel_task(&worker, &task).unwrap_err();
+    assert_eq!(error.status(), 403);
+    let cancelled = f.store.cancel_task(&operator, &task).unwrap();
+    assert_eq!(cancelled.len(), 1);
+
+    let token = claimed.lease.token();
+    let heartbeat = f.store.heartbeat(&worker, &task, token).unwrap_err();
+    assert_eq!(
+        (heartbeat.status(), heartbeat.code()),
+        (409, "task_cancelled")
+    );
+    let key = "late".parse().unwrap();
+    let submit = f
+        .store
+        .submit(&worker, &task, token, &key, &Output::bytes("late"))
+        .unwrap_err();
+    assert_eq!(submit.code(), "task_cancelled");
+    let fail = f
+        .store
+        .fail(&worker, &task, token, Retry::Never)
+        .unwrap_err();
+    assert_eq!(fail.code(), "task_cancelled");
+    assert!(
+        f.store
+            .read_receipt(&operator, &task, claimed.lease.attempt())
+            .is_err(),
+        "the late submission left no receipt"
+    );
+    assert_eq!(next(&f, &worker), None, "a cancelled task is not claimable");
+    let view = f.store.read_task(&operator, &task).unwrap();
+    assert_eq!(view.record.attempts[0].state, TaskState::Cancelled);
+    let health = f.store.health(&operator, &ns).unwrap();
+    assert_eq!((health.attempts.cancelled, health.attempts.leased), (1, 0));
+
+    let again = f.store.cancel_task(&operator, &task).unwrap_err();
+    assert_eq!((again.status(), again.code()), (409, "nothing_to_cancel"));
+    let events = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    let cancels: Vec<_> = events
+        .events
+        .iter()
+        .filter(|event| event.action.as_str() == "cancel_task")
+        .collect();
+    assert_eq!(cancels.len(), 1, "the cancel is audited once");
+
+    // An operator's retry undoes it, under a fresh token.
+    f.store.retry_task(&operator, &task).unwrap();
+    let claimed = f.claim(&worker, &ns, &q);
+    assert_eq!((claimed.task, claimed.lease.token().as_i64()), (task, 2));
+}
+
+fn a_cancelled_scheduled_task_never_runs(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let at = f.clock.now_utc() + Duration::from_secs(30);
+    let task = enqueue(
+        &f,
+        &worker,
+        1,
+        EnqueueOptions::default().with_not_before(at),
+    );
+    f.store.cancel_task(&f.admin, &task).unwrap();
+    f.clock.advance(Duration::from_secs(31));
+    assert_eq!(next(&f, &worker), None);
+    let listed = f
+        .store
+        .list_tasks(
+            &worker,
+            &namespace("renders"),
+            &TaskQuery::new(StateName::Cancelled),
+        )
+        .unwrap();
+    assert_eq!(listed.tasks.len(), 1);
+    assert_eq!(listed.tasks[0].task, task);
+}
+
+conformance! {
+    a_scheduled_task_waits_for_its_time_then_takes_its_place_in_the_order,
+    a_higher_priority_is_claimed_first_lapsed_or_ready,
+    a_cancelled_lease_is_refused_at_its_next_heartbeat_and_submit,
+    a_cancelled_scheduled_task_never_runs,
+}

@@ -221,7 +221,7 @@ pub use meter::MeterSnapshot;
 pub use model::access::{
     Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, PrincipalId, PrincipalKind, Scope,
 };
-pub use model::audit::{AuditPage, AuditQuery, Maintenance};
+pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance};
 pub use model::claim::{ClaimOutcome, Claimed};
 pub use model::health::{HealthSnapshot, StateCounts};
 pub use model::session::Session;

@@ -77,6 +77,7 @@ use crate::error::{Error, StorageError};
 use crate::key::KeyId;
 use crate::meter::MeterSnapshot;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
+use crate::model::audit::AuditCursor;
 use crate::model::health::StateCounts;
 use crate::model::task::{Brief, ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
@@ -343,14 +344,16 @@ pub(crate) trait ReadTransaction {
     /// A principal's kind and account.
     fn principal(&self, principal: PrincipalId) -> Result<Option<(PrincipalKind, String)>>;
 
-    /// Audit events at or after `since`, newest first: one principal's
-    /// (by its audit name) or everyone's.
+    /// Audit events at or after `since` and before the cursor `before`,
+    /// newest first, each with its own cursor: one principal's (by its
+    /// audit name) or everyone's.
     fn events(
         &self,
         principal: Option<&str>,
         since: DateTime<Utc>,
+        before: Option<AuditCursor>,
         limit: usize,
-    ) -> Result<Vec<AuditEvent>>;
+    ) -> Result<Vec<(AuditCursor, AuditEvent)>>;
 
     /// Counters of minutes starting at or after `since`, newest minute
     /// first.

@@ -17,6 +17,7 @@ use crate::backend::{LoadedTask, Result, StoredKey, TaskHandle};
 use crate::error::{StorageError, StorageErrorKind};
 use crate::key::KeyId;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
+use crate::model::audit::AuditCursor;
 use crate::model::health::StateCounts;
 use crate::model::task::{Brief, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
@@ -175,6 +176,9 @@ pub(crate) struct KeyRow {
 /// An audit row as stored; `at` in Unix milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EventRow {
+    /// The row id when read back (0 in a row to insert): with `at`, where
+    /// an audit read goes on after it.
+    pub(crate) id: i64,
     pub(crate) at: i64,
     pub(crate) principal: String,
     pub(crate) namespace: String,
@@ -368,6 +372,7 @@ impl KeyRow {
 impl EventRow {
     pub(crate) fn from_event(event: &AuditEvent) -> Self {
         Self {
+            id: 0,
             at: millis(event.time),
             principal: event.principal.as_str().to_owned(),
             namespace: event.namespace.as_str().to_owned(),
@@ -375,6 +380,14 @@ impl EventRow {
             outcome: event.outcome.as_str().to_owned(),
             resource: event.resource.as_ref().map(|r| r.as_str().to_owned()),
             ip_hash: event.ip_hash.as_ref().map(|h| h.as_str().to_owned()),
+        }
+    }
+
+    /// Where an audit read goes on after this row.
+    pub(crate) fn cursor(&self) -> AuditCursor {
+        AuditCursor {
+            at: self.at,
+            id: self.id,
         }
     }
 

@@ -1,10 +1,14 @@
 //! What audit rows and counters record, and the audit read's shapes.
 
+use std::fmt;
+use std::str::FromStr;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tessera_audit::{Action, AuditEvent, Counter, CounterKey, IpHash, Outcome, Resource};
 use tessera_lease::Namespace;
 
+use crate::error::Error;
 use crate::model::access::{Caller, PrincipalId};
 
 /// The namespace recorded for actions that are not in one (key management,
@@ -106,6 +110,10 @@ pub struct AuditQuery {
     /// At most this many events, newest first, and at most this many
     /// counters, newest minute first (1 to [`MAX_AUDIT_ROWS`]).
     pub limit: usize,
+    /// Events older than this only: the [`next`](AuditPage::next) of the
+    /// page before. A later page has no counters; the first has them all.
+    #[serde(default)]
+    pub before: Option<AuditCursor>,
 }
 
 impl Default for AuditQuery {
@@ -114,6 +122,7 @@ impl Default for AuditQuery {
             principal: None,
             since: None,
             limit: 100,
+            before: None,
         }
     }
 }
@@ -125,6 +134,55 @@ pub struct AuditPage {
     pub events: Vec<AuditEvent>,
     /// Newest minute first.
     pub counters: Vec<Counter>,
+    /// Where the next page of older events starts, if this one was full.
+    #[serde(default)]
+    pub next: Option<AuditCursor>,
+}
+
+/// Where an audit read goes on: before the oldest event of the page
+/// before. Opaque; it travels as text (`Display` and `FromStr`, and so in
+/// serde).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct AuditCursor {
+    /// The event's time, in Unix milliseconds, and its row id.
+    pub(crate) at: i64,
+    pub(crate) id: i64,
+}
+
+impl fmt::Display for AuditCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.at, self.id)
+    }
+}
+
+impl FromStr for AuditCursor {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self, Error> {
+        let invalid = || Error::InvalidInput {
+            reason: format!("audit cursor {text:?} is not one an audit read gave"),
+        };
+        let (at, id) = text.split_once('.').ok_or_else(invalid)?;
+        Ok(Self {
+            at: at.parse().map_err(|_| invalid())?,
+            id: id.parse().map_err(|_| invalid())?,
+        })
+    }
+}
+
+impl From<AuditCursor> for String {
+    fn from(cursor: AuditCursor) -> Self {
+        cursor.to_string()
+    }
+}
+
+impl TryFrom<String> for AuditCursor {
+    type Error = Error;
+
+    fn try_from(text: String) -> Result<Self, Error> {
+        text.parse()
+    }
 }
 
 /// What one [`Store::maintain`](crate::Store::maintain) call did.

@@ -117,8 +117,12 @@ impl Store {
     /// Audit events and counters: a caller's own, or (admin) anyone's or
     /// everyone's. Waiting counters are written first so the read sees
     /// them; if storage refuses that write, the read answers without them.
-    /// Only rows inside the retention window are returned. Audited as
-    /// `read_audit`.
+    /// Only rows inside the retention window are returned. Events come a
+    /// page at a time, newest first: a full page's
+    /// [`next`](AuditPage::next) is the [`before`](AuditQuery::before) of
+    /// the page after it, found by a search of the audit table's row ids
+    /// (everyone's) or of its principal index (one principal's), however
+    /// deep the page. Audited as `read_audit`.
     pub fn audit(&self, caller: &Caller, query: &AuditQuery) -> Result<AuditPage, Error> {
         let scope = ActionScope::of(caller, None, Action::ReadAudit);
         let principal = self.rows_of(
@@ -141,12 +145,25 @@ impl Store {
         let limit = query.limit.clamp(1, MAX_AUDIT_ROWS);
         let name = principal.map(|p| p.to_string());
         self.perform_read(&scope, |reader| {
-            let events = reader.events(name.as_deref(), since, limit)?;
+            let rows = reader.events(name.as_deref(), since, query.before, limit)?;
+            let next = (rows.len() == limit)
+                .then(|| rows.last().map(|(cursor, _)| *cursor))
+                .flatten();
+            let events = rows.into_iter().map(|(_, event)| event).collect();
             let counters = match Minute::first_starting_at_or_after(since) {
-                Some(minute) => reader.counters(name.as_deref(), minute.start(), limit)?,
-                None => Vec::new(),
+                Some(minute) if query.before.is_none() => {
+                    reader.counters(name.as_deref(), minute.start(), limit)?
+                }
+                _ => Vec::new(),
             };
-            Ok((AuditPage { events, counters }, None))
+            Ok((
+                AuditPage {
+                    events,
+                    counters,
+                    next,
+                },
+                None,
+            ))
         })
     }
 }

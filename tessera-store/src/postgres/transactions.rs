@@ -28,6 +28,7 @@ use crate::backend::{
 };
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
+use crate::model::audit::AuditCursor;
 use crate::model::health::StateCounts;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
@@ -355,14 +356,22 @@ const ADD_TO_COUNTER: &str = "INSERT INTO access_counters \
      DO UPDATE SET count = access_counters.count + excluded.count";
 macro_rules! event_columns {
     () => {
-        "SELECT at, principal, namespace, action, outcome, resource, ip_hash FROM access_audit "
+        "SELECT at, principal, namespace, action, outcome, resource, ip_hash, id \
+         FROM access_audit "
     };
 }
+/// One principal's events, newest first, from the cursor (`$4`, `$5`) on:
+/// `at <= $4` starts the index range there.
 const EVENTS_OF_PRINCIPAL: &str = concat!(
     event_columns!(),
-    "WHERE principal = $1 AND at >= $2 ORDER BY at DESC LIMIT $3"
+    "WHERE principal = $1 AND at >= $2 AND at <= $4 AND (at, id) < ($4, $5) \
+     ORDER BY at DESC, id DESC LIMIT $3"
 );
-const EVENTS_ALL: &str = concat!(event_columns!(), "WHERE at >= $1 ORDER BY at DESC LIMIT $2");
+/// Every event, newest first, from the cursor (`$3`, `$4`) on.
+const EVENTS_ALL: &str = concat!(
+    event_columns!(),
+    "WHERE at >= $1 AND at <= $3 AND (at, id) < ($3, $4) ORDER BY at DESC, id DESC LIMIT $2"
+);
 macro_rules! counter_columns {
     () => {
         "SELECT minute, principal, namespace, action, outcome, count FROM access_counters "
@@ -486,6 +495,7 @@ fn event_row(row: &Row) -> Result<EventRow> {
         outcome: row.try_get(4)?,
         resource: row.try_get(5)?,
         ip_hash: row.try_get(6)?,
+        id: row.try_get(7)?,
     })
 }
 
@@ -540,14 +550,23 @@ impl ReadTransaction for PgTransaction<'_> {
         &self,
         principal: Option<&str>,
         since: DateTime<Utc>,
+        before: Option<AuditCursor>,
         limit: usize,
-    ) -> Result<Vec<AuditEvent>> {
+    ) -> Result<Vec<(AuditCursor, AuditEvent)>> {
         let (since, limit) = (millis(since), count(limit));
+        let (at, id) = before.map_or((i64::MAX, i64::MAX), |cursor| (cursor.at, cursor.id));
         let rows = match principal {
-            Some(principal) => self.query(EVENTS_OF_PRINCIPAL, &[&principal, &since, &limit])?,
-            None => self.query(EVENTS_ALL, &[&since, &limit])?,
+            Some(principal) => {
+                self.query(EVENTS_OF_PRINCIPAL, &[&principal, &since, &limit, &at, &id])?
+            }
+            None => self.query(EVENTS_ALL, &[&since, &limit, &at, &id])?,
         };
-        rows.iter().map(|row| event_row(row)?.event()).collect()
+        rows.iter()
+            .map(|row| {
+                let row = event_row(row)?;
+                Ok((row.cursor(), row.event()?))
+            })
+            .collect()
     }
 
     fn counters(

@@ -22,14 +22,14 @@ pub(crate) const ADD_TO_COUNTER: &str = "INSERT INTO access_day_counters \
      minute = max(minute, excluded.minute)";
 
 pub(crate) const EVENTS_OF_PRINCIPAL: &str = "SELECT at, principal, namespace, action, outcome, \
-     resource, ip_hash FROM access_audit WHERE principal = ?1 AND at >= ?2 \
-     ORDER BY at DESC LIMIT ?3";
+     resource, ip_hash, id FROM access_audit WHERE principal = ?1 AND at >= ?2 \
+     AND at <= ?4 AND (at, id) < (?4, ?5) ORDER BY at DESC, id DESC LIMIT ?3";
 
 /// The newest events from row id `?1` on (the first at or after the
-/// time `?2`, see [`first_event_at_or_after`]): a range of the table's own
-/// b-tree, newest first.
+/// time `?2`, see [`first_event_at_or_after`]) and below row id `?4` (a
+/// cursor's): a range of the table's own b-tree, newest first.
 pub(crate) const EVENTS_ALL: &str = "SELECT at, principal, namespace, action, outcome, \
-     resource, ip_hash FROM access_audit WHERE id >= ?1 AND at >= ?2 \
+     resource, ip_hash, id FROM access_audit WHERE id >= ?1 AND at >= ?2 AND id < ?4 \
      ORDER BY id DESC LIMIT ?3";
 
 /// The first event with a row id at or after `?1`.
@@ -99,6 +99,7 @@ impl EventRow {
             outcome: row.get(4)?,
             resource: row.get(5)?,
             ip_hash: row.get(6)?,
+            id: row.get(7)?,
         })
     }
 }
@@ -150,22 +151,29 @@ pub(crate) fn add_to_counter(writer: &Writer<'_>, counter: &CounterRow) -> rusql
         .map(drop)
 }
 
-/// Newest first, at or after `since`.
+/// Newest first, at or after `since` and before the cursor `before`
+/// (time and row id) if there is one.
 pub(crate) fn events(
     reader: &Reader<'_>,
     principal: Option<&str>,
     since: i64,
+    before: Option<(i64, i64)>,
     limit: i64,
 ) -> rusqlite::Result<Vec<EventRow>> {
+    let (at, id) = before.unwrap_or((i64::MAX, i64::MAX));
     match principal {
         Some(principal) => reader.all(
             EVENTS_OF_PRINCIPAL,
-            params![principal, since, limit],
+            params![principal, since, limit, at, id],
             EventRow::from_row,
         ),
         None => {
             let from = first_event_at_or_after(reader, since)?;
-            reader.all(EVENTS_ALL, params![from, since, limit], EventRow::from_row)
+            reader.all(
+                EVENTS_ALL,
+                params![from, since, limit, id],
+                EventRow::from_row,
+            )
         }
     }
 }
@@ -290,6 +298,7 @@ mod tests {
                 for (step, keep) in &steps {
                     at += step;
                     let event = EventRow {
+                        id: 0,
                         at,
                         principal: "p".into(),
                         namespace: "n".into(),

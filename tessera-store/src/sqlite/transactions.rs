@@ -24,6 +24,7 @@ use crate::backend::{
 };
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
+use crate::model::audit::AuditCursor;
 use crate::model::health::StateCounts;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
@@ -67,11 +68,13 @@ impl ReadTransaction for Reader<'_> {
         &self,
         principal: Option<&str>,
         since: DateTime<Utc>,
+        before: Option<AuditCursor>,
         limit: usize,
-    ) -> Result<Vec<AuditEvent>> {
-        events::events(self, principal, millis(since), count(limit))?
+    ) -> Result<Vec<(AuditCursor, AuditEvent)>> {
+        let before = before.map(|cursor| (cursor.at, cursor.id));
+        events::events(self, principal, millis(since), before, count(limit))?
             .iter()
-            .map(EventRow::event)
+            .map(|row| Ok((row.cursor(), row.event()?)))
             .collect()
     }
 
@@ -243,7 +246,7 @@ reads_through_writer! {
     key(key_id: &KeyId) -> Result<Option<StoredKey>>;
     keys(principal: Option<PrincipalId>, after: Option<&KeyId>, limit: usize) -> Result<Vec<KeyInfo>>;
     principal(principal: PrincipalId) -> Result<Option<(PrincipalKind, String)>>;
-    events(principal: Option<&str>, since: DateTime<Utc>, limit: usize) -> Result<Vec<AuditEvent>>;
+    events(principal: Option<&str>, since: DateTime<Utc>, before: Option<AuditCursor>, limit: usize) -> Result<Vec<(AuditCursor, AuditEvent)>>;
     counters(principal: Option<&str>, since: DateTime<Utc>, limit: usize) -> Result<Vec<Counter>>;
     namespace_exists(namespace: &Namespace) -> Result<bool>;
     task(task: &TaskRef, with_brief: bool) -> Result<Option<LoadedTask>>;

@@ -3,9 +3,11 @@
 use std::time::Duration;
 
 use tessera_store::limits::STORE_NAMESPACE;
-use tessera_store::{Action, AuditQuery, Grant, KeyFilter, Outcome, Scope};
+use tessera_store::{
+    Action, AuditCursor, AuditQuery, EnqueueOptions, Grant, KeyFilter, Outcome, Scope,
+};
 
-use crate::harness::{Fixture, TestDb, namespace, noon};
+use crate::harness::{Fixture, TestDb, json_brief, namespace, noon, queue};
 
 fn an_audit_read_writes_waiting_counters_first(db: &TestDb) {
     let f = Fixture::new(db);
@@ -255,7 +257,125 @@ fn a_counter_that_recurs_daily_overwrites_yesterdays_row(db: &TestDb) {
     assert!(page.counters.iter().all(|counter| counter.count == 1));
 }
 
+/// The resources an audit page names, leaving out the audit reads
+/// themselves (each read adds one).
+fn resources(events: &[tessera_store::AuditEvent]) -> Vec<Option<String>> {
+    events
+        .iter()
+        .filter(|event| event.action != Action::ReadAudit)
+        .map(|event| event.resource.as_ref().map(|r| r.as_str().to_owned()))
+        .collect()
+}
+
+/// Pages through the audit, `limit` events at a time; returns each page's
+/// resources and whether later pages had counters.
+fn every_page(f: &Fixture<'_>, query: AuditQuery) -> (Vec<Vec<Option<String>>>, bool) {
+    let mut pages = Vec::new();
+    let mut later_counters = false;
+    let mut before = None;
+    loop {
+        let page = f
+            .store
+            .audit(
+                &f.admin,
+                &AuditQuery {
+                    before,
+                    ..query.clone()
+                },
+            )
+            .unwrap();
+        later_counters |= before.is_some() && !page.counters.is_empty();
+        pages.push(resources(&page.events));
+        match page.next {
+            Some(next) => before = Some(next),
+            None => return (pages, later_counters),
+        }
+    }
+}
+
+fn the_audit_is_read_a_page_at_a_time_past_its_newest_limit(db: &TestDb) {
+    let f = Fixture::new(db);
+    let key = f.full_worker(Grant::AllNamespaces);
+    let worker = f.login(&key);
+    // 25 enqueues a second apart, then a denied call for a counter.
+    for n in 0..25 {
+        f.store
+            .enqueue(
+                &worker,
+                &namespace("renders"),
+                &queue("jobs"),
+                &json_brief(n),
+                &EnqueueOptions::default(),
+            )
+            .unwrap();
+        f.clock.advance(Duration::from_secs(1));
+    }
+    assert!(f.store.authenticate(Some("tsk_bogus")).is_err());
+    let newest = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    let all = resources(&newest.events);
+    assert!(all.len() > 25, "the enqueues and the setup's key creations");
+    assert_eq!(newest.next, None, "one page holds them all");
+    // Ten at a time: the same events in the same order, none twice.
+    let query = AuditQuery {
+        limit: 10,
+        ..AuditQuery::default()
+    };
+    let (pages, later_counters) = every_page(&f, query);
+    assert!(pages.len() >= 3);
+    assert_eq!(pages.concat(), all);
+    assert!(!later_counters, "counters come with the first page only");
+    // One principal's, seven at a time.
+    let principal = key.info.principal;
+    let theirs = f
+        .store
+        .audit(
+            &f.admin,
+            &AuditQuery {
+                principal: Some(principal),
+                ..AuditQuery::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(theirs.events.len(), 25);
+    let (pages, _) = every_page(
+        &f,
+        AuditQuery {
+            principal: Some(principal),
+            limit: 7,
+            ..AuditQuery::default()
+        },
+    );
+    assert_eq!(pages.len(), 4);
+    let mine = resources(&theirs.events);
+    assert_eq!(pages.concat(), mine);
+    // A cursor travels as text, and a made-up one is a clear 400.
+    let cursor = newest_cursor(&f);
+    assert_eq!(cursor.to_string().parse::<AuditCursor>().unwrap(), cursor);
+    let json = serde_json::to_string(&cursor).unwrap();
+    assert_eq!(serde_json::from_str::<AuditCursor>(&json).unwrap(), cursor);
+    assert_eq!(
+        "12".parse::<AuditCursor>().unwrap_err().code(),
+        "invalid_input"
+    );
+}
+
+/// The cursor after the newest event.
+fn newest_cursor(f: &Fixture<'_>) -> AuditCursor {
+    f.store
+        .audit(
+            &f.admin,
+            &AuditQuery {
+                limit: 1,
+                ..AuditQuery::default()
+            },
+        )
+        .unwrap()
+        .next
+        .expect("a full page of one has a next")
+}
+
 conformance! {
+    the_audit_is_read_a_page_at_a_time_past_its_newest_limit,
     an_audit_read_writes_waiting_counters_first,
     counters_are_written_once_their_minute_has_passed,
     callers_read_their_own_audit_and_admins_everyones,

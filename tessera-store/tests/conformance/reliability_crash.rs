@@ -211,8 +211,8 @@ fn check_audited(setup: &Fixture<'_>, principal: PrincipalId, events: &[Event]) 
             &setup.admin,
             &AuditQuery {
                 principal: Some(principal),
-                since: None,
                 limit: MAX_AUDIT_ROWS,
+                ..AuditQuery::default()
             },
         )
         .unwrap();

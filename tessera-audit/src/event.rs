@@ -58,6 +58,8 @@ named_enum!(
     Action, UnknownAction,
     /// Put a task into a namespace queue.
     Enqueue = "enqueue",
+    /// Put a batch of tasks into a namespace queue, in one transaction.
+    EnqueueBatch = "enqueue_batch",
     /// Ask for a lease on a ready task.
     Claim = "claim",
     /// Long-poll a queue for work.

@@ -222,12 +222,12 @@ pub use model::access::{
     Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, PrincipalId, PrincipalKind, Scope,
 };
 pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance};
-pub use model::claim::{ClaimOutcome, Claimed};
+pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch};
 pub use model::health::{HealthSnapshot, StateCounts};
 pub use model::session::Session;
 pub use model::task::{
-    Brief, EnqueueOptions, ListOrder, Output, StoredReceipt, TaskCursor, TaskListing, TaskPage,
-    TaskQuery, TaskRef, TaskView,
+    Brief, EnqueueOptions, Enqueued, ListOrder, Output, StoredReceipt, TaskCursor, TaskListing,
+    TaskPage, TaskQuery, TaskRef, TaskView,
 };
 pub use model::wait::WaitOutcome;
 pub use state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker};
@@ -244,9 +244,10 @@ pub use tessera_lease::{
 pub mod limits {
     pub use crate::model::access::{MAX_ACCOUNT_LEN, MAX_KEYS_LISTED, MAX_LABEL_LEN};
     pub use crate::model::audit::{MAX_AUDIT_ROWS, STORE_NAMESPACE};
+    pub use crate::model::claim::MAX_CLAIM_BATCH;
     pub use crate::model::health::HEALTH_SNAPSHOT_TTL;
     pub use crate::model::session::ANONYMOUS_ACCOUNT;
-    pub use crate::model::task::{MAX_TASKS_LISTED, PRACTICE_QUEUE};
+    pub use crate::model::task::{MAX_ENQUEUE_BATCH, MAX_TASKS_LISTED, PRACTICE_QUEUE};
     pub use crate::model::wait::MAX_LONG_POLL;
     pub use tessera_lease::{
         DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,

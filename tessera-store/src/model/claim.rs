@@ -25,6 +25,25 @@ pub struct Claimed {
     pub concurrency_limit: u32,
 }
 
+/// The most tasks one [`Store::claim_batch`](crate::Store::claim_batch)
+/// leases.
+pub const MAX_CLAIM_BATCH: usize = 100;
+
+/// What a [`claim_batch`](crate::Store::claim_batch) came to.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimedBatch {
+    /// The leases granted, in claim order; empty when the queue had
+    /// nothing claimable (`204`).
+    pub claimed: Vec<Claimed>,
+    /// The idle-pacing hint (`Retry-After`) when nothing was claimable.
+    pub retry_after: Option<Duration>,
+    /// How long the batch waited for admission.
+    pub waited: Duration,
+    /// The admission limit when the batch finished.
+    pub concurrency_limit: u32,
+}
+
 /// What a claim came to.
 #[must_use]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

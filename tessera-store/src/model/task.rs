@@ -230,6 +230,21 @@ pub struct TaskView {
 /// page holds.
 pub const MAX_TASKS_LISTED: usize = 1_000;
 
+/// The most tasks one [`Store::enqueue_batch`](crate::Store::enqueue_batch)
+/// puts in.
+pub const MAX_ENQUEUE_BATCH: usize = 1_000;
+
+/// One task of an [`enqueue_batch`](crate::Store::enqueue_batch): its
+/// reference, and whether this batch created it (`false`: it was there
+/// already, and was left as it is).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Enqueued {
+    /// The task.
+    pub task: TaskRef,
+    /// Whether this batch created it.
+    pub created: bool,
+}
+
 /// Which end of a listing comes first.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -9,10 +9,11 @@ use tessera_admission::{Offer, Stats, Ticket};
 use tessera_audit::{Action, Outcome};
 use tessera_lease::{Lease, Namespace, QueueName, Task};
 
+use crate::backend::TaskHandle;
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::{ActionScope, Trail};
-use crate::model::claim::{ClaimOutcome, Claimed};
+use crate::model::claim::{ClaimOutcome, Claimed, ClaimedBatch, MAX_CLAIM_BATCH};
 use crate::model::task::{Brief, TaskRef};
 use crate::ops::task::apply;
 use crate::state::gate::{
@@ -20,6 +21,16 @@ use crate::state::gate::{
 };
 use crate::state::waiting::{ClaimRequest, Decided};
 use crate::store::Store;
+
+/// What an admitted claim's lease transaction came to.
+struct Leased {
+    /// The leases granted, in claim order; empty for an empty queue.
+    granted: Vec<Claimed>,
+    /// The idle-pacing hint of an empty claim.
+    retry_after: Option<std::time::Duration>,
+    waited: std::time::Duration,
+    limit: u32,
+}
 
 /// How often the lease transaction skips a task whose stored claim times
 /// turned out stale before it reports the queue empty (a lease that lapsed
@@ -54,7 +65,48 @@ impl Store {
         namespace: &Namespace,
         queue: &QueueName,
     ) -> Result<ClaimOutcome, Error> {
-        self.claim_blocking(caller, namespace, queue, None)
+        let permit = self.admit_blocking(caller, namespace, queue, 1, None)?;
+        self.finish_claim(permit)
+    }
+
+    /// Claims up to `count` tasks of `queue` at once (1 to
+    /// [`MAX_CLAIM_BATCH`](crate::limits::MAX_CLAIM_BATCH)), in claim
+    /// order, each under its own lease and fencing token and with its own
+    /// audit row, all in one lease transaction. Fewer, or none, if fewer
+    /// are claimable; it stops early rather than lease a second attempt of
+    /// a task it already leased.
+    ///
+    /// Admission sees one claim: a batch is one offer, holding one unit of
+    /// capacity, and its service time is its whole lease transaction.
+    /// Admission shares the store's time between principals, not tasks:
+    /// a batch that takes longer shows in the latency average and lowers
+    /// the limit for everyone, and it waits its turn as one claim does, so
+    /// a key that batches cannot take more than its share of slots. The
+    /// rest is as [`claim`](Self::claim): permissions, waiting, `429`,
+    /// and the idle-pacing hint when nothing was claimable.
+    pub fn claim_batch(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+        count: usize,
+    ) -> Result<ClaimedBatch, Error> {
+        if count == 0 || count > MAX_CLAIM_BATCH {
+            let error = Error::InvalidInput {
+                reason: format!("a batch claims 1 to {MAX_CLAIM_BATCH} tasks, not {count}"),
+            };
+            let scope = ActionScope::of(caller, Some(namespace), Action::Claim);
+            self.count(&scope, error.outcome());
+            return Err(error);
+        }
+        let permit = self.admit_blocking(caller, namespace, queue, count, None)?;
+        let leased = self.run_claim(permit)?;
+        Ok(ClaimedBatch {
+            claimed: leased.granted,
+            retry_after: leased.retry_after,
+            waited: leased.waited,
+            concurrency_limit: leased.limit,
+        })
     }
 
     /// [`claim`](Self::claim) that gives up with [`Error::Cancelled`]
@@ -67,7 +119,8 @@ impl Store {
         queue: &QueueName,
         cancel: &CancelToken,
     ) -> Result<ClaimOutcome, Error> {
-        self.claim_blocking(caller, namespace, queue, Some(cancel))
+        let permit = self.admit_blocking(caller, namespace, queue, 1, Some(cancel))?;
+        self.finish_claim(permit)
     }
 
     /// A token that cancels blocked claims (see
@@ -121,7 +174,7 @@ impl Store {
         namespace: &Namespace,
         queue: &QueueName,
     ) -> Result<ClaimStart, Error> {
-        self.offer_claim(caller, namespace, queue, false)
+        self.offer_claim(caller, namespace, queue, 1, false)
     }
 
     /// The next outcome of a claim that [`begin_claim`](Self::begin_claim)
@@ -168,6 +221,20 @@ impl Store {
     /// time admission measures is this call's). See [`claim`](Self::claim)
     /// for what it decides.
     pub fn finish_claim(&self, permit: ClaimPermit) -> Result<ClaimOutcome, Error> {
+        let leased = self.run_claim(permit)?;
+        Ok(match leased.granted.into_iter().next() {
+            Some(claimed) => ClaimOutcome::Granted(claimed),
+            None => ClaimOutcome::Empty {
+                retry_after: leased.retry_after.unwrap_or_default(),
+                waited: leased.waited,
+                concurrency_limit: leased.limit,
+            },
+        })
+    }
+
+    /// Runs an admitted claim of one or a batch: see
+    /// [`finish_claim`](Self::finish_claim).
+    fn run_claim(&self, permit: ClaimPermit) -> Result<Leased, Error> {
         let mut permit = permit;
         let request = Arc::clone(&permit.request);
         let scope = ActionScope::of(&request.caller, Some(&request.namespace), Action::Claim);
@@ -184,14 +251,14 @@ impl Store {
             }
         };
         let now = self.now_utc();
-        let result = self.lease(&scope, &caller, &request.namespace, &request.queue, now);
+        let result = self.lease(&scope, &caller, &request, now);
         let principal = caller.principal();
         // Only an empty claim moves its queue's pacing; built before the
         // gate is taken, so the lock covers no allocation.
-        let empty_queue =
-            matches!(result, Ok(None)).then(|| (request.namespace.clone(), request.queue.clone()));
+        let empty_queue = matches!(&result, Ok(granted) if granted.is_empty())
+            .then(|| (request.namespace.clone(), request.queue.clone()));
         let raw = permit.permit.take().expect("a permit is finished once");
-        let granted = matches!(result, Ok(Some(_)));
+        let granted = matches!(&result, Ok(granted) if !granted.is_empty());
         let (hint, limit) = self.gate.shared.release(raw, |idle, at| {
             if granted {
                 idle.granted(&principal);
@@ -203,39 +270,43 @@ impl Store {
         if granted {
             self.namespace_changed(&request.namespace);
         }
-        Ok(match result? {
-            Some((task, lease, brief)) => ClaimOutcome::Granted(Claimed {
-                task,
-                queue: request.queue.clone(),
-                lease,
-                brief,
-                waited,
-                concurrency_limit: limit,
-            }),
-            None => ClaimOutcome::Empty {
-                retry_after: hint.unwrap_or_default(),
-                waited,
-                concurrency_limit: limit,
-            },
+        let granted = result?;
+        Ok(Leased {
+            retry_after: if granted.is_empty() { hint } else { None },
+            granted: granted
+                .into_iter()
+                .map(|(task, lease, brief)| Claimed {
+                    task,
+                    queue: request.queue.clone(),
+                    lease,
+                    brief,
+                    waited,
+                    concurrency_limit: limit,
+                })
+                .collect(),
+            waited,
+            limit,
         })
     }
 
-    fn claim_blocking(
+    /// Offers a claim of `count` to admission and parks the thread until
+    /// its turn, or until `cancel` fires.
+    fn admit_blocking(
         &self,
         caller: &Caller,
         namespace: &Namespace,
         queue: &QueueName,
+        count: usize,
         cancel: Option<&CancelToken>,
-    ) -> Result<ClaimOutcome, Error> {
-        let permit = match self.offer_claim(caller, namespace, queue, true)? {
-            ClaimStart::Admitted(permit) => permit,
+    ) -> Result<ClaimPermit, Error> {
+        match self.offer_claim(caller, namespace, queue, count, true)? {
+            ClaimStart::Admitted(permit) => Ok(permit),
             ClaimStart::Queued(ticket) => {
                 let scope = ActionScope::of(caller, Some(namespace), Action::Claim);
                 self.park(ticket, cancel)
-                    .inspect_err(|error| self.count(&scope, error.outcome()))?
+                    .inspect_err(|error| self.count(&scope, error.outcome()))
             }
-        };
-        self.finish_claim(permit)
+        }
     }
 
     fn offer_claim(
@@ -243,6 +314,7 @@ impl Store {
         caller: &Caller,
         namespace: &Namespace,
         queue: &QueueName,
+        count: usize,
         blocking: bool,
     ) -> Result<ClaimStart, Error> {
         let scope = self.admit(caller, namespace, Scope::Claim, Action::Claim)?;
@@ -250,6 +322,7 @@ impl Store {
             caller: caller.clone(),
             namespace: namespace.clone(),
             queue: queue.clone(),
+            count,
         });
         let shared = &self.gate.shared;
         let offer = shared.offer(&request, blocking);
@@ -307,17 +380,17 @@ impl Store {
         }
     }
 
-    /// The lease transaction: the oldest claimable task of the queue, its
-    /// lease under the next token and the audit row; `None` (counted) when
-    /// nothing is claimable.
+    /// The lease transaction: the first claimable tasks of the queue, up
+    /// to the request's count, each leased under the task's next token and
+    /// with its audit row; none (counted) when nothing is claimable.
     fn lease(
         &self,
         scope: &ActionScope,
         caller: &Caller,
-        namespace: &Namespace,
-        queue: &QueueName,
+        request: &ClaimRequest,
         now: DateTime<Utc>,
-    ) -> Result<Option<(TaskRef, Lease, Brief)>, Error> {
+    ) -> Result<Vec<(TaskRef, Lease, Brief)>, Error> {
+        let (namespace, queue) = (&request.namespace, &request.queue);
         let session = caller.kind() == PrincipalKind::Anonymous;
         // An empty queue is answered from a read connection: no write lock,
         // nothing written, and it answers while writes are refused. A
@@ -331,7 +404,7 @@ impl Store {
             .inspect_err(|error| self.count(scope, error.outcome()))?;
         if !claimable && opened {
             self.count(scope, Outcome::Empty);
-            return Ok(None);
+            return Ok(Vec::new());
         }
         let holder = caller.lease_principal();
         let duration = self.config.lease_duration();
@@ -339,11 +412,17 @@ impl Store {
             if session {
                 self.open_namespace(writer, caller, namespace, now)?;
             }
+            let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
             let mut stale = 0;
-            while stale < MAX_PICKS {
+            while granted.len() < request.count && stale < MAX_PICKS {
                 let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {
                     break;
                 };
+                if granted.iter().any(|(handle, ..)| *handle == loaded.handle) {
+                    // Another attempt of a task this batch leased: no worker
+                    // holds two competing attempts of one brief at once.
+                    break;
+                }
                 let mut rules = Task::restore(loaded.record)?;
                 if rules.next_claimable_at(now) != Some(now) {
                     // A lease lapsed on its last try: discard its attempt
@@ -371,10 +450,26 @@ impl Store {
                 let brief = loaded
                     .brief
                     .ok_or_else(|| crate::error::corrupt("task brief"))?;
-                let resource = task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()));
-                return Ok((Some((task, lease, brief)), Trail::Row(resource)));
+                granted.push((loaded.handle, task, lease, brief));
             }
-            Ok((None, Trail::Count(Outcome::Empty)))
+            // One audit row per lease; the last rides on the trail.
+            let resource = |(_, task, lease, _): &(TaskHandle, TaskRef, Lease, Brief)| {
+                task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()))
+            };
+            let trail = match granted.split_last() {
+                None => Trail::Count(Outcome::Empty),
+                Some((last, earlier)) => {
+                    for lease in earlier {
+                        writer.insert_event(&scope.event(now, resource(lease)))?;
+                    }
+                    Trail::Row(resource(last))
+                }
+            };
+            let granted = granted
+                .into_iter()
+                .map(|(_, task, lease, brief)| (task, lease, brief))
+                .collect();
+            Ok((granted, trail))
         })
     }
 

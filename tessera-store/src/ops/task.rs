@@ -3,7 +3,7 @@
 //! `tessera-lease`'s rules inside one transaction.
 
 use chrono::{DateTime, Utc};
-use tessera_audit::{Action, Outcome};
+use tessera_audit::{Action, Outcome, Resource};
 use tessera_lease::{
     AttemptNumber, BriefVersion, Failure, FencingToken, Idempotency, IdempotencyKey, Lease,
     LeaseError, MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Retry, Submission, Submitted,
@@ -17,8 +17,8 @@ use crate::error::{ConflictKind, Error};
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::Trail;
 use crate::model::task::{
-    Brief, EnqueueOptions, MAX_TASKS_LISTED, Output, PRACTICE_QUEUE, StoredReceipt, TaskPage,
-    TaskQuery, TaskRef, TaskView, not_found, whole_millis,
+    Brief, EnqueueOptions, Enqueued, MAX_ENQUEUE_BATCH, MAX_TASKS_LISTED, Output, PRACTICE_QUEUE,
+    StoredReceipt, TaskPage, TaskQuery, TaskRef, TaskView, not_found, whole_millis,
 };
 use crate::store::Store;
 
@@ -85,27 +85,14 @@ impl Store {
         options: &EnqueueOptions,
     ) -> Result<TaskRef, Error> {
         let scope = self.admit(caller, namespace, Scope::Enqueue, Action::Enqueue)?;
-        let prepared = (|| {
-            let (bytes, format) = brief.encode()?;
-            let id = match &options.task_id {
-                Some(id) => id.clone(),
-                None => random_task_id()?,
-            };
-            let version = options.version.unwrap_or(BriefVersion::FIRST);
-            // The lease rules check the spec before anything is written.
-            let rules = Task::new(id.clone(), version, options.spec)?;
-            let task = TaskRef::new(namespace.clone(), id, version);
-            Ok::<_, Error>((bytes, format, task, rules.into_record()))
-        })();
-        let (bytes, format, task, record) =
-            prepared.inspect_err(|error| self.count(&scope, error.outcome()))?;
+        let prepared = prepare(namespace, brief, options)
+            .inspect_err(|error| self.count(&scope, error.outcome()))?;
         let now = self.now_utc();
         let principal = caller.principal().to_string();
+        let task = &prepared.task;
         self.perform(&scope, now, |writer| {
             self.open_namespace(writer, caller, namespace, now)?;
-            let inserted = insert_task(
-                writer, &task, queue, &bytes, format, &record, now, &principal,
-            )?;
+            let inserted = prepared.insert(writer, queue, now, &principal)?;
             if !inserted {
                 return Err(Error::conflict(
                     ConflictKind::TaskExists,
@@ -118,7 +105,68 @@ impl Store {
         })?;
         self.namespace_changed(namespace);
         self.queue_received_work(namespace, queue);
-        Ok(task)
+        Ok(prepared.task)
+    }
+
+    /// Puts up to [`MAX_ENQUEUE_BATCH`](crate::limits::MAX_ENQUEUE_BATCH)
+    /// tasks into `queue` of `namespace` in one transaction, and returns
+    /// each one's reference in order, with whether it was created.
+    ///
+    /// Idempotent per task: a task whose id and version are already in the
+    /// namespace (enqueued before, or earlier in the same batch) is left as
+    /// it is and reported with `created: false`, so a batch sent again
+    /// after a lost answer adds nothing twice. Each brief and spec is
+    /// checked before anything is written; one bad task, or an empty or
+    /// oversized batch, is a `400` that enqueues none. Same permissions as
+    /// [`enqueue`](Self::enqueue). One audit row, `enqueue_batch`, names
+    /// the queue and the count created.
+    pub fn enqueue_batch(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+        tasks: &[(Brief, EnqueueOptions)],
+    ) -> Result<Vec<Enqueued>, Error> {
+        let scope = self.admit(caller, namespace, Scope::Enqueue, Action::EnqueueBatch)?;
+        let prepared = (|| {
+            if tasks.is_empty() || tasks.len() > MAX_ENQUEUE_BATCH {
+                return Err(Error::InvalidInput {
+                    reason: format!(
+                        "a batch holds 1 to {MAX_ENQUEUE_BATCH} tasks, not {}",
+                        tasks.len()
+                    ),
+                });
+            }
+            tasks
+                .iter()
+                .map(|(brief, options)| prepare(namespace, brief, options))
+                .collect::<Result<Vec<_>, Error>>()
+        })()
+        .inspect_err(|error| self.count(&scope, error.outcome()))?;
+        let now = self.now_utc();
+        let principal = caller.principal().to_string();
+        let enqueued = self.perform(&scope, now, |writer| {
+            self.open_namespace(writer, caller, namespace, now)?;
+            let mut enqueued = Vec::with_capacity(prepared.len());
+            for task in &prepared {
+                let created = task.insert(writer, queue, now, &principal)?;
+                enqueued.push(Enqueued {
+                    task: task.task.clone(),
+                    created,
+                });
+            }
+            let created = enqueued.iter().filter(|e| e.created).count();
+            if created > 0 {
+                writer.signal_enqueued(namespace, queue)?;
+            }
+            let resource = Resource::new(&format!("queue:{queue}/n{created}")).ok();
+            Ok((enqueued, resource))
+        })?;
+        if enqueued.iter().any(|e| e.created) {
+            self.namespace_changed(namespace);
+            self.queue_received_work(namespace, queue);
+        }
+        Ok(enqueued)
     }
 
     /// Creates `namespace`'s row on its first use. A session's namespace
@@ -493,6 +541,58 @@ impl Store {
             };
             Ok((chosen, task.resource("")))
         })
+    }
+}
+
+/// A task checked and encoded for its insert.
+struct Prepared<'a> {
+    task: TaskRef,
+    bytes: std::borrow::Cow<'a, [u8]>,
+    format: &'static str,
+    record: TaskRecord,
+}
+
+/// Encodes the brief, picks the id and lets the lease rules check the
+/// spec, before anything is written.
+fn prepare<'a>(
+    namespace: &Namespace,
+    brief: &'a Brief,
+    options: &EnqueueOptions,
+) -> Result<Prepared<'a>, Error> {
+    let (bytes, format) = brief.encode()?;
+    let id = match &options.task_id {
+        Some(id) => id.clone(),
+        None => random_task_id()?,
+    };
+    let version = options.version.unwrap_or(BriefVersion::FIRST);
+    let record = Task::new(id.clone(), version, options.spec)?.into_record();
+    Ok(Prepared {
+        task: TaskRef::new(namespace.clone(), id, version),
+        bytes,
+        format,
+        record,
+    })
+}
+
+impl Prepared<'_> {
+    /// Inserts it; `false` if its reference exists.
+    fn insert(
+        &self,
+        writer: &dyn WriteTransaction,
+        queue: &QueueName,
+        now: DateTime<Utc>,
+        enqueued_by: &str,
+    ) -> Result<bool, Error> {
+        insert_task(
+            writer,
+            &self.task,
+            queue,
+            &self.bytes,
+            self.format,
+            &self.record,
+            now,
+            enqueued_by,
+        )
     }
 }
 

@@ -21,6 +21,9 @@ pub(crate) struct ClaimRequest {
     pub(crate) caller: Caller,
     pub(crate) namespace: Namespace,
     pub(crate) queue: QueueName,
+    /// How many leases the one lease transaction may grant (1, or a
+    /// batch's size).
+    pub(crate) count: usize,
 }
 
 /// The outcome of a waiting claim, decided but not yet picked up.

@@ -1,11 +1,11 @@
-//! Scheduled runs, priorities and cancel, through the public API.
+//! Scheduled runs, priorities, cancel and batches, through the public API.
 
 use std::time::Duration;
 
 use tessera_store::lease::StateName;
-use tessera_store::limits::MAX_PRIORITY;
+use tessera_store::limits::{MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH, MAX_PRIORITY};
 use tessera_store::{
-    AuditQuery, Caller, ClaimOutcome, Clock, EnqueueOptions, Grant, Output, Retry, Scope,
+    AuditQuery, Brief, Caller, ClaimOutcome, Clock, EnqueueOptions, Grant, Output, Retry, Scope,
     TaskQuery, TaskRef, TaskState,
 };
 
@@ -229,9 +229,145 @@ fn a_cancelled_scheduled_task_never_runs(db: &TestDb) {
     assert_eq!(listed.tasks[0].task, task);
 }
 
+fn a_batch_enqueues_in_one_transaction_and_again_adds_nothing(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let existing = enqueue(&f, &worker, 3, EnqueueOptions::default());
+    let batch: Vec<(Brief, EnqueueOptions)> = (1..=5)
+        .map(|n| {
+            let options = EnqueueOptions::default().with_task_id(task_id(n));
+            (json_brief(n), options)
+        })
+        .collect();
+    let first = f.store.enqueue_batch(&worker, &ns, &q, &batch).unwrap();
+    let created: Vec<bool> = first.iter().map(|e| e.created).collect();
+    assert_eq!(created, [true, true, false, true, true]);
+    assert_eq!(first[2].task, existing);
+    let again = f.store.enqueue_batch(&worker, &ns, &q, &batch).unwrap();
+    assert!(
+        again.iter().all(|e| !e.created),
+        "a batch sent again adds nothing"
+    );
+    assert_eq!(
+        again.iter().map(|e| &e.task).collect::<Vec<_>>(),
+        first.iter().map(|e| &e.task).collect::<Vec<_>>()
+    );
+    let health = f.store.health(&worker, &ns).unwrap();
+    assert_eq!(health.attempts.ready, 5);
+    let events = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    let batches: Vec<_> = events
+        .events
+        .iter()
+        .filter(|event| event.action.as_str() == "enqueue_batch")
+        .map(|event| event.resource.as_ref().map(|r| r.as_str().to_owned()))
+        .collect();
+    assert_eq!(
+        batches,
+        [
+            Some("queue:jobs/n0".to_owned()),
+            Some("queue:jobs/n4".to_owned())
+        ]
+    );
+
+    // One bad task refuses the whole batch; so does an empty or a long one.
+    let mut bad = batch.clone();
+    bad.push((
+        Brief::Bytes(vec![0; tessera_store::limits::MAX_BRIEF_BYTES + 1]),
+        EnqueueOptions::default(),
+    ));
+    bad[0].1 = EnqueueOptions::default().with_task_id(task_id(99));
+    let error = f.store.enqueue_batch(&worker, &ns, &q, &bad).unwrap_err();
+    assert_eq!(error.status(), 400);
+    let view = f.store.read_task(
+        &worker,
+        &TaskRef::new(ns.clone(), task_id(99), existing.version),
+    );
+    assert_eq!(view.unwrap_err().status(), 404, "nothing of it was written");
+    assert_eq!(
+        f.store
+            .enqueue_batch(&worker, &ns, &q, &[])
+            .unwrap_err()
+            .status(),
+        400
+    );
+    let long = vec![(json_brief(0), EnqueueOptions::default()); MAX_ENQUEUE_BATCH + 1];
+    assert_eq!(
+        f.store
+            .enqueue_batch(&worker, &ns, &q, &long)
+            .unwrap_err()
+            .status(),
+        400
+    );
+    let claimer = f.login(&f.worker(Grant::AllNamespaces));
+    let forbidden = f
+        .store
+        .enqueue_batch(&claimer, &ns, &q, &batch)
+        .unwrap_err();
+    assert_eq!(forbidden.status(), 403);
+}
+
+fn a_batch_claim_leases_tasks_in_claim_order_in_one_transaction(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let tasks: Vec<TaskRef> = (1..=5)
+        .map(|n| enqueue(&f, &worker, n, EnqueueOptions::default()))
+        .collect();
+    let urgent = enqueue(&f, &worker, 6, EnqueueOptions::default().with_priority(1));
+    let first = f.store.claim_batch(&worker, &ns, &q, 3).unwrap();
+    let taken: Vec<&TaskRef> = first.claimed.iter().map(|c| &c.task).collect();
+    assert_eq!(taken, [&urgent, &tasks[0], &tasks[1]]);
+    assert!(first.claimed.iter().all(|c| c.lease.token().as_i64() == 1));
+    assert_eq!(first.retry_after, None);
+    let rest = f.store.claim_batch(&worker, &ns, &q, 10).unwrap();
+    assert_eq!(rest.claimed.len(), 3, "fewer when fewer are claimable");
+    let empty = f.store.claim_batch(&worker, &ns, &q, 10).unwrap();
+    assert!(empty.claimed.is_empty());
+    assert!(empty.retry_after.is_some());
+    // Each lease is audited, each under its own grant.
+    let events = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    let claims = events
+        .events
+        .iter()
+        .filter(|event| event.action.as_str() == "claim")
+        .count();
+    assert_eq!(claims, 6);
+    for claimed in first.claimed.iter().chain(&rest.claimed) {
+        f.store
+            .heartbeat(&worker, &claimed.task, claimed.lease.token())
+            .unwrap();
+    }
+
+    // Never two competing attempts of one brief to one batch.
+    f.store
+        .enqueue(
+            &worker,
+            &ns,
+            &queue("pairs"),
+            &json_brief(0),
+            &EnqueueOptions::default().with_alternatives(2),
+        )
+        .unwrap();
+    let pair = f
+        .store
+        .claim_batch(&worker, &ns, &queue("pairs"), 2)
+        .unwrap();
+    assert_eq!(pair.claimed.len(), 1);
+    let error = f.store.claim_batch(&worker, &ns, &q, 0).unwrap_err();
+    assert_eq!(error.status(), 400);
+    let error = f
+        .store
+        .claim_batch(&worker, &ns, &q, MAX_CLAIM_BATCH + 1)
+        .unwrap_err();
+    assert_eq!(error.status(), 400);
+}
+
 conformance! {
     a_scheduled_task_waits_for_its_time_then_takes_its_place_in_the_order,
     a_higher_priority_is_claimed_first_lapsed_or_ready,
     a_cancelled_lease_is_refused_at_its_next_heartbeat_and_submit,
     a_cancelled_scheduled_task_never_runs,
+    a_batch_enqueues_in_one_transaction_and_again_adds_nothing,
+    a_batch_claim_leases_tasks_in_claim_order_in_one_transaction,
 }

@@ -32,6 +32,15 @@
 //!   the time per operation is the figure over N. Concurrent writes share
 //!   commits (group commit). The baseline's threads share one connection
 //!   behind a `parking_lot::Mutex` and commit one row each, one at a time.
+//! - `batches/*`: in a store of its own, beside its own `minimal_commit`:
+//!   `enqueue_one` is one enqueue and `enqueue_batch_1000` one
+//!   `enqueue_batch` of 1,000 tasks (the issue's bound: at most 10×
+//!   `enqueue_one`); `rows_only_1000` is the floor under it: the same
+//!   1,000 task and attempt rows, with the same indexes, inserted by hand
+//!   through prepared statements in one transaction on a file of their
+//!   own, with no rules, meter or audit row; `claim_10_one_at_a_time` is ten claims in a row and
+//!   `claim_batch_10` one `claim_batch` of ten, each on tasks enqueued
+//!   untimed before it.
 //! - `claim_scaling/ready/N`: a claim with N ready tasks in its queue
 //!   (1,000, 100,000, 1,000,000) and 10,000 keys, callers taken in turn;
 //!   each timed claim is followed by an untimed enqueue, so the queue keeps
@@ -52,7 +61,7 @@ use tempfile::TempDir;
 use tessera_benches::{
     StoreFixture, TICK, on_threads, operations_on_one_thread, operations_on_threads, queue,
 };
-use tessera_store::{QueueName, Store};
+use tessera_store::{Brief, EnqueueOptions, QueueName, Store};
 
 /// The thread counts of the `store_N_threads` groups.
 const THREADS: [usize; 4] = [2, 4, 8, 16];
@@ -170,6 +179,134 @@ fn many_threads(c: &mut Criterion) {
     }
 }
 
+/// The rows of `enqueue_batch` alone: a task and an attempt per task, with
+/// the store's indexes on them, inserted by hand, 1,000 per transaction.
+struct RowsOnly {
+    conn: Connection,
+    next: i64,
+}
+
+impl RowsOnly {
+    fn open(path: &Path) -> Self {
+        let conn = Connection::open(path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+        conn.execute_batch(
+            "CREATE TABLE tasks (id INTEGER PRIMARY KEY, namespace TEXT NOT NULL, \
+             queue TEXT NOT NULL, task_id TEXT NOT NULL, version INTEGER NOT NULL, \
+             brief BLOB NOT NULL, brief_format TEXT NOT NULL, alternatives INTEGER NOT NULL, \
+             lapse_backoff_ms INTEGER NOT NULL, max_tries INTEGER NOT NULL, \
+             priority INTEGER NOT NULL, last_token INTEGER NOT NULL, claimable_at INTEGER, \
+             created_at INTEGER NOT NULL, enqueued_by TEXT NOT NULL);
+             CREATE UNIQUE INDEX tasks_ref ON tasks (namespace, task_id, version);
+             CREATE INDEX tasks_claim_order ON tasks (namespace, queue, priority, claimable_at, id) \
+             WHERE claimable_at IS NOT NULL;
+             CREATE TABLE attempts (id INTEGER PRIMARY KEY, task INTEGER NOT NULL, \
+             number INTEGER NOT NULL, namespace TEXT NOT NULL, queue TEXT NOT NULL, \
+             state TEXT NOT NULL, until_at INTEGER, tries INTEGER NOT NULL, \
+             priority INTEGER NOT NULL);
+             CREATE UNIQUE INDEX attempts_task ON attempts (task, number);
+             CREATE INDEX attempts_state ON attempts (namespace, state);",
+        )
+        .unwrap();
+        Self { conn, next: 0 }
+    }
+
+    fn insert_1000(&mut self) {
+        let conn = &self.conn;
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let mut task = conn
+            .prepare_cached(
+                "INSERT INTO tasks (namespace, queue, task_id, version, brief, brief_format, \
+                 alternatives, lapse_backoff_ms, max_tries, priority, last_token, \
+                 claimable_at, created_at, enqueued_by) \
+                 VALUES ('bench', 'q', ?1, 1, ?2, 'bytes', 1, 0, 20, 0, 0, 0, ?3, 'p1')",
+            )
+            .unwrap();
+        let mut attempt = conn
+            .prepare_cached(
+                "INSERT INTO attempts (task, number, namespace, queue, state, tries, priority) \
+                 VALUES (?1, 1, 'bench', 'q', 'ready', 0, 0)",
+            )
+            .unwrap();
+        for _ in 0..1000 {
+            self.next += 1;
+            let id = format!("t-{:028x}", self.next);
+            task.execute(rusqlite::params![
+                id,
+                br#"{"frame":42}"#.as_slice(),
+                self.next
+            ])
+            .unwrap();
+            attempt.execute([conn.last_insert_rowid()]).unwrap();
+        }
+        conn.execute_batch("COMMIT").unwrap();
+    }
+}
+
+fn batches(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut baseline = MinimalCommit::open(&dir.path().join("baseline.db"));
+    let f = Fixture::new(dir, 1);
+    let worker = &f.workers[0];
+    let brief = Brief::Bytes(br#"{"frame":42}"#.to_vec());
+    let batch: Vec<(Brief, EnqueueOptions)> =
+        vec![(brief.clone(), EnqueueOptions::default()); 1000];
+    let mut rows = RowsOnly::open(&f.dir.path().join("rows.db"));
+    let mut group = c.benchmark_group("batches");
+    group.bench_function("minimal_commit", |b| b.iter(|| baseline.commit()));
+    group.bench_function("rows_only_1000", |b| b.iter(|| rows.insert_1000()));
+    let q = queue("enqueued");
+    group.bench_function("enqueue_one", |b| b.iter(|| f.enqueue(worker, &q)));
+    group.bench_function("enqueue_batch_1000", |b| {
+        b.iter(|| {
+            f.clock.advance(TICK);
+            black_box(
+                f.store
+                    .enqueue_batch(worker, &f.namespace, &q, &batch)
+                    .unwrap(),
+            );
+        })
+    });
+    let q = queue("claimed");
+    let ten = &batch[..10];
+    let refill = || {
+        f.clock.advance(TICK);
+        f.store
+            .enqueue_batch(worker, &f.namespace, &q, ten)
+            .unwrap();
+    };
+    group.bench_function("claim_10_one_at_a_time", |b| {
+        b.iter_custom(|iterations| {
+            let mut timed = Duration::ZERO;
+            for _ in 0..iterations {
+                refill();
+                let began = Instant::now();
+                for _ in 0..10 {
+                    black_box(f.claim(worker, &q));
+                }
+                timed += began.elapsed();
+            }
+            timed
+        })
+    });
+    group.bench_function("claim_batch_10", |b| {
+        b.iter_custom(|iterations| {
+            let mut timed = Duration::ZERO;
+            for _ in 0..iterations {
+                refill();
+                let began = Instant::now();
+                f.clock.advance(TICK);
+                let claimed = f.store.claim_batch(worker, &f.namespace, &q, 10).unwrap();
+                assert_eq!(claimed.claimed.len(), 10);
+                timed += began.elapsed();
+            }
+            timed
+        })
+    });
+    group.finish();
+}
+
 /// Enqueues through the API until `queue` holds `ready` ready tasks,
 /// reporting how long it took, then checkpoints the log from a connection
 /// of its own (which syncs the file), so the writes of seeding are on disk
@@ -231,5 +368,5 @@ fn claim_scaling(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, one_thread, many_threads, claim_scaling);
+criterion_group!(benches, one_thread, many_threads, batches, claim_scaling);
 criterion_main!(benches);

@@ -111,7 +111,9 @@ pub struct EnqueueOptions {
 }
 
 impl EnqueueOptions {
-    /// The brief's id (default: a random `t-<16 hex digits>`).
+    /// The brief's id (default: `t-` and 28 hex digits, the enqueue's time
+    /// in milliseconds then 64 random bits, so new ids sort in time order
+    /// and land beside each other in the id index).
     pub fn with_task_id(mut self, id: TaskId) -> Self {
         self.task_id = Some(id);
         self

@@ -1,13 +1,12 @@
 //! A small HTTP service over a Tessera store (SQLite, or PostgreSQL with
 //! `--postgres`), on tokio and axum.
 //!
-//! It shows how an async host drives claim admission. `begin_claim` decides
-//! at once: admitted, queued, or `429`. A queued request parks on a oneshot
-//! channel keyed by its ticket; one driver task pulls the store's claim
-//! events and answers the parked requests. It wakes when the store says an
-//! outcome is ready (the claim waker) and when the oldest waiter's deadline
-//! (`poll_claim_timeout`) passes. Store calls that touch the database are short
-//! blocking transactions, so they run on tokio's blocking pool.
+//! A claim waits for admission with one `.await` of `Store::claim_permit`,
+//! a future woken through its `Waker` (a request that goes away drops it,
+//! which withdraws the claim); the store keeps the deadlines. Store calls
+//! that touch the database are short blocking transactions, so they run on
+//! tokio's blocking pool, the claim's lease transaction included (the
+//! PostgreSQL client may not run on a runtime's own threads).
 //!
 //! ```text
 //! cargo run --release --example http_service -- --port 8080 [--db PATH | --postgres URL [--schema NAME]]
@@ -31,10 +30,9 @@
 //! "retry_after", "reset_at"}}`) with its status, and a `Retry-After` header
 //! on `429` and `503`.
 
-use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequestParts, Path, State};
@@ -48,24 +46,16 @@ use serde::Deserialize;
 use serde_json::json;
 use tessera_store::postgres::PostgresOptions;
 use tessera_store::{
-    AuditQuery, Brief, BriefVersion, Caller, ClaimEvent, ClaimOutcome, ClaimStart, EnqueueOptions,
-    Error, FencingToken, Grant, IdempotencyKey, IssuedKey, KeySpec, LeaseError, Namespace, Output,
-    PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef, Ticket,
+    AuditQuery, Brief, BriefVersion, Caller, ClaimOutcome, EnqueueOptions, Error, FencingToken,
+    Grant, IdempotencyKey, IssuedKey, KeySpec, LeaseError, Namespace, Output, PrincipalId,
+    QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef,
 };
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, oneshot};
 
 /// Serves `store` on `listener` until the listener fails.
 pub(crate) async fn serve(listener: TcpListener, store: Arc<Store>) -> std::io::Result<()> {
-    let state = Arc::new(AppState {
-        store,
-        parked: Mutex::default(),
-    });
-    let driver = tokio::spawn(drive_claims(Arc::clone(&state)));
-    let served = axum::serve(listener, app(Arc::clone(&state))).await;
-    driver.abort();
-    state.store.set_claim_waker(None);
-    served
+    let state = Arc::new(AppState { store });
+    axum::serve(listener, app(state)).await
 }
 
 /// The service's routes.
@@ -89,8 +79,6 @@ fn app(state: Arc<AppState>) -> Router {
 /// What every request shares.
 pub(crate) struct AppState {
     store: Arc<Store>,
-    /// Claims waiting for admission: where to send each one's outcome.
-    parked: Mutex<HashMap<Ticket, oneshot::Sender<ClaimEvent>>>,
 }
 
 impl AppState {
@@ -105,11 +93,6 @@ impl AppState {
             Ok(result) => result.map_err(ApiError),
             Err(failed) => std::panic::resume_unwind(failed.into_panic()),
         }
-    }
-
-    fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<Ticket, oneshot::Sender<ClaimEvent>>> {
-        // The map stays consistent even if a holder panicked.
-        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -382,7 +365,7 @@ async fn health(
     Ok(Json(snapshot).into_response())
 }
 
-// ---- claims: the async admission driver ----
+// ---- claims ----
 
 /// `POST .../claims`: `200` with the lease, `204` when the queue is empty,
 /// `429` when admission is overloaded; each with `Retry-After` where it
@@ -393,53 +376,10 @@ async fn claim(
     Path((ns, queue)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let (ns, queue) = queue_names(&ns, &queue)?;
-    let (reply, outcome) = oneshot::channel();
-    // No SQL runs here, so this stays on the async worker. The map is held
-    // across `begin_claim` so the driver cannot pull this ticket's outcome
-    // before its reply channel is filed.
-    let start = {
-        let mut parked = state.parked();
-        let start = state.store.begin_claim(&caller, &ns, &queue)?;
-        if let ClaimStart::Queued(ticket) = &start {
-            parked.insert(*ticket, reply);
-        }
-        start
-    };
-    let permit = match start {
-        ClaimStart::Admitted(permit) => permit,
-        ClaimStart::Queued(ticket) => {
-            let waiting = Waiting {
-                state: &state,
-                ticket,
-            };
-            let event = outcome.await;
-            // Withdrawing a claim whose outcome arrived changes nothing.
-            drop(waiting);
-            match event {
-                Ok(ClaimEvent::Granted { permit, .. }) => permit,
-                Ok(ClaimEvent::Rejected { error, .. }) => return Err(ApiError(error)),
-                // The driver stopped: the server is shutting down.
-                Err(_) => return Err(ApiError(Error::Cancelled)),
-            }
-        }
-    };
+    // No SQL runs while it waits, so this stays on the async worker.
+    let permit = state.store.claim_permit(&caller, &ns, &queue).await?;
     let outcome = state.call(move |store| store.finish_claim(permit)).await?;
     Ok(claim_response(&outcome))
-}
-
-/// Withdraws a parked claim whose client went away before its turn: a
-/// dropped request future drops this guard.
-struct Waiting<'a> {
-    state: &'a AppState,
-    ticket: Ticket,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.state.parked().remove(&self.ticket);
-        // A grant already decided for it is handed back to admission.
-        let _ = self.state.store.cancel_claim(self.ticket);
-    }
 }
 
 fn claim_response(outcome: &ClaimOutcome) -> Response {
@@ -459,41 +399,6 @@ fn claim_response(outcome: &ClaimOutcome) -> Response {
         headers.insert(RETRY_AFTER, HeaderValue::from(retry_after.as_secs().max(1)));
     }
     response
-}
-
-/// Hands waiting claims their outcomes: pulls every ready claim event and
-/// sends it to the request parked under its ticket, then sleeps until the
-/// store's waker fires or the oldest waiter's deadline passes.
-async fn drive_claims(state: Arc<AppState>) {
-    let wake = Arc::new(Notify::new());
-    let waker = Arc::clone(&wake);
-    // `notify_one` keeps a wake-up that comes while the driver is busy.
-    state
-        .store
-        .set_claim_waker(Some(Arc::new(move || waker.notify_one())));
-    loop {
-        while let Some(event) = state.store.poll_claim_event() {
-            let reply = state.parked().remove(&event.ticket());
-            if let Some(reply) = reply {
-                // A client that left drops the event, and a grant's permit
-                // with it, which hands its capacity back.
-                let _ = reply.send(event);
-            }
-        }
-        // Deadlines are instants on the store's clock; a clock that jumps
-        // (a test's) says how often to look at it again.
-        let clock = state.store.clock();
-        let nap = state.store.poll_claim_timeout().map(|deadline| {
-            let until = deadline.saturating_duration_since(clock.now());
-            clock.max_park().map_or(until, |slice| until.min(slice))
-        });
-        match nap {
-            Some(nap) => {
-                let _ = tokio::time::timeout(nap, wake.notified()).await;
-            }
-            None => wake.notified().await,
-        }
-    }
 }
 
 // ---- the program ----

@@ -210,7 +210,7 @@ pub mod sqlite;
 // Runtime state shared by the operations.
 mod state;
 // The store and its composition, then the operations.
-mod ops;
+pub(crate) mod ops;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -230,6 +230,7 @@ pub use model::task::{
     TaskPage, TaskQuery, TaskRef, TaskView,
 };
 pub use model::wait::WaitOutcome;
+pub use ops::claim_async::PermitFuture;
 pub use state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker};
 pub use store::Store;
 

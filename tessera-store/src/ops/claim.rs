@@ -19,7 +19,7 @@ use crate::ops::task::apply;
 use crate::state::gate::{
     CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, rate_limited,
 };
-use crate::state::waiting::{ClaimRequest, Decided};
+use crate::state::waiting::{ClaimRequest, Decided, WaitedBy};
 use crate::store::Store;
 
 /// What an admitted claim's lease transaction came to.
@@ -174,7 +174,7 @@ impl Store {
         namespace: &Namespace,
         queue: &QueueName,
     ) -> Result<ClaimStart, Error> {
-        self.offer_claim(caller, namespace, queue, 1, false)
+        self.offer_claim(caller, namespace, queue, 1, WaitedBy::Host)
     }
 
     /// The next outcome of a claim that [`begin_claim`](Self::begin_claim)
@@ -299,7 +299,7 @@ impl Store {
         count: usize,
         cancel: Option<&CancelToken>,
     ) -> Result<ClaimPermit, Error> {
-        match self.offer_claim(caller, namespace, queue, count, true)? {
+        match self.offer_claim(caller, namespace, queue, count, WaitedBy::Thread)? {
             ClaimStart::Admitted(permit) => Ok(permit),
             ClaimStart::Queued(ticket) => {
                 let scope = ActionScope::of(caller, Some(namespace), Action::Claim);
@@ -309,13 +309,13 @@ impl Store {
         }
     }
 
-    fn offer_claim(
+    pub(crate) fn offer_claim(
         &self,
         caller: &Caller,
         namespace: &Namespace,
         queue: &QueueName,
         count: usize,
-        blocking: bool,
+        by: WaitedBy,
     ) -> Result<ClaimStart, Error> {
         let scope = self.admit(caller, namespace, Scope::Claim, Action::Claim)?;
         let request = Arc::new(ClaimRequest {
@@ -325,7 +325,7 @@ impl Store {
             count,
         });
         let shared = &self.gate.shared;
-        let offer = shared.offer(&request, blocking);
+        let offer = shared.offer(&request, by);
         match offer {
             Offer::Admitted(permit) => Ok(ClaimStart::Admitted(ClaimPermit {
                 permit: Some(permit),
@@ -354,7 +354,7 @@ impl Store {
 
     /// Turns a decided outcome into what the claimer receives; a rejection
     /// is a counted `429`.
-    fn deliver(&self, ticket: Ticket, decided: Decided) -> ClaimEvent {
+    pub(crate) fn deliver(&self, ticket: Ticket, decided: Decided) -> ClaimEvent {
         let shared = &self.gate.shared;
         match decided {
             Decided::Granted {

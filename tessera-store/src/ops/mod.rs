@@ -4,6 +4,7 @@
 mod access;
 mod audit;
 mod claim;
+pub(crate) mod claim_async;
 mod health;
 mod session;
 mod task;

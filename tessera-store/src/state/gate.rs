@@ -11,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -22,7 +23,7 @@ use tessera_lease::{Namespace, QueueName};
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalId};
-use crate::state::waiting::{ClaimRequest, Decided, GateState, QueueKey, Waiter, Wake};
+use crate::state::waiting::{ClaimRequest, Decided, GateState, QueueKey, WaitedBy, Waiter, Wake};
 
 /// Called when an outcome for a claim begun with [`Store::begin_claim`](crate::Store::begin_claim) is
 /// ready to pull with [`Store::poll_claim_event`](crate::Store::poll_claim_event) (see
@@ -167,20 +168,35 @@ pub(crate) struct GateShared {
     state: Mutex<GateState>,
     changed: Condvar,
     waker: Mutex<Option<ClaimWaker>>,
+    /// Whether the deadline thread runs ([`GateShared::watch_deadlines`]).
+    watching: AtomicBool,
+}
+
+/// The longest the deadline thread sleeps between looks at the gate.
+const DEADLINE_NAP: Duration = Duration::from_secs(1);
+
+/// What a future found of its waiting claim.
+pub(crate) enum Polled {
+    /// Its outcome.
+    Decided(Decided),
+    /// Still waiting; the future's waker is kept.
+    Waiting,
+    /// Withdrawn by someone else.
+    Gone,
 }
 
 impl GateShared {
     /// Offers `request`'s claim to admission at the clock's now; a queued
-    /// one waits under its ticket, for a parked thread (`blocking`) or the
-    /// host to pick up.
-    pub(crate) fn offer(&self, request: &Arc<ClaimRequest>, blocking: bool) -> Offer {
+    /// one waits under its ticket, for a parked thread, the host or a
+    /// future (`by`) to pick up.
+    pub(crate) fn offer(&self, request: &Arc<ClaimRequest>, by: WaitedBy) -> Offer {
         let now = self.clock.now();
         let mut state = self.state.lock();
         let offer = state.admission.offer(request.caller.principal(), now);
         if let Offer::Queued(ticket) = &offer {
             let waiter = Waiter {
                 request: Arc::clone(request),
-                blocking,
+                by,
             };
             state.waiting.insert(*ticket, waiter);
         }
@@ -205,12 +221,80 @@ impl GateShared {
             }
         }
         drop(state);
-        // Only parked threads: the host is pulling already.
+        // Not the host: it is pulling already.
         self.wake(Wake {
-            parked: wake.parked,
             host: false,
+            ..wake
         });
         next
+    }
+
+    /// A future's look at its claim `ticket`: the outcome if one was
+    /// decided (moving admission to the clock's now first), else `waker` is
+    /// kept to wake it when one is.
+    pub(crate) fn poll_ticket(&self, ticket: Ticket, waker: &Waker) -> Polled {
+        let now = self.clock.now();
+        let mut state = self.state.lock();
+        let wake = state.drain(now);
+        let polled = match state.decided.remove(&ticket) {
+            Some(decided) => Polled::Decided(decided),
+            None => match state.waiting.get_mut(&ticket) {
+                Some(waiter) => {
+                    match &mut waiter.by {
+                        WaitedBy::Task(Some(kept)) if kept.will_wake(waker) => {}
+                        by => *by = WaitedBy::Task(Some(waker.clone())),
+                    }
+                    Polled::Waiting
+                }
+                None => Polled::Gone,
+            },
+        };
+        drop(state);
+        self.wake(wake);
+        polled
+    }
+
+    /// Starts, once per store, the thread that rejects waiting claims at
+    /// their deadlines when nothing else moves the gate, so a future
+    /// needs no timer of its host's. It sleeps until the oldest waiter's
+    /// deadline, at most a second at a time, and ends within a second of
+    /// the store's last handle going.
+    pub(crate) fn watch_deadlines(self: &Arc<Self>) {
+        if self.watching.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let shared = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("tessera-claim-deadlines".to_owned())
+            .spawn(move || {
+                while let Some(shared) = shared.upgrade() {
+                    shared.wait_for_a_deadline();
+                }
+            });
+        if spawned.is_err() {
+            // No thread: waiting futures are still decided whenever the
+            // gate moves; let the next one try again.
+            self.watching.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// One turn of the deadline thread: decides what is due, tells whoever
+    /// waits, then sleeps until the next deadline or a change.
+    fn wait_for_a_deadline(&self) {
+        let mut state = self.state.lock();
+        let now = self.clock.now();
+        let wake = state.drain(now);
+        let until_deadline = state
+            .admission
+            .poll_timeout()
+            .map(|deadline| deadline.saturating_duration_since(now));
+        let nap = [until_deadline, self.clock.max_park(), Some(DEADLINE_NAP)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(DEADLINE_NAP);
+        MutexGuard::unlocked(&mut state, || self.wake(wake));
+        self.changed.wait_for(&mut state, nap);
     }
 
     /// Parks the calling thread until `ticket` is decided, or `cancel`
@@ -256,11 +340,11 @@ impl GateShared {
             if wake.parked {
                 self.changed.notify_all();
             }
-            if wake.host {
+            if wake.host || !wake.tasks.is_empty() {
                 MutexGuard::unlocked(&mut state, || {
                     self.wake(Wake {
                         parked: false,
-                        host: true,
+                        ..wake
                     });
                 });
             }
@@ -319,6 +403,7 @@ impl GateShared {
         (value, limit)
     }
 
+    /// Tells whoever `wake` names, outside the gate's lock.
     pub(crate) fn wake(&self, wake: Wake) {
         if wake.parked {
             self.changed.notify_all();
@@ -328,6 +413,9 @@ impl GateShared {
             if let Some(waker) = waker {
                 waker();
             }
+        }
+        for task in wake.tasks {
+            task.wake();
         }
     }
 
@@ -395,6 +483,7 @@ impl Gate {
                 state: Mutex::new(state),
                 changed: Condvar::new(),
                 waker: Mutex::new(None),
+                watching: AtomicBool::new(false),
             }),
         })
     }

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use tessera_admission::{Admission, Event, IdlePacing, Permit, Rejection, Ticket};
@@ -41,8 +42,18 @@ pub(crate) enum Decided {
 
 pub(crate) struct Waiter {
     pub(crate) request: Arc<ClaimRequest>,
-    /// Whether a thread is parked for it (else an async host pulls it).
-    pub(crate) blocking: bool,
+    pub(crate) by: WaitedBy,
+}
+
+/// Who waits for a claim's outcome, and so who is told when it comes.
+#[derive(Debug)]
+pub(crate) enum WaitedBy {
+    /// A thread parked on the gate's condvar.
+    Thread,
+    /// An async host pulling [`ClaimEvent`](crate::ClaimEvent)s.
+    Host,
+    /// A future, through the waker of its latest poll (none before it).
+    Task(Option<Waker>),
 }
 
 /// What the gate's mutex guards.
@@ -59,10 +70,12 @@ pub(crate) struct GateState {
 }
 
 /// Who needs telling after the gate changed.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Wake {
     pub(crate) parked: bool,
     pub(crate) host: bool,
+    /// The wakers of futures whose claims were decided.
+    pub(crate) tasks: Vec<Waker>,
 }
 
 impl GateState {
@@ -90,11 +103,13 @@ impl GateState {
                 Event::Rejected { rejection, .. } => Decided::Rejected { rejection, request },
             };
             self.decided.insert(ticket, decided);
-            if waiter.blocking {
-                wake.parked = true;
-            } else {
-                self.async_order.push_back(ticket);
-                wake.host = true;
+            match waiter.by {
+                WaitedBy::Thread => wake.parked = true,
+                WaitedBy::Host => {
+                    self.async_order.push_back(ticket);
+                    wake.host = true;
+                }
+                WaitedBy::Task(waker) => wake.tasks.extend(waker),
             }
         }
         wake

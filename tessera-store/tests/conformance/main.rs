@@ -53,6 +53,7 @@ mod attempts;
 mod audit;
 mod claim_order;
 mod claims;
+mod claims_async;
 mod cold_start;
 mod health;
 mod long_poll;

@@ -201,6 +201,7 @@ pub mod error;
 mod key;
 mod meter;
 mod model;
+mod observe;
 // The seam, and the backends behind it.
 mod backend;
 #[cfg(feature = "postgres")]

@@ -53,6 +53,17 @@ impl ActionScope {
     }
 
     /// The same scope with the caller's hashed address group.
+    /// The action.
+    pub(crate) fn action(&self) -> Action {
+        self.action
+    }
+
+    /// The namespace, if the action is in one.
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    pub(crate) fn namespace(&self) -> Option<&Namespace> {
+        self.namespace.as_ref()
+    }
+
     pub(crate) fn with_ip_hash(mut self, ip_hash: IpHash) -> Self {
         self.ip_hash = Some(ip_hash);
         self

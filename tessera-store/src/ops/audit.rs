@@ -29,6 +29,7 @@ impl Store {
         if let Some(run) = run {
             report.retention_ran = true;
             report.rows_deleted = self.run_retention(run)?;
+            crate::observe::retention_ran(report.rows_deleted);
         }
         Ok(report)
     }
@@ -81,6 +82,8 @@ impl Store {
         match result {
             Ok(rows) => {
                 buffer.written(batch);
+                drop(buffer);
+                crate::observe::counters_flushed(rows);
                 Ok(rows)
             }
             Err(error) => {

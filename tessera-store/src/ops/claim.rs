@@ -251,7 +251,9 @@ impl Store {
             }
         };
         let now = self.now_utc();
+        let began = Instant::now();
         let result = self.lease(&scope, &caller, &request, now);
+        let service = began.elapsed();
         let principal = caller.principal();
         // Only an empty claim moves its queue's pacing; built before the
         // gate is taken, so the lock covers no allocation.
@@ -271,6 +273,13 @@ impl Store {
             self.namespace_changed(&request.namespace);
         }
         let granted = result?;
+        crate::observe::claim_finished(
+            &scope,
+            request.queue.as_str(),
+            granted.len(),
+            waited,
+            service,
+        );
         Ok(Leased {
             retry_after: if granted.is_empty() { hint } else { None },
             granted: granted
@@ -333,7 +342,10 @@ impl Store {
                 request,
                 waited: None,
             })),
-            Offer::Queued(ticket) => Ok(ClaimStart::Queued(ticket)),
+            Offer::Queued(ticket) => {
+                crate::observe::claim_queued(&scope, queue.as_str());
+                Ok(ClaimStart::Queued(ticket))
+            }
             Offer::Rejected(rejection) => {
                 let error = rate_limited(&rejection);
                 self.count(&scope, error.outcome());

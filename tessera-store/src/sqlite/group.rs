@@ -272,7 +272,9 @@ impl Writing {
             return Ok(());
         };
         let (now, rows, operations) = (batch.now, batch.rows, batch.operations);
+        let began = std::time::Instant::now();
         let result = self.connection.commit(now, meter, rules, rows, operations);
+        crate::observe::commit(batch.ran, began.elapsed());
         if let Some(batch) = self.batch.take() {
             batch.outcome.decide(result.clone());
         }

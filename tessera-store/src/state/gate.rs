@@ -394,11 +394,14 @@ impl GateShared {
     ) -> (T, u32) {
         let now = self.clock.now();
         let mut state = self.state.lock();
+        let before = state.admission.stats().limit;
         state.admission.release(permit, now);
         let value = also(&mut state.idle, now);
         let wake = state.drain(now);
-        let limit = state.admission.stats().limit;
+        let stats = state.admission.stats();
         drop(state);
+        crate::observe::gate(before, &stats);
+        let limit = stats.limit;
         self.wake(wake);
         (value, limit)
     }
@@ -495,6 +498,7 @@ impl Gate {
 }
 
 pub(crate) fn rate_limited(rejection: &Rejection) -> Error {
+    crate::observe::claim_rejected(rejection.reason());
     Error::RateLimited {
         retry_after: rejection.retry_after(),
         reason: rejection.reason().to_string(),

@@ -28,6 +28,9 @@ impl Store {
     /// distinct counters wait), so a stream of requests that write nothing
     /// still flushes; a failed flush is left to the buffer's retry delay.
     pub(crate) fn count(&self, scope: &ActionScope, outcome: Outcome) {
+        if outcome == Outcome::StorageQuotaExhausted {
+            crate::observe::quota_refused(scope.action());
+        }
         let now = self.now_utc();
         let due = {
             let mut counters = self.counters.lock();
@@ -66,6 +69,7 @@ impl Store {
         now: DateTime<Utc>,
         mut work: impl FnMut(&dyn WriteTransaction) -> Result<(T, Trail), Error>,
     ) -> Result<T, Error> {
+        let _span = crate::observe::operation(scope);
         let due = self.due_observation(scope, now);
         let result = self.write_with_tail(|writer| {
             let (value, trail) = work(writer)?;
@@ -150,6 +154,7 @@ impl Store {
         scope: &ActionScope,
         read: impl FnMut(&dyn ReadTransaction) -> Result<(T, Option<Resource>), Error>,
     ) -> Result<T, Error> {
+        let _span = crate::observe::operation(scope);
         let (value, resource) = self
             .read(read)
             .inspect_err(|error| self.count(scope, error.outcome()))?;

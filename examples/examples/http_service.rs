@@ -9,16 +9,21 @@
 //! PostgreSQL client may not run on a runtime's own threads).
 //!
 //! ```text
+//! cargo run --release --example http_service -- --help
 //! cargo run --release --example http_service -- --port 8080 [--db PATH | --postgres URL [--schema NAME]]
 //! ```
 //!
-//! It listens on 127.0.0.1 only (port 0 picks a free port) and prints a
-//! fresh admin key. Keys go in `Authorization: Bearer <key>`; bodies are
+//! It listens on 127.0.0.1 unless `--bind` says otherwise (port 0 picks a
+//! free port) and prints a fresh admin key. SIGTERM or Ctrl-C shuts it down
+//! gracefully: requests in flight finish, and claims still waiting get
+//! `503 shutting_down` with `Retry-After`. Keys go in `Authorization: Bearer <key>`; bodies are
 //! JSON.
 //!
 //! | route | what |
 //! | --- | --- |
 //! | `POST /v1/keys` | admin: create a key |
+//! | `GET /v1/keys` | the caller's keys (every key for an admin), no secrets |
+//! | `DELETE /v1/keys/{key}` | revoke a key by its id |
 //! | `POST /v1/ns/{ns}/queues/{q}/tasks` | enqueue a task |
 //! | `POST /v1/ns/{ns}/queues/{q}/claims` | claim: `200` lease and artifact key, `204` empty, `429` overload |
 //! | `POST /v1/ns/{ns}/tasks/{task}/heartbeat` | extend a lease |
@@ -30,13 +35,15 @@
 //! "retry_after", "reset_at"}}`) with its status, and a `Retry-After` header
 //! on `429` and `503`.
 
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{FromRequestParts, Path, State};
-use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
+use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -45,17 +52,38 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use tessera_store::postgres::PostgresOptions;
+use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
     AuditQuery, Brief, BriefVersion, Caller, ClaimOutcome, EnqueueOptions, Error, FencingToken,
-    Grant, IdempotencyKey, IssuedKey, KeySpec, LeaseError, Namespace, Output, PrincipalId,
-    QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef,
+    Grant, IdempotencyKey, IssuedKey, KeyFilter, KeyId, KeySpec, LeaseError, Namespace, Output,
+    PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef,
 };
 use tokio::net::TcpListener;
 
-/// Serves `store` on `listener` until the listener fails.
+/// Serves `store` on `listener` until the listener fails (the tests' way).
+#[allow(dead_code)]
 pub(crate) async fn serve(listener: TcpListener, store: Arc<Store>) -> std::io::Result<()> {
-    let state = Arc::new(AppState { store });
-    axum::serve(listener, app(state)).await
+    serve_until(listener, store, std::future::pending()).await
+}
+
+/// Serves `store` on `listener` until `shutdown` completes, then shuts
+/// down gracefully: no new connections, requests in flight finish, and
+/// claims still waiting for admission get `503 shutting_down` with
+/// `Retry-After` (their claims withdrawn).
+pub(crate) async fn serve_until(
+    listener: TcpListener,
+    store: Arc<Store>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (closing, _) = tokio::sync::watch::channel(false);
+    let state = Arc::new(AppState { store, closing });
+    let closing = Arc::clone(&state);
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            closing.closing.send_replace(true);
+        })
+        .await
 }
 
 /// The service's routes.
@@ -68,10 +96,19 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/v1/ns/{ns}/tasks/{task}/submit", post(submit))
         .route("/v1/ns/{ns}/health", get(health))
         .route("/v1/me/audit", get(my_audit))
+        .route("/v1/keys", get(list_keys))
+        .route("/v1/keys/{key}", axum::routing::delete(revoke_key))
         .fallback(|| async {
-            ApiError(Error::NotFound {
+            ApiError::Store(Error::NotFound {
                 what: "route".to_owned(),
             })
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::http(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
         })
         .with_state(state)
 }
@@ -79,6 +116,8 @@ fn app(state: Arc<AppState>) -> Router {
 /// What every request shares.
 pub(crate) struct AppState {
     store: Arc<Store>,
+    /// Set when the service begins to shut down.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -90,7 +129,7 @@ impl AppState {
     ) -> Result<T, ApiError> {
         let store = Arc::clone(&self.store);
         match tokio::task::spawn_blocking(move || work(&store)).await {
-            Ok(result) => result.map_err(ApiError),
+            Ok(result) => result.map_err(ApiError::Store),
             Err(failed) => std::panic::resume_unwind(failed.into_panic()),
         }
     }
@@ -98,45 +137,111 @@ impl AppState {
 
 // ---- errors: the one place a store error becomes a response ----
 
-/// A store error as an HTTP response: its status, its JSON body, and
-/// `Retry-After` (whole seconds) when it has one.
-pub(crate) struct ApiError(Error);
+/// An error as an HTTP response: the store's JSON body
+/// (`{"error": {"code", "message", "retry_after", "reset_at"}}`) with its
+/// status, `Retry-After` (whole seconds) when it has one, and
+/// `WWW-Authenticate: Bearer` on `401`. The HTTP layer's own refusals (a
+/// bad path, a wrong method, a body too large, a server going down) take
+/// the same shape.
+pub(crate) enum ApiError {
+    /// The store's.
+    Store(Error),
+    /// The HTTP layer's: its status, code, message and `Retry-After`.
+    Http {
+        status: StatusCode,
+        code: &'static str,
+        message: String,
+        retry_after: Option<u64>,
+    },
+}
 
 impl From<Error> for ApiError {
     fn from(error: Error) -> Self {
-        Self(error)
+        Self::Store(error)
     }
 }
 
 impl From<LeaseError> for ApiError {
     fn from(error: LeaseError) -> Self {
-        Self(error.into())
+        Self::Store(error.into())
+    }
+}
+
+impl ApiError {
+    fn http(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self::Http {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.0.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = (status, Json(self.0.body())).into_response();
-        if let Some(seconds) = self.0.retry_after_seconds() {
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+        let (status, body, retry_after) = match self {
+            Self::Store(error) => (
+                StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                serde_json::to_value(error.body()).expect("an error body serializes"),
+                error.retry_after_seconds(),
+            ),
+            Self::Http {
+                status,
+                code,
+                message,
+                retry_after,
+            } => (
+                status,
+                json!({ "error": { "code": code, "message": message,
+                    "retry_after": retry_after, "reset_at": null } }),
+                retry_after,
+            ),
+        };
+        let mut response = (status, Json(body)).into_response();
+        let headers = response.headers_mut();
+        if let Some(seconds) = retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }
 }
 
+/// A rejection of axum's own (a path that does not parse, a body over the
+/// limit) in the store's JSON shape.
+fn rejected(rejection: impl IntoResponse + std::fmt::Display) -> ApiError {
+    let message = rejection.to_string();
+    let status = rejection.into_response().status();
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        _ => "invalid_input",
+    };
+    ApiError::http(status, code, message)
+}
+
 fn invalid(reason: impl std::fmt::Display) -> ApiError {
-    ApiError(Error::InvalidInput {
+    ApiError::Store(Error::InvalidInput {
         reason: reason.to_string(),
     })
 }
 
-/// Parses a JSON request body; a malformed one is the store's `400`.
-fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|error| invalid(format!("request body: {error}")))
+/// Parses a JSON request body (read whole, or refused as axum refused it);
+/// a malformed one, or one with a field the route does not know, is the
+/// store's `400`.
+fn parse_body<T: for<'de> Deserialize<'de>>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(rejected)?;
+    serde_json::from_slice(&body).map_err(|error| invalid(format!("request body: {error}")))
+}
+
+/// The path's parts, or the store's `400` for a path that does not decode.
+fn path<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    path.map(|Path(parts)| parts).map_err(rejected)
 }
 
 // ---- authentication ----
@@ -171,6 +276,7 @@ fn bearer_key(headers: &HeaderMap) -> Option<&str> {
 /// `POST /v1/keys`: a key for a new principal of `account`, or another key
 /// for an existing `principal`.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct NewKey {
     account: Option<String>,
     principal: Option<String>,
@@ -187,9 +293,9 @@ struct NewKey {
 async fn create_key(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let request: NewKey = parse_body(&body)?;
+    let request: NewKey = parse_body(body)?;
     let spec = match (&request.principal, &request.account) {
         (Some(principal), None) => KeySpec::for_principal(PrincipalId::parse(principal)?),
         (None, Some(account)) if request.admin => KeySpec::admin(account),
@@ -206,6 +312,32 @@ async fn create_key(
         .await?;
     let body = json!({ "key": issued.secret.expose(), "info": issued.info });
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// `GET /v1/keys`: the caller's keys (every key for an admin), without
+/// secrets.
+async fn list_keys(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+) -> Result<Response, ApiError> {
+    let keys = state
+        .call(move |store| store.list_keys(&caller, &KeyFilter::default()))
+        .await?;
+    Ok(Json(keys).into_response())
+}
+
+/// `DELETE /v1/keys/{key}`: revokes a key by its id (the caller's own, or
+/// any for an admin); the key's info as it now stands.
+async fn revoke_key(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    key: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let key = KeyId::parse(&path(key)?)?;
+    let info = state
+        .call(move |store| store.revoke_key(&caller, &key))
+        .await?;
+    Ok(Json(info).into_response())
 }
 
 async fn my_audit(
@@ -231,6 +363,7 @@ fn queue_names(ns: &str, queue: &str) -> Result<(Namespace, QueueName), ApiError
 /// `POST .../tasks`: a JSON brief, and optionally its id, version and
 /// number of competing attempts.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct NewTask {
     brief: serde_json::Value,
     id: Option<String>,
@@ -241,11 +374,12 @@ struct NewTask {
 async fn enqueue(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
-    Path((ns, queue)): Path<(String, String)>,
-    body: Bytes,
+    parts: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let (ns, queue) = path(parts)?;
     let (ns, queue) = queue_names(&ns, &queue)?;
-    let request: NewTask = parse_body(&body)?;
+    let request: NewTask = parse_body(body)?;
     let mut options = EnqueueOptions::default();
     if let Some(id) = &request.id {
         options = options.with_task_id(TaskId::parse(id)?);
@@ -274,6 +408,7 @@ fn task_ref(ns: &str, task: &str, version: u32) -> Result<TaskRef, ApiError> {
 /// `POST .../heartbeat`: the task's version and the fencing token from the
 /// claim.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct HeldLease {
     version: u32,
     token: i64,
@@ -282,10 +417,11 @@ struct HeldLease {
 async fn heartbeat(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
-    Path((ns, task)): Path<(String, String)>,
-    body: Bytes,
+    task_path: Result<Path<(String, String)>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let request: HeldLease = parse_body(&body)?;
+    let (ns, task) = path(task_path)?;
+    let request: HeldLease = parse_body(body)?;
     let task = task_ref(&ns, &task, request.version)?;
     let token = FencingToken::new(request.token)?;
     let lease = state
@@ -297,6 +433,7 @@ async fn heartbeat(
 /// `POST .../submit`: like a heartbeat, plus the output: any JSON value,
 /// kept with the receipt.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct NewSubmission {
     version: u32,
     token: i64,
@@ -311,16 +448,17 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
 async fn submit(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
-    Path((ns, task)): Path<(String, String)>,
+    task_path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let key = headers
         .get(IDEMPOTENCY_KEY)
         .and_then(|value| value.to_str().ok())
         .ok_or_else(|| invalid("an Idempotency-Key header is required"))?;
     let key = IdempotencyKey::parse(key)?;
-    let request: NewSubmission = parse_body(&body)?;
+    let (ns, task) = path(task_path)?;
+    let request: NewSubmission = parse_body(body)?;
     let task = task_ref(&ns, &task, request.version)?;
     let token = FencingToken::new(request.token)?;
     let output = Output::bytes(request.output.to_string());
@@ -345,10 +483,10 @@ async fn submit(
 /// only a namespace the store was configured to show publicly.
 async fn health(
     State(state): State<Arc<AppState>>,
-    Path(ns): Path<String>,
+    ns: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let ns = Namespace::parse(&ns)?;
+    let ns = Namespace::parse(&path(ns)?)?;
     let snapshot = match bearer_key(&headers).map(str::to_owned) {
         None if !headers.contains_key(AUTHORIZATION) => {
             state.call(move |store| store.public_health(&ns)).await?
@@ -373,11 +511,24 @@ async fn health(
 async fn claim(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
-    Path((ns, queue)): Path<(String, String)>,
+    parts: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let (ns, queue) = path(parts)?;
     let (ns, queue) = queue_names(&ns, &queue)?;
-    // No SQL runs while it waits, so this stays on the async worker.
-    let permit = state.store.claim_permit(&caller, &ns, &queue).await?;
+    // No SQL runs while it waits, so this stays on the async worker. A
+    // shutdown drops the wait, which withdraws the claim.
+    let mut closing = state.closing.subscribe();
+    let permit = tokio::select! {
+        permit = state.store.claim_permit(&caller, &ns, &queue) => permit?,
+        _ = closing.wait_for(|closing| *closing) => {
+            return Err(ApiError::Http {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "shutting_down",
+                message: "the service is shutting down; claim again elsewhere or later".to_owned(),
+                retry_after: Some(5),
+            });
+        }
+    };
     let outcome = state.call(move |store| store.finish_claim(permit)).await?;
     Ok(claim_response(&outcome))
 }
@@ -407,7 +558,17 @@ fn claim_response(outcome: &ClaimOutcome) -> Response {
 /// is, for the log, and the store and key.
 fn open(args: &Args) -> Result<(Arc<Store>, String, IssuedKey), Error> {
     let config = || {
-        StoreConfig::default().with_admission(tessera_examples::admission_from_env("http_service"))
+        let config = StoreConfig::default()
+            .with_admission(tessera_examples::admission_from_env("http_service"));
+        let config = args
+            .public
+            .iter()
+            .cloned()
+            .fold(config, StoreConfig::with_public_namespace);
+        match args.daily_rows {
+            Some(rows) => config.with_daily_rows_written_allowance(rows),
+            None => config,
+        }
     };
     let (store, database) = match &args.postgres {
         Some(url) => {
@@ -418,10 +579,16 @@ fn open(args: &Args) -> Result<(Arc<Store>, String, IssuedKey), Error> {
             let described = format!("{options:?}");
             (Store::open_postgres(options, config())?, described)
         }
-        None => (
-            Store::open(&args.db, config())?,
-            args.db.display().to_string(),
-        ),
+        None => {
+            let mut options = SqliteOptions::file(&args.db);
+            if let Some(pages) = args.page_cap {
+                options = options.with_max_page_count(pages);
+            }
+            (
+                Store::open_sqlite(options, config())?,
+                args.db.display().to_string(),
+            )
+        }
     };
     let admin = store.create_admin_key("operator")?;
     Ok((Arc::new(store), database, admin))
@@ -429,54 +596,132 @@ fn open(args: &Args) -> Result<(Arc<Store>, String, IssuedKey), Error> {
 
 struct Args {
     port: u16,
+    bind: std::net::IpAddr,
     db: PathBuf,
     /// A PostgreSQL URL; the SQLite file is used without one.
     postgres: Option<String>,
     /// The PostgreSQL schema the store's tables are in.
     schema: Option<String>,
+    /// Namespaces whose health anyone may read.
+    public: Vec<Namespace>,
+    /// The rows-written allowance a day; unlimited without it.
+    daily_rows: Option<u64>,
+    /// The SQLite file's cap in pages; past it writes are `503`.
+    page_cap: Option<u64>,
 }
 
-const USAGE: &str = "usage: http_service [--port PORT] [--db PATH | --postgres URL [--schema NAME]]\n\
-    (--postgres defaults to $TESSERA_POSTGRES_URL when that is set)";
+const USAGE: &str = "\
+usage: http_service [OPTIONS]
 
-fn parse_args() -> Result<Args, String> {
+  --port PORT          the port to listen on (default 8080; 0 picks a free one)
+  --bind ADDRESS       the address to listen on (default 127.0.0.1)
+  --db PATH            the SQLite file (default tessera-http.db)
+  --postgres URL       serve from PostgreSQL instead ($TESSERA_POSTGRES_URL by default)
+  --schema NAME        the PostgreSQL schema of the store's tables
+  --public NAMESPACE   a namespace whose health anyone may read (repeatable)
+  --daily-rows N       refuse writes (503) past N rows written a day
+  --page-cap N         refuse writes (503) past N pages of the SQLite file
+  --help               this text
+
+Admission settings come from TESSERA_CLAIM_* (see AdmissionConfig::from_env).
+SIGTERM or Ctrl-C shuts down gracefully.";
+
+/// What the command line asks for; `Ok(None)` for `--help`.
+fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Option<Args>, String> {
     let mut args = Args {
         port: 8080,
+        bind: Ipv4Addr::LOCALHOST.into(),
         db: PathBuf::from("tessera-http.db"),
         postgres: std::env::var("TESSERA_POSTGRES_URL").ok(),
         schema: None,
+        public: Vec::new(),
+        daily_rows: None,
+        page_cap: None,
     };
-    let mut words = std::env::args().skip(1);
+    let mut words = words.into_iter();
     while let Some(word) = words.next() {
         let mut value = || words.next().ok_or(format!("{word} needs a value"));
         match word.as_str() {
-            "--port" => {
+            "--help" | "-h" => return Ok(None),
+            "--port" => args.port = number(&word, &value()?)?,
+            "--bind" => {
                 let text = value()?;
-                args.port = text.parse().map_err(|_| format!("bad port {text:?}"))?;
+                args.bind = text
+                    .parse()
+                    .map_err(|_| format!("--bind: {text:?} is not an address"))?;
             }
             "--db" => args.db = PathBuf::from(value()?),
             "--postgres" => args.postgres = Some(value()?),
             "--schema" => args.schema = Some(value()?),
+            "--public" => {
+                let text = value()?;
+                args.public.push(
+                    Namespace::parse(&text)
+                        .map_err(|error| format!("--public {text:?}: {error}"))?,
+                );
+            }
+            "--daily-rows" => args.daily_rows = Some(number(&word, &value()?)?),
+            "--page-cap" => args.page_cap = Some(number(&word, &value()?)?),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok(args)
+    Ok(Some(args))
+}
+
+fn number<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, String> {
+    text.parse()
+        .map_err(|_| format!("{flag}: {text:?} is not a number in range"))
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse_args().map_err(|problem| format!("{problem}\n{USAGE}"))?;
-    let port = args.port;
+async fn main() {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(problem) => {
+            eprintln!("http_service: {problem}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(problem) = run(args).await {
+        eprintln!("http_service: {problem}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let address = SocketAddr::from((args.bind, args.port));
     // Opening and key making are blocking store calls: off the runtime's
     // threads, as every store call is.
     let (store, database, admin) = tokio::task::spawn_blocking(move || open(&args))
         .await
         .map_err(|error| error.to_string())??;
-    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
+    let listener = TcpListener::bind(address).await?;
     let address = listener.local_addr()?;
     println!("tessera http service on http://{address}");
     println!("database: {database}");
     println!("admin key: {}", admin.secret.expose());
-    serve(listener, store).await?;
+    serve_until(listener, store, shutdown_signal()).await?;
+    println!("shut down");
     Ok(())
 }

@@ -22,6 +22,7 @@ struct Service {
     store: Arc<Store>,
     clock: ManualClock,
     admin: String,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -42,14 +43,28 @@ impl Service {
             .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
             .expect("loopback port");
         let address = listener.local_addr().expect("bound address");
-        runtime.spawn(http_service::serve(listener, Arc::clone(&store)));
+        let (shutdown, signal) = tokio::sync::oneshot::channel();
+        let signal = async move {
+            let _ = signal.await;
+        };
+        runtime.spawn(http_service::serve_until(
+            listener,
+            Arc::clone(&store),
+            signal,
+        ));
         Self {
             address,
             store,
             clock,
             admin: admin.secret.expose().to_owned(),
+            shutdown: Some(shutdown),
             _runtime: runtime,
         }
+    }
+
+    /// Signals the service to shut down, as SIGTERM does.
+    fn shut_down(&mut self) {
+        let _ = self.shutdown.take().expect("running").send(());
     }
 
     /// A keyed worker with every scope in `namespace`, made over HTTP.
@@ -623,4 +638,124 @@ fn an_invalid_admission_setting_stops_the_program_with_its_name() {
     let valid = run(Some("7"));
     assert!(valid.status.success(), "{valid:?}");
     assert!(String::from_utf8_lossy(&valid.stdout).contains("read max_pending 7"));
+}
+
+#[test]
+fn every_refusal_is_json_with_its_status_and_code() {
+    let service = Service::start(small_window(), START);
+    let worker = service.worker("renders");
+    let code = |reply: &Reply| reply.json()["error"]["code"].as_str().unwrap().to_owned();
+
+    let wrong_method = service.send("GET", CLAIMS, Some(&worker), &[], None);
+    assert_eq!(wrong_method.status, 405);
+    assert_eq!(code(&wrong_method), "method_not_allowed");
+    let bad_path = service.send("GET", "/v1/ns/%FF/health", None, &[], None);
+    assert_eq!(bad_path.status, 400);
+    assert_eq!(code(&bad_path), "invalid_input");
+    let nowhere = service.send("GET", "/v1/nowhere", None, &[], None);
+    assert_eq!(
+        (nowhere.status, code(&nowhere)),
+        (404, "not_found".to_owned())
+    );
+    let anonymous = service.send("POST", CLAIMS, None, &[], None);
+    assert_eq!(anonymous.status, 401);
+    assert_eq!(anonymous.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(code(&anonymous), "unauthorized");
+    let unknown = service.send(
+        "POST",
+        TASKS,
+        Some(&worker),
+        &[],
+        Some(&json!({ "brief": {}, "priority_typo": 1 })),
+    );
+    assert_eq!(unknown.status, 400);
+    assert!(
+        unknown.text().contains("priority_typo"),
+        "{}",
+        unknown.text()
+    );
+    let huge = json!({ "brief": "x".repeat(3 << 20) });
+    let too_large = service.send("POST", TASKS, Some(&worker), &[], Some(&huge));
+    assert_eq!(too_large.status, 413);
+    assert_eq!(code(&too_large), "payload_too_large");
+}
+
+#[test]
+fn keys_are_listed_and_revoked_over_http() {
+    let service = Service::start(small_window(), START);
+    let worker = service.worker("renders");
+    let listed = service.send("GET", "/v1/keys", Some(&service.admin), &[], None);
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    let keys = listed.json();
+    let keys = keys.as_array().unwrap();
+    assert_eq!(keys.len(), 2, "the admin's and the worker's");
+    assert!(!listed.text().contains(&worker), "no secret is listed");
+    let id = keys
+        .iter()
+        .map(|key| key["key_id"].as_str().unwrap().to_owned())
+        .find(|id| worker.contains(id.as_str()))
+        .expect("the worker's key id is in its secret");
+    let revoked = service.send(
+        "DELETE",
+        &format!("/v1/keys/{id}"),
+        Some(&service.admin),
+        &[],
+        None,
+    );
+    assert_eq!(revoked.status, 200, "{}", revoked.text());
+    assert!(revoked.json()["revoked_at"].is_string());
+    let refused = service.send("POST", CLAIMS, Some(&worker), &[], None);
+    assert_eq!(refused.status, 401);
+}
+
+#[test]
+fn a_shutdown_answers_waiting_claims_503_with_retry_after() {
+    let mut service = Service::start(small_window(), START);
+    let worker = service.worker("renders");
+    let _held = service.hold_window(&worker);
+    let address = service.address;
+    let waiting = {
+        let worker = worker.clone();
+        std::thread::spawn(move || send(address, "POST", CLAIMS, Some(&worker), &[], None))
+    };
+    service.until_pending(1);
+    service.shut_down();
+    let reply = waiting.join().unwrap();
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert_eq!(reply.json()["error"]["code"], "shutting_down");
+    assert_eq!(reply.header("retry-after"), Some("5"));
+    service.until_pending(0);
+}
+
+#[test]
+fn the_program_explains_its_flags() {
+    let program = example_program("http_service");
+    let help = std::process::Command::new(&program)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(help.status.success(), "{help:?}");
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--port",
+        "--bind",
+        "--db",
+        "--postgres",
+        "--public",
+        "--daily-rows",
+        "--page-cap",
+    ] {
+        assert!(text.contains(flag), "{flag} in {text}");
+    }
+    let wrong = std::process::Command::new(&program)
+        .args(["--port", "many"])
+        .output()
+        .unwrap();
+    assert_eq!(wrong.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(said.starts_with("http_service: --port: \"many\""), "{said}");
+    assert!(
+        !said.contains("\\n"),
+        "a message, not a debug string: {said}"
+    );
 }

@@ -30,6 +30,7 @@
 //! | `POST /v1/ns/{ns}/tasks/{task}/submit` | submit under an `Idempotency-Key` |
 //! | `GET /v1/ns/{ns}/health` | attempts per state |
 //! | `GET /v1/me/audit` | the caller's audit events and counters |
+//! | `GET /metrics` | the store's metrics, Prometheus text |
 //!
 //! Every error is the store's JSON body (`{"error": {"code", "message",
 //! "retry_after", "reset_at"}}`) with its status, and a `Retry-After` header
@@ -97,6 +98,7 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/v1/ns/{ns}/health", get(health))
         .route("/v1/me/audit", get(my_audit))
         .route("/v1/keys", get(list_keys))
+        .route("/metrics", get(metrics_text))
         .route("/v1/keys/{key}", axum::routing::delete(revoke_key))
         .fallback(|| async {
             ApiError::Store(Error::NotFound {
@@ -503,6 +505,36 @@ async fn health(
     Ok(Json(snapshot).into_response())
 }
 
+// ---- metrics ----
+
+/// The process's Prometheus recorder, installed once; `/metrics` renders it.
+pub(crate) fn prometheus() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // Another recorder installed first keeps its place; this one then
+        // renders what it saw: nothing.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// `GET /metrics`: the store's gauges, counters and histograms in
+/// Prometheus' text format.
+async fn metrics_text() -> Response {
+    let text = prometheus().render();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        text,
+    )
+        .into_response()
+}
+
 // ---- claims ----
 
 /// `POST .../claims`: `200` with the lease, `204` when the queue is empty,
@@ -710,6 +742,12 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    // The store's spans and events, as log lines on standard error.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::stderr)
+        .init();
+    prometheus();
     let address = SocketAddr::from((args.bind, args.port));
     // Opening and key making are blocking store calls: off the runtime's
     // threads, as every store call is.

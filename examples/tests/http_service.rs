@@ -32,6 +32,7 @@ impl Service {
         let config = StoreConfig::default()
             .with_clock(Arc::new(clock.clone()))
             .with_admission(admission);
+        http_service::prometheus();
         let store = Arc::new(Store::open_in_memory(config).expect("store opens"));
         let admin = store.create_admin_key("operators").expect("admin key");
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -758,4 +759,28 @@ fn the_program_explains_its_flags() {
         !said.contains("\\n"),
         "a message, not a debug string: {said}"
     );
+}
+
+#[test]
+fn metrics_are_served_as_prometheus_text() {
+    let service = Service::start(small_window(), START);
+    let worker = service.worker("renders");
+    service.enqueue(&worker, TASKS, json!({ "frame": 1 }));
+    assert_eq!(service.claim(&worker, CLAIMS).status, 200);
+    let reply = service.send("GET", "/metrics", None, &[], None);
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = reply.text();
+    for metric in [
+        "tessera_claims_granted_total",
+        "tessera_claim_limit",
+        "tessera_claim_service_seconds",
+    ] {
+        assert!(text.contains(metric), "{metric} in {text}");
+    }
 }

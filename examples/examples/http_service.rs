@@ -456,8 +456,9 @@ async fn submit(
 ) -> Result<Response, ApiError> {
     let key = headers
         .get(IDEMPOTENCY_KEY)
-        .and_then(|value| value.to_str().ok())
-        .ok_or_else(|| invalid("an Idempotency-Key header is required"))?;
+        .ok_or_else(|| invalid("an Idempotency-Key header is required"))?
+        .to_str()
+        .map_err(|_| invalid("the Idempotency-Key header is not visible ASCII"))?;
     let key = IdempotencyKey::parse(key)?;
     let (ns, task) = path(task_path)?;
     let request: NewSubmission = parse_body(body)?;

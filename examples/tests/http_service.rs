@@ -766,7 +766,12 @@ fn metrics_are_served_as_prometheus_text() {
     let service = Service::start(small_window(), START);
     let worker = service.worker("renders");
     service.enqueue(&worker, TASKS, json!({ "frame": 1 }));
-    assert_eq!(service.claim(&worker, CLAIMS).status, 200);
+    let claimed = service.claim(&worker, CLAIMS);
+    assert_eq!(claimed.status, 200);
+    assert!(
+        claimed.json()["waited_ms"].is_u64(),
+        "durations in milliseconds"
+    );
     let reply = service.send("GET", "/metrics", None, &[], None);
     assert_eq!(reply.status, 200);
     assert!(

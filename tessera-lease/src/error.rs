@@ -180,6 +180,8 @@ pub enum Field {
     Error,
     /// A task's priority.
     Priority,
+    /// A submission's output.
+    Output,
 }
 
 impl Field {
@@ -205,6 +207,7 @@ impl Field {
             Self::MaxTries => "maximum tries",
             Self::Error => "error text",
             Self::Priority => "priority",
+            Self::Output => "output",
         }
     }
 }

@@ -113,7 +113,7 @@ pub use error::{DurationRule, Field, LeaseError, Rule};
 pub use lease::{Lease, LeaseRecord};
 pub use name::{
     ArtifactKey, IdempotencyKey, MAX_BRIEF_BYTES, Namespace, Principal, QueueName, TaskId,
-    check_brief_size,
+    check_brief_size, check_output_size,
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
 pub use state::{DiscardReason, StateName, TaskState};

@@ -26,9 +26,19 @@ pub const MAX_BRIEF_BYTES: usize = 1024 * 1024;
 /// assert!(tessera_lease::check_brief_size(tessera_lease::MAX_BRIEF_BYTES + 1).is_err());
 /// ```
 pub fn check_brief_size(len: usize) -> Result<(), LeaseError> {
+    check_payload_size(Field::Brief, len)
+}
+
+/// Checks a submission's output size: at most [`MAX_BRIEF_BYTES`], as a
+/// brief.
+pub fn check_output_size(len: usize) -> Result<(), LeaseError> {
+    check_payload_size(Field::Output, len)
+}
+
+fn check_payload_size(field: Field, len: usize) -> Result<(), LeaseError> {
     if len > MAX_BRIEF_BYTES {
         return Err(LeaseError::InvalidInput {
-            field: Field::Brief,
+            field,
             len,
             rule: Rule::TooLarge {
                 max: MAX_BRIEF_BYTES,

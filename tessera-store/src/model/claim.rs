@@ -19,7 +19,9 @@ pub struct Claimed {
     pub lease: Lease,
     /// The task's input.
     pub brief: Brief,
-    /// How long the claim waited for admission (`X-Claim-Wait-Ms`).
+    /// How long the claim waited for admission (`X-Claim-Wait-Ms`);
+    /// `waited_ms` in serde, in whole milliseconds.
+    #[serde(rename = "waited_ms", with = "crate::model::millis")]
     pub waited: Duration,
     /// The admission limit when the claim finished (`X-Claim-Concurrency`).
     pub concurrency_limit: u32,
@@ -36,9 +38,12 @@ pub struct ClaimedBatch {
     /// The leases granted, in claim order; empty when the queue had
     /// nothing claimable (`204`).
     pub claimed: Vec<Claimed>,
-    /// The idle-pacing hint (`Retry-After`) when nothing was claimable.
+    /// The idle-pacing hint (`Retry-After`) when nothing was claimable;
+    /// `retry_after_ms` in serde.
+    #[serde(rename = "retry_after_ms", with = "crate::model::millis::optional")]
     pub retry_after: Option<Duration>,
-    /// How long the batch waited for admission.
+    /// How long the batch waited for admission; `waited_ms` in serde.
+    #[serde(rename = "waited_ms", with = "crate::model::millis")]
     pub waited: Duration,
     /// The admission limit when the batch finished.
     pub concurrency_limit: u32,
@@ -55,9 +60,12 @@ pub enum ClaimOutcome {
     /// nothing written.
     Empty {
         /// The idle-pacing hint (`Retry-After`): 5, 10, 20, 40, then 60 s
-        /// while this key keeps finding this queue empty.
+        /// while this key keeps finding this queue empty; `retry_after_ms`
+        /// in serde.
+        #[serde(rename = "retry_after_ms", with = "crate::model::millis")]
         retry_after: Duration,
-        /// How long the claim waited for admission.
+        /// How long the claim waited for admission; `waited_ms` in serde.
+        #[serde(rename = "waited_ms", with = "crate::model::millis")]
         waited: Duration,
         /// The admission limit when the claim finished.
         concurrency_limit: u32,

@@ -7,7 +7,7 @@ use tessera_audit::{Action, Outcome, Resource};
 use tessera_lease::{
     AttemptNumber, BriefVersion, Failure, FencingToken, Idempotency, IdempotencyKey, Lease,
     LeaseError, MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Retry, Submission, Submitted,
-    Task, TaskId, TaskRecord, TaskSpec, TaskState, check_brief_size, decide_idempotency,
+    Task, TaskId, TaskRecord, TaskSpec, TaskState, check_output_size, decide_idempotency,
 };
 
 use crate::backend::{
@@ -285,7 +285,7 @@ impl Store {
     ) -> Result<Submitted, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Submit)?;
         if let Some(bytes) = &output.bytes {
-            check_brief_size(bytes.len())
+            check_output_size(bytes.len())
                 .map_err(Error::from)
                 .inspect_err(|error| self.count(&scope, error.outcome()))?;
         }

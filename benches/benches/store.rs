@@ -38,7 +38,8 @@
 //!   `enqueue_one`); `rows_only_1000` is the floor under it: the same
 //!   1,000 task and attempt rows, with the same indexes, inserted by hand
 //!   through prepared statements in one transaction on a file of their
-//!   own, with no rules, meter or audit row; `claim_10_one_at_a_time` is ten claims in a row and
+//!   own, with no rules, meter or audit row, and
+//!   `rows_only_1000_100_a_statement` the same rows 100 to an `INSERT`; `claim_10_one_at_a_time` is ten claims in a row and
 //!   `claim_batch_10` one `claim_batch` of ten, each on tasks enqueued
 //!   untimed before it.
 //! - `claim_scaling/ready/N`: a claim with N ready tasks in its queue
@@ -242,6 +243,50 @@ impl RowsOnly {
         }
         conn.execute_batch("COMMIT").unwrap();
     }
+
+    /// The same rows, 100 to a statement: what multi-row inserts could
+    /// save of the per-statement cost.
+    fn insert_1000_multirow(&mut self) {
+        const ROWS: usize = 100;
+        let tasks = format!(
+            "INSERT INTO tasks (namespace, queue, task_id, version, brief, brief_format, \
+             alternatives, lapse_backoff_ms, max_tries, priority, last_token, claimable_at, \
+             created_at, enqueued_by) VALUES {}",
+            vec!["('bench', 'q', ?, 1, ?, 'bytes', 1, 0, 20, 0, 0, 0, ?, 'p1')"; ROWS].join(", ")
+        );
+        let attempts = format!(
+            "INSERT INTO attempts (task, number, namespace, queue, state, tries, priority) \
+             VALUES {}",
+            vec!["(?, 1, 'bench', 'q', 'ready', 0, 0)"; ROWS].join(", ")
+        );
+        let conn = &self.conn;
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let mut task = conn.prepare_cached(&tasks).unwrap();
+        let mut attempt = conn.prepare_cached(&attempts).unwrap();
+        let brief = br#"{"frame":42}"#.as_slice();
+        for _ in 0..1000 / ROWS {
+            let ids: Vec<String> = (0..ROWS)
+                .map(|n| format!("t-{:028x}", self.next + n as i64 + 1))
+                .collect();
+            let mut values: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(ROWS * 3);
+            let created: Vec<i64> = (0..ROWS).map(|n| self.next + n as i64 + 1).collect();
+            for n in 0..ROWS {
+                values.push(&ids[n]);
+                values.push(&brief);
+                values.push(&created[n]);
+            }
+            task.execute(values.as_slice()).unwrap();
+            self.next += ROWS as i64;
+            let last = conn.last_insert_rowid();
+            let rows: Vec<i64> = (0..ROWS as i64)
+                .map(|n| last - ROWS as i64 + 1 + n)
+                .collect();
+            let values: Vec<&dyn rusqlite::ToSql> =
+                rows.iter().map(|id| id as &dyn rusqlite::ToSql).collect();
+            attempt.execute(values.as_slice()).unwrap();
+        }
+        conn.execute_batch("COMMIT").unwrap();
+    }
 }
 
 fn batches(c: &mut Criterion) {
@@ -256,6 +301,9 @@ fn batches(c: &mut Criterion) {
     let mut group = c.benchmark_group("batches");
     group.bench_function("minimal_commit", |b| b.iter(|| baseline.commit()));
     group.bench_function("rows_only_1000", |b| b.iter(|| rows.insert_1000()));
+    group.bench_function("rows_only_1000_100_a_statement", |b| {
+        b.iter(|| rows.insert_1000_multirow())
+    });
     let q = queue("enqueued");
     group.bench_function("enqueue_one", |b| b.iter(|| f.enqueue(worker, &q)));
     group.bench_function("enqueue_batch_1000", |b| {

@@ -256,3 +256,81 @@ fn a_truncated_database_is_refused_and_left_as_it_was() {
         );
     }
 }
+
+#[test]
+fn a_version_two_file_gets_priorities_and_the_claim_indexes_that_lead_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let secret = {
+        let store = Store::open(&path, StoreConfig::default()).unwrap();
+        let admin_key = store.create_admin_key("ops").unwrap();
+        let admin = store.authenticate(Some(admin_key.secret.expose())).unwrap();
+        let (ns, q) = (namespace("renders"), queue("jobs"));
+        for n in 0..2 {
+            store
+                .enqueue(
+                    &admin,
+                    &ns,
+                    &q,
+                    &tessera_store::Brief::Bytes(vec![n]),
+                    &tessera_store::EnqueueOptions::default(),
+                )
+                .unwrap();
+        }
+        assert!(store.claim(&admin, &ns, &q).unwrap().claimed().is_some());
+        admin_key.secret.expose().to_owned()
+    };
+    // The file as version 2 left it: no priorities, the old claim indexes.
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP INDEX tasks_claim_order;
+             DROP INDEX attempts_lapsing;
+             ALTER TABLE tasks DROP COLUMN priority;
+             ALTER TABLE attempts DROP COLUMN priority;
+             CREATE INDEX tasks_claimable ON tasks (namespace, queue, claimable_at, id)
+                 WHERE claimable_at IS NOT NULL;
+             CREATE INDEX attempts_leased ON attempts (namespace, queue, lapses_at, expires_at, task)
+                 WHERE state = 'leased';
+             UPDATE tessera_meta SET value = '2' WHERE key = 'schema_version';",
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path, StoreConfig::default()).unwrap();
+    let admin = store.authenticate(Some(&secret)).unwrap();
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let second = store.claim(&admin, &ns, &q).unwrap();
+    assert!(
+        second.claimed().is_some(),
+        "the ready task is still claimable"
+    );
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let indexes: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' ORDER BY name")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for new in ["tasks_claim_order", "attempts_lapsing"] {
+        assert!(
+            indexes.iter().any(|name| name == new),
+            "{new} in {indexes:?}"
+        );
+    }
+    for old in ["tasks_claimable", "attempts_leased"] {
+        assert!(
+            !indexes.iter().any(|name| name == old),
+            "{old} dropped: {indexes:?}"
+        );
+    }
+    let version: String = conn
+        .query_row(
+            "SELECT value FROM tessera_meta WHERE key = 'schema_version'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION.to_string());
+}

@@ -14,7 +14,9 @@
 //! ```
 //!
 //! It listens on 127.0.0.1 unless `--bind` says otherwise (port 0 picks a
-//! free port) and prints a fresh admin key. SIGTERM or Ctrl-C shuts it down
+//! free port). The first start makes an admin key, prints it once and keeps
+//! it in `--admin-key-file`; later starts use it while it works, and
+//! `--new-admin-key` makes another. SIGTERM or Ctrl-C shuts it down
 //! gracefully: requests in flight finish, and claims still waiting get
 //! `503 shutting_down` with `Retry-After`. Keys go in `Authorization: Bearer <key>`; bodies are
 //! JSON.
@@ -587,9 +589,11 @@ fn claim_response(outcome: &ClaimOutcome) -> Response {
 
 // ---- the program ----
 
-/// Opens the store `args` name and makes the admin key: what the database
-/// is, for the log, and the store and key.
-fn open(args: &Args) -> Result<(Arc<Store>, String, IssuedKey), Error> {
+/// Opens the store `args` name and finds or makes the admin key: what the
+/// database is, for the log, the store, and the key if it was made now.
+fn open(
+    args: &Args,
+) -> Result<(Arc<Store>, String, AdminKey), Box<dyn std::error::Error + Send + Sync>> {
     let config = || {
         let config = StoreConfig::default()
             .with_admission(tessera_examples::admission_from_env("http_service"));
@@ -623,8 +627,41 @@ fn open(args: &Args) -> Result<(Arc<Store>, String, IssuedKey), Error> {
             )
         }
     };
-    let admin = store.create_admin_key("operator")?;
+    let admin = admin_key(&store, &args.admin_key_file, args.new_admin_key)?;
     Ok((Arc::new(store), database, admin))
+}
+
+/// The admin key: kept in a file of its own, made once.
+enum AdminKey {
+    /// Made now and written to the file: printed once.
+    Made(IssuedKey),
+    /// The file's key still works: not printed again.
+    Kept,
+}
+
+/// The key in `file` if it still authenticates and no new one is asked
+/// for; otherwise a new admin key, written to `file` (readable by its
+/// owner alone) before it is printed.
+fn admin_key(
+    store: &Store,
+    file: &std::path::Path,
+    new: bool,
+) -> Result<AdminKey, Box<dyn std::error::Error + Send + Sync>> {
+    if !new {
+        if let Ok(secret) = std::fs::read_to_string(file) {
+            if store.authenticate(Some(secret.trim())).is_ok() {
+                return Ok(AdminKey::Kept);
+            }
+        }
+    }
+    let key = store.create_admin_key("operator")?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    std::io::Write::write_all(&mut options.open(file)?, key.secret.expose().as_bytes())
+        .map_err(|error| format!("{}: {error}", file.display()))?;
+    Ok(AdminKey::Made(key))
 }
 
 struct Args {
@@ -641,6 +678,10 @@ struct Args {
     daily_rows: Option<u64>,
     /// The SQLite file's cap in pages; past it writes are `503`.
     page_cap: Option<u64>,
+    /// Where the admin key is kept.
+    admin_key_file: PathBuf,
+    /// Make another admin key even if the file's still works.
+    new_admin_key: bool,
 }
 
 const USAGE: &str = "\
@@ -654,6 +695,9 @@ usage: http_service [OPTIONS]
   --public NAMESPACE   a namespace whose health anyone may read (repeatable)
   --daily-rows N       refuse writes (503) past N rows written a day
   --page-cap N         refuse writes (503) past N pages of the SQLite file
+  --admin-key-file F   where the admin key is kept (default tessera-admin.key):
+                       made and printed once, then kept while it works
+  --new-admin-key      make and print another admin key (the file gets it)
   --help               this text
 
 Admission settings come from TESSERA_CLAIM_* (see AdmissionConfig::from_env).
@@ -670,6 +714,8 @@ fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Option<Args>, S
         public: Vec::new(),
         daily_rows: None,
         page_cap: None,
+        admin_key_file: PathBuf::from("tessera-admin.key"),
+        new_admin_key: false,
     };
     let mut words = words.into_iter();
     while let Some(word) = words.next() {
@@ -695,6 +741,8 @@ fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Option<Args>, S
             }
             "--daily-rows" => args.daily_rows = Some(number(&word, &value()?)?),
             "--page-cap" => args.page_cap = Some(number(&word, &value()?)?),
+            "--admin-key-file" => args.admin_key_file = PathBuf::from(value()?),
+            "--new-admin-key" => args.new_admin_key = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -752,14 +800,25 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let address = SocketAddr::from((args.bind, args.port));
     // Opening and key making are blocking store calls: off the runtime's
     // threads, as every store call is.
+    let key_file = args.admin_key_file.clone();
     let (store, database, admin) = tokio::task::spawn_blocking(move || open(&args))
         .await
-        .map_err(|error| error.to_string())??;
+        .map_err(|error| error.to_string())?
+        .map_err(|error| error.to_string())?;
     let listener = TcpListener::bind(address).await?;
     let address = listener.local_addr()?;
     println!("tessera http service on http://{address}");
     println!("database: {database}");
-    println!("admin key: {}", admin.secret.expose());
+    match admin {
+        AdminKey::Made(key) => {
+            println!(
+                "admin key: {} (kept in {})",
+                key.secret.expose(),
+                key_file.display()
+            );
+        }
+        AdminKey::Kept => println!("admin key: kept in {}", key_file.display()),
+    }
     serve_until(listener, store, shutdown_signal()).await?;
     println!("shut down");
     Ok(())

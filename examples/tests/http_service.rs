@@ -457,6 +457,9 @@ fn a_client_that_leaves_gives_up_its_place() {
     service.until_pending(0);
 }
 
+/// Numbers the processes a test run starts, for their key files.
+static NEXT_PROCESS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// An `http_service` process of its own, built beside this test.
 struct Process {
     child: std::process::Child,
@@ -467,8 +470,14 @@ struct Process {
 impl Process {
     fn start(url: &str, schema: &str) -> Self {
         let program = example_program("http_service");
+        let key_file = std::env::temp_dir().join(format!(
+            "tessera-admin-{schema}-{}.key",
+            NEXT_PROCESS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
         let mut child = std::process::Command::new(&program)
             .args(["--port", "0", "--postgres", url, "--schema", schema])
+            .arg("--admin-key-file")
+            .arg(&key_file)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap_or_else(|error| panic!("{}: {error}", program.display()));
@@ -481,7 +490,12 @@ impl Process {
             }
         };
         let address = said("tessera http service on http://").parse().unwrap();
-        let admin = said("admin key: ");
+        let admin = said("admin key: ")
+            .split_whitespace()
+            .next()
+            .expect("a key made now is printed")
+            .to_owned();
+        let _ = std::fs::remove_file(&key_file);
         Self {
             child,
             address,
@@ -788,4 +802,39 @@ fn metrics_are_served_as_prometheus_text() {
     ] {
         assert!(text.contains(metric), "{metric} in {text}");
     }
+}
+
+#[test]
+fn the_admin_key_is_made_once_and_another_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, key_file) = (dir.path().join("t.db"), dir.path().join("admin.key"));
+    let start = |extra: &[&str]| {
+        let mut child = std::process::Command::new(example_program("http_service"))
+            .args(["--port", "0", "--db"])
+            .arg(&db)
+            .arg("--admin-key-file")
+            .arg(&key_file)
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        let said = lines
+            .map(Result::unwrap)
+            .find(|line| line.starts_with("admin key: "))
+            .expect("the service says where its key is");
+        let _ = child.kill();
+        let _ = child.wait();
+        said
+    };
+    let first = start(&[]);
+    let secret = std::fs::read_to_string(&key_file).unwrap();
+    assert!(first.contains(&secret), "made and printed once: {first}");
+    let second = start(&[]);
+    assert!(!second.contains(&secret), "not printed again: {second}");
+    assert!(second.contains("kept in"), "{second}");
+    let third = start(&["--new-admin-key"]);
+    let another = std::fs::read_to_string(&key_file).unwrap();
+    assert_ne!(another, secret);
+    assert!(third.contains(&another), "{third}");
 }

@@ -589,11 +589,15 @@ fn claim_response(outcome: &ClaimOutcome) -> Response {
 
 // ---- the program ----
 
+/// The admin key if it was made now (to print once); `None` when the one
+/// in the key file still works.
+type MadeKey = Option<IssuedKey>;
+
 /// Opens the store `args` name and finds or makes the admin key: what the
 /// database is, for the log, the store, and the key if it was made now.
 fn open(
     args: &Args,
-) -> Result<(Arc<Store>, String, AdminKey), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(Arc<Store>, String, MadeKey), Box<dyn std::error::Error + Send + Sync>> {
     let config = || {
         let config = StoreConfig::default()
             .with_admission(tessera_examples::admission_from_env("http_service"));
@@ -631,14 +635,6 @@ fn open(
     Ok((Arc::new(store), database, admin))
 }
 
-/// The admin key: kept in a file of its own, made once.
-enum AdminKey {
-    /// Made now and written to the file: printed once.
-    Made(IssuedKey),
-    /// The file's key still works: not printed again.
-    Kept,
-}
-
 /// The key in `file` if it still authenticates and no new one is asked
 /// for; otherwise a new admin key, written to `file` (readable by its
 /// owner alone) before it is printed.
@@ -646,11 +642,11 @@ fn admin_key(
     store: &Store,
     file: &std::path::Path,
     new: bool,
-) -> Result<AdminKey, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<MadeKey, Box<dyn std::error::Error + Send + Sync>> {
     if !new {
         if let Ok(secret) = std::fs::read_to_string(file) {
             if store.authenticate(Some(secret.trim())).is_ok() {
-                return Ok(AdminKey::Kept);
+                return Ok(None);
             }
         }
     }
@@ -661,7 +657,7 @@ fn admin_key(
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
     std::io::Write::write_all(&mut options.open(file)?, key.secret.expose().as_bytes())
         .map_err(|error| format!("{}: {error}", file.display()))?;
-    Ok(AdminKey::Made(key))
+    Ok(Some(key))
 }
 
 struct Args {
@@ -810,14 +806,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("tessera http service on http://{address}");
     println!("database: {database}");
     match admin {
-        AdminKey::Made(key) => {
+        Some(key) => {
             println!(
                 "admin key: {} (kept in {})",
                 key.secret.expose(),
                 key_file.display()
             );
         }
-        AdminKey::Kept => println!("admin key: kept in {}", key_file.display()),
+        None => println!("admin key: kept in {}", key_file.display()),
     }
     serve_until(listener, store, shutdown_signal()).await?;
     println!("shut down");

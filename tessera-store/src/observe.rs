@@ -14,6 +14,32 @@ use tessera_audit::Action;
 
 use crate::model::audit::ActionScope;
 
+/// Times what a metric or event reports: the clock is read only when a
+/// feature will report it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timer {
+    #[cfg(any(feature = "tracing", feature = "metrics"))]
+    began: std::time::Instant,
+}
+
+impl Timer {
+    /// Starts timing.
+    pub(crate) fn start() -> Self {
+        Self {
+            #[cfg(any(feature = "tracing", feature = "metrics"))]
+            began: std::time::Instant::now(),
+        }
+    }
+
+    /// The time since [`start`](Self::start); zero without the features.
+    pub(crate) fn elapsed(self) -> Duration {
+        #[cfg(any(feature = "tracing", feature = "metrics"))]
+        return self.began.elapsed();
+        #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+        Duration::ZERO
+    }
+}
+
 /// A counter, gauge or histogram under a static key (name and labels), so
 /// nothing is allocated to look the recorder up.
 #[cfg(feature = "metrics")]

@@ -251,9 +251,9 @@ impl Store {
             }
         };
         let now = self.now_utc();
-        let began = Instant::now();
+        let timer = crate::observe::Timer::start();
         let result = self.lease(&scope, &caller, &request, now);
-        let service = began.elapsed();
+        let service = timer.elapsed();
         let principal = caller.principal();
         // Only an empty claim moves its queue's pacing; built before the
         // gate is taken, so the lock covers no allocation.

@@ -272,9 +272,9 @@ impl Writing {
             return Ok(());
         };
         let (now, rows, operations) = (batch.now, batch.rows, batch.operations);
-        let began = std::time::Instant::now();
+        let timer = crate::observe::Timer::start();
         let result = self.connection.commit(now, meter, rules, rows, operations);
-        crate::observe::commit(batch.ran, began.elapsed());
+        crate::observe::commit(batch.ran, timer.elapsed());
         if let Some(batch) = self.batch.take() {
             batch.outcome.decide(result.clone());
         }

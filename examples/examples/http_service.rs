@@ -240,7 +240,12 @@ fn parse_body<T: for<'de> Deserialize<'de>>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
     let body = body.map_err(rejected)?;
-    serde_json::from_slice(&body).map_err(|error| invalid(format!("request body: {error}")))
+    serde_json::from_slice(&body).map_err(|error| {
+        // A field's own parse error already reads "invalid input: …".
+        let error = error.to_string();
+        let error = error.strip_prefix("invalid input: ").unwrap_or(&error);
+        invalid(format!("request body: {error}"))
+    })
 }
 
 /// The path's parts, or the store's `400` for a path that does not decode.

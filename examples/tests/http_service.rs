@@ -689,6 +689,19 @@ fn every_refusal_is_json_with_its_status_and_code() {
         "{}",
         unknown.text()
     );
+    let bad_scope = service.send(
+        "POST",
+        "/v1/keys",
+        Some(&service.admin),
+        &[],
+        Some(&json!({ "account": "acme", "grants": ["bogus"] })),
+    );
+    assert_eq!(bad_scope.status, 400);
+    let message = bad_scope.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(message.matches("invalid input").count(), 1, "{message}");
     let huge = json!({ "brief": "x".repeat(3 << 20) });
     let too_large = service.send("POST", TASKS, Some(&worker), &[], Some(&huge));
     assert_eq!(too_large.status, 413);

@@ -361,16 +361,19 @@ macro_rules! event_columns {
     };
 }
 /// One principal's events, newest first, from the cursor (`$4`, `$5`) on:
-/// `at <= $4` starts the index range there.
+/// a backward range of `access_audit_by_principal (principal, at, id)`,
+/// in its own order, started at the cursor by `at <= $4`.
 const EVENTS_OF_PRINCIPAL: &str = concat!(
     event_columns!(),
     "WHERE principal = $1 AND at >= $2 AND at <= $4 AND (at, id) < ($4, $5) \
      ORDER BY at DESC, id DESC LIMIT $3"
 );
-/// Every event, newest first, from the cursor (`$3`, `$4`) on.
+/// Every event at or after `$1`, newest written first, below the cursor's
+/// row id `$3`: a backward range of the primary key, as SQLite reads its
+/// row ids, so a page reads no row it does not return.
 const EVENTS_ALL: &str = concat!(
     event_columns!(),
-    "WHERE at >= $1 AND at <= $3 AND (at, id) < ($3, $4) ORDER BY at DESC, id DESC LIMIT $2"
+    "WHERE at >= $1 AND id < $3 ORDER BY id DESC LIMIT $2"
 );
 macro_rules! counter_columns {
     () => {
@@ -559,7 +562,7 @@ impl ReadTransaction for PgTransaction<'_> {
             Some(principal) => {
                 self.query(EVENTS_OF_PRINCIPAL, &[&principal, &since, &limit, &at, &id])?
             }
-            None => self.query(EVENTS_ALL, &[&since, &limit, &at, &id])?,
+            None => self.query(EVENTS_ALL, &[&since, &limit, &id])?,
         };
         rows.iter()
             .map(|row| {
@@ -1084,5 +1087,106 @@ impl PgTransaction<'_> {
             self.execute(UPDATE_MAX_TRIES, &[&id, &max_tries])?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use postgres::types::ToSql;
+    use postgres::{Client, NoTls};
+
+    use super::*;
+    use crate::postgres::PostgresOptions;
+    use crate::{Store, StoreConfig};
+
+    /// Every claim, listing and audit-page statement searches an index (with
+    /// sequential scans priced out, as on a table too large to scan), and
+    /// the claim statements search the claim indexes once per priority.
+    #[test]
+    fn claim_listing_and_audit_statements_search_their_indexes() {
+        let Ok(url) = std::env::var("TESSERA_TEST_POSTGRES_URL") else {
+            println!("skipping: TESSERA_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let schema = format!("plans_{}", std::process::id());
+        let options = PostgresOptions::new(url.as_str()).with_schema(schema.as_str());
+        drop(Store::open_postgres(options, StoreConfig::default()).unwrap());
+        let mut client = Client::connect(&url, NoTls).unwrap();
+        client
+            .batch_execute(&format!(
+                "SET search_path TO \"{schema}\"; SET enable_seqscan = off;"
+            ))
+            .unwrap();
+        let (ns, queue, state) = ("renders", "jobs", "ready");
+        let (now, zero, limit, big) = (1_i64, 0_i64, 10_i64, i64::MAX);
+        let claim: &[&(dyn ToSql + Sync)] = &[&ns, &queue, &now, &zero];
+        let probe: &[&(dyn ToSql + Sync)] = &[&ns, &queue, &now];
+        let listing: &[&(dyn ToSql + Sync)] = &[&ns, &state, &zero, &zero, &limit];
+        let principal = "p1";
+        let mine: &[&(dyn ToSql + Sync)] = &[&principal, &zero, &limit, &big, &big];
+        let all: &[&(dyn ToSql + Sync)] = &[&zero, &limit, &big];
+        let cases: [(&str, &str, &[&(dyn ToSql + Sync)], &str, usize); 8] = [
+            (
+                "next claimable",
+                NEXT_CLAIMABLE,
+                claim,
+                "tasks_claim_order",
+                4,
+            ),
+            (
+                "peek claimable",
+                PEEK_CLAIMABLE,
+                claim,
+                "tasks_claim_order",
+                4,
+            ),
+            ("next lapsed", NEXT_LAPSED, claim, "attempts_lapsing", 4),
+            ("has claimable", HAS_CLAIMABLE, probe, "attempts_lapsing", 4),
+            (
+                "listing, oldest",
+                TASKS_BY_STATE_OLDEST,
+                listing,
+                "attempts_by_state",
+                1,
+            ),
+            (
+                "listing, newest",
+                TASKS_BY_STATE_NEWEST,
+                listing,
+                "attempts_by_state",
+                1,
+            ),
+            (
+                "one principal's audit",
+                EVENTS_OF_PRINCIPAL,
+                mine,
+                "access_audit_by_principal",
+                1,
+            ),
+            ("everyone's audit", EVENTS_ALL, all, "access_audit_pkey", 1),
+        ];
+        let mut failures = Vec::new();
+        for (name, sql, params, index, searches) in cases {
+            let plan: Vec<String> = client
+                .query(&format!("EXPLAIN {sql}"), params)
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            let found = plan.matches(&format!("using {index}")).count();
+            // A sort above the search would read every row the range holds;
+            // an incremental one sorts only the rows of one time.
+            let sorts = plan.matches("Sort").count() - plan.matches("Incremental Sort").count();
+            if plan.contains("Seq Scan") || found < searches || sorts > 0 {
+                failures.push(format!(
+                    "{name}: {searches} searches of {index} wanted\n{plan}"
+                ));
+            }
+        }
+        client
+            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .unwrap();
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     }
 }

@@ -1125,7 +1125,7 @@ mod tests {
         let principal = "p1";
         let mine: &[&(dyn ToSql + Sync)] = &[&principal, &zero, &limit, &big, &big];
         let all: &[&(dyn ToSql + Sync)] = &[&zero, &limit, &big];
-        let cases: [(&str, &str, &[&(dyn ToSql + Sync)], &str, usize); 8] = [
+        let cases: [(&str, &str, Params<'_>, &str, usize); 8] = [
             (
                 "next claimable",
                 NEXT_CLAIMABLE,

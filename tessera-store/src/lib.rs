@@ -120,22 +120,27 @@
 //!   and one commit (group commit), each under its own savepoint: a
 //!   failing write rolls back alone, a failed commit fails every write it
 //!   carried, and no caller is answered before its commit. The claim order is
-//!   oldest ready first, then lapsed leases and ended backoffs by when each
-//!   became claimable, from two index searches however many tasks wait: a
-//!   task's `claimable_at` (0 while an attempt is ready, else its earliest
-//!   backoff end) in the partial `tasks_claimable` index, and each leased
-//!   attempt's lapse time in the partial `attempts_leased` index. A leased
-//!   task is in the first only while it also has an attempt ready or in
-//!   backoff, so a heartbeat rewrites just its attempt's lease entry. The
+//!   the highest priority first, then oldest ready first, then lapsed
+//!   leases, ended backoffs and passed schedules by when each became
+//!   claimable, from index searches however many tasks wait (one per
+//!   priority of each index, at most four): a task's `claimable_at` (0
+//!   while an attempt is ready, else its earliest backoff end or not-before
+//!   time) in the partial `tasks_claim_order` index, and each leased
+//!   attempt's lapse time in the partial `attempts_lapsing` index. A leased
+//!   task is in the first only while it also has an attempt ready, in
+//!   backoff or scheduled, so a heartbeat rewrites just its attempt's lease
+//!   entry. The
 //!   store reads its clock at whole milliseconds, the
 //!   precision times are stored at, so a lease or receipt read back (or
 //!   replayed) equals the one first handed out.
 //! - **Claims**: only new claims enter admission, one [`Admission`](admission::Admission)
 //!   controller per store behind a `parking_lot` mutex. Thread-per-request
-//!   hosts call the blocking [`Store::claim`]; async hosts drive
+//!   hosts call the blocking [`Store::claim`]; async hosts await
+//!   [`Store::claim_async`] (or [`Store::claim_permit`], then
+//!   [`Store::finish_claim`] on a blocking pool), on any executor, or drive
 //!   [`Store::begin_claim`], [`Store::poll_claim_event`],
-//!   [`Store::poll_claim_timeout`], [`Store::cancel_claim`] and
-//!   [`Store::finish_claim`] (see `begin_claim` for the driver loop). A
+//!   [`Store::poll_claim_timeout`] and [`Store::cancel_claim`] themselves
+//!   (see `begin_claim` for the driver loop). A
 //!   [`ClaimPermit`] hands its capacity back when dropped, so no error or
 //!   panic leaks it. A [`Claimed`] lease serializes with the artifact key
 //!   its output goes under. Empty claims get the idle-pacing `Retry-After`.

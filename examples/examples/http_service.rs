@@ -433,10 +433,19 @@ async fn heartbeat(
     let request: HeldLease = parse_body(body)?;
     let task = task_ref(&ns, &task, request.version)?;
     let token = FencingToken::new(request.token)?;
+    let reference = task.clone();
     let lease = state
         .call(move |store| store.heartbeat(&caller, &task, token))
         .await?;
-    Ok(Json(lease).into_response())
+    Ok(Json(with_task_ref(json!(lease), &reference)).into_response())
+}
+
+/// `value` (a lease or a receipt, which name their task by its bare id)
+/// with its `task` as the task reference every route uses:
+/// `{namespace, id, version}`.
+fn with_task_ref(mut value: serde_json::Value, task: &TaskRef) -> serde_json::Value {
+    value["task"] = json!(task);
+    value
 }
 
 /// `POST .../submit`: like a heartbeat, plus the output: any JSON value,
@@ -470,6 +479,7 @@ async fn submit(
     let (ns, task) = path(task_path)?;
     let request: NewSubmission = parse_body(body)?;
     let task = task_ref(&ns, &task, request.version)?;
+    let reference = task.clone();
     let token = FencingToken::new(request.token)?;
     let output = Output::bytes(request.output.to_string());
     let submitted = state
@@ -479,7 +489,7 @@ async fn submit(
         Submitted::Accepted(receipt) => (receipt, false),
         Submitted::Replayed(receipt) => (receipt, true),
     };
-    let mut response = Json(receipt).into_response();
+    let mut response = Json(with_task_ref(json!(receipt), &reference)).into_response();
     if replayed {
         response.headers_mut().insert(
             HeaderName::from_static("idempotent-replayed"),
@@ -577,7 +587,11 @@ fn claim_response(outcome: &ClaimOutcome) -> Response {
     let mut response = match outcome {
         // The store's JSON of a claim: task, queue, brief, and the lease
         // with the artifact key the worker writes its output under.
-        ClaimOutcome::Granted(claimed) => Json(claimed).into_response(),
+        ClaimOutcome::Granted(claimed) => {
+            let mut body = json!(claimed);
+            body["lease"] = with_task_ref(body["lease"].take(), &claimed.task);
+            Json(body).into_response()
+        }
         _ => StatusCode::NO_CONTENT.into_response(),
     };
     let headers = response.headers_mut();

@@ -795,10 +795,26 @@ fn metrics_are_served_as_prometheus_text() {
     service.enqueue(&worker, TASKS, json!({ "frame": 1 }));
     let claimed = service.claim(&worker, CLAIMS);
     assert_eq!(claimed.status, 200);
-    assert!(
-        claimed.json()["waited_ms"].is_u64(),
-        "durations in milliseconds"
+    let body = claimed.json();
+    assert!(body["waited_ms"].is_u64(), "durations in milliseconds");
+    assert_eq!(
+        body["lease"]["task"], body["task"],
+        "one shape of task reference"
     );
+    assert!(body["task"]["namespace"].is_string());
+    let (id, token) = (
+        body["task"]["id"].as_str().unwrap(),
+        &body["lease"]["token"],
+    );
+    let beat = service.send(
+        "POST",
+        &format!("/v1/ns/renders/tasks/{id}/heartbeat"),
+        Some(&worker),
+        &[],
+        Some(&json!({ "version": 1, "token": token })),
+    );
+    assert_eq!(beat.status, 200, "{}", beat.text());
+    assert_eq!(beat.json()["task"], body["task"]);
     let reply = service.send("GET", "/metrics", None, &[], None);
     assert_eq!(reply.status, 200);
     assert!(

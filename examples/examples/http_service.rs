@@ -33,6 +33,7 @@
 //! | `GET /v1/ns/{ns}/health` | attempts per state |
 //! | `GET /v1/me/audit` | the caller's audit events and counters |
 //! | `GET /metrics` | the store's metrics, Prometheus text |
+//! | `GET /v1/openapi.json` | the OpenAPI document of these routes |
 //!
 //! Every error is the store's JSON body (`{"error": {"code", "message",
 //! "retry_after", "reset_at"}}`) with its status, and a `Retry-After` header
@@ -50,7 +51,7 @@ use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
@@ -91,17 +92,11 @@ pub(crate) async fn serve_until(
 
 /// The service's routes.
 fn app(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/v1/keys", post(create_key))
-        .route("/v1/ns/{ns}/queues/{queue}/tasks", post(enqueue))
-        .route("/v1/ns/{ns}/queues/{queue}/claims", post(claim))
-        .route("/v1/ns/{ns}/tasks/{task}/heartbeat", post(heartbeat))
-        .route("/v1/ns/{ns}/tasks/{task}/submit", post(submit))
-        .route("/v1/ns/{ns}/health", get(health))
-        .route("/v1/me/audit", get(my_audit))
-        .route("/v1/keys", get(list_keys))
-        .route("/metrics", get(metrics_text))
-        .route("/v1/keys/{key}", axum::routing::delete(revoke_key))
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, methods)| {
+            router.route(path, methods)
+        })
         .fallback(|| async {
             ApiError::Store(Error::NotFound {
                 what: "route".to_owned(),
@@ -115,6 +110,23 @@ fn app(state: Arc<AppState>) -> Router {
             )
         })
         .with_state(state)
+}
+
+/// Every path the router serves, with its methods; the OpenAPI document
+/// ([`ApiDoc`]) describes the same, as a test checks.
+pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+    vec![
+        ("/v1/keys", post(create_key).get(list_keys)),
+        ("/v1/keys/{key}", delete(revoke_key)),
+        ("/v1/me/audit", get(my_audit)),
+        ("/v1/ns/{ns}/queues/{queue}/tasks", post(enqueue)),
+        ("/v1/ns/{ns}/queues/{queue}/claims", post(claim)),
+        ("/v1/ns/{ns}/tasks/{task}/heartbeat", post(heartbeat)),
+        ("/v1/ns/{ns}/tasks/{task}/submit", post(submit)),
+        ("/v1/ns/{ns}/health", get(health)),
+        ("/metrics", get(metrics_text)),
+        ("/v1/openapi.json", get(openapi)),
+    ]
 }
 
 /// What every request shares.
@@ -284,21 +296,26 @@ fn bearer_key(headers: &HeaderMap) -> Option<&str> {
 
 /// `POST /v1/keys`: a key for a new principal of `account`, or another key
 /// for an existing `principal`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewKey {
     account: Option<String>,
     principal: Option<String>,
     #[serde(default)]
     admin: bool,
+    /// `enqueue`, `claim`, `read`.
     #[serde(default)]
+    #[schema(value_type = Vec<String>)]
     scopes: Vec<Scope>,
+    /// `namespace:<name>`, `namespace:*` or `admin`.
     #[serde(default)]
+    #[schema(value_type = Vec<String>)]
     grants: Vec<Grant>,
     #[serde(default)]
     label: String,
 }
 
+#[utoipa::path(post, path = "/v1/keys", request_body = NewKey, responses((status = 201, description = "the key, shown once, and its info", body = Object), (status = "4XX", description = "refused", body = ErrorSchema)), security(("bearer" = [])))]
 async fn create_key(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
@@ -325,6 +342,7 @@ async fn create_key(
 
 /// `GET /v1/keys`: the caller's keys (every key for an admin), without
 /// secrets.
+#[utoipa::path(get, path = "/v1/keys", responses((status = 200, description = "the caller's keys, or every key for an admin; no secrets", body = Object), (status = "4XX", description = "refused", body = ErrorSchema)), security(("bearer" = [])))]
 async fn list_keys(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
@@ -337,6 +355,7 @@ async fn list_keys(
 
 /// `DELETE /v1/keys/{key}`: revokes a key by its id (the caller's own, or
 /// any for an admin); the key's info as it now stands.
+#[utoipa::path(delete, path = "/v1/keys/{key}", params(("key" = String, Path, description = "the key id, 16 hex digits")), responses((status = 200, description = "the key's info, revoked", body = Object), (status = "4XX", description = "refused", body = ErrorSchema)), security(("bearer" = [])))]
 async fn revoke_key(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
@@ -349,6 +368,7 @@ async fn revoke_key(
     Ok(Json(info).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/me/audit", responses((status = 200, description = "the caller's audit events and counters", body = Object), (status = "4XX", description = "refused", body = ErrorSchema)), security(("bearer" = [])))]
 async fn my_audit(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
@@ -371,15 +391,17 @@ fn queue_names(ns: &str, queue: &str) -> Result<(Namespace, QueueName), ApiError
 
 /// `POST .../tasks`: a JSON brief, and optionally its id, version and
 /// number of competing attempts.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewTask {
+    #[schema(value_type = Object)]
     brief: serde_json::Value,
     id: Option<String>,
     version: Option<u32>,
     alternatives: Option<u16>,
 }
 
+#[utoipa::path(post, path = "/v1/ns/{ns}/queues/{queue}/tasks", params(("ns" = String, Path), ("queue" = String, Path)), request_body = NewTask, responses((status = 201, description = "the task's reference", body = Object), (status = "4XX", description = "refused", body = ErrorSchema), (status = 503, description = "storage refused the write", body = ErrorSchema)), security(("bearer" = [])))]
 async fn enqueue(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
@@ -416,13 +438,14 @@ fn task_ref(ns: &str, task: &str, version: u32) -> Result<TaskRef, ApiError> {
 
 /// `POST .../heartbeat`: the task's version and the fencing token from the
 /// claim.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct HeldLease {
     version: u32,
     token: i64,
 }
 
+#[utoipa::path(post, path = "/v1/ns/{ns}/tasks/{task}/heartbeat", params(("ns" = String, Path), ("task" = String, Path)), request_body = HeldLease, responses((status = 200, description = "the lease as it now stands", body = Object), (status = "4XX", description = "refused; 409 with its conflict code", body = ErrorSchema)), security(("bearer" = [])))]
 async fn heartbeat(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
@@ -450,11 +473,12 @@ fn with_task_ref(mut value: serde_json::Value, task: &TaskRef) -> serde_json::Va
 
 /// `POST .../submit`: like a heartbeat, plus the output: any JSON value,
 /// kept with the receipt.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewSubmission {
     version: u32,
     token: i64,
+    #[schema(value_type = Object)]
     output: serde_json::Value,
 }
 
@@ -463,6 +487,7 @@ const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Submits under the request's `Idempotency-Key`: a retry with the same key
 /// and output gets the same receipt (`Idempotent-Replayed: true`); the same
 /// key with another output is `409`.
+#[utoipa::path(post, path = "/v1/ns/{ns}/tasks/{task}/submit", params(("ns" = String, Path), ("task" = String, Path), ("Idempotency-Key" = String, Header, description = "the submission's key")), request_body = NewSubmission, responses((status = 200, description = "the receipt; Idempotent-Replayed: true on a replay", body = Object), (status = "4XX", description = "refused; 409 with its conflict code", body = ErrorSchema)), security(("bearer" = [])))]
 async fn submit(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
@@ -501,6 +526,7 @@ async fn submit(
 
 /// `GET .../health`: with a key, any namespace it may read; without one,
 /// only a namespace the store was configured to show publicly.
+#[utoipa::path(get, path = "/v1/ns/{ns}/health", params(("ns" = String, Path)), responses((status = 200, description = "attempts per state", body = Object), (status = "4XX", description = "refused", body = ErrorSchema)))]
 async fn health(
     State(state): State<Arc<AppState>>,
     ns: Result<Path<String>, PathRejection>,
@@ -523,6 +549,60 @@ async fn health(
     Ok(Json(snapshot).into_response())
 }
 
+// ---- the document ----
+
+/// The store's JSON error body, as every refusal carries it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // described, never built: the store's `ErrorBody` is
+struct ErrorSchema {
+    error: ErrorDetailSchema,
+}
+
+/// The inside of [`ErrorSchema`].
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct ErrorDetailSchema {
+    /// The stable code, e.g. `stale_token` or `storage_quota_exhausted`.
+    code: String,
+    /// A lowercase message.
+    message: String,
+    /// Seconds to wait, for `429` and `503`.
+    retry_after: Option<u64>,
+    /// When a provider allowance resets (RFC 3339), for `503`.
+    reset_at: Option<String>,
+}
+
+/// Every route, its bodies, headers and errors.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(title = "Tessera", description = "Hand out work under leases: enqueue, claim, heartbeat, submit."),
+    paths(create_key, list_keys, revoke_key, my_audit, enqueue, claim, heartbeat, submit, health, metrics_text, openapi),
+    components(schemas(NewKey, NewTask, HeldLease, NewSubmission, ErrorSchema, ErrorDetailSchema)),
+    modifiers(&Bearer)
+)]
+pub(crate) struct ApiDoc;
+
+/// Keys go in `Authorization: Bearer <key>`.
+struct Bearer;
+
+impl utoipa::Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        if let Some(components) = openapi.components.as_mut() {
+            components.add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+            );
+        }
+    }
+}
+
+/// `GET /v1/openapi.json`: this document.
+#[utoipa::path(get, path = "/v1/openapi.json", responses((status = 200, description = "the OpenAPI document", body = Object)))]
+async fn openapi() -> Response {
+    Json(<ApiDoc as utoipa::OpenApi>::openapi()).into_response()
+}
+
 // ---- metrics ----
 
 /// The process's Prometheus recorder, installed once; `/metrics` renders it.
@@ -541,6 +621,7 @@ pub(crate) fn prometheus() -> &'static metrics_exporter_prometheus::PrometheusHa
 
 /// `GET /metrics`: the store's gauges, counters and histograms in
 /// Prometheus' text format.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text", content_type = "text/plain")))]
 async fn metrics_text() -> Response {
     let text = prometheus().render();
     (
@@ -558,6 +639,7 @@ async fn metrics_text() -> Response {
 /// `POST .../claims`: `200` with the lease, `204` when the queue is empty,
 /// `429` when admission is overloaded; each with `Retry-After` where it
 /// applies, and the grant's `X-Claim-Wait-Ms` and `X-Claim-Concurrency`.
+#[utoipa::path(post, path = "/v1/ns/{ns}/queues/{queue}/claims", params(("ns" = String, Path), ("queue" = String, Path)), responses((status = 200, description = "a lease, its brief and artifact key; X-Claim-Wait-Ms, X-Claim-Concurrency", body = Object), (status = 204, description = "the queue is empty; Retry-After"), (status = 429, description = "overloaded; Retry-After", body = ErrorSchema), (status = 503, description = "shutting down; Retry-After", body = ErrorSchema), (status = "4XX", description = "refused", body = ErrorSchema)), security(("bearer" = [])))]
 async fn claim(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,

@@ -867,3 +867,45 @@ fn the_admin_key_is_made_once_and_another_on_request() {
     assert_ne!(another, secret);
     assert!(third.contains(&another), "{third}");
 }
+
+#[test]
+fn the_openapi_document_describes_exactly_the_routes_the_router_serves() {
+    let service = Service::start(small_window(), START);
+    let reply = service.send("GET", "/v1/openapi.json", None, &[], None);
+    assert_eq!(reply.status, 200);
+    let document = reply.json();
+    assert!(document["openapi"].as_str().unwrap().starts_with("3."));
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for method in operations.as_object().unwrap().keys() {
+            documented.insert((path.clone(), method.to_uppercase()));
+        }
+    }
+    // What the router serves: every method of every path it routes that
+    // is not refused as 405 (the path's parameters filled in).
+    let mut served = std::collections::BTreeSet::new();
+    for (path, _) in http_service::routes() {
+        let concrete = path
+            .replace("{ns}", "renders")
+            .replace("{queue}", "frames")
+            .replace("{task}", "t-1")
+            .replace("{key}", "0000000000000000");
+        for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
+            let reply = service.send(method, &concrete, Some(&service.admin), &[], None);
+            let fallback = reply.status == 404 && reply.text().contains("not found: route");
+            assert!(!fallback, "{method} {concrete} is routed");
+            if reply.status != 405 {
+                served.insert((path.to_owned(), method.to_owned()));
+            }
+        }
+    }
+    assert_eq!(documented, served);
+    // Each refusal's shape is the store's error body, and keys are bearer.
+    let schemas = &document["components"]["schemas"];
+    assert!(schemas["ErrorSchema"]["properties"]["error"].is_object());
+    assert!(schemas["NewTask"]["properties"]["brief"].is_object());
+    assert_eq!(
+        document["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}

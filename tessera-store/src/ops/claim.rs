@@ -91,14 +91,6 @@ impl Store {
         queue: &QueueName,
         count: usize,
     ) -> Result<ClaimedBatch, Error> {
-        if count == 0 || count > MAX_CLAIM_BATCH {
-            let error = Error::InvalidInput {
-                reason: format!("a batch claims 1 to {MAX_CLAIM_BATCH} tasks, not {count}"),
-            };
-            let scope = ActionScope::of(caller, Some(namespace), Action::Claim);
-            self.count(&scope, error.outcome());
-            return Err(error);
-        }
         let permit = self.admit_blocking(caller, namespace, queue, count, None)?;
         let leased = self.run_claim(permit)?;
         Ok(ClaimedBatch {
@@ -327,6 +319,14 @@ impl Store {
         by: WaitedBy,
     ) -> Result<ClaimStart, Error> {
         let scope = self.admit(caller, namespace, Scope::Claim, Action::Claim)?;
+        // Checked after the key, so a key without the scope is 403 first.
+        if count == 0 || count > MAX_CLAIM_BATCH {
+            let error = Error::InvalidInput {
+                reason: format!("a batch claims 1 to {MAX_CLAIM_BATCH} tasks, not {count}"),
+            };
+            self.count(&scope, error.outcome());
+            return Err(error);
+        }
         let request = Arc::new(ClaimRequest {
             caller: caller.clone(),
             namespace: namespace.clone(),

@@ -361,6 +361,10 @@ fn a_batch_claim_leases_tasks_in_claim_order_in_one_transaction(db: &TestDb) {
         .claim_batch(&worker, &ns, &q, MAX_CLAIM_BATCH + 1)
         .unwrap_err();
     assert_eq!(error.status(), 400);
+    // The key comes first: without the claim scope, any count is 403.
+    let enqueuer = f.login(&f.key(&[Scope::Enqueue], Grant::AllNamespaces));
+    let error = f.store.claim_batch(&enqueuer, &ns, &q, 0).unwrap_err();
+    assert_eq!(error.status(), 403);
 }
 
 conformance! {

@@ -425,43 +425,24 @@ impl From<tessera_lease::LeaseError> for Error {
                     reason: error.to_string(),
                 }
             }
-            LeaseError::IdempotencyConflict => {
-                Self::conflict(ConflictKind::IdempotencyConflict, error.to_string())
+            _ => {
+                let kind = match error {
+                    LeaseError::IdempotencyConflict => ConflictKind::IdempotencyConflict,
+                    LeaseError::StaleToken { .. } => ConflictKind::StaleToken,
+                    LeaseError::UnknownToken { .. } => ConflictKind::UnknownToken,
+                    LeaseError::WrongHolder { .. } => ConflictKind::WrongHolder,
+                    LeaseError::LeaseExpired { .. } => ConflictKind::LeaseExpired,
+                    LeaseError::LeaseEnded { .. } => ConflictKind::LeaseEnded,
+                    LeaseError::TaskCancelled { .. } => ConflictKind::TaskCancelled,
+                    LeaseError::TaskFinished => ConflictKind::TaskFinished,
+                    LeaseError::NoAttemptReady { .. } => ConflictKind::NotReady,
+                    LeaseError::NothingToRetry => ConflictKind::NothingToRetry,
+                    LeaseError::NothingToCancel => ConflictKind::NothingToCancel,
+                    LeaseError::TokensExhausted => ConflictKind::TokensExhausted,
+                    _ => ConflictKind::Other,
+                };
+                Self::conflict(kind, error.to_string())
             }
-            LeaseError::StaleToken { .. } => {
-                Self::conflict(ConflictKind::StaleToken, error.to_string())
-            }
-            LeaseError::UnknownToken { .. } => {
-                Self::conflict(ConflictKind::UnknownToken, error.to_string())
-            }
-            LeaseError::WrongHolder { .. } => {
-                Self::conflict(ConflictKind::WrongHolder, error.to_string())
-            }
-            LeaseError::LeaseExpired { .. } => {
-                Self::conflict(ConflictKind::LeaseExpired, error.to_string())
-            }
-            LeaseError::LeaseEnded { .. } => {
-                Self::conflict(ConflictKind::LeaseEnded, error.to_string())
-            }
-            LeaseError::TaskCancelled { .. } => {
-                Self::conflict(ConflictKind::TaskCancelled, error.to_string())
-            }
-            LeaseError::TaskFinished => {
-                Self::conflict(ConflictKind::TaskFinished, error.to_string())
-            }
-            LeaseError::NoAttemptReady { .. } => {
-                Self::conflict(ConflictKind::NotReady, error.to_string())
-            }
-            LeaseError::NothingToRetry => {
-                Self::conflict(ConflictKind::NothingToRetry, error.to_string())
-            }
-            LeaseError::NothingToCancel => {
-                Self::conflict(ConflictKind::NothingToCancel, error.to_string())
-            }
-            LeaseError::TokensExhausted => {
-                Self::conflict(ConflictKind::TokensExhausted, error.to_string())
-            }
-            _ => Self::conflict(ConflictKind::Other, error.to_string()),
         }
     }
 }

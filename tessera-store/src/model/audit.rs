@@ -171,14 +171,8 @@ impl FromStr for AuditCursor {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self, Error> {
-        let invalid = || Error::InvalidInput {
-            reason: format!("audit cursor {text:?} is not one an audit read gave"),
-        };
-        let (at, id) = text.split_once('.').ok_or_else(invalid)?;
-        Ok(Self {
-            at: at.parse().map_err(|_| invalid())?,
-            id: id.parse().map_err(|_| invalid())?,
-        })
+        let (at, id) = crate::model::cursor_parts(text, "audit cursor")?;
+        Ok(Self { at, id })
     }
 }
 

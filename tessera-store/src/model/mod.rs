@@ -8,6 +8,22 @@ pub(crate) mod session;
 pub(crate) mod task;
 pub(crate) mod wait;
 
+/// The two dot-separated numbers of a listing's cursor (`what` names it in
+/// the `400` for text no listing gave).
+pub(crate) fn cursor_parts<A: std::str::FromStr, B: std::str::FromStr>(
+    text: &str,
+    what: &str,
+) -> Result<(A, B), crate::error::Error> {
+    let invalid = || crate::error::Error::InvalidInput {
+        reason: format!("{what} {text:?} is not one a listing gave"),
+    };
+    let (a, b) = text.split_once('.').ok_or_else(invalid)?;
+    Ok((
+        a.parse().map_err(|_| invalid())?,
+        b.parse().map_err(|_| invalid())?,
+    ))
+}
+
 /// Durations in serde as whole milliseconds, as the headers count them.
 pub(crate) mod millis {
     use std::time::Duration;

@@ -277,14 +277,8 @@ impl std::str::FromStr for TaskCursor {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self, Error> {
-        let invalid = || Error::InvalidInput {
-            reason: format!("listing cursor {text:?} is not one a listing gave"),
-        };
-        let (row, attempt) = text.split_once('.').ok_or_else(invalid)?;
-        Ok(Self {
-            row: row.parse().map_err(|_| invalid())?,
-            attempt: attempt.parse().map_err(|_| invalid())?,
-        })
+        let (row, attempt) = crate::model::cursor_parts(text, "listing cursor")?;
+        Ok(Self { row, attempt })
     }
 }
 

@@ -390,15 +390,7 @@ impl Store {
     /// both); `409 nothing_to_retry` if no attempt is failed, discarded or
     /// cancelled. Audited as `retry_task` naming the task.
     pub fn retry_task(&self, caller: &Caller, task: &TaskRef) -> Result<Vec<AttemptNumber>, Error> {
-        let scope = self.admit(caller, &task.namespace, Scope::Enqueue, Action::RetryTask)?;
-        let now = self.now_utc();
-        let retried = self.perform(&scope, now, |writer| {
-            let (handle, mut rules) = load(writer.reads(), task)?;
-            let retried = apply(writer, handle, &mut rules, Task::retry)?;
-            Ok((retried, task.resource("")))
-        })?;
-        self.namespace_changed(&task.namespace);
-        Ok(retried)
+        self.operate(caller, task, Action::RetryTask, Task::retry)
     }
 
     /// An operator's cancel: every attempt of `task` not yet final becomes
@@ -416,15 +408,27 @@ impl Store {
         caller: &Caller,
         task: &TaskRef,
     ) -> Result<Vec<AttemptNumber>, Error> {
-        let scope = self.admit(caller, &task.namespace, Scope::Enqueue, Action::CancelTask)?;
+        self.operate(caller, task, Action::CancelTask, Task::cancel)
+    }
+
+    /// An operator's rule on `task` (the `enqueue` scope and the grant),
+    /// applied in one transaction and audited as `action` naming the task.
+    fn operate(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        action: Action,
+        rule: fn(&mut Task) -> Result<Vec<AttemptNumber>, LeaseError>,
+    ) -> Result<Vec<AttemptNumber>, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Enqueue, action)?;
         let now = self.now_utc();
-        let cancelled = self.perform(&scope, now, |writer| {
+        let changed = self.perform(&scope, now, |writer| {
             let (handle, mut rules) = load(writer.reads(), task)?;
-            let cancelled = apply(writer, handle, &mut rules, Task::cancel)?;
-            Ok((cancelled, task.resource("")))
+            let changed = apply(writer, handle, &mut rules, rule)?;
+            Ok((changed, task.resource("")))
         })?;
         self.namespace_changed(&task.namespace);
-        Ok(cancelled)
+        Ok(changed)
     }
 
     /// Returns the lapsed leases of `namespace` to their attempts' next

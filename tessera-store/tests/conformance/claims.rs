@@ -14,17 +14,6 @@ use tessera_store::{
 
 use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
 
-fn with_capacity(db: &TestDb, capacity: u32, max_wait: Duration) -> Fixture<'_> {
-    Fixture::with(db, |config| {
-        config.with_admission(AdmissionConfig {
-            initial_concurrency: capacity,
-            max_concurrency: capacity.max(1024),
-            max_wait,
-            ..AdmissionConfig::default()
-        })
-    })
-}
-
 /// Spins (yielding) until `condition` holds; used only to wait for real
 /// threads to reach their park, never to let time pass.
 fn until(mut condition: impl FnMut() -> bool) {
@@ -118,7 +107,7 @@ fn a_burst_of_a_thousand_claims_from_one_key_waits_instead_of_429(db: &TestDb) {
 }
 
 fn waiting_principals_take_turns(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(10));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(10));
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let heavy = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     let light = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
@@ -157,7 +146,7 @@ fn waiting_principals_take_turns(db: &TestDb) {
 }
 
 fn a_key_revoked_while_waiting_gets_401_and_the_task_stays_ready(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(10));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(10));
     let ns = namespace("renders");
     let holder = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     let waiter_key = f.full_worker(Grant::Namespace(ns.clone()));
@@ -187,7 +176,7 @@ fn a_key_revoked_while_waiting_gets_401_and_the_task_stays_ready(db: &TestDb) {
 }
 
 fn a_waiting_claim_past_its_deadline_is_429_and_never_granted(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(2));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(2));
     let ns = namespace("renders");
     let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     f.enqueue(&worker, &ns, &queue("jobs"), 1);
@@ -211,7 +200,7 @@ fn a_waiting_claim_past_its_deadline_is_429_and_never_granted(db: &TestDb) {
 }
 
 fn a_cancelled_waiting_claim_leaves_the_queue(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(10));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(10));
     let ns = namespace("renders");
     let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     f.enqueue(&worker, &ns, &queue("jobs"), 1);
@@ -238,7 +227,7 @@ fn a_cancelled_waiting_claim_leaves_the_queue(db: &TestDb) {
 }
 
 fn capacity_comes_back_after_a_panic_or_a_failed_transaction(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(10));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(10));
     let ns = namespace("renders");
     let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     f.enqueue(&worker, &ns, &queue("jobs"), 2);
@@ -357,7 +346,7 @@ fn drive_async(store: &Store, claims: &[(Caller, Namespace, QueueName)]) -> Vec<
 }
 
 fn async_steps_report_the_wait_and_the_limit_and_wake_the_host(db: &TestDb) {
-    let f = with_capacity(db, 2, Duration::from_secs(10));
+    let f = Fixture::with_capacity(db, 2, Duration::from_secs(10));
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     f.enqueue(&worker, &ns, &q, 4);
@@ -402,7 +391,7 @@ fn async_steps_report_the_wait_and_the_limit_and_wake_the_host(db: &TestDb) {
 }
 
 fn claims_without_the_scope_or_grant_never_enter_admission(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(10));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(10));
     let ns = namespace("renders");
     let reader = f.login(
         &f.store

@@ -9,20 +9,9 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::Duration;
 
-use tessera_store::{AdmissionConfig, ClaimOutcome, ClaimStart, Error, Grant};
+use tessera_store::{ClaimOutcome, ClaimStart, Error, Grant};
 
 use crate::harness::{Fixture, TestDb, namespace, queue};
-
-fn with_capacity(db: &TestDb, capacity: u32, max_wait: Duration) -> Fixture<'_> {
-    Fixture::with(db, |config| {
-        config.with_admission(AdmissionConfig {
-            initial_concurrency: capacity,
-            max_concurrency: capacity.max(1024),
-            max_wait,
-            ..AdmissionConfig::default()
-        })
-    })
-}
 
 /// The second executor: polls on this thread, parking between polls until
 /// the future's waker unparks it.
@@ -54,14 +43,24 @@ impl Wake for Count {
 
 fn assert_send<T: Send>(_: &T) {}
 
+/// Takes the one unit of `f`'s window for `worker` in `renders/jobs`.
+fn hold(f: &Fixture<'_>, worker: &tessera_store::Caller) -> tessera_store::ClaimPermit {
+    match f
+        .store
+        .begin_claim(worker, &namespace("renders"), &queue("jobs"))
+        .unwrap()
+    {
+        ClaimStart::Admitted(permit) => permit,
+        ClaimStart::Queued(_) => panic!("the window has room for one"),
+    }
+}
+
 fn a_waiting_async_claim_is_woken_when_capacity_frees(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(30));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(30));
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
     let task = f.enqueue(&worker, &ns, &q, 1).remove(0);
-    let ClaimStart::Admitted(held) = f.store.begin_claim(&worker, &ns, &q).unwrap() else {
-        panic!("the window has room for one");
-    };
+    let held = hold(&f, &worker);
 
     // Polled by hand: pending, with nothing offered before the first poll.
     let future = f.store.claim_async(&worker, &ns, &q);
@@ -93,16 +92,14 @@ fn a_waiting_async_claim_is_woken_when_capacity_frees(db: &TestDb) {
 }
 
 fn an_async_claim_runs_on_a_bare_executor_and_on_tokio(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(30));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(30));
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
     let tasks = f.enqueue(&worker, &ns, &q, 2);
 
     // A parked thread's executor: the claim waits while another holds the
     // window, and completes when it is handed back.
-    let ClaimStart::Admitted(held) = f.store.begin_claim(&worker, &ns, &q).unwrap() else {
-        panic!("room for one");
-    };
+    let held = hold(&f, &worker);
     let outcome = thread::scope(|scope| {
         let claimer = scope.spawn(|| block_on(f.store.claim_async(&worker, &ns, &q)));
         while f.store.claim_stats().pending == 0 {
@@ -120,9 +117,7 @@ fn an_async_claim_runs_on_a_bare_executor_and_on_tokio(db: &TestDb) {
         .enable_time()
         .build()
         .unwrap();
-    let ClaimStart::Admitted(held) = f.store.begin_claim(&worker, &ns, &q).unwrap() else {
-        panic!("room for one");
-    };
+    let held = hold(&f, &worker);
     let permit = runtime.block_on(async {
         let waiting = f.store.claim_permit(&worker, &ns, &q);
         let release = async {
@@ -137,9 +132,7 @@ fn an_async_claim_runs_on_a_bare_executor_and_on_tokio(db: &TestDb) {
 
     // Dropped while it waits (a client that left), it leaves the room and
     // never takes a turn.
-    let ClaimStart::Admitted(held) = f.store.begin_claim(&worker, &ns, &q).unwrap() else {
-        panic!("room for one");
-    };
+    let held = hold(&f, &worker);
     let timed_out = runtime.block_on(async {
         tokio::time::timeout(
             Duration::from_millis(20),
@@ -159,13 +152,11 @@ fn an_async_claim_runs_on_a_bare_executor_and_on_tokio(db: &TestDb) {
 }
 
 fn an_async_claim_past_its_deadline_is_429_without_a_host_timer(db: &TestDb) {
-    let f = with_capacity(db, 1, Duration::from_secs(2));
+    let f = Fixture::with_capacity(db, 1, Duration::from_secs(2));
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
     f.enqueue(&worker, &ns, &q, 1);
-    let ClaimStart::Admitted(held) = f.store.begin_claim(&worker, &ns, &q).unwrap() else {
-        panic!("room for one");
-    };
+    let held = hold(&f, &worker);
     let outcome = thread::scope(|scope| {
         let claimer = scope.spawn(|| block_on(f.store.claim_async(&worker, &ns, &q)));
         while f.store.claim_stats().pending == 0 {

@@ -2,11 +2,12 @@
 //! already set up; and the names tests use.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use tessera_store::{
-    Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Error, Grant, IssuedKey, KeySpec,
-    ManualClock, Namespace, QueueName, Scope, Store, StoreConfig, TaskId, TaskRef,
+    AdmissionConfig, Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Error, Grant, IssuedKey,
+    KeySpec, ManualClock, Namespace, QueueName, Scope, Store, StoreConfig, TaskId, TaskRef,
 };
 
 use super::TestDb;
@@ -69,6 +70,19 @@ pub(crate) struct Fixture<'db> {
 impl<'db> Fixture<'db> {
     pub(crate) fn new(db: &'db TestDb) -> Self {
         Self::with(db, |config| config)
+    }
+
+    /// A fixture whose admission admits `capacity` claims at once and lets
+    /// others wait up to `max_wait`.
+    pub(crate) fn with_capacity(db: &'db TestDb, capacity: u32, max_wait: Duration) -> Self {
+        Self::with(db, |config| {
+            config.with_admission(AdmissionConfig {
+                initial_concurrency: capacity,
+                max_concurrency: capacity.max(1024),
+                max_wait,
+                ..AdmissionConfig::default()
+            })
+        })
     }
 
     pub(crate) fn with(

@@ -158,12 +158,28 @@ impl<K: Hash + Eq + Clone, Q: Hash + Eq + Clone> IdlePacing<K, Q> {
     /// The hint the next empty claim of `key` on `queue` would get, without
     /// recording anything.
     pub fn peek(&self, key: &K, queue: &Q) -> Duration {
-        let level = self.keys.get(key).and_then(|state| {
-            let streak = state.streaks.get(queue)?;
-            let current = streak.is_current(state.epoch, self.queue_epoch(queue));
-            current.then(|| (streak.level + 1).min(LAST_LEVEL))
-        });
+        let level = self
+            .current_level(key, queue)
+            .map(|level| (level + 1).min(LAST_LEVEL));
         IDLE_HINTS[usize::from(level.unwrap_or(0))]
+    }
+
+    /// Whether `key`'s last claim on `queue` found it empty, with no lease
+    /// granted to `key` and no enqueue to `queue` since: the queue is
+    /// likely still empty for that key, so a host may answer its next claim
+    /// from a cheap read before taking the write path.
+    pub fn found_empty(&self, key: &K, queue: &Q) -> bool {
+        self.current_level(key, queue).is_some()
+    }
+
+    /// The level of `key`'s streak on `queue`, if it has one that no reset
+    /// made fresh.
+    fn current_level(&self, key: &K, queue: &Q) -> Option<u8> {
+        let state = self.keys.get(key)?;
+        let streak = state.streaks.get(queue)?;
+        streak
+            .is_current(state.epoch, self.queue_epoch(queue))
+            .then_some(streak.level)
     }
 
     /// `key` was granted a lease: its hints start again at 5 s on every queue.

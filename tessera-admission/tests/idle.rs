@@ -85,6 +85,21 @@ fn repeated_resets_and_resets_before_any_empty() {
 }
 
 #[test]
+fn found_empty_until_a_grant_or_an_enqueue() {
+    let mut idle = pacing(100);
+    assert!(!idle.found_empty(&"k", &"q"));
+    let _ = idle.empty(&"k", &"q", origin());
+    assert!(idle.found_empty(&"k", &"q"));
+    assert!(!idle.found_empty(&"k", &"other"));
+    assert!(!idle.found_empty(&"other", &"q"));
+    idle.granted(&"k");
+    assert!(!idle.found_empty(&"k", &"q"));
+    let _ = idle.empty(&"k", &"q", origin());
+    idle.enqueued(&"q");
+    assert!(!idle.found_empty(&"k", &"q"));
+}
+
+#[test]
 fn peek_shows_the_next_hint_without_recording() {
     let mut idle = pacing(100);
     let start = origin();
@@ -233,9 +248,12 @@ proptest! {
             match op {
                 Op::Empty { key, queue, at } => {
                     let peeked = idle.peek(&key, &queue);
+                    let streak = matches!(model.entries.get(&(key, queue)), Some((Some(_), _)));
+                    prop_assert_eq!(idle.found_empty(&key, &queue), streak);
                     let hint = idle.empty(&key, &queue, start + Duration::from_secs(at));
                     prop_assert_eq!(hint, model.empty(key, queue, at, capacity));
                     prop_assert_eq!(peeked, hint);
+                    prop_assert!(idle.found_empty(&key, &queue));
                 }
                 Op::Granted { key } => {
                     idle.granted(&key);

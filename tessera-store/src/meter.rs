@@ -33,9 +33,11 @@ pub struct MeterSnapshot {
     pub rows_written: u64,
     /// Rows returned by the store's statements.
     pub rows_read: u64,
-    /// Write transactions committed. On SQLite the writes of concurrent
-    /// callers share transactions (group commit), so this can be less than
-    /// the number of writing operations; rows are counted per operation.
+    /// Write transactions committed that wrote at least one row (a claim
+    /// that finds its queue empty on the write path commits nothing). On
+    /// SQLite the writes of concurrent callers share transactions (group
+    /// commit), so this can be less than the number of writing operations;
+    /// rows are counted per operation.
     pub write_transactions: u64,
     /// Write transactions refused as a storage quota refusal.
     pub refused_writes: u64,

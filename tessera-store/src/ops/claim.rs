@@ -54,6 +54,11 @@ impl Store {
     /// became claimable), grants its lease
     /// under the next fencing token and writes the audit row. An empty
     /// queue writes nothing and returns the idle-pacing `Retry-After`.
+    /// A key that found the queue empty, with no lease granted to it and
+    /// no enqueue to the queue since, has its next claim there answered
+    /// from a read connection first, without the write lock, as is every
+    /// claim while writes are refused; other claims search the queue in
+    /// the lease transaction itself.
     ///
     /// The deadline is kept on the store's clock: a thread parks in real
     /// time, for at most [`Clock::max_park`](crate::Clock::max_park) at a time, and re-reads the
@@ -404,19 +409,26 @@ impl Store {
     ) -> Result<Vec<(TaskRef, Lease, Brief)>, Error> {
         let (namespace, queue) = (&request.namespace, &request.queue);
         let session = caller.kind() == PrincipalKind::Anonymous;
-        // An empty queue is answered from a read connection: no write lock,
-        // nothing written, and it answers while writes are refused. A
-        // session's first use goes on to create its namespace.
-        let (claimable, opened) = self
-            .read(|reader| {
-                let claimable = reader.has_claimable(namespace, queue, now)?;
-                let opened = !session || reader.namespace_exists(namespace)?;
-                Ok((claimable, opened))
-            })
-            .inspect_err(|error| self.count(scope, error.outcome()))?;
-        if !claimable && opened {
-            self.count(scope, Outcome::Empty);
-            return Ok(Vec::new());
+        // A key that found this queue empty, with no grant or enqueue
+        // since, likely finds it empty again: that claim is answered from a
+        // read connection, with no write lock and nothing written, as is
+        // every claim while writes are refused. Any other claim goes
+        // straight to the lease transaction, which finds the queue's first
+        // claimable task (or none, writing nothing) on pages it reads
+        // anyway. A session's first use goes on to create its namespace.
+        let idle_queue = (namespace.clone(), queue.clone());
+        if self.is_refusing_writes() || self.gate.found_empty(&caller.principal(), &idle_queue) {
+            let (claimable, opened) = self
+                .read(|reader| {
+                    let claimable = reader.has_claimable(namespace, queue, now)?;
+                    let opened = !session || reader.namespace_exists(namespace)?;
+                    Ok((claimable, opened))
+                })
+                .inspect_err(|error| self.count(scope, error.outcome()))?;
+            if !claimable && opened {
+                self.count(scope, Outcome::Empty);
+                return Ok(Vec::new());
+            }
         }
         let holder = caller.lease_principal();
         let duration = self.config.lease_duration();

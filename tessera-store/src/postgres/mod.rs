@@ -541,10 +541,6 @@ impl Backend for PostgresBackend {
         work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<(), Error>,
     ) -> Result<Committed, Error> {
         let refusing = self.refusing.load(Ordering::SeqCst);
-        if self.allowance.lock().is_spent(now) {
-            self.refused_writes.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::storage_quota_exhausted(now));
-        }
         for _ in 0..self.retries {
             match self.try_write(now, refusing, work) {
                 Ok(Some(committed)) => return Ok(committed),

@@ -447,25 +447,10 @@ impl WriteConnection {
         rules: &QuotaRules,
         work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
     ) -> Result<Done<T>, Error> {
-        self.refuse_if_spent(now, meter)?;
         self.begin(now, meter, rules)?;
         let done = self.operation(now, meter, rules, None, work)?;
         self.commit(now, meter, rules, done.rows, 1)?;
         Ok(done)
-    }
-
-    /// `503 storage_quota_exhausted` (counted) if today's rows-written
-    /// allowance is spent: a write is refused before it begins.
-    pub(crate) fn refuse_if_spent(
-        &mut self,
-        now: DateTime<Utc>,
-        meter: &Meter,
-    ) -> Result<(), Error> {
-        if self.allowance.is_spent(now) {
-            meter.refused();
-            return Err(Error::storage_quota_exhausted(now));
-        }
-        Ok(())
     }
 
     /// Opens a transaction for one or more operations: `BEGIN IMMEDIATE`.

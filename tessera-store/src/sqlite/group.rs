@@ -208,7 +208,6 @@ impl Writing {
         rules: &QuotaRules,
         work: impl FnOnce(&Writer<'_>) -> Result<(), Error>,
     ) -> Result<bool, Error> {
-        self.connection.refuse_if_spent(now, meter)?;
         if self.batch.is_none() {
             self.connection.begin(now, meter, rules)?;
         }

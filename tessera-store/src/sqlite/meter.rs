@@ -19,9 +19,13 @@ impl Meter {
         self.rows_read.fetch_add(rows, Ordering::Relaxed);
     }
 
+    /// A commit of `rows`; one that wrote none (an empty claim or a
+    /// replay on the write path) is no write transaction.
     pub(crate) fn committed(&self, rows: u64) {
-        self.rows_written.fetch_add(rows, Ordering::Relaxed);
-        self.write_transactions.fetch_add(1, Ordering::Relaxed);
+        if rows > 0 {
+            self.rows_written.fetch_add(rows, Ordering::Relaxed);
+            self.write_transactions.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn refused(&self) {

@@ -495,6 +495,13 @@ impl Gate {
     pub(crate) fn enqueued(&self, key: &QueueKey) {
         self.shared.state.lock().idle.enqueued(key);
     }
+
+    /// Whether `principal`'s last claim on the queue found it empty, with
+    /// no lease granted to it and no enqueue to the queue since
+    /// ([`IdlePacing::found_empty`]).
+    pub(crate) fn found_empty(&self, principal: &PrincipalId, key: &QueueKey) -> bool {
+        self.shared.state.lock().idle.found_empty(principal, key)
+    }
 }
 
 pub(crate) fn rate_limited(rejection: &Rejection) -> Error {

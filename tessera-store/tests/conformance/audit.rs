@@ -132,10 +132,11 @@ fn reads_hide_expired_rows_and_retention_deletes_them_in_batches(db: &TestDb) {
     assert!(report.retention_ran);
     assert_eq!(report.rows_deleted, events);
     if db.meters_rows() {
-        // Events in batches of 500, 500 and 202; one short batch for each
-        // of keys, principals, limits, counters, session tasks and
-        // namespaces.
-        assert_eq!(cost.write_transactions, 3 + 6);
+        // Events in batches of 500, 500 and 202. The short batches of
+        // keys, principals, limits, counters, session tasks and namespaces
+        // find nothing to delete: a commit that wrote nothing is no write
+        // transaction.
+        assert_eq!(cost.write_transactions, 3);
         // Each deleted event is its row and its principal index entry.
         assert_eq!(cost.rows_written, events * 2);
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{TimeZone, Utc};
 use tessera_store::{
-    Brief, EnqueueOptions, Grant, ManualClock, Scope, Store, StoreConfig, WaitOutcome,
+    Brief, ClaimOutcome, EnqueueOptions, Grant, ManualClock, Scope, Store, StoreConfig, WaitOutcome,
 };
 
 use harness::{BackendKind, Fixture, TestDb, assert_quota, midnight, namespace, noon, queue};
@@ -291,7 +291,10 @@ fn the_daily_allowance_is_503_until_midnight_and_reads_answer() {
     let Some(db) = database() else { return };
     let f = Fixture::with(&db, |config| config.with_daily_rows_written_allowance(40));
     let (ns, q) = (namespace("farm"), queue("frames"));
-    let key = f.key(&[Scope::Enqueue, Scope::Read], Grant::Namespace(ns.clone()));
+    let key = f.key(
+        &[Scope::Enqueue, Scope::Read, Scope::Claim],
+        Grant::Namespace(ns.clone()),
+    );
     let worker = f.login(&key);
     let mut enqueued = 0;
     let error = loop {
@@ -313,6 +316,13 @@ fn the_daily_allowance_is_503_until_midnight_and_reads_answer() {
         f.store.health(&worker, &ns).unwrap().attempts.ready,
         enqueued
     );
+    // A claim that would lease is a write; one that finds its queue empty
+    // writes nothing and answers.
+    assert_refused_at_noon(&f.store.claim(&worker, &ns, &q).unwrap_err());
+    assert!(matches!(
+        f.store.claim(&worker, &ns, &queue("empty")).unwrap(),
+        ClaimOutcome::Empty { .. }
+    ));
     // A new UTC day brings a new allowance.
     f.clock
         .set_utc(Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 1).unwrap());

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeDelta, TimeZone, Utc};
-use tessera_store::{Grant, IssuedKey, KeyFilter, ManualClock, Store, StoreConfig};
+use tessera_store::{
+    ClaimOutcome, Grant, IssuedKey, KeyFilter, ManualClock, Namespace, QueueName, Store,
+    StoreConfig,
+};
 
 use crate::assert_quota;
 use crate::harness::{Fixture, TestDb, noon};
@@ -82,6 +85,15 @@ fn the_daily_allowance_refuses_until_utc_midnight() {
             .len(),
         1
     );
+    // So does a claim that finds its queue empty: it writes nothing.
+    let (ns, q) = (
+        Namespace::parse("farm").unwrap(),
+        QueueName::parse("empty").unwrap(),
+    );
+    assert!(matches!(
+        store.claim(&admin, &ns, &q).unwrap(),
+        ClaimOutcome::Empty { .. }
+    ));
 
     clock.advance(Duration::from_secs(3600));
     store.create_admin_key("more").unwrap();

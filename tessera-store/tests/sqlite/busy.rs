@@ -119,6 +119,12 @@ fn a_write_lock_held_past_the_busy_timeout_is_a_storage_error_not_a_hang() {
         setup.config(),
     );
     let worker = setup.login(&worker_key);
+    // The worker finds this queue empty: its next claim there, with no
+    // grant or enqueue since, is answered from a read connection.
+    assert!(matches!(
+        setup.store.claim(&worker, &ns, &queue("idle")).unwrap(),
+        ClaimOutcome::Empty { .. }
+    ));
     let before = db.table_snapshot();
 
     // Another process's connection takes the write lock and keeps it.
@@ -129,6 +135,9 @@ fn a_write_lock_held_past_the_busy_timeout_is_a_storage_error_not_a_hang() {
         let options = EnqueueOptions::default().with_task_id(task_id(7));
         assert_busy(store.enqueue(&worker, &ns, &q, &Brief::Bytes(vec![1]), &options));
         assert_busy(store.claim(&worker, &ns, &q));
+        // A queue this key never found empty is searched by the lease
+        // transaction itself, behind the lock.
+        assert_busy(store.claim(&worker, &ns, &queue("unpolled")));
         assert_busy(store.heartbeat(&worker, &live.task, token));
         assert_busy(store.submit(&worker, &live.task, token, &key("k"), &Output::bytes("x")));
         assert_busy(store.fail(&worker, &live.task, token, Retry::Never));
@@ -139,8 +148,9 @@ fn a_write_lock_held_past_the_busy_timeout_is_a_storage_error_not_a_hang() {
         assert_busy(store.read_task(&worker, &live.task));
     });
     without_hanging("the reads that write nothing", || {
-        // Authentication (its observation write fails quietly), an empty
-        // queue and public health answer from the read connections.
+        // Authentication (its observation write fails quietly), a queue
+        // the key found empty and public health answer from the read
+        // connections.
         let again = store
             .authenticate(Some(worker_key.secret.expose()))
             .unwrap();

@@ -16,6 +16,7 @@ use rusqlite::{Connection, OpenFlags, Params, Row};
 
 use tessera_admission::DailyRowAllowance;
 
+use super::checkpoint::{BACKSTOP_PAGES, Checkpointer};
 use super::meter::Meter;
 use super::quota::{QuotaRules, classify};
 use crate::backend::Fit;
@@ -39,6 +40,14 @@ pub(crate) enum Location {
 impl Location {
     pub(crate) fn is_memory(&self) -> bool {
         matches!(self, Self::Memory(_))
+    }
+
+    /// A connection for the checkpoint thread: read-write, since a
+    /// checkpoint writes the database file, with the store's settings.
+    pub(crate) fn open_for_checkpoints(&self) -> rusqlite::Result<Connection> {
+        let conn = self.open(false)?;
+        configure(&conn, Duration::ZERO)?;
+        Ok(conn)
     }
 
     fn open(&self, read_only: bool) -> rusqlite::Result<Connection> {
@@ -290,6 +299,8 @@ pub(crate) struct WriteConnection {
     /// by the authorizer when it is prepared.
     assignments: AssignmentCache,
     allowance: DailyRowAllowance,
+    /// Checkpoints off the write path, on a file.
+    checkpointer: Option<Checkpointer>,
 }
 
 /// The savepoint an optional tail runs under.
@@ -334,6 +345,15 @@ impl WriteConnection {
         }
         let hooks = Arc::new(HookState::default());
         hooks.refusing.store(refusing, Ordering::Relaxed);
+        let checkpointer = match location {
+            Location::File(_) => Checkpointer::start(location.clone(), Arc::clone(&hooks)).ok(),
+            Location::Memory(_) => None,
+        };
+        if checkpointer.is_some() {
+            // A connection setting, made before the authorizer is in place:
+            // SQLite's own checkpoint, as the backstop.
+            conn.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)?;
+        }
         let for_updates = Arc::clone(&hooks);
         conn.update_hook(Some(move |action: Action, _: &str, table: &str, _: i64| {
             let rows = for_updates.rows_for(action, table);
@@ -348,6 +368,7 @@ impl WriteConnection {
             hooks,
             assignments: RefCell::new(HashMap::new()),
             allowance: DailyRowAllowance::new(daily_allowance),
+            checkpointer,
         })
     }
 
@@ -577,6 +598,9 @@ impl WriteConnection {
         }
         self.allowance.record(now, rows);
         meter.committed(rows);
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.committed(rows);
+        }
         Ok(())
     }
 
@@ -608,6 +632,9 @@ impl WriteConnection {
     /// refused the file is left as it is, SQLite's own checkpoint on close
     /// included; the next open reads the log.
     pub(crate) fn checkpoint_on_close(&mut self) {
+        if let Some(mut checkpointer) = self.checkpointer.take() {
+            checkpointer.stop();
+        }
         if self.is_refusing() {
             let _ = self
                 .conn

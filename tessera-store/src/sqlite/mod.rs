@@ -8,7 +8,9 @@
 //! never wait behind the writer. The write connection's update hook meters
 //! rows written (index entries included),
 //! its authorizer refuses writes like a provider with a spent allowance,
-//! and `max_page_count` caps the file. The schema is data
+//! and `max_page_count` caps the file. Checkpoints run on a thread of
+//! their own (`checkpoint.rs`), so no commit waits for the log to be
+//! copied into the file but at a backstop. The schema is data
 //! (`schema.rs`): opening a database creates only what is missing.
 //!
 //! Hosts meet this module only through [`SqliteOptions`] and
@@ -16,6 +18,7 @@
 
 mod access;
 mod audit;
+mod checkpoint;
 mod connection;
 mod group;
 mod meter;

@@ -9,6 +9,7 @@ mod harness;
 mod allowance;
 mod busy;
 mod cold_start;
+mod log;
 mod metering;
 mod page_cap;
 

@@ -19,7 +19,7 @@ use crate::ops::task::apply;
 use crate::state::gate::{
     CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, rate_limited,
 };
-use crate::state::waiting::{ClaimRequest, Decided, WaitedBy};
+use crate::state::waiting::{ClaimRequest, Decided, QueueKey, WaitedBy};
 use crate::store::Store;
 
 /// What an admitted claim's lease transaction came to.
@@ -249,13 +249,15 @@ impl Store {
         };
         let now = self.now_utc();
         let timer = crate::observe::Timer::start();
-        let result = self.lease(&scope, &caller, &request, now);
+        // The queue's key in idle pacing, built before the gate is taken,
+        // so the lock covers no allocation.
+        let idle_queue = (request.namespace.clone(), request.queue.clone());
+        let result = self.lease(&scope, &caller, &request, &idle_queue, now);
         let service = timer.elapsed();
         let principal = caller.principal();
-        // Only an empty claim moves its queue's pacing; built before the
-        // gate is taken, so the lock covers no allocation.
-        let empty_queue = matches!(&result, Ok(granted) if granted.is_empty())
-            .then(|| (request.namespace.clone(), request.queue.clone()));
+        // Only an empty claim moves its queue's pacing.
+        let empty_queue =
+            matches!(&result, Ok(granted) if granted.is_empty()).then_some(idle_queue);
         let raw = permit.permit.take().expect("a permit is finished once");
         let granted = matches!(&result, Ok(granted) if !granted.is_empty());
         let (hint, limit) = self.gate.shared.release(raw, |idle, at| {
@@ -405,6 +407,7 @@ impl Store {
         scope: &ActionScope,
         caller: &Caller,
         request: &ClaimRequest,
+        idle_queue: &QueueKey,
         now: DateTime<Utc>,
     ) -> Result<Vec<(TaskRef, Lease, Brief)>, Error> {
         let (namespace, queue) = (&request.namespace, &request.queue);
@@ -416,8 +419,7 @@ impl Store {
         // straight to the lease transaction, which finds the queue's first
         // claimable task (or none, writing nothing) on pages it reads
         // anyway. A session's first use goes on to create its namespace.
-        let idle_queue = (namespace.clone(), queue.clone());
-        if self.is_refusing_writes() || self.gate.found_empty(&caller.principal(), &idle_queue) {
+        if self.is_refusing_writes() || self.gate.found_empty(&caller.principal(), idle_queue) {
             let (claimable, opened) = self
                 .read(|reader| {
                     let claimable = reader.has_claimable(namespace, queue, now)?;

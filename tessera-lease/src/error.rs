@@ -182,6 +182,22 @@ pub enum Field {
     Priority,
     /// A submission's output.
     Output,
+    /// A [`UniqueKey`](crate::UniqueKey).
+    UniqueKey,
+    /// A [`PartitionKey`](crate::PartitionKey).
+    PartitionKey,
+    /// A [`ScheduleName`](crate::ScheduleName).
+    Schedule,
+    /// A cron expression of a [`CronSchedule`](crate::CronSchedule).
+    Cron,
+    /// The time zone of a [`CronSchedule`](crate::CronSchedule).
+    TimeZone,
+    /// A heartbeat's progress value, checked by [`check_progress_size`](crate::check_progress_size).
+    Progress,
+    /// A [`Uniqueness`](crate::Uniqueness) window.
+    UniqueWindow,
+    /// A debounce delay of [`UniqueMode::Debounce`](crate::UniqueMode::Debounce).
+    Debounce,
 }
 
 impl Field {
@@ -208,6 +224,14 @@ impl Field {
             Self::Error => "error text",
             Self::Priority => "priority",
             Self::Output => "output",
+            Self::UniqueKey => "unique key",
+            Self::PartitionKey => "partition key",
+            Self::Schedule => "schedule name",
+            Self::Cron => "cron expression",
+            Self::TimeZone => "time zone",
+            Self::Progress => "progress",
+            Self::UniqueWindow => "uniqueness window",
+            Self::Debounce => "debounce delay",
         }
     }
 }
@@ -255,6 +279,8 @@ pub enum Rule {
     },
     /// The value is not one of the known names.
     Unknown,
+    /// The value does not parse: it is not valid syntax for its kind.
+    Syntax,
 }
 
 impl fmt::Display for Rule {
@@ -272,6 +298,7 @@ impl fmt::Display for Rule {
             Self::Length { expected } => write!(f, "must be exactly {expected} bytes"),
             Self::TooLarge { max } => write!(f, "larger than {max} bytes"),
             Self::Unknown => f.write_str("not a known name"),
+            Self::Syntax => f.write_str("not valid syntax"),
         }
     }
 }

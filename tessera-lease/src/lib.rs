@@ -40,6 +40,13 @@
 //!   payload [`Digest`]. The same key and digest replay the stored
 //!   [`Receipt`] unchanged; the same key with another digest is a conflict
 //!   ([`decide_idempotency`]). Keys are scoped per principal and task.
+//! - **Queue features** as rules the backends index: unique tasks
+//!   ([`Uniqueness`], [`decide_duplicate`]: a unique index over a
+//!   [`UniqueSlot`], never a lock), periodic schedules ([`CronSchedule`],
+//!   fired once per run-at through a unique `(schedule, run_at)` index, one
+//!   catch-up fire after downtime) and concurrency limits
+//!   ([`ConcurrencyLimit`]: slots are leased attempts as stored, so a late
+//!   holder can never free one twice).
 //! - **Names** ([`Namespace`], [`QueueName`], [`TaskId`], [`Principal`],
 //!   [`IdempotencyKey`], [`ArtifactKey`]) are validated in one place when
 //!   parsed or deserialized; briefs are bounded by [`MAX_BRIEF_BYTES`].
@@ -98,25 +105,31 @@ mod claim_order;
 mod digest;
 mod error;
 mod lease;
+mod limit;
 mod name;
 mod receipt;
+mod schedule;
 mod spec;
 mod state;
 mod task;
 mod time;
 mod token;
 mod tries;
+mod unique;
 
 pub use attempt::{AttemptNumber, AttemptRecord};
 pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable, priorities};
 pub use digest::Digest;
 pub use error::{DurationRule, Field, LeaseError, Rule};
 pub use lease::{Lease, LeaseRecord};
+pub use limit::{ConcurrencyLimit, Held};
 pub use name::{
-    ArtifactKey, BriefVersion, IdempotencyKey, MAX_BRIEF_BYTES, Namespace, Principal, QueueName,
-    TaskId, check_brief_size, check_output_size,
+    ArtifactKey, BriefVersion, IdempotencyKey, MAX_BRIEF_BYTES, MAX_PROGRESS_BYTES, Namespace,
+    PartitionKey, Principal, QueueName, ScheduleName, TaskId, UniqueKey, check_brief_size,
+    check_output_size, check_progress_size,
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
+pub use schedule::{CronSchedule, ScheduleText};
 pub use spec::{Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, TaskRecord, TaskSpec};
 pub use state::{DiscardReason, StateName, TaskState};
 pub use task::Task;
@@ -125,4 +138,8 @@ pub use token::FencingToken;
 pub use tries::{
     DEFAULT_MAX_TRIES, Jitter, MAX_ERROR_BYTES, MAX_TRIES, RETRY_BACKOFF_BASE, RETRY_BACKOFF_CAP,
     retry_backoff,
+};
+pub use unique::{
+    Duplicate, Holder, MAX_UNIQUE_WINDOW, UniqueMode, UniqueSlot, UniqueStates, Uniqueness,
+    decide_duplicate, holds,
 };

@@ -35,14 +35,31 @@ pub fn check_output_size(len: usize) -> Result<(), LeaseError> {
     check_payload_size(Field::Output, len)
 }
 
+/// The largest progress value a heartbeat may carry, in bytes: enough for a
+/// counter, a stage name and a short message, small enough that reporting it
+/// every heartbeat costs little.
+pub const MAX_PROGRESS_BYTES: usize = 4096;
+
+/// Checks a heartbeat's progress value size: at most [`MAX_PROGRESS_BYTES`].
+///
+/// ```
+/// assert!(tessera_lease::check_progress_size(64).is_ok());
+/// assert!(tessera_lease::check_progress_size(tessera_lease::MAX_PROGRESS_BYTES + 1).is_err());
+/// ```
+pub fn check_progress_size(len: usize) -> Result<(), LeaseError> {
+    check_size(Field::Progress, len, MAX_PROGRESS_BYTES)
+}
+
 fn check_payload_size(field: Field, len: usize) -> Result<(), LeaseError> {
-    if len > MAX_BRIEF_BYTES {
+    check_size(field, len, MAX_BRIEF_BYTES)
+}
+
+fn check_size(field: Field, len: usize, max: usize) -> Result<(), LeaseError> {
+    if len > max {
         return Err(LeaseError::InvalidInput {
             field,
             len,
-            rule: Rule::TooLarge {
-                max: MAX_BRIEF_BYTES,
-            },
+            rule: Rule::TooLarge { max },
         });
     }
     Ok(())
@@ -168,6 +185,30 @@ name_type!(
     IdempotencyKey,
     Field::IdempotencyKey,
     128
+);
+
+name_type!(
+    /// Makes a task unique in its queue: while a task holding the key is in
+    /// one of its [`UniqueStates`](crate::UniqueStates), an enqueue with the
+    /// same key is a duplicate. At most 128 bytes.
+    UniqueKey,
+    Field::UniqueKey,
+    128
+);
+
+name_type!(
+    /// Groups a queue's tasks for a per-partition concurrency limit ("one at
+    /// a time per customer"). At most 128 bytes.
+    PartitionKey,
+    Field::PartitionKey,
+    128
+);
+
+name_type!(
+    /// Names a periodic schedule within its queue; at most 64 bytes.
+    ScheduleName,
+    Field::Schedule,
+    64
 );
 
 name_type!(

@@ -188,9 +188,9 @@ pub enum Field {
     PartitionKey,
     /// A [`ScheduleName`](crate::ScheduleName).
     Schedule,
-    /// A cron expression of a [`CronSchedule`](crate::CronSchedule).
+    /// A periodic schedule's cron expression.
     Cron,
-    /// The time zone of a [`CronSchedule`](crate::CronSchedule).
+    /// A periodic schedule's time zone.
     TimeZone,
     /// A heartbeat's progress value, checked by [`check_progress_size`](crate::check_progress_size).
     Progress,

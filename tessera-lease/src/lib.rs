@@ -42,9 +42,9 @@
 //!   ([`decide_idempotency`]). Keys are scoped per principal and task.
 //! - **Queue features** as rules the backends index: unique tasks
 //!   ([`Uniqueness`], [`decide_duplicate`]: a unique index over a
-//!   [`UniqueSlot`], never a lock), periodic schedules ([`CronSchedule`],
-//!   fired once per run-at through a unique `(schedule, run_at)` index, one
-//!   catch-up fire after downtime) and concurrency limits
+//!   [`UniqueSlot`], never a lock), periodic schedules (`CronSchedule`,
+//!   feature `schedule`: fired once per run-at through a unique
+//!   `(schedule, run_at)` index, one catch-up fire after downtime) and concurrency limits
 //!   ([`ConcurrencyLimit`]: slots are leased attempts as stored, so a late
 //!   holder can never free one twice).
 //! - **Names** ([`Namespace`], [`QueueName`], [`TaskId`], [`Principal`],
@@ -108,6 +108,7 @@ mod lease;
 mod limit;
 mod name;
 mod receipt;
+#[cfg(feature = "schedule")]
 mod schedule;
 mod spec;
 mod state;
@@ -129,6 +130,7 @@ pub use name::{
     check_output_size, check_progress_size,
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
+#[cfg(feature = "schedule")]
 pub use schedule::{CronSchedule, ScheduleText};
 pub use spec::{Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, TaskRecord, TaskSpec};
 pub use state::{DiscardReason, StateName, TaskState};

@@ -11,11 +11,13 @@ mod harness;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use chrono::{TimeZone, Utc};
+use chrono::{DateTime, TimeZone, Utc};
 use tessera_store::{
-    Brief, ClaimOutcome, EnqueueOptions, Grant, ManualClock, Scope, Store, StoreConfig, WaitOutcome,
+    Brief, ClaimOutcome, Clock, EnqueueOptions, Grant, ManualClock, Scope, Store, StoreConfig,
+    WaitOutcome,
 };
 
 use harness::{BackendKind, Fixture, TestDb, assert_quota, midnight, namespace, noon, queue};
@@ -61,6 +63,28 @@ fn next_line(child: &mut BufReader<impl std::io::Read>) -> String {
     }
 }
 
+/// The system's clocks, noting when a blocked call first parks: a
+/// long-poll parks once its first read found its queue empty.
+#[derive(Debug, Default)]
+struct ParkWatch {
+    parked: AtomicBool,
+}
+
+impl Clock for ParkWatch {
+    fn now_utc(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn max_park(&self) -> Option<Duration> {
+        self.parked.store(true, Ordering::SeqCst);
+        None
+    }
+}
+
 /// The entry point of the child processes the tests spawn; a no-op when
 /// run on its own.
 #[test]
@@ -77,6 +101,7 @@ fn child() {
         // notification's; `wait-polling` listens to nothing and polls.
         "wait-notified" | "wait-polling" => {
             let polling = role == "wait-polling";
+            let clock = Arc::new(ParkWatch::default());
             let store = db
                 .open_postgres(
                     |options| {
@@ -88,7 +113,7 @@ fn child() {
                                 Duration::from_secs(3600)
                             })
                     },
-                    config,
+                    config.with_clock(Arc::clone(&clock) as Arc<dyn Clock>),
                 )
                 .unwrap();
             assert_eq!(store.long_poll_interval().is_some(), polling);
@@ -96,14 +121,13 @@ fn child() {
                 .authenticate(Some(&std::env::var(ENV_KEY).unwrap()))
                 .unwrap();
             let outcome = std::thread::scope(|scope| {
-                // Says it waits once its long-poll is registered and has
-                // had its first read (an empty queue), well before the
-                // enqueue that is to wake it.
+                // Says it waits once its long-poll has had its first read
+                // (an empty queue) and parks, before the enqueue that is to
+                // wake it.
                 scope.spawn(|| {
-                    while store.long_polls_waiting() == 0 {
-                        std::thread::sleep(Duration::from_millis(5));
+                    while !clock.parked.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(1));
                     }
-                    std::thread::sleep(Duration::from_millis(300));
                     println!(">waiting");
                 });
                 store.wait_for_work(

@@ -41,7 +41,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
@@ -128,21 +128,20 @@ impl PostgresBackend {
         allowance.record(now, migration_rows);
         let listener = Arc::new(ListenerState::default());
         let channel = options.channel();
+        let (ready, listening) = std::sync::mpsc::sync_channel(1);
         let listener_thread = options.listen.then(|| {
             let state = Arc::clone(&listener);
             let (config, channel) = (config.clone(), channel.clone());
             std::thread::Builder::new()
                 .name("tessera-listen".to_owned())
-                .spawn(move || listen(&config, &channel, &state))
+                .spawn(move || listen(&config, &channel, &state, &ready))
                 .expect("a thread can be spawned")
         });
         if listener_thread.is_some() {
             // Give the listening connection the time a connection takes, so
-            // an enqueue right after opening is heard.
-            let until = Instant::now() + options.connect_timeout;
-            while !listener.listening.load(Ordering::SeqCst) && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            // an enqueue right after opening is heard. A wait for the
+            // server, in real time: the store's clock does not apply.
+            let _ = listening.recv_timeout(options.connect_timeout);
         }
         Ok(Self {
             pool,

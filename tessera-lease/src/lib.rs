@@ -110,7 +110,7 @@ mod tries;
 pub use attempt::{AttemptNumber, AttemptRecord};
 pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable, priorities};
 pub use digest::Digest;
-pub use error::{DurationRule, Field, LeaseError, Rule};
+pub use error::{DurationRule, Field, LeaseError, LeaseErrorKind, Rule};
 pub use lease::{Lease, LeaseRecord};
 pub use name::{
     ArtifactKey, BriefVersion, IdempotencyKey, MAX_BRIEF_BYTES, Namespace, Principal, QueueName,

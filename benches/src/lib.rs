@@ -1,4 +1,4 @@
-//! Criterion benchmarks for Tessera; see `benches/` and the README's tables.
+//! Criterion benchmarks for Tessera; see `benches/` and `docs/performance.md`.
 //! This library holds what several benches share.
 
 use std::hint::black_box;
@@ -483,4 +483,20 @@ impl r2d2::ManageConnection for MinimalCommitClients {
     fn has_broken(&self, connection: &mut PreparedClient) -> bool {
         connection.client.is_closed()
     }
+}
+
+/// The code examples of the pages under `docs/`, compiled and run as
+/// doctests, as the README's are.
+#[cfg(doctest)]
+mod docs {
+    #[doc = include_str!("../../docs/backends.md")]
+    struct Backends;
+    #[doc = include_str!("../../docs/operating.md")]
+    struct Operating;
+    #[doc = include_str!("../../docs/performance.md")]
+    struct Performance;
+    #[doc = include_str!("../../docs/cost-table.md")]
+    struct CostTable;
+    #[doc = include_str!("../../docs/contributing.md")]
+    struct Contributing;
 }

@@ -325,6 +325,18 @@ impl CounterBuffer {
         Some(self.hand_out(passed))
     }
 
+    /// The batch a counted request writes itself: every waiting counter, once
+    /// [`MAX_WAITING`](Self::MAX_WAITING) distinct counters wait (and no
+    /// retry delay holds); `None` otherwise. A minute that has passed is
+    /// not enough: its counters wait for [`take_due`](Self::take_due), which
+    /// a driver calls at [`poll_timeout`](Self::poll_timeout), so a request
+    /// that writes nothing never pays for a write but at the bound.
+    pub fn take_full(&mut self, now: DateTime<Utc>) -> Option<CounterBatch> {
+        let full = self.waiting >= Self::MAX_WAITING
+            && self.retry_at.is_none_or(|retry_at| now >= retry_at);
+        if full { self.take_all() } else { None }
+    }
+
     /// Every waiting counter, whatever its minute; for a read that must see all
     /// counts. `None` if nothing waits. Costs O(k) for k counters handed out.
     pub fn take_all(&mut self) -> Option<CounterBatch> {
@@ -493,6 +505,27 @@ mod tests {
         assert_eq!(batch.counters().len(), 1024);
         assert_eq!(batch.total(), 1025);
         assert!(buffer.is_empty());
+        buffer.written(batch);
+    }
+
+    #[test]
+    fn a_counted_request_takes_a_batch_only_at_the_bound() {
+        let mut buffer = CounterBuffer::new();
+        buffer.increment(key(at(12, 0, 0), "a"));
+        // The minute has passed: due for maintenance, not for a request.
+        assert!(buffer.due(at(12, 1, 0)));
+        assert!(buffer.take_full(at(12, 1, 0)).is_none());
+        for i in 1..1024 {
+            buffer.increment(key(at(12, 1, 0), &format!("p{i}")));
+        }
+        assert_eq!(buffer.len(), 1024);
+        let batch = buffer.take_full(at(12, 1, 0)).unwrap();
+        assert_eq!(batch.counters().len(), 1024);
+        assert!(buffer.is_empty());
+        // A failed write holds the next request's batch back for the delay.
+        buffer.failed(batch, at(12, 1, 0));
+        assert!(buffer.take_full(at(12, 1, 59)).is_none());
+        let batch = buffer.take_full(at(12, 2, 0)).unwrap();
         buffer.written(batch);
     }
 

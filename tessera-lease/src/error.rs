@@ -138,6 +138,79 @@ pub enum LeaseError {
     },
 }
 
+impl LeaseError {
+    /// Which error this is, for a caller that maps every kind.
+    #[must_use]
+    pub fn kind(&self) -> LeaseErrorKind {
+        match self {
+            Self::InvalidInput { .. } => LeaseErrorKind::InvalidInput,
+            Self::InvalidDuration { .. } => LeaseErrorKind::InvalidDuration,
+            Self::OutOfRange { .. } => LeaseErrorKind::OutOfRange,
+            Self::TaskFinished => LeaseErrorKind::TaskFinished,
+            Self::NoAttemptReady { .. } => LeaseErrorKind::NoAttemptReady,
+            Self::UnknownToken { .. } => LeaseErrorKind::UnknownToken,
+            Self::StaleToken { .. } => LeaseErrorKind::StaleToken,
+            Self::WrongHolder { .. } => LeaseErrorKind::WrongHolder,
+            Self::LeaseExpired { .. } => LeaseErrorKind::LeaseExpired,
+            Self::LeaseEnded { .. } => LeaseErrorKind::LeaseEnded,
+            Self::IdempotencyConflict => LeaseErrorKind::IdempotencyConflict,
+            Self::NothingToRetry => LeaseErrorKind::NothingToRetry,
+            Self::TaskCancelled { .. } => LeaseErrorKind::TaskCancelled,
+            Self::NothingToCancel => LeaseErrorKind::NothingToCancel,
+            Self::TokensExhausted => LeaseErrorKind::TokensExhausted,
+            Self::TimeOutOfRange => LeaseErrorKind::TimeOutOfRange,
+            Self::ReceiptMismatch => LeaseErrorKind::ReceiptMismatch,
+            Self::InvalidRecord { .. } => LeaseErrorKind::InvalidRecord,
+        }
+    }
+}
+
+/// Which [`LeaseError`] an error is, without its data: one kind per
+/// variant, as [`LeaseError::kind`] gives it.
+///
+/// Unlike [`LeaseError`], this enum is exhaustive on purpose: a new error
+/// is a new kind, and every `match` on kinds (the store's mapping to HTTP
+/// among them) fails to compile until it says what the new kind means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseErrorKind {
+    /// A name, key, digest or size broke one of its rules. See [`LeaseError::InvalidInput`].
+    InvalidInput,
+    /// A duration argument is zero where that is meaningless, or too long. See [`LeaseError::InvalidDuration`].
+    InvalidDuration,
+    /// A bounded number is out of range. See [`LeaseError::OutOfRange`].
+    OutOfRange,
+    /// No attempt will be claimable again. See [`LeaseError::TaskFinished`].
+    TaskFinished,
+    /// No attempt can be claimed now. See [`LeaseError::NoAttemptReady`].
+    NoAttemptReady,
+    /// The token was never granted for this task. See [`LeaseError::UnknownToken`].
+    UnknownToken,
+    /// A newer lease supersedes the token. See [`LeaseError::StaleToken`].
+    StaleToken,
+    /// The token belongs to a lease held by another principal. See [`LeaseError::WrongHolder`].
+    WrongHolder,
+    /// The lease lapsed. See [`LeaseError::LeaseExpired`].
+    LeaseExpired,
+    /// The lease ended. See [`LeaseError::LeaseEnded`].
+    LeaseEnded,
+    /// The idempotency key was used with a different payload. See [`LeaseError::IdempotencyConflict`].
+    IdempotencyConflict,
+    /// An operator's retry found nothing to retry. See [`LeaseError::NothingToRetry`].
+    NothingToRetry,
+    /// An operator cancelled the task. See [`LeaseError::TaskCancelled`].
+    TaskCancelled,
+    /// An operator's cancel found every attempt final. See [`LeaseError::NothingToCancel`].
+    NothingToCancel,
+    /// Every fencing token a task can hold has been granted. See [`LeaseError::TokensExhausted`].
+    TokensExhausted,
+    /// A time left the representable range. See [`LeaseError::TimeOutOfRange`].
+    TimeOutOfRange,
+    /// Caller misuse: a stored receipt of another submission. See [`LeaseError::ReceiptMismatch`].
+    ReceiptMismatch,
+    /// A record breaks an invariant the rules rely on. See [`LeaseError::InvalidRecord`].
+    InvalidRecord,
+}
+
 /// The kind of value an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -328,6 +401,28 @@ impl fmt::Display for DurationRule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_error_has_its_own_kind() {
+        let errors = [
+            LeaseError::TaskFinished,
+            LeaseError::IdempotencyConflict,
+            LeaseError::UnknownToken {
+                token: FencingToken::new(3).unwrap(),
+            },
+            LeaseError::InvalidRecord { reason: "broken" },
+        ];
+        let kinds: Vec<LeaseErrorKind> = errors.iter().map(LeaseError::kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                LeaseErrorKind::TaskFinished,
+                LeaseErrorKind::IdempotencyConflict,
+                LeaseErrorKind::UnknownToken,
+                LeaseErrorKind::InvalidRecord,
+            ]
+        );
+    }
 
     #[test]
     fn messages_are_lowercase_and_name_field_length_and_rule() {

@@ -121,7 +121,7 @@ mod unique;
 pub use attempt::{AttemptNumber, AttemptRecord};
 pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable, priorities};
 pub use digest::Digest;
-pub use error::{DurationRule, Field, LeaseError, Rule};
+pub use error::{DurationRule, Field, LeaseError, LeaseErrorKind, Rule};
 pub use lease::{Lease, LeaseRecord};
 pub use limit::{ConcurrencyLimit, Held};
 pub use name::{

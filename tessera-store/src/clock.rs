@@ -11,7 +11,10 @@ use parking_lot::Mutex;
 ///
 /// The store never calls `Instant::now()` or `Utc::now()` itself; it asks its
 /// clock. Hosts use [`SystemClock`]; tests and simulations use
-/// [`ManualClock`] and move time by hand.
+/// [`ManualClock`] and move time by hand. Two things are measured in real
+/// time by nature, outside any clock: opening a PostgreSQL store waits up
+/// to its connect timeout for the listening connection, and the
+/// `tracing`/`metrics` features time commits and operations as they run.
 pub trait Clock: Send + Sync + 'static {
     /// The wall-clock time, used for minutes, days, expiry and UTC midnight.
     fn now_utc(&self) -> DateTime<Utc>;

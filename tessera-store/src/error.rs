@@ -409,41 +409,40 @@ pub(crate) fn corrupt(what: &str) -> Error {
 
 impl From<tessera_lease::LeaseError> for Error {
     /// A refused lease rule: bad input is `400`, a transition the task's
-    /// state or a fencing token does not allow is `409`, and a stored record
-    /// that breaks the rules' invariants is a corrupt database.
+    /// state or a fencing token does not allow is `409` with its own code,
+    /// and a stored record that breaks the rules' invariants is a corrupt
+    /// database. The match names every kind, so a new lease error cannot
+    /// reach a caller as a generic conflict unnoticed.
     fn from(error: tessera_lease::LeaseError) -> Self {
-        use tessera_lease::LeaseError;
-        match error {
-            LeaseError::InvalidInput { .. }
-            | LeaseError::InvalidDuration { .. }
-            | LeaseError::OutOfRange { .. }
-            | LeaseError::TimeOutOfRange => Self::InvalidInput {
-                reason: error.to_string(),
-            },
-            LeaseError::ReceiptMismatch | LeaseError::InvalidRecord { .. } => {
-                Self::CorruptDatabase {
+        use tessera_lease::LeaseErrorKind as Kind;
+        let conflict = match error.kind() {
+            Kind::InvalidInput
+            | Kind::InvalidDuration
+            | Kind::OutOfRange
+            | Kind::TimeOutOfRange => {
+                return Self::InvalidInput {
                     reason: error.to_string(),
-                }
-            }
-            _ => {
-                let kind = match error {
-                    LeaseError::IdempotencyConflict => ConflictKind::IdempotencyConflict,
-                    LeaseError::StaleToken { .. } => ConflictKind::StaleToken,
-                    LeaseError::UnknownToken { .. } => ConflictKind::UnknownToken,
-                    LeaseError::WrongHolder { .. } => ConflictKind::WrongHolder,
-                    LeaseError::LeaseExpired { .. } => ConflictKind::LeaseExpired,
-                    LeaseError::LeaseEnded { .. } => ConflictKind::LeaseEnded,
-                    LeaseError::TaskCancelled { .. } => ConflictKind::TaskCancelled,
-                    LeaseError::TaskFinished => ConflictKind::TaskFinished,
-                    LeaseError::NoAttemptReady { .. } => ConflictKind::NotReady,
-                    LeaseError::NothingToRetry => ConflictKind::NothingToRetry,
-                    LeaseError::NothingToCancel => ConflictKind::NothingToCancel,
-                    LeaseError::TokensExhausted => ConflictKind::TokensExhausted,
-                    _ => ConflictKind::Other,
                 };
-                Self::conflict(kind, error.to_string())
             }
-        }
+            Kind::ReceiptMismatch | Kind::InvalidRecord => {
+                return Self::CorruptDatabase {
+                    reason: error.to_string(),
+                };
+            }
+            Kind::IdempotencyConflict => ConflictKind::IdempotencyConflict,
+            Kind::StaleToken => ConflictKind::StaleToken,
+            Kind::UnknownToken => ConflictKind::UnknownToken,
+            Kind::WrongHolder => ConflictKind::WrongHolder,
+            Kind::LeaseExpired => ConflictKind::LeaseExpired,
+            Kind::LeaseEnded => ConflictKind::LeaseEnded,
+            Kind::TaskCancelled => ConflictKind::TaskCancelled,
+            Kind::TaskFinished => ConflictKind::TaskFinished,
+            Kind::NoAttemptReady => ConflictKind::NotReady,
+            Kind::NothingToRetry => ConflictKind::NothingToRetry,
+            Kind::NothingToCancel => ConflictKind::NothingToCancel,
+            Kind::TokensExhausted => ConflictKind::TokensExhausted,
+        };
+        Self::conflict(conflict, error.to_string())
     }
 }
 

@@ -174,8 +174,12 @@
 //!   answers), except a health read ([`Store::health`]): that is an
 //!   aggregate status served from a 15-second snapshot, not a read of a
 //!   resource, so it writes nothing, as the hosted service's does. Denied,
-//!   failed and no-op requests are counted in memory and written per minute
-//!   ([`Store::maintain`]) or before an audit read ([`Store::audit`]). Retention deletes rows older than 24 hours, and
+//!   failed and no-op requests are counted in memory, so such a request
+//!   never pays for a write; a minute's counters are written once it has
+//!   passed by [`Store::maintain`] (which the host runs at
+//!   [`Store::next_maintenance`], and the store after each successful
+//!   write), before an audit read ([`Store::audit`]), or at once when
+//!   1,024 distinct counters wait. Retention deletes rows older than 24 hours, and
 //!   anonymous principals, their keys and limit rows past their purge time
 //!   (with a session's namespace, its practice tasks, their attempts and
 //!   receipts),

@@ -69,19 +69,6 @@ fn a_stream_of_denials_that_writes_nothing_still_flushes_at_1024_counters() {
 }
 
 #[test]
-fn a_denial_in_a_new_minute_flushes_the_minute_that_passed() {
-    let clock = ManualClock::new(noon());
-    let store = store(&clock);
-    assert!(store.authenticate(Some("tsk_not_a_key")).is_err());
-    assert_eq!(store.pending_counters(), 1);
-    clock.advance(Duration::from_secs(60));
-    // No write, no maintain: the next counted request writes the last
-    // minute's counter and keeps only its own.
-    assert!(store.authenticate(Some("tsk_not_a_key")).is_err());
-    assert_eq!(store.pending_counters(), 1);
-}
-
-#[test]
 fn next_maintenance_is_never_in_the_past() {
     let clock = ManualClock::new(noon());
     let store = store(&clock);

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use tessera_audit::Resource;
 use tessera_lease::{
-    AttemptNumber, BriefVersion, Digest, Namespace, QueueName, Receipt, StateName, TaskId,
-    TaskRecord, TaskSpec, TaskState, check_brief_size,
+    AttemptNumber, BriefVersion, Digest, FencingToken, Namespace, QueueName, Receipt, StateName,
+    TaskId, TaskRecord, TaskSpec, TaskState, check_brief_size,
 };
 
 use crate::error::{Error, corrupt};
@@ -44,6 +44,16 @@ impl TaskRef {
     /// The audit resource naming this task, followed by `suffix`.
     pub(crate) fn resource(&self, suffix: &str) -> Option<Resource> {
         Resource::new(&format!("task:{}@{}{suffix}", self.id, self.version)).ok()
+    }
+
+    /// The audit resource naming one grant of this task: its attempt and
+    /// the grant's fencing token (`task:<id>@<version>/a<attempt>/t<token>`).
+    pub(crate) fn grant_resource(
+        &self,
+        attempt: AttemptNumber,
+        token: FencingToken,
+    ) -> Option<Resource> {
+        self.resource(&format!("/a{attempt}/t{token}"))
     }
 }
 

@@ -14,10 +14,11 @@ impl Store {
     /// Does what is due now: writes counters whose minute has passed (or all,
     /// once 1,024 distinct counters wait) and runs retention if five minutes
     /// have passed since the last run. The store calls it after every
-    /// successful write; a host with a timer may call it at
-    /// [`next_maintenance`](Self::next_maintenance), so counters reach
-    /// storage even when no write happens. Each batch is its own
-    /// transaction; the first failure stops the call.
+    /// successful write; a request that writes nothing (a denial, an empty
+    /// claim, a replay) never does, so a host runs it at
+    /// [`next_maintenance`](Self::next_maintenance) for counters to reach
+    /// storage while no write happens. Each batch is its own transaction;
+    /// the first failure stops the call.
     pub fn maintain(&self) -> Result<Maintenance, Error> {
         let now = self.now_utc();
         let mut report = Maintenance::default();

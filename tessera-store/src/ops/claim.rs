@@ -480,7 +480,7 @@ impl Store {
             }
             // One audit row per lease; the last rides on the trail.
             let resource = |(_, task, lease, _): &(TaskHandle, TaskRef, Lease, Brief)| {
-                task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()))
+                task.grant_resource(lease.attempt(), lease.token())
             };
             let trail = match granted.split_last() {
                 None => Trail::Count(Outcome::Empty),

@@ -26,7 +26,7 @@ impl Store {
     /// transaction inline, on the thread that polls it.
     ///
     /// The lease transaction is short on SQLite: about a tenth of a
-    /// millisecond on this machine (`store_1_thread/claim` in the README),
+    /// millisecond on this machine (`store_1_thread/claim` in `docs/performance.md`),
     /// longer while other writes share its commit. It runs inline because
     /// a hop to a blocking pool costs about as much as the transaction and
     /// ties the store to one runtime. A host that must not block at all, or

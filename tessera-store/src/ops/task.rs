@@ -257,7 +257,7 @@ impl Store {
             let lease = apply(writer, handle, &mut rules, |rules| {
                 rules.heartbeat(&holder, token, now, extension)
             })?;
-            let resource = task.resource(&format!("/a{}/t{}", lease.attempt(), lease.token()));
+            let resource = task.grant_resource(lease.attempt(), lease.token());
             Ok((lease, resource))
         })?;
         self.namespace_changed(&task.namespace);
@@ -330,7 +330,7 @@ impl Store {
                 Submitted::Accepted(receipt) => receipt,
             };
             writer.insert_receipt(handle, receipt, output.bytes.as_deref())?;
-            let resource = task.resource(&format!("/a{}/t{}", receipt.attempt, receipt.token));
+            let resource = task.grant_resource(receipt.attempt, receipt.token);
             Ok((submitted, Trail::Row(resource)))
         })?;
         if matches!(submitted, Submitted::Accepted(_)) {
@@ -542,10 +542,7 @@ impl Store {
                 .ok_or_else(|| Error::NotFound {
                     what: format!("receipt of {task} attempt {attempt}"),
                 })?;
-            let resource = task.resource(&format!(
-                "/a{}/t{}",
-                stored.receipt.attempt, stored.receipt.token
-            ));
+            let resource = task.grant_resource(stored.receipt.attempt, stored.receipt.token);
             Ok((stored, resource))
         })
     }

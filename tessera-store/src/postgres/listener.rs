@@ -3,6 +3,7 @@
 
 use std::sync::Mutex as StdMutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::SyncSender;
 use std::time::Duration;
 
 use postgres::NoTls;
@@ -30,8 +31,14 @@ impl ListenerState {
 
 /// The listening connection's loop: `LISTEN`, deliver each enqueue, and
 /// when the connection breaks, say so (long-polls poll meanwhile) and
-/// connect again, until the backend closes.
-pub(super) fn listen(config: &postgres::Config, channel: &str, state: &ListenerState) {
+/// connect again, until the backend closes. Sends on `ready` each time it
+/// starts listening (the first is what opening waits for).
+pub(super) fn listen(
+    config: &postgres::Config,
+    channel: &str,
+    state: &ListenerState,
+    ready: &SyncSender<()>,
+) {
     let mut config = config.clone();
     config.application_name(&format!("tessera-listen {channel}"));
     let mut backoff = Duration::from_millis(50);
@@ -52,6 +59,7 @@ pub(super) fn listen(config: &postgres::Config, channel: &str, state: &ListenerS
         }
         backoff = Duration::from_millis(50);
         state.listening.store(true, Ordering::SeqCst);
+        let _ = ready.try_send(());
         // Whatever was enqueued while no one listened: look again.
         state.deliver(Signal::Lost);
         // Each call waits up to 200 ms for notifications.

@@ -260,14 +260,15 @@ fn is_up_to_date(inspection: &Inspection) -> bool {
 
 /// Brings the schema named by the connection's `search_path` to this
 /// build's, creating the schema itself if `schema` is set and missing.
-/// Returns whether any DDL ran. While `refusing` writes, a database that
+/// Returns the table rows its transaction changed, or `None` when no DDL
+/// ran (nothing was committed). While `refusing` writes, a database that
 /// needs any is a `503` at `now`, with nothing written.
 pub(crate) fn migrate(
     client: &mut Client,
     schema: Option<&str>,
     refusing: bool,
     now: DateTime<Utc>,
-) -> Result<bool, Error> {
+) -> Result<Option<u64>, Error> {
     let exists = match schema {
         Some(schema) => client
             .query_one(
@@ -281,7 +282,7 @@ pub(crate) fn migrate(
         let inspection = inspect(client)?;
         check_version(&inspection)?;
         if is_up_to_date(&inspection) {
-            return Ok(false);
+            return Ok(None);
         }
     }
     if refusing {
@@ -301,7 +302,7 @@ pub(crate) fn migrate(
     check_version(&inspection)?;
     if is_up_to_date(&inspection) {
         transaction.commit()?;
-        return Ok(false);
+        return Ok(None);
     }
     for (_, ddl) in TABLES.iter() {
         transaction.batch_execute(ddl)?;
@@ -312,14 +313,15 @@ pub(crate) fn migrate(
     for (_, ddl) in INDEXES {
         transaction.batch_execute(ddl)?;
     }
+    let mut rows = 0;
     if inspection.version.is_some_and(|found| found < 2) {
-        transaction.batch_execute(BACKFILL_MAX_TRIES)?;
+        rows += transaction.execute(BACKFILL_MAX_TRIES, &[])?;
     }
-    transaction.execute(
+    rows += transaction.execute(
         "INSERT INTO tessera_meta (key, value) VALUES ('schema_version', $1) \
          ON CONFLICT (key) DO UPDATE SET value = excluded.value",
         &[&SCHEMA_VERSION.to_string()],
     )?;
     transaction.commit()?;
-    Ok(true)
+    Ok(Some(rows))
 }

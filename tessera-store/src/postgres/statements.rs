@@ -297,11 +297,13 @@ mod tests {
     /// sequential scans priced out, as on a table too large to scan), and
     /// the claim statements search the claim indexes once per priority.
     #[test]
+    #[cfg_attr(
+        tessera_no_test_postgres,
+        ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+    )]
     fn claim_listing_and_audit_statements_search_their_indexes() {
-        let Ok(url) = std::env::var("TESSERA_TEST_POSTGRES_URL") else {
-            println!("skipping: TESSERA_TEST_POSTGRES_URL is not set");
-            return;
-        };
+        let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
+            .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
         let schema = format!("plans_{}", std::process::id());
         let options = PostgresOptions::new(url.as_str()).with_schema(schema.as_str());
         drop(Store::open_postgres(options, StoreConfig::default()).unwrap());

@@ -32,8 +32,8 @@ use super::quota::QuotaRules;
 use super::writer::{WriteConnection, Writer};
 use crate::error::{Error, StorageError, StorageErrorKind};
 
-/// The most operations one commit carries; see the README's group-commit
-/// figures for how it was chosen.
+/// The most operations one commit carries; see the group-commit figures in
+/// `docs/performance.md` for how it was chosen.
 pub(crate) const BATCH_CAP: usize = 32;
 
 /// The write connection, shared by group commit.

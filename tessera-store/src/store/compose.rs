@@ -21,23 +21,24 @@ fn carry_observation(writer: &dyn WriteTransaction, due: Option<PrincipalId>, no
 
 impl Store {
     /// Counts a request that is not audited (denied, failed, no-op) in
-    /// memory; written later by the counter rules.
-    ///
-    /// Whatever else happens, the counters are written as soon as the
-    /// buffer says they are due (their minute has passed, or 1,024
-    /// distinct counters wait), so a stream of requests that write nothing
-    /// still flushes; a failed flush is left to the buffer's retry delay.
+    /// memory. Such a request never writes, but at the buffer's bound: once
+    /// 1,024 distinct counters wait it writes them, so a stream of requests
+    /// that write nothing cannot grow the buffer without limit. Counters
+    /// whose minute has passed are written by [`Store::maintain`] (which a
+    /// host runs at [`Store::next_maintenance`], and the store after each
+    /// successful write) or before an audit read. A failed write is left
+    /// to the buffer's retry delay.
     pub(crate) fn count(&self, scope: &ActionScope, outcome: Outcome) {
         if outcome == Outcome::StorageQuotaExhausted {
             crate::observe::quota_refused(scope.action());
         }
         let now = self.now_utc();
-        let due = {
+        let full = {
             let mut counters = self.counters.lock();
             counters.increment(scope.counter(now, outcome));
-            counters.take_due(now)
+            counters.take_full(now)
         };
-        if let Some(batch) = due {
+        if let Some(batch) = full {
             let _ = self.write_counters(batch, now);
         }
     }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tessera_store::limits::STORE_NAMESPACE;
 use tessera_store::{
-    Action, AuditCursor, AuditQuery, EnqueueOptions, Grant, KeyFilter, Outcome, Scope,
+    Action, AuditCursor, AuditQuery, Clock, EnqueueOptions, Grant, KeyFilter, Outcome, Scope,
 };
 
 use crate::harness::{Fixture, TestDb, json_brief, namespace, noon, queue};
@@ -73,6 +73,51 @@ fn counters_are_written_once_their_minute_has_passed(db: &TestDb) {
     let report = f.store.maintain().unwrap();
     assert_eq!(report.counters_written, 1);
     assert_eq!(f.store.pending_counters(), 0);
+}
+
+/// A counted request never writes, even the first after a minute
+/// boundary; `maintain()` at `next_maintenance()` writes the minute that
+/// passed.
+fn a_counted_request_never_writes_and_maintenance_writes_the_minute(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.worker(Grant::Namespace(namespace("renders"))));
+    let (ns, q) = (namespace("renders"), queue("frames"));
+    let before = db.table_snapshot();
+    let no_ops = |f: &Fixture<'_>| {
+        let (_, cost) = f.store.measure(|s| {
+            assert!(s.authenticate(Some("tsk_bogus")).is_err());
+            assert!(s.claim(&worker, &namespace("billing"), &q).is_err());
+            assert!(s.claim(&worker, &ns, &q).unwrap().retry_after().is_some());
+        });
+        assert_eq!(
+            (cost.rows_written, cost.write_transactions),
+            (0, 0),
+            "{cost:?}"
+        );
+    };
+    no_ops(&f);
+    assert_eq!(f.store.pending_counters(), 3);
+    // Past the minute's end, the same requests still write nothing.
+    f.clock.advance(Duration::from_secs(60));
+    no_ops(&f);
+    assert_eq!(f.store.pending_counters(), 6);
+    assert_eq!(db.table_snapshot(), before);
+
+    let due = f.store.next_maintenance().unwrap();
+    assert!(due <= f.clock.now_utc(), "the passed minute is due");
+    let (report, cost) = f.store.measure(|s| s.maintain().unwrap());
+    assert_eq!(report.counters_written, 3, "the passed minute's counters");
+    assert_eq!(cost.write_transactions, 1, "{cost:?}");
+    assert_eq!(f.store.pending_counters(), 3, "this minute's wait");
+    let page = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();
+    let minutes: Vec<i64> = page
+        .counters
+        .iter()
+        .map(|counter| (counter.key.minute().start() - noon()).num_minutes())
+        .collect();
+    assert_eq!(minutes.len(), 6, "the audit read writes the rest first");
+    assert_eq!(minutes.iter().filter(|m| **m == 0).count(), 3);
+    assert_eq!(minutes.iter().filter(|m| **m == 1).count(), 3);
 }
 
 fn callers_read_their_own_audit_and_admins_everyones(db: &TestDb) {
@@ -223,23 +268,37 @@ fn a_counter_costs_one_row_and_retention_deletes_quiet_counters(db: &TestDb) {
 /// included: each day's row overwrites the one its minute of the day left
 /// a day earlier, and retention deletes nothing of it. (On PostgreSQL,
 /// which keys counters by minute, retention deletes the day-old rows.)
+/// A counter that recurs every 30 minutes, for three days.
 fn a_counter_that_recurs_daily_overwrites_yesterdays_row(db: &TestDb) {
+    recurs_daily(db, 30);
+}
+
+/// [`a_counter_that_recurs_daily_overwrites_yesterdays_row`] every minute.
+fn a_counter_that_recurs_every_minute_overwrites_yesterdays_row(db: &TestDb) {
+    recurs_daily(db, 1);
+}
+
+/// A denial every `every` minutes for three days, each minute's counter
+/// written by maintenance: on the third day each overwrites the row its
+/// minute of the day left the day before, and retention deletes nothing.
+fn recurs_daily(db: &TestDb, every: u64) {
+    const DAY: u64 = 1440;
     let f = Fixture::new(db);
     let mut written = 0;
     let mut deleted = 0;
-    for minute in 0..3 * 1440 {
+    for minute in (0..3 * DAY).step_by(every as usize) {
         assert!(f.store.authenticate(None).is_err());
-        f.clock.advance(Duration::from_secs(60));
+        f.clock.advance(Duration::from_secs(60 * every));
         let (report, cost) = f.store.measure(|s| s.maintain().unwrap());
-        if minute >= 2 * 1440 {
+        if minute >= 2 * DAY {
             written += cost.rows_written;
             deleted += report.rows_deleted;
         }
     }
     if db.meters_rows() {
-        // The third day: one row a minute, nothing deleted.
-        assert_eq!((written, deleted), (1440, 0));
-        assert_eq!(db.counter_rows(), 1440);
+        // The third day: one row a counted minute, nothing deleted.
+        assert_eq!((written, deleted), (DAY / every, 0));
+        assert_eq!(db.counter_rows(), DAY / every);
     }
     // Readers see the last 24 hours alone, whatever is stored.
     let all = AuditQuery {
@@ -379,8 +438,11 @@ conformance! {
     the_audit_is_read_a_page_at_a_time_past_its_newest_limit,
     an_audit_read_writes_waiting_counters_first,
     counters_are_written_once_their_minute_has_passed,
+    a_counted_request_never_writes_and_maintenance_writes_the_minute,
     callers_read_their_own_audit_and_admins_everyones,
     reads_hide_expired_rows_and_retention_deletes_them_in_batches,
     a_counter_costs_one_row_and_retention_deletes_quiet_counters,
     a_counter_that_recurs_daily_overwrites_yesterdays_row,
+    #[ignore = "long: run by .ci/run"]
+    a_counter_that_recurs_every_minute_overwrites_yesterdays_row,
 }

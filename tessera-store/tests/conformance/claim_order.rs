@@ -396,13 +396,35 @@ impl World {
 
 /// Every claim takes the task the lease rules' claimability and the
 /// documented order pick, whatever mix of leases, heartbeats, failures,
-/// submissions, expiry and time came before.
+/// submissions, expiry and time came before: a few cases in the default
+/// run, with every saved regression.
 fn claims_follow_the_lease_rules_and_the_documented_order(db: &TestDb) {
     // Each case opens a fresh database; a server's costs more than a file.
-    let cases = match db.kind() {
-        BackendKind::Sqlite => 128,
-        BackendKind::Postgres => 24,
-    };
+    claims_follow_the_rules(
+        db,
+        match db.kind() {
+            BackendKind::Sqlite => 16,
+            BackendKind::Postgres => 1,
+        },
+        50,
+    );
+}
+
+/// [`claims_follow_the_lease_rules_and_the_documented_order`] at full size.
+fn claims_follow_the_lease_rules_and_the_documented_order_at_full_size(db: &TestDb) {
+    claims_follow_the_rules(
+        db,
+        match db.kind() {
+            BackendKind::Sqlite => 128,
+            BackendKind::Postgres => 24,
+        },
+        100,
+    );
+}
+
+/// `cases` random runs of up to `most_ops` operations each, after the saved
+/// regressions.
+fn claims_follow_the_rules(db: &TestDb, cases: u32, most_ops: usize) {
     let mut runner = TestRunner::new(Config {
         cases,
         // Beside this file: claim_order.proptest-regressions.
@@ -412,7 +434,7 @@ fn claims_follow_the_lease_rules_and_the_documented_order(db: &TestDb) {
         ))),
         ..Config::default()
     });
-    let strategy = proptest::collection::vec(op(), 1..100);
+    let strategy = proptest::collection::vec(op(), 1..most_ops);
     let result = runner.run(&strategy, |ops| {
         let mut world = World::new(db);
         for op in &ops {
@@ -434,4 +456,6 @@ conformance! {
     lapsed_leases_and_ended_backoffs_come_in_the_order_they_became_claimable,
     a_heartbeat_writes_its_attempt_and_audit_row_and_leaves_the_task_alone,
     claims_follow_the_lease_rules_and_the_documented_order,
+    #[ignore = "long: run by .ci/run"]
+    claims_follow_the_lease_rules_and_the_documented_order_at_full_size,
 }

@@ -120,8 +120,11 @@ fn an_async_claim_runs_on_a_bare_executor_and_on_tokio(db: &TestDb) {
     let held = hold(&f, &worker);
     let permit = runtime.block_on(async {
         let waiting = f.store.claim_permit(&worker, &ns, &q);
+        // Handed back once the claim waits for it.
         let release = async {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            while f.store.claim_stats().pending == 0 {
+                tokio::task::yield_now().await;
+            }
             drop(held);
         };
         let (permit, ()) = tokio::join!(waiting, release);

@@ -17,13 +17,11 @@ use tessera_store::postgres::PostgresOptions;
 
 /// A backend the store runs on.
 ///
-/// Adding one (PostgreSQL next): a variant here; its arm in each `match`
-/// of this file (the compiler lists them); a constructor that returns
-/// `None` where the backend is not configured, saying so once per test
-/// binary (PostgreSQL: when `TESSERA_TEST_POSTGRES_URL` is unset, "skipping
-/// PostgreSQL conformance: TESSERA_TEST_POSTGRES_URL is not set", behind a
-/// `std::sync::Once`); and its line in the conformance suite's
-/// `conformance!`.
+/// Adding one: a variant here; its arm in each `match` of this file (the
+/// compiler lists them); a constructor that panics, naming what is
+/// missing, where the backend is not configured; a cfg from the store's
+/// build script that marks its tests ignored there; and its line in the
+/// conformance suite's `conformance!`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BackendKind {
     /// An embedded SQLite file (`Store::open_sqlite`).
@@ -34,12 +32,14 @@ pub(crate) enum BackendKind {
 }
 
 impl BackendKind {
-    /// A fresh, empty database of this backend, or `None` where the
-    /// backend is not configured on this machine (its tests then pass
-    /// without running).
-    pub(crate) fn database(self) -> Option<TestDb> {
+    /// A fresh, empty database of this backend.
+    ///
+    /// Panics where the backend is not configured on this machine; the
+    /// tests that need it are marked ignored there (see `build.rs`), so
+    /// only `--ignored` reaches this.
+    pub(crate) fn database(self) -> TestDb {
         match self {
-            Self::Sqlite => Some(TestDb::sqlite()),
+            Self::Sqlite => TestDb::sqlite(),
             Self::Postgres => TestDb::postgres(),
         }
     }
@@ -127,27 +127,22 @@ impl TestDb {
     }
 
     /// A new schema on the test server, created when a store first opens
-    /// it; `None` when the server is not configured (said once per test
-    /// binary) or the build has no PostgreSQL backend.
-    pub(crate) fn postgres() -> Option<Self> {
+    /// it. Panics when `TESSERA_TEST_POSTGRES_URL` is unset or the build
+    /// has no PostgreSQL backend.
+    pub(crate) fn postgres() -> Self {
         #[cfg(feature = "postgres")]
         {
-            let url = pg::server_url()?;
-            Some(Self {
+            Self {
                 place: Place::Postgres {
-                    url,
+                    url: pg::server_url(),
                     schema: pg::fresh_schema(),
                     owned: true,
                 },
-            })
+            }
         }
         #[cfg(not(feature = "postgres"))]
         {
-            static SKIPPING: std::sync::Once = std::sync::Once::new();
-            SKIPPING.call_once(|| {
-                println!("skipping PostgreSQL conformance: built without feature postgres");
-            });
-            None
+            panic!("a PostgreSQL test needs the store built with feature postgres");
         }
     }
 
@@ -162,9 +157,7 @@ impl TestDb {
 
     /// Another fresh, empty database of the same backend.
     pub(crate) fn fresh(&self) -> Self {
-        self.kind()
-            .database()
-            .expect("a backend that made one database makes another")
+        self.kind().database()
     }
 
     /// Where the database is, as a string another process can be given

@@ -288,39 +288,51 @@ fn may_end_lease(step: &Step) -> bool {
     ends && step.completion.may_have_happened()
 }
 
-fn leases(task: &str, steps: &TaskSteps<'_>, anomalies: &mut Vec<Anomaly>) {
-    for first in &steps.grants {
-        let on_this_lease = |step: &&&Step| {
-            lease_of(step) == Some((first.attempt, first.token))
-                || matches!(step.operation, Operation::Cancel { .. })
-        };
-        let mut end = first.expires_at;
-        let mut extended_by = Vec::new();
-        for step in steps.named.iter().filter(on_this_lease) {
-            if let Some(Outcome::Extended { expires_at }) = step.completion.outcome() {
-                if *expires_at > end {
-                    end = *expires_at;
-                }
-                extended_by.push(step.id);
-            }
+/// The end of `grant`'s lease as its acknowledged heartbeats extended
+/// it, with the heartbeats that did.
+fn lease_end(grant: &Grant<'_>, steps: &TaskSteps<'_>) -> (DateTime<Utc>, Vec<OperationId>) {
+    let mut end = grant.expires_at;
+    let mut extended_by = Vec::new();
+    for step in &steps.named {
+        if lease_of(step) != Some((grant.attempt, grant.token)) {
+            continue;
         }
-        for second in &steps.grants {
-            let later = (second.granted_at, second.token) > (first.granted_at, first.token);
-            if second.attempt != first.attempt || !later || second.granted_at >= end {
+        if let Some(Outcome::Extended { expires_at }) = step.completion.outcome() {
+            end = end.max(*expires_at);
+            extended_by.push(step.id);
+        }
+    }
+    (end, extended_by)
+}
+
+/// Two leases of one attempt overlap when their intervals (grant to
+/// extended expiry, by the store's clock) intersect, unless the one with
+/// the smaller token (granted first: tokens follow the store's order) may
+/// have been ended by its holder or a cancel before the other was
+/// acknowledged. A grant's time is read when the claim starts, so it can
+/// be earlier than an ending that committed before it; the token order
+/// is what the store serialized.
+fn leases(task: &str, steps: &TaskSteps<'_>, anomalies: &mut Vec<Anomaly>) {
+    let ends: Vec<_> = steps.grants.iter().map(|g| lease_end(g, steps)).collect();
+    for (first, (end, extended_by)) in steps.grants.iter().zip(&ends) {
+        for (second, (second_end, _)) in steps.grants.iter().zip(&ends) {
+            if second.attempt != first.attempt
+                || second.token <= first.token
+                || second.granted_at >= *end
+                || first.granted_at >= *second_end
+            {
                 continue;
             }
-            // Ended by its holder (or a cancel) before the second grant was
-            // acknowledged: the second may legitimately start early.
-            let ended = steps
-                .named
-                .iter()
-                .filter(on_this_lease)
-                .any(|step| may_end_lease(step) && second.step.completed > Some(step.invoked));
+            let ended = steps.named.iter().any(|step| {
+                let on_first = lease_of(step) == Some((first.attempt, first.token))
+                    || matches!(step.operation, Operation::Cancel { .. });
+                on_first && may_end_lease(step) && second.step.completed > Some(step.invoked)
+            });
             if ended {
                 continue;
             }
             let mut operations = vec![first.step.id, second.step.id];
-            operations.extend(&extended_by);
+            operations.extend(extended_by);
             anomalies.push(anomaly(
                 AnomalyKind::OverlappingLeases,
                 task,

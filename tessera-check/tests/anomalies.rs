@@ -129,6 +129,32 @@ fn a_lease_ended_by_its_holder_may_be_followed_at_once() {
         &end_with(2, AttemptState::Leased, vec![]),
     ));
 
+    // Seen in a chaos run on SQLite: a claim reads the store's clock
+    // before it waits for the writer, so its grant can be timed before
+    // the grant and failure report that committed while it waited.
+    let mut s = Script::default();
+    s.enqueue(T);
+    let waiting = s.begin(4, 9, claim());
+    s.grant(2, 10, T, 1, 1, 60);
+    s.ok(2, 11, fail(T, 1, 1, true), Outcome::Failed);
+    s.end(
+        waiting,
+        12,
+        tessera_check::Completion::Ok {
+            outcome: Outcome::Granted {
+                task: T.to_owned(),
+                attempt: 1,
+                token: 2,
+                granted_at: at(9),
+                expires_at: at(69),
+            },
+        },
+    );
+    valid(&check(
+        &s.history(),
+        &end_with(2, AttemptState::Leased, vec![]),
+    ));
+
     // A failure report refused with a known error ended nothing.
     let mut s = Script::default();
     s.enqueue(T);

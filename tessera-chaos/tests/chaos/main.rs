@@ -255,3 +255,12 @@ fn child_process_entry() {
 fn lock_holder_entry() {
     run::lock_holder_main();
 }
+
+/// Prints the table of the guarantees page from the summaries the last
+/// runs saved: per scenario and backend, the tasks, the lost and doubled
+/// counts, and the recovery after its faults.
+#[test]
+#[ignore = "prints the table of docs/guarantees.md from the last runs' summaries"]
+fn chaos_table() {
+    println!("{}", run::table());
+}

@@ -682,3 +682,54 @@ fn keep_history(dir: &Path, scenario: &Scenario, backend: BackendKind) -> PathBu
     }
     kept
 }
+
+/// The markdown table of every saved summary, sorted by scenario,
+/// backend and size.
+pub(crate) fn table() -> String {
+    let mut summaries: Vec<serde_json::Value> = std::fs::read_dir(results_dir())
+        .unwrap()
+        .flatten()
+        .filter(|entry| entry.path().extension().is_some_and(|e| e == "json"))
+        .map(|entry| serde_json::from_slice(&std::fs::read(entry.path()).unwrap()).unwrap())
+        .collect();
+    let key = |s: &serde_json::Value| {
+        (
+            s["scenario"].as_str().unwrap_or("").to_owned(),
+            s["backend"].as_str().unwrap_or("").to_owned(),
+            s["tasks"].as_u64().unwrap_or(0),
+        )
+    };
+    summaries.sort_by_key(key);
+    let mut out = String::from(
+        "| scenario | backend | processes | tasks | faults | operations (unknown) | lost | doubled | recovery after a fault, median / worst (ms) | seed |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for s in &summaries {
+        let mut recoveries: Vec<f64> = s["faults"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["recovery_millis"].as_f64())
+            .collect();
+        recoveries.sort_by(f64::total_cmp);
+        let recovery = match recoveries.as_slice() {
+            [] => "—".to_owned(),
+            all => format!("{:.0} / {:.0}", all[all.len() / 2], all[all.len() - 1]),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} |\n",
+            s["scenario"].as_str().unwrap_or(""),
+            s["backend"].as_str().unwrap_or(""),
+            s["processes"],
+            s["tasks"],
+            s["faults"].as_array().map_or(0, Vec::len),
+            s["operations"],
+            s["unknown"],
+            s["lost"],
+            s["doubled"],
+            recovery,
+            s["seed"],
+        ));
+    }
+    out
+}

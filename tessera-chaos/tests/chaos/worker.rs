@@ -256,6 +256,8 @@ impl Worker {
     ) {
         let id = task.id.as_str().to_owned();
         let t = token.as_i64();
+        // The work itself: a kill often lands here, holding the lease.
+        pause(rng.between(0, 10));
         if rng.percent(15) {
             for _ in 0..rng.between(1, 3) {
                 pause(rng.between(0, lease_duration().as_millis() as u64 / 4));

@@ -93,6 +93,7 @@ async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
         }
     };
     let address = listener.local_addr()?;
+    let shutdown = shutdown_signal()?;
     println!("{PROGRAM} listening on http://{address}, {database}");
     let key_file = args.admin_key_file.display();
     match admin {
@@ -100,7 +101,7 @@ async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
         None => println!("admin key: kept in {key_file}"),
     }
     let maintenance = tokio::spawn(maintain(Arc::clone(&store)));
-    let served = serve_until(listener, Arc::clone(&store), options, shutdown_signal()).await;
+    let served = serve_until(listener, Arc::clone(&store), options, shutdown).await;
     maintenance.abort();
     let _ = maintenance.await;
     close(store).await;
@@ -132,26 +133,26 @@ async fn maintain(store: Arc<Store>) {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Installs the SIGTERM and SIGINT (Ctrl-C) handlers now, so a signal
+/// that comes as soon as the start-up line is out is not the default
+/// kill; the future resolves on either.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = interrupt => {}
-                    _ = terminate.recv() => {}
-                }
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
             }
-            Err(_) => {
-                let _ = interrupt.await;
-            }
-        }
+        })
     }
     #[cfg(not(unix))]
-    let _ = interrupt.await;
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// The store, what its database is for the start-up line, and the admin

@@ -21,8 +21,3 @@ pub fn admission_from_env(program: &str) -> AdmissionConfig {
         std::process::exit(2)
     })
 }
-
-/// The README's code examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeExamples;

@@ -12,7 +12,7 @@
 //! same figures.
 //!
 //! ```text
-//! cargo run --release --example simulate [-- --out PATH]
+//! cargo run --release -p tessera-benches --example simulate [-- --out PATH]
 //! ```
 //!
 //! It prints a summary per phase and writes an SVG chart (default

@@ -1,0 +1,414 @@
+//! One definition of each input's limits, for validation and for the
+//! OpenAPI document alike.
+//!
+//! A string input is checked by the library's own parser (a
+//! [`Namespace`](tessera_store::Namespace), a [`KeyId`], …); its entry
+//! here transcribes that parser's rule into a pattern and lengths built
+//! from the library's constants, and a test proves the two agree on
+//! every boundary. A number is checked here, by [`Limit::integer`], with
+//! the same range the document states.
+
+use serde_json::Value;
+use serde_json::json;
+use tessera_store::lease::{IdempotencyKey, StateName};
+use tessera_store::limits::{
+    MAX_ACCOUNT_LEN, MAX_ALTERNATIVES, MAX_AUDIT_ROWS, MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH,
+    MAX_ERROR_BYTES, MAX_KEYS_LISTED, MAX_LABEL_LEN, MAX_LONG_POLL, MAX_PRIORITY, MAX_TASKS_LISTED,
+    MAX_TRIES,
+};
+use tessera_store::{Error, ListOrder, Namespace, QueueName, Retry, Scope, TaskId};
+
+/// A name's rule ([`tessera_store::lease`] names): letters, digits, `-`,
+/// `_`, and single dots between them.
+pub const NAME_PATTERN: &str = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$";
+
+/// Printable ASCII, as accounts, labels and error texts are here.
+pub const TEXT_PATTERN: &str = "^[ -~]*$";
+
+/// A grant's rule: `admin`, `namespace:*` or `namespace:<name>`.
+pub const GRANT_PATTERN: &str =
+    r"^(admin|namespace:\*|namespace:[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*)$";
+
+/// What one input accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// A name ([`NAME_PATTERN`]), 1 to `max_len` bytes.
+    Name {
+        /// The longest, in bytes.
+        max_len: usize,
+    },
+    /// Text of printable ASCII, `min_len` to `max_len` bytes.
+    Text {
+        /// The shortest.
+        min_len: usize,
+        /// The longest.
+        max_len: usize,
+    },
+    /// Text matching `pattern` whole (its length is in the pattern).
+    Pattern {
+        /// The regular expression.
+        pattern: &'static str,
+    },
+    /// A page cursor as a listing gives it: two whole numbers joined by
+    /// a dot, the first signed, each of at most 18 digits (the second of
+    /// at most `second_digits`, signed if `second_signed`).
+    Cursor {
+        /// The most digits of the second number.
+        second_digits: usize,
+        /// Whether the second number may be negative.
+        second_signed: bool,
+    },
+    /// A grant: `admin`, `namespace:*` or `namespace:<name>`.
+    Grant,
+    /// One of these words.
+    OneOf(&'static [&'static str]),
+    /// A whole number from `minimum` to `maximum`.
+    Integer {
+        /// The least.
+        minimum: i64,
+        /// The most.
+        maximum: i64,
+    },
+    /// An RFC 3339 time.
+    Time,
+}
+
+/// An input: where it appears, its name there, and its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Input {
+    /// The name in the document: a property, parameter or header name.
+    pub name: &'static str,
+    /// What it accepts.
+    pub limit: Limit,
+}
+
+const fn name(name: &'static str, max_len: usize) -> Input {
+    Input {
+        name,
+        limit: Limit::Name { max_len },
+    }
+}
+
+const fn integer(name: &'static str, minimum: i64, maximum: i64) -> Input {
+    Input {
+        name,
+        limit: Limit::Integer { minimum, maximum },
+    }
+}
+
+/// A namespace, in a path.
+pub const NAMESPACE: Input = name("ns", Namespace::MAX_LEN);
+/// A queue, in a path.
+pub const QUEUE: Input = name("queue", QueueName::MAX_LEN);
+/// A task id, in a path or a body.
+pub const TASK: Input = name("task", TaskId::MAX_LEN);
+/// A task id chosen at enqueue.
+pub const TASK_ID: Input = name("id", TaskId::MAX_LEN);
+/// The `Idempotency-Key` header of a submit.
+pub const IDEMPOTENCY_KEY: Input = name("Idempotency-Key", IdempotencyKey::MAX_LEN);
+/// A key id: 16 lowercase hex digits.
+pub const KEY_ID: Input = Input {
+    name: "key",
+    limit: Limit::Pattern {
+        pattern: "^[0-9a-f]{16}$",
+    },
+};
+/// A principal id: `p` and its number.
+pub const PRINCIPAL: Input = Input {
+    name: "principal",
+    limit: Limit::Pattern {
+        pattern: "^p[0-9]{1,18}$",
+    },
+};
+/// An audit page's cursor: the `next` of the page before.
+pub const AUDIT_CURSOR: Input = Input {
+    name: "before",
+    limit: Limit::Cursor {
+        second_digits: 18,
+        second_signed: true,
+    },
+};
+/// A task listing's cursor: the `next` of the page before.
+pub const TASK_CURSOR: Input = Input {
+    name: "after",
+    limit: Limit::Cursor {
+        second_digits: 4,
+        second_signed: false,
+    },
+};
+/// A key's account.
+pub const ACCOUNT: Input = Input {
+    name: "account",
+    limit: Limit::Text {
+        min_len: 1,
+        max_len: MAX_ACCOUNT_LEN,
+    },
+};
+/// A key's label.
+pub const LABEL: Input = Input {
+    name: "label",
+    limit: Limit::Text {
+        min_len: 0,
+        max_len: MAX_LABEL_LEN,
+    },
+};
+/// A failure's error text.
+pub const ERROR_TEXT: Input = Input {
+    name: "error",
+    limit: Limit::Text {
+        min_len: 0,
+        max_len: MAX_ERROR_BYTES,
+    },
+};
+/// A scope a key holds.
+pub const SCOPE: Input = Input {
+    name: "scopes",
+    limit: Limit::OneOf(&["enqueue", "claim", "read"]),
+};
+/// A grant a key holds.
+pub const GRANT: Input = Input {
+    name: "grants",
+    limit: Limit::Grant,
+};
+/// A task state, to list by.
+pub const STATE: Input = Input {
+    name: "state",
+    limit: Limit::OneOf(&[
+        "ready",
+        "leased",
+        "done",
+        "failed",
+        "backoff",
+        "discarded",
+        "scheduled",
+        "cancelled",
+    ]),
+};
+/// A listing's order.
+pub const ORDER: Input = Input {
+    name: "order",
+    limit: Limit::OneOf(&["oldest", "newest"]),
+};
+/// A failure's retry.
+pub const RETRY: Input = Input {
+    name: "retry",
+    limit: Limit::OneOf(&["never", "backoff", "after"]),
+};
+/// A brief's version.
+pub const VERSION: Input = integer("version", 1, u32::MAX as i64);
+/// A fencing token.
+pub const TOKEN: Input = integer("token", 1, i64::MAX);
+/// An attempt number.
+pub const ATTEMPT: Input = integer("attempt", 1, u16::MAX as i64);
+/// Competing attempts of a brief.
+pub const ALTERNATIVES: Input = integer("alternatives", 1, MAX_ALTERNATIVES as i64);
+/// A task's priority.
+pub const PRIORITY: Input = integer("priority", 0, MAX_PRIORITY as i64);
+/// A task's tries.
+pub const MAX_TRIES_INPUT: Input = integer("max_tries", 1, MAX_TRIES as i64);
+/// Tasks in one claim.
+pub const CLAIM_COUNT: Input = integer("count", 1, MAX_CLAIM_BATCH as i64);
+/// A long-poll's wait, in milliseconds.
+pub const TIMEOUT_MS: Input = integer("timeout_ms", 0, MAX_LONG_POLL.as_millis() as i64);
+/// A retry's backoff, in milliseconds.
+pub const BACKOFF_MS: Input = integer(
+    "after_ms",
+    0,
+    tessera_store::lease::MAX_BACKOFF.as_millis() as i64,
+);
+/// Events and counters on an audit page.
+pub const AUDIT_LIMIT: Input = integer("limit", 1, MAX_AUDIT_ROWS as i64);
+/// Attempts on a task listing's page.
+pub const TASKS_LIMIT: Input = integer("limit", 1, MAX_TASKS_LISTED as i64);
+/// Keys on a key listing's page.
+pub const KEYS_LIMIT: Input = integer("limit", 1, MAX_KEYS_LISTED as i64);
+/// Tasks in one batch enqueue.
+pub const ENQUEUE_BATCH: Input = integer("tasks", 1, MAX_ENQUEUE_BATCH as i64);
+/// A time (`since`, `at`, `not_before`).
+pub const TIME: Input = Input {
+    name: "at",
+    limit: Limit::Time,
+};
+
+/// Every input with limits, for the test that proves the document and
+/// the validation agree.
+pub const ALL: &[Input] = &[
+    NAMESPACE,
+    QUEUE,
+    TASK,
+    TASK_ID,
+    IDEMPOTENCY_KEY,
+    KEY_ID,
+    PRINCIPAL,
+    AUDIT_CURSOR,
+    TASK_CURSOR,
+    ACCOUNT,
+    LABEL,
+    ERROR_TEXT,
+    SCOPE,
+    GRANT,
+    STATE,
+    ORDER,
+    RETRY,
+    VERSION,
+    TOKEN,
+    ATTEMPT,
+    ALTERNATIVES,
+    PRIORITY,
+    MAX_TRIES_INPUT,
+    CLAIM_COUNT,
+    TIMEOUT_MS,
+    BACKOFF_MS,
+    AUDIT_LIMIT,
+    TASKS_LIMIT,
+    KEYS_LIMIT,
+    TIME,
+];
+
+impl Input {
+    /// The input's JSON schema, as the document shows it.
+    pub fn schema(&self) -> Value {
+        match self.limit {
+            Limit::Name { max_len } => json!({
+                "type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength": max_len,
+            }),
+            Limit::Text { min_len, max_len } => json!({
+                "type": "string", "pattern": TEXT_PATTERN, "minLength": min_len, "maxLength": max_len,
+            }),
+            Limit::Pattern { pattern } => json!({ "type": "string", "pattern": pattern }),
+            Limit::Cursor {
+                second_digits,
+                second_signed,
+            } => {
+                let sign = if second_signed { "-?" } else { "" };
+                let pattern = format!(r"^-?[0-9]{{1,18}}\.{sign}[0-9]{{1,{second_digits}}}$");
+                json!({ "type": "string", "pattern": pattern })
+            }
+            Limit::Grant => json!({
+                "type": "string",
+                "pattern": GRANT_PATTERN,
+                "maxLength": "namespace:".len() + Namespace::MAX_LEN,
+            }),
+            Limit::OneOf(words) => json!({ "type": "string", "enum": words }),
+            Limit::Integer { minimum, maximum } => json!({
+                "type": "integer", "format": "int64", "minimum": minimum, "maximum": maximum,
+            }),
+            Limit::Time => json!({ "type": "string", "format": "date-time" }),
+        }
+    }
+
+    /// An array of this input's values, of up to `max` items.
+    pub fn array(&self, max: usize) -> Value {
+        json!({ "type": "array", "items": self.schema(), "maxItems": max })
+    }
+
+    /// Checks a whole number against this input's range: the store's
+    /// `400` naming the input otherwise.
+    pub fn integer(&self, value: i64) -> Result<i64, Error> {
+        match self.limit {
+            Limit::Integer { minimum, maximum } if (minimum..=maximum).contains(&value) => {
+                Ok(value)
+            }
+            Limit::Integer { minimum, maximum } => Err(Error::InvalidInput {
+                reason: format!("{} is {value}, not {minimum} to {maximum}", self.name),
+            }),
+            _ => Err(Error::InvalidInput {
+                reason: format!("{} is not a number", self.name),
+            }),
+        }
+    }
+
+    /// Checks a cursor's shape (its pattern) before the store parses it.
+    pub fn cursor<'a>(&self, value: &'a str) -> Result<&'a str, Error> {
+        let Limit::Cursor {
+            second_digits,
+            second_signed,
+        } = self.limit
+        else {
+            return Ok(value);
+        };
+        let number = |part: &str, digits: usize, signed: bool| {
+            let part = match part.strip_prefix('-') {
+                Some(rest) if signed => rest,
+                _ => part,
+            };
+            (1..=digits).contains(&part.len()) && part.bytes().all(|b| b.is_ascii_digit())
+        };
+        match value.split_once('.') {
+            Some((first, second))
+                if number(first, 18, true) && number(second, second_digits, second_signed) =>
+            {
+                Ok(value)
+            }
+            _ => Err(Error::InvalidInput {
+                reason: format!("{} {value:?} is not a cursor a listing gave", self.name),
+            }),
+        }
+    }
+
+    /// Checks printable text against this input's lengths, as the store
+    /// checks accounts and labels, and the document's pattern besides.
+    pub fn text<'a>(&self, value: &'a str) -> Result<&'a str, Error> {
+        let Limit::Text { min_len, max_len } = self.limit else {
+            return Ok(value);
+        };
+        let printable = value.bytes().all(|byte| (b' '..=b'~').contains(&byte));
+        if printable && (min_len..=max_len).contains(&value.len()) {
+            return Ok(value);
+        }
+        Err(Error::InvalidInput {
+            reason: format!(
+                "{} is {min_len} to {max_len} printable ASCII characters",
+                self.name
+            ),
+        })
+    }
+}
+
+/// Parses a word of [`SCOPE`].
+pub fn scope(word: &str) -> Result<Scope, Error> {
+    Scope::ALL
+        .iter()
+        .copied()
+        .find(|scope| scope.as_str() == word)
+        .ok_or_else(|| Error::InvalidInput {
+            reason: format!("scope {word:?} is none of enqueue, claim, read"),
+        })
+}
+
+/// Parses a word of [`STATE`].
+pub fn state(word: &str) -> Result<StateName, Error> {
+    serde_json::from_value(Value::String(word.to_owned())).map_err(|_| Error::InvalidInput {
+        reason: format!("state {word:?} is not a task state"),
+    })
+}
+
+/// A JSON value of any type, as a brief or an output is.
+pub fn any_value() -> Value {
+    json!({})
+}
+
+/// Parses a word of [`ORDER`].
+pub fn order(word: &str) -> Result<ListOrder, Error> {
+    match word {
+        "oldest" => Ok(ListOrder::Oldest),
+        "newest" => Ok(ListOrder::Newest),
+        other => Err(Error::InvalidInput {
+            reason: format!("order {other:?} is neither oldest nor newest"),
+        }),
+    }
+}
+
+/// Parses a word of [`RETRY`], with the backoff of `after`
+/// ([`BACKOFF_MS`], counted for `after` alone).
+pub fn retry(word: &str, after_ms: i64) -> Result<Retry, Error> {
+    let after_ms = BACKOFF_MS.integer(after_ms)? as u64;
+    match word {
+        "never" => Ok(Retry::Never),
+        "backoff" => Ok(Retry::Backoff),
+        "after" => Ok(Retry::After(std::time::Duration::from_millis(after_ms))),
+        other => Err(Error::InvalidInput {
+            reason: format!("retry {other:?} is none of never, backoff, after"),
+        }),
+    }
+}

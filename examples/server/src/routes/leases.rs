@@ -1,0 +1,171 @@
+//! Work under a lease: heartbeat, submit, fail.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tessera_store::lease::Failure;
+use tessera_store::{FencingToken, IdempotencyKey, Output, Submitted};
+
+use super::{AppState, Route, object, task_doc, task_ref, with_task_ref};
+use crate::auth::Authenticated;
+use crate::errors::{ApiError, JsonBody, invalid, path};
+use crate::limits::{
+    self, BACKOFF_MS, ERROR_TEXT, IDEMPOTENCY_KEY, RETRY, TOKEN, VERSION, any_value,
+};
+use crate::openapi::Doc;
+
+/// The header a submit is keyed by.
+const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+
+pub(super) fn routes() -> Vec<Route> {
+    let held = || json!({ "version": VERSION.schema(), "token": TOKEN.schema() });
+    let lease = json!({ "type": "object", "required": ["task", "token", "expires_at"] });
+    let mut output = held();
+    output["output"] = any_value();
+    let mut failure = held();
+    failure["retry"] = RETRY.schema();
+    failure["after_ms"] = BACKOFF_MS.schema();
+    failure["error"] = ERROR_TEXT.schema();
+    vec![
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/tasks/{task}/heartbeat",
+            Some("heartbeat"),
+            task_doc(Doc::new("heartbeat", "extend a lease, with the task's version and the fencing token from the claim"))
+                .keyed()
+                .body(object(held(), &["version", "token"]))
+                .answers("200", "the lease as it now stands", Some(lease)),
+            post(heartbeat),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/tasks/{task}/submit",
+            Some("submit"),
+            task_doc(Doc::new("submit", "submit the output under an Idempotency-Key: the same key and output replay the receipt (Idempotent-Replayed: true); the same key with another output is 409"))
+                .keyed()
+                .header(IDEMPOTENCY_KEY)
+                .body(object(output, &["version", "token", "output"]))
+                .answers("200", "the receipt", Some(json!({ "type": "object", "required": ["task", "token", "artifact"] }))),
+            post(submit),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/tasks/{task}/fail",
+            Some("fail"),
+            task_doc(Doc::new("fail", "end a lease with a failure: retry never, after the default backoff, or after `after_ms` (which counts for `after` alone, 0 if absent)"))
+                .keyed()
+                .body(object(failure, &["version", "token", "retry"]))
+                .answers("200", "the attempt's new state", Some(json!({ "type": "object", "required": ["state"] }))),
+            post(fail),
+        ),
+    ]
+}
+
+/// The task's version and the fencing token from the claim.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeldLease {
+    version: i64,
+    token: i64,
+}
+
+async fn heartbeat(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task_path: Result<Path<(String, String)>, PathRejection>,
+    JsonBody(request): JsonBody<HeldLease>,
+) -> Result<Response, ApiError> {
+    let (ns, task) = path(task_path)?;
+    let task = task_ref(&ns, &task, request.version)?;
+    let token = FencingToken::new(TOKEN.integer(request.token)?)?;
+    let reference = task.clone();
+    let lease = state
+        .call(move |store| store.heartbeat(&caller, &task, token))
+        .await?;
+    Ok(Json(with_task_ref(json!(lease), &reference)).into_response())
+}
+
+/// A submission: the lease, and the output, any JSON value.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSubmission {
+    version: i64,
+    token: i64,
+    output: Value,
+}
+
+async fn submit(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task_path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+    JsonBody(request): JsonBody<NewSubmission>,
+) -> Result<Response, ApiError> {
+    let key = headers
+        .get(IDEMPOTENCY_HEADER)
+        .ok_or_else(|| invalid("an idempotency-key header is required"))?
+        .to_str()
+        .map_err(|_| invalid("the idempotency-key header is not visible ascii"))?;
+    let key = IdempotencyKey::parse(key)?;
+    let (ns, task) = path(task_path)?;
+    let task = task_ref(&ns, &task, request.version)?;
+    let reference = task.clone();
+    let token = FencingToken::new(TOKEN.integer(request.token)?)?;
+    let output = Output::bytes(request.output.to_string());
+    let submitted = state
+        .call(move |store| store.submit(&caller, &task, token, &key, &output))
+        .await?;
+    let (receipt, replayed) = match submitted {
+        Submitted::Accepted(receipt) => (receipt, false),
+        Submitted::Replayed(receipt) => (receipt, true),
+    };
+    let mut response = Json(with_task_ref(json!(receipt), &reference)).into_response();
+    if replayed {
+        response.headers_mut().insert(
+            HeaderName::from_static("idempotent-replayed"),
+            HeaderValue::from_static("true"),
+        );
+    }
+    Ok(response)
+}
+
+/// A failure report.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailureReport {
+    version: i64,
+    token: i64,
+    retry: String,
+    after_ms: Option<i64>,
+    error: Option<String>,
+}
+
+async fn fail(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task_path: Result<Path<(String, String)>, PathRejection>,
+    JsonBody(request): JsonBody<FailureReport>,
+) -> Result<Response, ApiError> {
+    let (ns, task) = path(task_path)?;
+    let task = task_ref(&ns, &task, request.version)?;
+    let token = FencingToken::new(TOKEN.integer(request.token)?)?;
+    let retry = limits::retry(&request.retry, request.after_ms.unwrap_or(0))?;
+    let failure = Failure {
+        retry,
+        error: match &request.error {
+            Some(text) => Some(ERROR_TEXT.text(text)?.to_owned()),
+            None => None,
+        },
+    };
+    let new_state = state
+        .call(move |store| store.fail(&caller, &task, token, failure))
+        .await?;
+    Ok(Json(json!({ "state": new_state })).into_response())
+}

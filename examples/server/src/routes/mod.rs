@@ -1,0 +1,337 @@
+//! The route table: each route one `Store` operation, with its
+//! description for the document beside it.
+
+mod audit;
+mod claims;
+mod health;
+mod keys;
+mod leases;
+mod sessions;
+mod tasks;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{Method, StatusCode};
+use axum::routing::{MethodRouter, on};
+use serde_json::{Value, json};
+use tessera_store::{Error, Namespace, QueueName, Store, TaskId, TaskRef};
+use tokio::net::TcpListener;
+
+use crate::errors::ApiError;
+use crate::openapi::Doc;
+
+/// One route: its method and path, the `Store` operation it calls, and
+/// how the document describes it.
+pub struct Route {
+    /// The HTTP method.
+    pub method: Method,
+    /// The path, with `{parameters}`.
+    pub path: &'static str,
+    /// The `Store` method it is a thin call to; `None` for the server's
+    /// own (`/metrics`, the document).
+    pub operation: Option<&'static str>,
+    pub(crate) doc: Doc,
+    pub(crate) handler: MethodRouter<Arc<AppState>>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Route")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("operation", &self.operation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Route {
+    fn new(
+        method: Method,
+        path: &'static str,
+        operation: Option<&'static str>,
+        doc: Doc,
+        handler: MethodRouter<Arc<AppState>>,
+    ) -> Self {
+        Self {
+            method,
+            path,
+            operation,
+            doc,
+            handler,
+        }
+    }
+}
+
+/// The public `Store` methods that are not operations a client calls over
+/// HTTP, each with why. Every other public method has a route; a test
+/// reads the store's source and fails on one that has neither.
+pub const NOT_ROUTED: &[(&str, &str)] = &[
+    ("open", "opening a store: the server does it at start"),
+    ("open_in_memory", "opening a store"),
+    ("open_sqlite", "opening a store"),
+    ("open_postgres", "opening a store"),
+    (
+        "authenticate",
+        "every keyed route runs it on the bearer key",
+    ),
+    ("recheck", "the claim gate runs it after a wait"),
+    ("authorize", "every operation runs it"),
+    (
+        "create_admin_key",
+        "the server makes its admin key at start",
+    ),
+    ("claim_async", "the claim route awaits claim_permit instead"),
+    ("claim_permit", "the claim route's wait for admission"),
+    (
+        "finish_claim",
+        "the claim route's lease transaction, after claim_permit",
+    ),
+    (
+        "claim_cancellable",
+        "a blocking claim for threads; the claim route's wait is dropped instead",
+    ),
+    ("cancel_token", "for claim_cancellable"),
+    (
+        "begin_claim",
+        "the sans-IO claim steps, for hosts that drive admission",
+    ),
+    ("poll_claim_event", "the sans-IO claim steps"),
+    ("poll_claim_timeout", "the sans-IO claim steps"),
+    ("cancel_claim", "the sans-IO claim steps"),
+    ("set_claim_waker", "the sans-IO claim steps"),
+    ("claim_stats", "admission's state: served as metrics"),
+    ("long_polls_waiting", "served as metrics"),
+    (
+        "long_poll_interval",
+        "the backend's polling interval, a setting",
+    ),
+    ("pending_counters", "served as metrics"),
+    (
+        "flush_counters",
+        "an audit read flushes them; maintenance too",
+    ),
+    ("maintain", "the server runs it on its own timer"),
+    (
+        "next_maintenance",
+        "the server's maintenance timer reads it",
+    ),
+    (
+        "expire_leases",
+        "optional upkeep: a claim takes over a lapsed lease whether or not it ran",
+    ),
+    (
+        "hash_address",
+        "the session route hashes the client's address through mint_session",
+    ),
+    ("meter", "rows read and written, for benchmarks"),
+    ("meters_rows", "for benchmarks"),
+    ("measure", "for benchmarks"),
+    (
+        "refuse_writes",
+        "an operator's switch in the host, not a client's",
+    ),
+    ("is_refusing_writes", "an operator's switch"),
+    (
+        "rows_written_today",
+        "the daily allowance's count, for the host",
+    ),
+    ("clock", "the store's clock"),
+    ("public_health", "the health route without a key"),
+];
+
+/// Every route the server serves, in the document's order.
+pub fn routes() -> Vec<Route> {
+    let mut routes = Vec::new();
+    routes.extend(keys::routes());
+    routes.extend(audit::routes());
+    routes.extend(sessions::routes());
+    routes.extend(tasks::routes());
+    routes.extend(claims::routes());
+    routes.extend(leases::routes());
+    routes.extend(health::routes());
+    routes.push(Route::new(
+        Method::GET,
+        "/metrics",
+        None,
+        Doc::new("metrics", "the store's metrics, Prometheus text").answers(
+            "200",
+            "Prometheus text",
+            None,
+        ),
+        on(
+            axum::routing::MethodFilter::GET,
+            crate::metrics::metrics_text,
+        ),
+    ));
+    routes.push(Route::new(
+        Method::GET,
+        "/v1/openapi.json",
+        None,
+        Doc::new("openapi", "this document").answers(
+            "200",
+            "the OpenAPI document",
+            Some(json!({ "type": "object" })),
+        ),
+        on(axum::routing::MethodFilter::GET, crate::openapi::openapi),
+    ));
+    routes
+}
+
+/// What every request shares.
+#[derive(Debug)]
+pub struct AppState {
+    pub(crate) store: Arc<Store>,
+    /// Set when the service begins to shut down.
+    pub(crate) closing: tokio::sync::watch::Sender<bool>,
+    /// The longest a long-poll waits here.
+    pub(crate) max_long_poll: std::time::Duration,
+}
+
+impl AppState {
+    /// Runs a store call on the blocking pool: each is a short transaction
+    /// that must not stall the async workers (and the PostgreSQL client
+    /// may not run on them at all).
+    pub(crate) async fn call<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Store) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let store = Arc::clone(&self.store);
+        match tokio::task::spawn_blocking(move || work(&store)).await {
+            Ok(result) => result.map_err(ApiError::Store),
+            Err(failed) => std::panic::resume_unwind(failed.into_panic()),
+        }
+    }
+
+    /// Resolves when the server begins to shut down.
+    pub(crate) async fn closing(&self) {
+        let mut closing = self.closing.subscribe();
+        let _ = closing.wait_for(|closing| *closing).await;
+    }
+}
+
+/// `503 shutting_down`, for a wait the shutdown ended.
+pub(crate) fn shutting_down() -> ApiError {
+    ApiError::Http {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        code: "shutting_down",
+        message: "the service is shutting down; try again elsewhere or later".to_owned(),
+        retry_after: Some(std::time::Duration::from_secs(5)),
+    }
+}
+
+/// The router of `routes` over `state`.
+fn app(state: Arc<AppState>) -> Router {
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, route| {
+            router.route(route.path, route.handler)
+        })
+        .fallback(|| async {
+            ApiError::Store(Error::NotFound {
+                what: "route".to_owned(),
+            })
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::http(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
+        .with_state(state)
+}
+
+/// How the server is tuned.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The longest a long-poll waits here (at most the store's
+    /// [`MAX_LONG_POLL`](tessera_store::limits::MAX_LONG_POLL)).
+    pub max_long_poll: std::time::Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            max_long_poll: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves `store` on `listener` until `shutdown` completes, then shuts
+/// down gracefully: no new connections, requests in flight answer, and
+/// claims and long-polls still waiting get `503 shutting_down` with
+/// `Retry-After` (their claims withdrawn).
+pub async fn serve_until(
+    listener: TcpListener,
+    store: Arc<Store>,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (closing, _) = tokio::sync::watch::channel(false);
+    let state = Arc::new(AppState {
+        store,
+        closing,
+        max_long_poll: options.max_long_poll,
+    });
+    let closing = Arc::clone(&state);
+    axum::serve(
+        listener,
+        app(state).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        shutdown.await;
+        closing.closing.send_replace(true);
+    })
+    .await
+}
+
+/// A namespace and queue from a path.
+pub(crate) fn queue_names(ns: &str, queue: &str) -> Result<(Namespace, QueueName), ApiError> {
+    Ok((Namespace::parse(ns)?, QueueName::parse(queue)?))
+}
+
+/// A task reference from a path and a version.
+pub(crate) fn task_ref(ns: &str, task: &str, version: i64) -> Result<TaskRef, ApiError> {
+    let version = crate::limits::VERSION.integer(version)?;
+    Ok(TaskRef::new(
+        Namespace::parse(ns)?,
+        TaskId::parse(task)?,
+        tessera_store::BriefVersion::new(version as u32)?,
+    ))
+}
+
+/// `value` (a lease or a receipt, which name their task by its bare id)
+/// with its `task` as the task reference every route uses:
+/// `{namespace, id, version}`.
+pub(crate) fn with_task_ref(mut value: Value, task: &TaskRef) -> Value {
+    value["task"] = json!(task);
+    value
+}
+
+/// A route's doc path parameters for a queue: namespace and queue.
+pub(crate) fn queue_doc(doc: Doc) -> Doc {
+    doc.path(crate::limits::NAMESPACE, "renders")
+        .path(crate::limits::QUEUE, "frames")
+}
+
+/// A route's doc path parameters for a task: namespace and task id.
+pub(crate) fn task_doc(doc: Doc) -> Doc {
+    doc.path(crate::limits::NAMESPACE, "renders")
+        .path(crate::limits::TASK, "frame-7")
+}
+
+/// The body schema of `properties`, with `required` ones, and no other.
+pub(crate) fn object(properties: Value, required: &[&str]) -> Value {
+    let mut schema = json!({
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": false,
+    });
+    if !required.is_empty() {
+        schema["required"] = json!(required);
+    }
+    schema
+}

@@ -1,0 +1,365 @@
+//! Tasks: enqueue (one or a batch), list by state, read, receipts,
+//! alternatives, and an operator's cancel and retry.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tessera_store::lease::AttemptNumber;
+use tessera_store::{Brief, BriefVersion, EnqueueOptions, Namespace, TaskId, TaskQuery};
+
+use super::{AppState, Route, object, queue_doc, queue_names, task_doc, task_ref};
+use crate::auth::Authenticated;
+use crate::errors::{ApiError, JsonBody, path, query};
+use crate::limits::{
+    self, ALTERNATIVES, ATTEMPT, ENQUEUE_BATCH, MAX_TRIES_INPUT, NAMESPACE, ORDER, PRIORITY, STATE,
+    TASK_CURSOR, TASK_ID, TASKS_LIMIT, TIME, VERSION, any_value,
+};
+use crate::openapi::Doc;
+
+/// A new task's schema.
+fn new_task() -> Value {
+    object(
+        json!({
+            "brief": any_value(),
+            "id": TASK_ID.schema(),
+            "version": VERSION.schema(),
+            "alternatives": ALTERNATIVES.schema(),
+            "priority": PRIORITY.schema(),
+            "max_tries": MAX_TRIES_INPUT.schema(),
+            "not_before": TIME.schema(),
+        }),
+        &["brief"],
+    )
+}
+
+/// The task reference every route answers with.
+fn task_ref_schema() -> Value {
+    json!({ "type": "object", "required": ["namespace", "id", "version"] })
+}
+
+/// A version in a query, for reads of one task.
+fn version_query(doc: Doc) -> Doc {
+    doc.query(VERSION, "version")
+}
+
+pub(super) fn routes() -> Vec<Route> {
+    let to_task = json!({
+        "ns": "$request.path.ns",
+        "task": "$response.body#/id",
+        "version": "$response.body#/version",
+    });
+    vec![
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/queues/{queue}/tasks",
+            Some("enqueue"),
+            queue_doc(Doc::new("enqueue", "enqueue a task: a JSON brief, and optionally its id, version, competing attempts, priority, tries and start"))
+                .keyed()
+                .body(new_task())
+                .answers("201", "the task's reference", Some(task_ref_schema()))
+                .link("201", "read", "read_task", to_task.clone(), None)
+                .link(
+                    "201",
+                    "claim",
+                    "claim",
+                    json!({ "ns": "$request.path.ns", "queue": "$request.path.queue" }),
+                    None,
+                ),
+            post(enqueue),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/queues/{queue}/tasks/batch",
+            Some("enqueue_batch"),
+            queue_doc(Doc::new("enqueue_batch", "enqueue tasks at once, each created or found already there; one bad task enqueues none"))
+                .keyed()
+                .body(object(
+                    json!({ "tasks": {
+                        "type": "array", "items": new_task(), "minItems": 1,
+                        "maxItems": tessera_store::limits::MAX_ENQUEUE_BATCH,
+                    } }),
+                    &["tasks"],
+                ))
+                .answers(
+                    "201",
+                    "each task's reference and whether it was created, in order",
+                    Some(json!({ "type": "array", "items": { "type": "object", "required": ["task", "created"] } })),
+                ),
+            post(enqueue_batch),
+        ),
+        Route::new(
+            Method::GET,
+            "/v1/ns/{ns}/tasks",
+            Some("list_tasks"),
+            Doc::new("list_tasks", "a namespace's attempts in one state, a page at a time")
+                .keyed()
+                .path(NAMESPACE, "renders")
+                .parameter_required(STATE, "state")
+                .query(ORDER, "order")
+                .query(TASK_CURSOR, "after")
+                .query(TASKS_LIMIT, "limit")
+                .answers(
+                    "200",
+                    "the attempts, and `next`: the `after` of the page after",
+                    Some(json!({ "type": "object", "required": ["tasks"] })),
+                ),
+            get(list_tasks),
+        ),
+        Route::new(
+            Method::GET,
+            "/v1/ns/{ns}/tasks/{task}",
+            Some("read_task"),
+            version_query(task_doc(Doc::new("read_task", "a task: its brief, queue, attempts and leases")))
+                .keyed()
+                .answers("200", "the task", Some(json!({ "type": "object", "required": ["task"] }))),
+            get(read_task),
+        ),
+        Route::new(
+            Method::GET,
+            "/v1/ns/{ns}/tasks/{task}/alternatives",
+            Some("alternatives"),
+            version_query(task_doc(Doc::new("alternatives", "the finished alternatives of a task: one receipt per done attempt, with outputs")))
+                .keyed()
+                .answers("200", "the receipts, in attempt order", Some(json!({ "type": "array" }))),
+            get(alternatives),
+        ),
+        Route::new(
+            Method::GET,
+            "/v1/ns/{ns}/tasks/{task}/attempts/{attempt}/receipt",
+            Some("read_receipt"),
+            version_query(
+                task_doc(Doc::new("read_receipt", "the receipt of one attempt, with its output"))
+                    .path(ATTEMPT, "1"),
+            )
+            .keyed()
+            .answers("200", "the receipt", Some(json!({ "type": "object", "required": ["receipt"] }))),
+            get(read_receipt),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/tasks/{task}/cancel",
+            Some("cancel_task"),
+            task_doc(Doc::new("cancel_task", "an operator's cancel: every attempt not yet final; its holder learns it at its next heartbeat or submit"))
+                .keyed()
+                .body(object(json!({ "version": VERSION.schema() }), &["version"]))
+                .answers("200", "the attempts cancelled", Some(json!({ "type": "array", "items": { "type": "integer" } }))),
+            post(cancel_task),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/tasks/{task}/retry",
+            Some("retry_task"),
+            task_doc(Doc::new("retry_task", "an operator's retry: every failed, discarded or cancelled attempt becomes ready again"))
+                .keyed()
+                .body(object(json!({ "version": VERSION.schema() }), &["version"]))
+                .answers("200", "the attempts retried", Some(json!({ "type": "array", "items": { "type": "integer" } }))),
+            post(retry_task),
+        ),
+    ]
+}
+
+/// A new task, as its schema says.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTask {
+    brief: Value,
+    id: Option<String>,
+    version: Option<i64>,
+    alternatives: Option<i64>,
+    priority: Option<i64>,
+    max_tries: Option<i64>,
+    not_before: Option<DateTime<Utc>>,
+}
+
+impl NewTask {
+    fn into_parts(self) -> Result<(Brief, EnqueueOptions), ApiError> {
+        let mut options = EnqueueOptions::default();
+        if let Some(id) = &self.id {
+            options = options.with_task_id(TaskId::parse(id)?);
+        }
+        if let Some(version) = self.version {
+            options = options.with_version(BriefVersion::new(VERSION.integer(version)? as u32)?);
+        }
+        if let Some(alternatives) = self.alternatives {
+            options = options.with_alternatives(ALTERNATIVES.integer(alternatives)? as u16);
+        }
+        if let Some(priority) = self.priority {
+            options = options.with_priority(PRIORITY.integer(priority)? as u8);
+        }
+        if let Some(tries) = self.max_tries {
+            options = options.with_max_tries(MAX_TRIES_INPUT.integer(tries)? as u32);
+        }
+        if let Some(at) = self.not_before {
+            options = options.with_not_before(at);
+        }
+        Ok((Brief::Json(self.brief), options))
+    }
+}
+
+async fn enqueue(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    parts: Result<Path<(String, String)>, PathRejection>,
+    JsonBody(request): JsonBody<NewTask>,
+) -> Result<Response, ApiError> {
+    let (ns, queue) = path(parts)?;
+    let (ns, queue) = queue_names(&ns, &queue)?;
+    let (brief, options) = request.into_parts()?;
+    let task = state
+        .call(move |store| store.enqueue(&caller, &ns, &queue, &brief, &options))
+        .await?;
+    Ok((StatusCode::CREATED, Json(task)).into_response())
+}
+
+/// `POST .../tasks/batch`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTasks {
+    tasks: Vec<NewTask>,
+}
+
+async fn enqueue_batch(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    parts: Result<Path<(String, String)>, PathRejection>,
+    JsonBody(request): JsonBody<NewTasks>,
+) -> Result<Response, ApiError> {
+    let (ns, queue) = path(parts)?;
+    let (ns, queue) = queue_names(&ns, &queue)?;
+    ENQUEUE_BATCH.integer(request.tasks.len() as i64)?;
+    let tasks = (request.tasks.into_iter())
+        .map(NewTask::into_parts)
+        .collect::<Result<Vec<_>, _>>()?;
+    let enqueued = state
+        .call(move |store| store.enqueue_batch(&caller, &ns, &queue, &tasks))
+        .await?;
+    Ok((StatusCode::CREATED, Json(enqueued)).into_response())
+}
+
+/// `GET .../tasks`'s query.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListFields {
+    state: String,
+    order: Option<String>,
+    after: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn list_tasks(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    ns: Result<Path<String>, PathRejection>,
+    fields: Result<Query<ListFields>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let ns = Namespace::parse(&path(ns)?)?;
+    let fields = query(fields)?;
+    let mut listing = TaskQuery::new(limits::state(&fields.state)?);
+    if let Some(order) = &fields.order {
+        listing.order = limits::order(order)?;
+    }
+    if let Some(after) = &fields.after {
+        listing.after = Some(TASK_CURSOR.cursor(after)?.parse()?);
+    }
+    if let Some(limit) = fields.limit {
+        listing.limit = TASKS_LIMIT.integer(limit)? as usize;
+    }
+    let page = state
+        .call(move |store| store.list_tasks(&caller, &ns, &listing))
+        .await?;
+    let next = page.next.map(|cursor| cursor.to_string());
+    Ok(Json(json!({ "tasks": page.tasks, "next": next })).into_response())
+}
+
+/// A version in a query: the first when absent.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VersionField {
+    version: Option<i64>,
+}
+
+async fn read_task(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task: Result<Path<(String, String)>, PathRejection>,
+    fields: Result<Query<VersionField>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (ns, task) = path(task)?;
+    let task = task_ref(&ns, &task, query(fields)?.version.unwrap_or(1))?;
+    let view = state
+        .call(move |store| store.read_task(&caller, &task))
+        .await?;
+    Ok(Json(view).into_response())
+}
+
+async fn alternatives(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task: Result<Path<(String, String)>, PathRejection>,
+    fields: Result<Query<VersionField>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (ns, task) = path(task)?;
+    let task = task_ref(&ns, &task, query(fields)?.version.unwrap_or(1))?;
+    let receipts = state
+        .call(move |store| store.alternatives(&caller, &task))
+        .await?;
+    Ok(Json(receipts).into_response())
+}
+
+async fn read_receipt(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    parts: Result<Path<(String, String, i64)>, PathRejection>,
+    fields: Result<Query<VersionField>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (ns, task, attempt) = path(parts)?;
+    let task = task_ref(&ns, &task, query(fields)?.version.unwrap_or(1))?;
+    let attempt = AttemptNumber::new(ATTEMPT.integer(attempt)? as u16)?;
+    let receipt = state
+        .call(move |store| store.read_receipt(&caller, &task, attempt))
+        .await?;
+    Ok(Json(receipt).into_response())
+}
+
+/// The body of an operator's cancel or retry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VersionBody {
+    version: i64,
+}
+
+async fn cancel_task(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task: Result<Path<(String, String)>, PathRejection>,
+    JsonBody(request): JsonBody<VersionBody>,
+) -> Result<Response, ApiError> {
+    let (ns, task) = path(task)?;
+    let task = task_ref(&ns, &task, request.version)?;
+    let cancelled = state
+        .call(move |store| store.cancel_task(&caller, &task))
+        .await?;
+    Ok(Json(cancelled).into_response())
+}
+
+async fn retry_task(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task: Result<Path<(String, String)>, PathRejection>,
+    JsonBody(request): JsonBody<VersionBody>,
+) -> Result<Response, ApiError> {
+    let (ns, task) = path(task)?;
+    let task = task_ref(&ns, &task, request.version)?;
+    let retried = state
+        .call(move |store| store.retry_task(&caller, &task))
+        .await?;
+    Ok(Json(retried).into_response())
+}

@@ -1,0 +1,287 @@
+//! Start-up and shut-down: the store opened off the runtime, the admin
+//! key, the start-up line, the maintenance timer, the signals, and the
+//! store closed off the runtime again.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_store::postgres::PostgresOptions;
+use tessera_store::sqlite::SqliteOptions;
+use tessera_store::{AdmissionConfig, IssuedKey, Store, StoreConfig};
+use tokio::net::TcpListener;
+
+use crate::cli::{Args, PROGRAM, USAGE, parse_args};
+use crate::routes::{ServeOptions, serve_until};
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// The program: parses the command line, serves until SIGTERM or SIGINT,
+/// and exits 0 after a graceful shutdown (2 for a bad command line or
+/// setting, 1 when the server cannot start or fails).
+pub fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(problem) => {
+            eprintln!("{PROGRAM}: {problem}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let admission = match AdmissionConfig::from_env() {
+        Ok(config) => config,
+        Err(problem) => {
+            eprintln!("{PROGRAM}: {problem}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(problem) => {
+            eprintln!("{PROGRAM}: {problem}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(args, admission));
+    // A long-poll the shutdown answered may still hold a blocking thread
+    // until its timeout; its store handle is dropped there, off the
+    // runtime's workers.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(problem) => {
+            eprintln!("{PROGRAM}: {problem}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
+    // The store's spans and events, as log lines on standard error.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::stderr)
+        .init();
+    crate::metrics::prometheus();
+    let address = SocketAddr::from((args.bind, args.port));
+    let options = ServeOptions {
+        max_long_poll: args.max_long_poll,
+    };
+    // Opening and key making are blocking store calls: off the runtime's
+    // threads, as every store call is.
+    let opened = {
+        let args = args.clone();
+        tokio::task::spawn_blocking(move || open(&args, admission)).await??
+    };
+    let Opened {
+        store,
+        database,
+        admin,
+    } = opened;
+    let listener = match TcpListener::bind(address).await {
+        Ok(listener) => listener,
+        Err(problem) => {
+            close(store).await;
+            return Err(format!("{address}: {problem}").into());
+        }
+    };
+    let address = listener.local_addr()?;
+    let shutdown = shutdown_signal()?;
+    println!("{PROGRAM} listening on http://{address}, {database}");
+    let key_file = args.admin_key_file.display();
+    match admin {
+        Some(key) => println!("admin key: {} (kept in {key_file})", key.secret.expose()),
+        None => println!("admin key: kept in {key_file}"),
+    }
+    let maintenance = tokio::spawn(maintain(Arc::clone(&store)));
+    let served = serve_until(listener, Arc::clone(&store), options, shutdown).await;
+    maintenance.abort();
+    let _ = maintenance.await;
+    close(store).await;
+    served?;
+    println!("shut down");
+    Ok(())
+}
+
+/// Drops the store on a blocking thread: the PostgreSQL pool's clients
+/// block on a runtime of their own when they close, which may not start
+/// on the runtime's workers.
+async fn close(store: Arc<Store>) {
+    let _ = tokio::task::spawn_blocking(move || drop(store)).await;
+}
+
+/// Runs the store's maintenance (counters whose minute has passed,
+/// retention) once a minute, so it happens even when no write does.
+async fn maintain(store: Arc<Store>) {
+    let mut timer = tokio::time::interval(Duration::from_secs(60));
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        timer.tick().await;
+        let store = Arc::clone(&store);
+        match tokio::task::spawn_blocking(move || store.maintain()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(problem)) => tracing::warn!(%problem, "maintenance failed"),
+            Err(_) => return,
+        }
+    }
+}
+
+/// Installs the SIGTERM and SIGINT (Ctrl-C) handlers now, so a signal
+/// that comes as soon as the start-up line is out is not the default
+/// kill; the future resolves on either.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+}
+
+/// The store, what its database is for the start-up line, and the admin
+/// key if it was made now (to print once).
+struct Opened {
+    store: Arc<Store>,
+    database: String,
+    admin: Option<IssuedKey>,
+}
+
+fn open(args: &Args, admission: AdmissionConfig) -> Result<Opened, Failure> {
+    let config = StoreConfig::default().with_admission(admission);
+    let config = (args.public.iter().cloned()).fold(config, StoreConfig::with_public_namespace);
+    let config = match args.daily_rows {
+        Some(rows) => config.with_daily_rows_written_allowance(rows),
+        None => config,
+    };
+    let (store, database) = match &args.postgres {
+        Some(url) => {
+            let mut options = PostgresOptions::new(url.as_str());
+            let mut database = format!("PostgreSQL {}", without_password(url));
+            if let Some(schema) = &args.schema {
+                options = options.with_schema(schema.as_str());
+                database.push_str(&format!(", schema {schema}"));
+            }
+            (Store::open_postgres(options, config)?, database)
+        }
+        None => {
+            let mut options = SqliteOptions::file(&args.db);
+            if let Some(pages) = args.page_cap {
+                options = options.with_max_page_count(pages);
+            }
+            let database = format!("SQLite {}", args.db.display());
+            (Store::open_sqlite(options, config)?, database)
+        }
+    };
+    let admin = admin_key(&store, &args.admin_key_file, args.new_admin_key)?;
+    Ok(Opened {
+        store: Arc::new(store),
+        database,
+        admin,
+    })
+}
+
+/// A PostgreSQL connection string as a person may read it: a URL without
+/// its password, or `key=value` words without `password=`.
+pub(crate) fn without_password(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(end) => rest.split_at(end),
+            None => (rest, ""),
+        };
+        let authority = match authority.rsplit_once('@') {
+            Some((user, host)) => {
+                let user = user.split(':').next().unwrap_or_default();
+                format!("{user}@{host}")
+            }
+            None => authority.to_owned(),
+        };
+        let tail = match tail.split_once('?') {
+            Some((path, query)) => {
+                let kept: Vec<&str> = query
+                    .split('&')
+                    .filter(|pair| !pair.to_ascii_lowercase().starts_with("password="))
+                    .collect();
+                if kept.is_empty() {
+                    path.to_owned()
+                } else {
+                    format!("{path}?{}", kept.join("&"))
+                }
+            }
+            None => tail.to_owned(),
+        };
+        return format!("{scheme}://{authority}{tail}");
+    }
+    url.split_whitespace()
+        .filter(|word| !word.to_ascii_lowercase().starts_with("password="))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The key in `file` if it still authenticates and no new one is asked
+/// for; otherwise a new admin key, written to `file` (readable by its
+/// owner alone) before it is printed.
+fn admin_key(
+    store: &Store,
+    file: &std::path::Path,
+    new: bool,
+) -> Result<Option<IssuedKey>, Failure> {
+    if !new {
+        if let Ok(secret) = std::fs::read_to_string(file) {
+            if store.authenticate(Some(secret.trim())).is_ok() {
+                return Ok(None);
+            }
+        }
+    }
+    let key = store.create_admin_key("operator")?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    std::io::Write::write_all(&mut options.open(file)?, key.secret.expose().as_bytes())
+        .map_err(|error| format!("{}: {error}", file.display()))?;
+    Ok(Some(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn the_start_up_line_never_shows_a_password() {
+        for (url, shown) in [
+            (
+                "postgres://tessera:secret@db.internal:5432/tessera",
+                "postgres://tessera@db.internal:5432/tessera",
+            ),
+            (
+                "postgresql://u:p@h/d?sslmode=require&password=x",
+                "postgresql://u@h/d?sslmode=require",
+            ),
+            ("postgres://h/d", "postgres://h/d"),
+            (
+                "host=h user=u password=secret dbname=d",
+                "host=h user=u dbname=d",
+            ),
+        ] {
+            assert_eq!(without_password(url), shown);
+            assert!(!without_password(url).contains("secret"));
+        }
+    }
+}

@@ -3,6 +3,11 @@
 //!
 //! Run: `cargo bench -p tessera-benches --bench admission -- --warm-up-time 1 --measurement-time 3`
 //!
+//! The single-threaded groups (`floor`, `admitted`, `queued`, `full_queue`)
+//! measure the thread's CPU time on Linux (`tessera_benches::ThreadCpuTime`), so a machine
+//! busy with other work slows neither them nor their baselines by time
+//! spent waiting for a CPU; `shared_2_threads` measures wall time.
+//!
 //! - `floor/mutex_counter`: `parking_lot::Mutex<u32>` increment then decrement,
 //!   the least any shared counter costs.
 //! - `floor/semaphore`: `tokio::sync::Semaphore::try_acquire` and drop, what
@@ -28,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tessera_admission::{Admission, AdmissionConfig, Event, Offer, Permit};
-use tessera_benches::on_threads;
+use tessera_benches::{CpuOrWallTime, cpu_time_criterion, on_threads};
 
 /// Each iteration moves time on a little, as real traffic would.
 const STEP: Duration = Duration::from_nanos(100);
@@ -52,7 +57,7 @@ fn admitted(offer: Offer) -> Permit {
     }
 }
 
-fn floors(c: &mut Criterion) {
+fn floors(c: &mut Criterion<CpuOrWallTime>) {
     let mut group = c.benchmark_group("floor");
     let counter = parking_lot::Mutex::new(0u32);
     group.bench_function("mutex_counter", |b| {
@@ -68,7 +73,7 @@ fn floors(c: &mut Criterion) {
     group.finish();
 }
 
-fn admitted_path(c: &mut Criterion) {
+fn admitted_path(c: &mut Criterion<CpuOrWallTime>) {
     let mut group = c.benchmark_group("admitted");
     let mut now = Instant::now();
     let mut gate = Admission::new(AdmissionConfig::default(), now).unwrap();
@@ -91,7 +96,7 @@ fn admitted_path(c: &mut Criterion) {
     group.finish();
 }
 
-fn queued_path(c: &mut Criterion) {
+fn queued_path(c: &mut Criterion<CpuOrWallTime>) {
     let mut group = c.benchmark_group("queued");
     for principals in [1u64, 100, 10_000] {
         let mut now = Instant::now();
@@ -126,7 +131,7 @@ fn queued_path(c: &mut Criterion) {
     group.finish();
 }
 
-fn full_queue(c: &mut Criterion) {
+fn full_queue(c: &mut Criterion<CpuOrWallTime>) {
     let mut group = c.benchmark_group("full_queue");
     const PRINCIPALS: u64 = 10_000;
     const SLOTS: usize = 20_000;
@@ -210,12 +215,10 @@ fn shared(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(
-    benches,
-    floors,
-    admitted_path,
-    queued_path,
-    full_queue,
-    shared
-);
-criterion_main!(benches);
+criterion_group! {
+    name = single_thread;
+    config = cpu_time_criterion();
+    targets = floors, admitted_path, queued_path, full_queue
+}
+criterion_group!(threads, shared);
+criterion_main!(single_thread, threads);

@@ -60,46 +60,13 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rusqlite::Connection;
 use tempfile::TempDir;
 use tessera_benches::{
-    StoreFixture, TICK, on_threads, operations_on_one_thread, operations_on_threads, queue,
+    SqliteMinimalCommit as MinimalCommit, StoreFixture, TICK, on_threads, operations_on_one_thread,
+    operations_on_threads, queue,
 };
 use tessera_store::{Brief, EnqueueOptions, QueueName, Store};
 
 /// The thread counts of the `store_N_threads` groups.
 const THREADS: [usize; 4] = [2, 4, 8, 16];
-
-/// The one-row insert per transaction that every figure is compared with.
-struct MinimalCommit {
-    conn: Connection,
-    next: i64,
-}
-
-impl MinimalCommit {
-    fn open(path: &Path) -> Self {
-        let conn = Connection::open(path).unwrap();
-        let mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
-            .unwrap();
-        assert_eq!(mode, "wal");
-        conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
-        conn.execute_batch("CREATE TABLE rows (id INTEGER PRIMARY KEY, value INTEGER NOT NULL)")
-            .unwrap();
-        Self { conn, next: 0 }
-    }
-
-    fn commit(&mut self) {
-        self.next += 1;
-        let conn = &self.conn;
-        conn.prepare_cached("BEGIN IMMEDIATE")
-            .unwrap()
-            .execute([])
-            .unwrap();
-        conn.prepare_cached("INSERT INTO rows (value) VALUES (?1)")
-            .unwrap()
-            .execute([black_box(self.next)])
-            .unwrap();
-        conn.prepare_cached("COMMIT").unwrap().execute([]).unwrap();
-    }
-}
 
 /// A store on a file, with workers that hold every scope in one namespace.
 struct Fixture {

@@ -39,6 +39,12 @@ use crate::{AdmissionConfig, ConfigError, RejectReason, Rejection, Ticket};
 /// counts as the latest one seen, so threads that read the clock before
 /// taking a shared lock cannot move time backwards.
 ///
+/// Inside, time is whole nanoseconds since the `now` given to
+/// [`new`](Self::new): each call turns its `now` into that count at most
+/// once (not at all when time has not moved on), and every deadline,
+/// interval and service time after that is integer arithmetic. Instants
+/// more than about 584 years after `new` count as that horizon.
+///
 /// # Permits must be released
 ///
 /// A [`Permit`] holds one unit of capacity until it is passed to
@@ -72,7 +78,14 @@ pub struct Admission<P> {
     /// Rejections of waiters not yet pulled. Grants are never stored: each is
     /// decided inside `poll_event`, at the `now` it is delivered.
     events: VecDeque<Event>,
+    /// The instant the controller's clock counts from: `new`'s `now`.
+    origin: Instant,
+    /// The latest instant seen.
     latest: Instant,
+    /// `latest` in nanoseconds since `origin`.
+    latest_nanos: u64,
+    /// `config.max_wait` in nanoseconds.
+    max_wait: u64,
 }
 
 impl<P: Hash + Eq + Clone> Admission<P> {
@@ -82,13 +95,16 @@ impl<P: Hash + Eq + Clone> Admission<P> {
     pub fn new(config: AdmissionConfig, now: Instant) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {
-            aimd: Aimd::new(&config, now),
+            aimd: Aimd::new(&config, 0),
             quota: Quota::new(config.claims_per_minute),
+            max_wait: nanos(config.max_wait),
             config,
             in_flight: 0,
             queue: WaitQueue::new(),
             events: VecDeque::new(),
+            origin: now,
             latest: now,
+            latest_nanos: 0,
         })
     }
 
@@ -139,11 +155,18 @@ impl<P: Hash + Eq + Clone> Admission<P> {
     /// time it waited), feeds the latency average. The freed capacity is
     /// granted by the next [`poll_event`](Self::poll_event).
     pub fn release(&mut self, permit: Permit, now: Instant) {
-        let now = self.clock(now);
-        self.aimd
-            .record(now.saturating_duration_since(permit.admitted_at));
+        let at = self.clock(now);
+        let service = if at < u64::MAX {
+            at.saturating_sub(permit.admitted) as f64 / NANOS_PER_SECOND
+        } else {
+            // Past the horizon only the instants still tell the span.
+            self.latest
+                .saturating_duration_since(permit.admitted_at)
+                .as_secs_f64()
+        };
+        self.aimd.record(service);
         self.in_flight = self.in_flight.saturating_sub(1);
-        self.advance(now);
+        self.tick(at);
     }
 
     /// Withdraws a waiting claim whose client left. Returns `false` if the
@@ -171,7 +194,7 @@ impl<P: Hash + Eq + Clone> Admission<P> {
         Some(Event::Granted {
             ticket,
             permit: self.admit(now),
-            waited: now.saturating_duration_since(arrived),
+            waited: Duration::from_nanos(now.saturating_sub(arrived)),
         })
     }
 
@@ -179,7 +202,9 @@ impl<P: Hash + Eq + Clone> Admission<P> {
     /// The driver calls [`poll_event`](Self::poll_event) then.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let (_, arrived) = self.queue.oldest()?;
-        arrived.checked_add(self.config.max_wait)
+        self.origin
+            .checked_add(Duration::from_nanos(arrived))?
+            .checked_add(self.config.max_wait)
     }
 
     /// The current limit, load and latency average.
@@ -198,17 +223,31 @@ impl<P: Hash + Eq + Clone> Admission<P> {
         &self.config
     }
 
-    fn clock(&mut self, now: Instant) -> Instant {
-        self.latest = self.latest.max(now);
-        self.latest
+    /// Moves the clock to `now` unless it is already past it, and returns
+    /// the clock in nanoseconds since `origin`. Converts only when time
+    /// moved on: an instant comparison is cheaper than a subtraction.
+    fn clock(&mut self, now: Instant) -> u64 {
+        if now > self.latest {
+            self.latest = now;
+            self.latest_nanos = nanos(now.saturating_duration_since(self.origin));
+        }
+        self.latest_nanos
     }
 
-    /// Moves time to `now`: rejects expired waiters and lets the limit adjust.
-    fn advance(&mut self, now: Instant) -> Instant {
+    /// Moves time to `now`: rejects expired waiters and lets the limit
+    /// adjust. Returns the clock in nanoseconds.
+    fn advance(&mut self, now: Instant) -> u64 {
         let now = self.clock(now);
+        self.tick(now);
+        now
+    }
+
+    /// Rejects waiters whose deadline is at or before `now` (nanoseconds),
+    /// forgets spent quotas and lets the limit adjust.
+    fn tick(&mut self, now: u64) {
         // Arrival order is deadline order: every waiter has the same max_wait.
         while let Some((ticket, arrived)) = self.queue.oldest() {
-            match arrived.checked_add(self.config.max_wait) {
+            match arrived.checked_add(self.max_wait) {
                 Some(deadline) if deadline <= now => {}
                 _ => break,
             }
@@ -221,15 +260,18 @@ impl<P: Hash + Eq + Clone> Admission<P> {
         }
         let busy = !self.queue.is_empty() || self.in_flight >= self.aimd.limit();
         self.aimd.tick(now, busy);
-        now
     }
 
-    fn admit(&mut self, now: Instant) -> Permit {
+    /// A permit admitted at `now`, the clock in nanoseconds.
+    fn admit(&mut self, now: u64) -> Permit {
         self.in_flight += 1;
         if self.in_flight >= self.aimd.limit() {
             self.aimd.saturate();
         }
-        Permit { admitted_at: now }
+        Permit {
+            admitted_at: self.latest,
+            admitted: now,
+        }
     }
 
     /// Frees a slot of a full queue for `principal` if it holds less than its
@@ -265,6 +307,17 @@ impl<P: Hash + Eq + Clone> Admission<P> {
     }
 }
 
+const NANOS_PER_SECOND: f64 = 1e9;
+
+/// `duration` in whole nanoseconds, saturating at `u64::MAX` (about 584
+/// years): the unit of the controller's clock.
+pub(crate) fn nanos(duration: Duration) -> u64 {
+    duration
+        .as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(duration.subsec_nanos()))
+}
+
 /// One unit of admitted capacity; pass it to [`Admission::release`] when the
 /// claim finishes.
 ///
@@ -274,6 +327,8 @@ impl<P: Hash + Eq + Clone> Admission<P> {
 #[must_use = "a permit holds capacity until it is passed to Admission::release"]
 pub struct Permit {
     admitted_at: Instant,
+    /// `admitted_at` on the controller's clock, in nanoseconds.
+    admitted: u64,
 }
 
 impl Permit {
@@ -388,12 +443,36 @@ mod tests {
             gate.queue_rejection(RejectReason::QueueFull).retry_after(),
             Duration::from_secs(6)
         );
-        gate.aimd.record(Duration::from_secs(100));
+        gate.aimd.record(100.0);
         assert_eq!(
             gate.queue_rejection(RejectReason::QueueFull).retry_after(),
             Duration::from_secs(10),
             "capped at max_wait"
         );
+    }
+
+    #[test]
+    fn the_clock_counts_whole_nanoseconds_and_saturates_at_its_horizon() {
+        assert_eq!(nanos(Duration::ZERO), 0);
+        assert_eq!(nanos(Duration::new(1, 500)), 1_000_000_500);
+        assert_eq!(
+            nanos(Duration::from_secs(u64::MAX / 1_000_000_000)),
+            18_446_744_073_000_000_000
+        );
+        assert_eq!(
+            nanos(Duration::from_secs(u64::MAX / 1_000_000_000 + 1)),
+            u64::MAX
+        );
+        assert_eq!(nanos(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn an_earlier_instant_changes_nothing_and_a_later_one_moves_the_clock() {
+        let (mut gate, now) = gate(AdmissionConfig::default());
+        let later = now + Duration::from_millis(1500);
+        assert_eq!(gate.clock(later), 1_500_000_000);
+        assert_eq!(gate.clock(now), 1_500_000_000);
+        assert_eq!(gate.clock(later + Duration::from_nanos(1)), 1_500_000_001);
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! The concurrency limit: additive increase, multiplicative decrease, driven
 //! by an exponentially weighted average of service time.
+//!
+//! Time is the controller's: nanoseconds since it was made (see
+//! [`Admission`](crate::Admission)), so a tick is one integer comparison.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::AdmissionConfig;
+use crate::admission::nanos;
 
 /// Adjusts the limit at most once per target interval.
 #[derive(Debug, Clone)]
@@ -11,12 +15,15 @@ pub(crate) struct Aimd {
     limit: u32,
     min: u32,
     max: u32,
-    /// The service time to stay under, and the length of an interval.
-    target: Duration,
+    /// The service time to stay under, in seconds.
+    target: f64,
+    /// The length of an interval: the target, in nanoseconds.
+    interval: u64,
     weight: f64,
     /// Seconds; `None` until the first sample.
     average: Option<f64>,
-    interval_start: Instant,
+    /// Nanoseconds on the controller's clock.
+    interval_start: u64,
     /// A claim was released since the last adjustment: the average carries
     /// evidence about this interval.
     released: bool,
@@ -25,12 +32,15 @@ pub(crate) struct Aimd {
 }
 
 impl Aimd {
-    pub(crate) fn new(config: &AdmissionConfig, now: Instant) -> Self {
+    /// Starts its first interval at `now`, nanoseconds on the controller's
+    /// clock.
+    pub(crate) fn new(config: &AdmissionConfig, now: u64) -> Self {
         Self {
             limit: config.initial_concurrency,
             min: config.min_concurrency,
             max: config.max_concurrency,
-            target: config.target,
+            target: config.target.as_secs_f64(),
+            interval: nanos(config.target),
             weight: config.ewma_weight,
             average: None,
             interval_start: now,
@@ -51,12 +61,11 @@ impl Aimd {
 
     /// Seconds; the target until the first sample.
     pub(crate) fn service_estimate(&self) -> f64 {
-        self.average.unwrap_or(self.target.as_secs_f64())
+        self.average.unwrap_or(self.target)
     }
 
-    /// Feeds one service time into the average.
-    pub(crate) fn record(&mut self, service: Duration) {
-        let sample = service.as_secs_f64();
+    /// Feeds one service time, in seconds, into the average.
+    pub(crate) fn record(&mut self, sample: f64) {
         self.average = Some(match self.average {
             None => sample,
             Some(average) => average + self.weight * (sample - average),
@@ -71,14 +80,15 @@ impl Aimd {
 
     /// Adjusts the limit if a whole interval has passed since the last
     /// adjustment. `busy`: demand is at the limit right now, so the next
-    /// interval starts saturated.
-    pub(crate) fn tick(&mut self, now: Instant, busy: bool) {
-        if now.saturating_duration_since(self.interval_start) < self.target {
+    /// interval starts saturated. `now` is nanoseconds on the controller's
+    /// clock.
+    pub(crate) fn tick(&mut self, now: u64, busy: bool) {
+        if now.saturating_sub(self.interval_start) < self.interval {
             return;
         }
         // An interval in which nothing finished carries no evidence either way.
         if let Some(average) = self.average.filter(|_| self.released) {
-            if average > self.target.as_secs_f64() {
+            if average > self.target {
                 let reduced = (u64::from(self.limit) * 7 / 10) as u32;
                 self.limit = reduced.max(self.min);
             } else if self.saturated {
@@ -92,12 +102,12 @@ impl Aimd {
 }
 
 #[cfg(test)]
-#[allow(clippy::disallowed_methods)] // tests start at a real instant, then move time by hand
 mod tests {
     use super::*;
 
-    fn aimd(initial: u32) -> (Aimd, Instant) {
-        let now = Instant::now();
+    /// A controller and the start of its clock, which need not be zero.
+    fn aimd(initial: u32) -> (Aimd, u64) {
+        let now = 1_000;
         let config = AdmissionConfig {
             initial_concurrency: initial,
             max_concurrency: 40,
@@ -108,15 +118,16 @@ mod tests {
         (Aimd::new(&config, now), now)
     }
 
-    const HALF: Duration = Duration::from_millis(500);
+    /// Half a second, in nanoseconds: the default target.
+    const HALF: u64 = 500_000_000;
 
     #[test]
     fn the_average_starts_at_the_first_sample_and_moves_by_the_weight() {
         let (mut aimd, _) = aimd(32);
         assert_eq!(aimd.average(), None);
-        aimd.record(Duration::from_secs(2));
+        aimd.record(2.0);
         assert_eq!(aimd.average(), Some(Duration::from_secs(2)));
-        aimd.record(Duration::from_secs(1));
+        aimd.record(1.0);
         assert_eq!(aimd.average(), Some(Duration::from_millis(1500)));
     }
 
@@ -125,7 +136,7 @@ mod tests {
         // Instants may span more than `Duration::MAX` seconds once rounded to
         // a float; reading the average back must not panic.
         let (mut aimd, _) = aimd(32);
-        aimd.record(Duration::MAX);
+        aimd.record(Duration::MAX.as_secs_f64());
         assert_eq!(aimd.average(), Some(Duration::MAX));
     }
 
@@ -134,7 +145,7 @@ mod tests {
         let (mut aimd, start) = aimd(10);
         let mut now = start;
         for expected in [7, 4, 2, 2] {
-            aimd.record(Duration::from_secs(1));
+            aimd.record(1.0);
             now += HALF;
             aimd.tick(now, false);
             assert_eq!(aimd.limit(), expected);
@@ -144,12 +155,12 @@ mod tests {
     #[test]
     fn increases_by_one_only_when_saturated_and_never_above_the_maximum() {
         let (mut aimd, start) = aimd(39);
-        aimd.record(Duration::from_millis(10));
+        aimd.record(0.01);
         aimd.tick(start + HALF, false);
         assert_eq!(aimd.limit(), 39, "healthy but unsaturated: unchanged");
         for step in 2..5 {
             aimd.saturate();
-            aimd.record(Duration::from_millis(10));
+            aimd.record(0.01);
             aimd.tick(start + HALF * step, false);
         }
         assert_eq!(aimd.limit(), 40);
@@ -158,7 +169,7 @@ mod tests {
     #[test]
     fn an_interval_without_releases_changes_nothing() {
         let (mut aimd, start) = aimd(10);
-        aimd.record(Duration::from_secs(1));
+        aimd.record(1.0);
         aimd.tick(start + HALF, false);
         assert_eq!(aimd.limit(), 7);
         aimd.tick(start + HALF * 2, true);
@@ -168,9 +179,9 @@ mod tests {
     #[test]
     fn adjusts_at_most_once_per_interval() {
         let (mut aimd, start) = aimd(20);
-        aimd.record(Duration::from_secs(1));
+        aimd.record(1.0);
         aimd.tick(start + HALF, false);
-        aimd.record(Duration::from_secs(1));
+        aimd.record(1.0);
         aimd.tick(start + HALF + HALF / 2, false);
         assert_eq!(aimd.limit(), 14);
     }

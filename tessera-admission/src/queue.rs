@@ -14,11 +14,11 @@
 //!   the largest holder is found without a scan.
 //!
 //! Removal is exact, not lazy, so memory is bounded by the waiters present.
+//! Arrival times are nanoseconds on the controller's clock.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::Hash;
-use std::time::Instant;
 
 /// A queued claim. Copy it freely; it names one claim of one
 /// [`Admission`](crate::Admission) and ends exactly once: granted, rejected or
@@ -102,7 +102,8 @@ struct Waiter {
     /// 0 while the slot is free; tickets start at 1.
     sequence: u64,
     principal: u32,
-    arrived: Instant,
+    /// Nanoseconds on the controller's clock.
+    arrived: u64,
     by_arrival: Link,
     by_principal: Link,
 }
@@ -202,7 +203,7 @@ impl<P: Hash + Eq + Clone> WaitQueue<P> {
     }
 
     /// Queues a claim of `principal` behind its own earlier claims.
-    pub(crate) fn push(&mut self, principal: P, now: Instant) -> Ticket {
+    pub(crate) fn push(&mut self, principal: P, now: u64) -> Ticket {
         let slot = match self.index.entry(principal) {
             Entry::Occupied(entry) => *entry.get(),
             Entry::Vacant(entry) => {
@@ -247,13 +248,13 @@ impl<P: Hash + Eq + Clone> WaitQueue<P> {
     }
 
     /// The oldest waiter of all, and when it arrived.
-    pub(crate) fn oldest(&self) -> Option<(Ticket, Instant)> {
+    pub(crate) fn oldest(&self) -> Option<(Ticket, u64)> {
         self.ticket_at(self.arrival.head)
     }
 
     /// The oldest waiter of the principal whose turn it is; that principal
     /// then goes to the back of the rotation.
-    pub(crate) fn pop_next(&mut self) -> Option<(Ticket, Instant)> {
+    pub(crate) fn pop_next(&mut self) -> Option<(Ticket, u64)> {
         let slot = self.rotation.head;
         if slot == NIL {
             return None;
@@ -281,7 +282,7 @@ impl<P: Hash + Eq + Clone> WaitQueue<P> {
 
     /// Takes `ticket` out of the queue, returning when it arrived, or `None`
     /// if it is not waiting (any more).
-    pub(crate) fn remove(&mut self, ticket: Ticket) -> Option<Instant> {
+    pub(crate) fn remove(&mut self, ticket: Ticket) -> Option<u64> {
         let waiter = self.waiters.get(ticket.slot as usize)?;
         if waiter.sequence != ticket.sequence {
             return None;
@@ -308,7 +309,7 @@ impl<P: Hash + Eq + Clone> WaitQueue<P> {
         Some(arrived)
     }
 
-    fn ticket_at(&self, index: u32) -> Option<(Ticket, Instant)> {
+    fn ticket_at(&self, index: u32) -> Option<(Ticket, u64)> {
         let waiter = self.waiters.get(index as usize)?;
         Some((
             Ticket {
@@ -342,15 +343,15 @@ impl<P: Hash + Eq + Clone> WaitQueue<P> {
 }
 
 #[cfg(test)]
-#[allow(clippy::disallowed_methods)] // tests start at a real instant, then move time by hand
 mod tests {
-    use std::time::Duration;
-
     use super::*;
+
+    /// One second on the controller's clock.
+    const SECOND: u64 = 1_000_000_000;
 
     #[test]
     fn rotates_between_principals_and_keeps_each_fifo() {
-        let now = Instant::now();
+        let now = 7 * SECOND;
         let mut queue = WaitQueue::new();
         let a1 = queue.push("a", now);
         let a2 = queue.push("a", now);
@@ -366,7 +367,7 @@ mod tests {
 
     #[test]
     fn tracks_the_largest_holder_through_pushes_and_removals() {
-        let now = Instant::now();
+        let now = 7 * SECOND;
         let mut queue = WaitQueue::new();
         assert_eq!(queue.largest(), None);
         let a1 = queue.push("a", now);
@@ -390,8 +391,8 @@ mod tests {
 
     #[test]
     fn a_ticket_is_removed_at_most_once_even_when_its_slot_is_reused() {
-        let now = Instant::now();
-        let later = now + Duration::from_secs(1);
+        let now = 7 * SECOND;
+        let later = now + SECOND;
         let mut queue = WaitQueue::new();
         let first = queue.push(1u32, now);
         assert_eq!(queue.remove(first), Some(now));
@@ -407,7 +408,7 @@ mod tests {
         /// the largest holder's newest waiter.
         #[test]
         fn agrees_with_a_naive_model(ops in proptest::collection::vec((0u8..3, 0u8..5), 0..300)) {
-            let now = Instant::now();
+            let now = 7 * SECOND;
             let mut queue = WaitQueue::new();
             let mut model: Vec<(Ticket, u8)> = Vec::new();
             for (kind, principal) in ops {
@@ -451,10 +452,10 @@ mod tests {
 
     #[test]
     fn removal_from_the_middle_keeps_arrival_order() {
-        let now = Instant::now();
+        let now = 7 * SECOND;
         let mut queue = WaitQueue::new();
         let tickets: Vec<_> = (0..5)
-            .map(|i| queue.push(i % 2, now + Duration::from_secs(i)))
+            .map(|i| queue.push(i % 2, now + SECOND * i))
             .collect();
         queue.remove(tickets[0]);
         queue.remove(tickets[2]);

@@ -136,7 +136,7 @@ async fn maintain(store: Arc<Store>) {
 /// Installs the SIGTERM and SIGINT (Ctrl-C) handlers now, so a signal
 /// that comes as soon as the start-up line is out is not the default
 /// kill; the future resolves on either.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -49,6 +49,7 @@ macro_rules! backend_tests {
 }
 
 mod access;
+mod acks;
 mod attempts;
 mod audit;
 mod claim_order;

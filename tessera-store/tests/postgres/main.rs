@@ -8,6 +8,7 @@
 
 #[path = "../harness/mod.rs"]
 mod harness;
+mod transactions;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -322,11 +322,12 @@ fn main() {
         .unwrap_or(4_000);
     let mut db = Database::create(&server);
     let secret = worker_secret(&db);
-    let mut figures = Vec::new();
-    figures.push(measure_floor(&mut db, 2_000, 1));
-    figures.push(measure_floor(&mut db, 4_000, 8));
-    figures.push(measure_enqueue(&mut db, &secret, 1_000, 1));
-    figures.push(measure_enqueue(&mut db, &secret, jobs, 1_000));
+    let mut figures = vec![
+        measure_floor(&mut db, 2_000, 1),
+        measure_floor(&mut db, 4_000, 8),
+        measure_enqueue(&mut db, &secret, 1_000, 1),
+        measure_enqueue(&mut db, &secret, jobs, 1_000),
+    ];
     // The one-by-one enqueue's jobs are processed with the first batch.
     let mut pending = 1_000 + jobs;
     for batch in [None, Some(100)] {

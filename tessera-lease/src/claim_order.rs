@@ -29,8 +29,9 @@ use chrono::{DateTime, Utc};
 use std::cmp::Ordering;
 
 use crate::attempt::AttemptRecord;
+use crate::spec::{MAX_PRIORITY, TaskRecord};
 use crate::state::TaskState;
-use crate::task::{MAX_PRIORITY, TaskRecord, lapse_end};
+use crate::task::lapse_end;
 
 /// Every priority, highest first: the order a backend searches its claim
 /// indexes in.

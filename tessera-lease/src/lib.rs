@@ -100,6 +100,7 @@ mod error;
 mod lease;
 mod name;
 mod receipt;
+mod spec;
 mod state;
 mod task;
 mod time;
@@ -112,14 +113,13 @@ pub use digest::Digest;
 pub use error::{DurationRule, Field, LeaseError, Rule};
 pub use lease::{Lease, LeaseRecord};
 pub use name::{
-    ArtifactKey, IdempotencyKey, MAX_BRIEF_BYTES, Namespace, Principal, QueueName, TaskId,
-    check_brief_size, check_output_size,
+    ArtifactKey, BriefVersion, IdempotencyKey, MAX_BRIEF_BYTES, Namespace, Principal, QueueName,
+    TaskId, check_brief_size, check_output_size,
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
+pub use spec::{Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, TaskRecord, TaskSpec};
 pub use state::{DiscardReason, StateName, TaskState};
-pub use task::{
-    BriefVersion, Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, Task, TaskRecord, TaskSpec,
-};
+pub use task::Task;
 pub use time::{MAX_BACKOFF, MAX_LEASE_DURATION};
 pub use token::FencingToken;
 pub use tries::{

@@ -204,6 +204,54 @@ impl ArtifactKey {
     }
 }
 
+/// The version of a task's brief, from 1. Receipts name it so alternatives
+/// of different versions are never compared with each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub struct BriefVersion(u32);
+
+impl BriefVersion {
+    /// The first version of a brief.
+    pub const FIRST: Self = Self(1);
+
+    /// Accepts a positive version.
+    pub fn new(value: u32) -> Result<Self, LeaseError> {
+        if value == 0 {
+            return Err(LeaseError::OutOfRange {
+                field: Field::Version,
+                value: 0,
+                max: i64::from(u32::MAX),
+            });
+        }
+        Ok(Self(value))
+    }
+
+    /// The version number.
+    pub fn as_u32(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<u32> for BriefVersion {
+    type Error = LeaseError;
+
+    fn try_from(value: u32) -> Result<Self, Self::Error> {
+        Self::new(value)
+    }
+}
+
+impl From<BriefVersion> for u32 {
+    fn from(version: BriefVersion) -> Self {
+        version.0
+    }
+}
+
+impl fmt::Display for BriefVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,8 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::attempt::AttemptNumber;
 use crate::digest::Digest;
-use crate::name::{ArtifactKey, IdempotencyKey, Principal, TaskId};
-use crate::task::BriefVersion;
+use crate::name::{ArtifactKey, BriefVersion, IdempotencyKey, Principal, TaskId};
 use crate::token::FencingToken;
 
 /// What a worker submits for the attempt it leased.

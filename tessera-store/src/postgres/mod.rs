@@ -29,299 +29,40 @@
 //! once.
 
 mod error;
+mod listener;
+mod options;
+mod pool;
+mod rows;
 mod schema;
+mod statements;
 mod transactions;
 
-use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
-use postgres::fallible_iterator::FallibleIterator;
-use postgres::{IsolationLevel, NoTls};
+use postgres::IsolationLevel;
 use tessera_admission::DailyRowAllowance;
-use tessera_lease::{Namespace, QueueName};
 
 use crate::backend::{
-    Backend, Capabilities, Committed, Fit, OpenPolicy, ReadTransaction, Signal, SignalSink,
+    Backend, Capabilities, Committed, Fit, OpenPolicy, ReadTransaction, SignalSink,
     WriteTransaction,
 };
 use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::meter::MeterSnapshot;
 
 use error::{is_read_only_refusal, is_transient};
-use transactions::{PgTransaction, Prepared};
+use listener::{ListenerState, listen};
+use pool::{Manager, PgConnection, QuietErrors};
+use transactions::PgTransaction;
+
+pub use options::PostgresOptions;
 
 pub use schema::SCHEMA_VERSION;
-
-/// Where a PostgreSQL store lives and the settings only PostgreSQL has.
-///
-/// ```
-/// use std::time::Duration;
-/// use tessera_store::postgres::PostgresOptions;
-///
-/// let options = PostgresOptions::new("postgres://tessera:secret@db.internal/tessera")
-///     .with_schema("renders")
-///     .with_pool_size(32)
-///     .with_poll_interval(Duration::from_secs(5));
-/// assert_eq!(options.pool_size(), 32);
-/// // The password never reaches a log.
-/// assert!(!format!("{options:?}").contains("secret"));
-/// ```
-#[derive(Clone, PartialEq, Eq)]
-pub struct PostgresOptions {
-    url: String,
-    schema: Option<String>,
-    pool_size: u32,
-    connect_timeout: Duration,
-    pool_timeout: Duration,
-    statement_timeout: Duration,
-    poll_interval: Duration,
-    retries: u32,
-    listen: bool,
-}
-
-impl PostgresOptions {
-    /// A database at `url` (`postgres://user:password@host:port/database`,
-    /// or the `key=value` form), checked when the store opens.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self {
-            url: url.into(),
-            schema: None,
-            pool_size: 16,
-            connect_timeout: Duration::from_secs(5),
-            pool_timeout: Duration::from_secs(5),
-            statement_timeout: Duration::from_secs(30),
-            poll_interval: Duration::from_secs(2),
-            retries: 3,
-            listen: true,
-        }
-    }
-
-    /// Keeps the store's tables in this schema (created if missing), so
-    /// several stores can share one database. Default: the connection's
-    /// own search path (`public`). Lowercase letters, digits and `_`,
-    /// starting with a letter, at most 48 bytes.
-    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = Some(schema.into());
-        self
-    }
-
-    /// The most connections the pool holds (default 16, at least 1); the
-    /// listening connection is one more.
-    pub fn with_pool_size(mut self, size: u32) -> Self {
-        self.pool_size = size.max(1);
-        self
-    }
-
-    /// How long opening a connection may take (default 5 s).
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long an operation waits for a pooled connection (default 5 s);
-    /// past it, a retryable storage error.
-    pub fn with_pool_timeout(mut self, timeout: Duration) -> Self {
-        self.pool_timeout = timeout;
-        self
-    }
-
-    /// How long one statement may run (default 30 s, the server's
-    /// `statement_timeout`); past it, a retryable storage error.
-    pub fn with_statement_timeout(mut self, timeout: Duration) -> Self {
-        self.statement_timeout = timeout;
-        self
-    }
-
-    /// How often a long-poll reads its queue while signals may be missed
-    /// (default 2 s).
-    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
-
-    /// How many times a transaction that lost a serialization race or a
-    /// deadlock, or whose connection broke before its commit, runs again
-    /// (default 3).
-    pub fn with_retries(mut self, retries: u32) -> Self {
-        self.retries = retries;
-        self
-    }
-
-    /// Whether the store listens for other processes' enqueues (default
-    /// `true`). Off behind a pooler that cannot hold a `LISTEN`
-    /// (transaction mode): long-polls then poll.
-    pub fn with_listen(mut self, listen: bool) -> Self {
-        self.listen = listen;
-        self
-    }
-
-    /// The schema, if one is set.
-    pub fn schema(&self) -> Option<&str> {
-        self.schema.as_deref()
-    }
-
-    /// The pool size.
-    pub fn pool_size(&self) -> u32 {
-        self.pool_size
-    }
-
-    /// The polling interval.
-    pub fn poll_interval(&self) -> Duration {
-        self.poll_interval
-    }
-
-    /// Checks the settings: a URL the client accepts, a valid schema name
-    /// and timeouts of at least a millisecond. An invalid setting is
-    /// `400 invalid_input` naming it.
-    pub fn validate(&self) -> Result<(), Error> {
-        self.config().map(drop)
-    }
-
-    fn config(&self) -> Result<postgres::Config, Error> {
-        let invalid = |reason: String| Error::InvalidInput { reason };
-        let mut config: postgres::Config = self
-            .url
-            .parse()
-            .map_err(|_| invalid("postgres url is not a connection string".to_owned()))?;
-        if let Some(schema) = &self.schema {
-            let valid = schema.len() <= 48
-                && schema.starts_with(|c: char| c.is_ascii_lowercase())
-                && schema
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-            if !valid {
-                return Err(invalid(format!(
-                    "postgres schema must be lowercase letters, digits and _, got {schema:?}"
-                )));
-            }
-        }
-        for (name, timeout) in [
-            ("connect timeout", self.connect_timeout),
-            ("pool timeout", self.pool_timeout),
-            ("statement timeout", self.statement_timeout),
-            ("poll interval", self.poll_interval),
-        ] {
-            if timeout < Duration::from_millis(1) {
-                return Err(invalid(format!(
-                    "postgres {name} must be at least 1 ms, got {timeout:?}"
-                )));
-            }
-        }
-        let mut session = format!(
-            "-c statement_timeout={}",
-            self.statement_timeout.as_millis()
-        );
-        if let Some(schema) = &self.schema {
-            session.push_str(&format!(" -c search_path={schema}"));
-        }
-        config
-            .application_name(&format!(
-                "tessera {}",
-                self.schema.as_deref().unwrap_or("public")
-            ))
-            .connect_timeout(self.connect_timeout)
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(30))
-            .options(&session);
-        Ok(config)
-    }
-
-    /// The channel enqueues are announced on: one per schema.
-    fn channel(&self) -> String {
-        format!("tessera_{}", self.schema.as_deref().unwrap_or("public"))
-    }
-}
-
-impl fmt::Debug for PostgresOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let target = self
-            .url
-            .parse::<postgres::Config>()
-            .map(|config| {
-                format!(
-                    "{:?}/{}",
-                    config.get_hosts(),
-                    config.get_dbname().unwrap_or("")
-                )
-            })
-            .unwrap_or_else(|_| "<unparsed>".to_owned());
-        f.debug_struct("PostgresOptions")
-            .field("target", &target)
-            .field("schema", &self.schema)
-            .field("pool_size", &self.pool_size)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("pool_timeout", &self.pool_timeout)
-            .field("statement_timeout", &self.statement_timeout)
-            .field("poll_interval", &self.poll_interval)
-            .field("retries", &self.retries)
-            .field("listen", &self.listen)
-            .finish()
-    }
-}
-
-/// A pooled client and the statements prepared on it.
-struct PgConnection {
-    client: postgres::Client,
-    prepared: Prepared,
-}
-
-/// Opens pooled connections.
-#[derive(Debug)]
-struct Manager {
-    config: postgres::Config,
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = PgConnection;
-    type Error = postgres::Error;
-
-    fn connect(&self) -> Result<PgConnection, postgres::Error> {
-        Ok(PgConnection {
-            client: self.config.connect(NoTls)?,
-            prepared: HashMap::new(),
-        })
-    }
-
-    fn is_valid(&self, connection: &mut PgConnection) -> Result<(), postgres::Error> {
-        connection.client.simple_query("").map(drop)
-    }
-
-    fn has_broken(&self, connection: &mut PgConnection) -> bool {
-        connection.client.is_closed()
-    }
-}
-
-/// Pool errors are retried by the pool itself; they reach callers as
-/// errors, not logs.
-#[derive(Debug)]
-struct QuietErrors;
-
-impl r2d2::HandleError<postgres::Error> for QuietErrors {
-    fn handle_error(&self, _error: postgres::Error) {}
-}
-
-/// The listening connection's thread and what it shares.
-#[derive(Default)]
-struct ListenerState {
-    stop: AtomicBool,
-    listening: AtomicBool,
-    sink: StdMutex<Option<SignalSink>>,
-}
-
-impl ListenerState {
-    fn deliver(&self, signal: Signal<'_>) {
-        let sink = self.sink.lock().ok().and_then(|sink| sink.clone());
-        if let Some(sink) = sink {
-            sink(signal);
-        }
-    }
-}
 
 /// The PostgreSQL backend.
 pub(crate) struct PostgresBackend {
@@ -609,95 +350,11 @@ impl Drop for PostgresBackend {
     }
 }
 
-/// The listening connection's loop: `LISTEN`, deliver each enqueue, and
-/// when the connection breaks, say so (long-polls poll meanwhile) and
-/// connect again, until the backend closes.
-fn listen(config: &postgres::Config, channel: &str, state: &ListenerState) {
-    let mut config = config.clone();
-    config.application_name(&format!("tessera-listen {channel}"));
-    let mut backoff = Duration::from_millis(50);
-    while !state.stop.load(Ordering::SeqCst) {
-        let mut client = match config.connect(NoTls) {
-            Ok(client) => client,
-            Err(_) => {
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
-        };
-        if client
-            .batch_execute(&format!("LISTEN \"{channel}\""))
-            .is_err()
-        {
-            continue;
-        }
-        backoff = Duration::from_millis(50);
-        state.listening.store(true, Ordering::SeqCst);
-        // Whatever was enqueued while no one listened: look again.
-        state.deliver(Signal::Lost);
-        // Each call waits up to 200 ms for notifications.
-        while !state.stop.load(Ordering::SeqCst) {
-            if !hear(&mut client, state) {
-                break;
-            }
-        }
-        state.listening.store(false, Ordering::SeqCst);
-        state.deliver(Signal::Lost);
-    }
-}
-
-/// Delivers what arrives on `client` for a moment; `false` once the
-/// connection broke.
-fn hear(client: &mut postgres::Client, state: &ListenerState) -> bool {
-    let broke = {
-        let mut notifications = client.notifications();
-        let mut heard = notifications.timeout_iter(Duration::from_millis(200));
-        loop {
-            match heard.next() {
-                Ok(Some(notification)) => deliver(state, notification.payload()),
-                Ok(None) => break false,
-                Err(_) => break true,
-            }
-        }
-    };
-    !broke && !client.is_closed()
-}
-
-/// Delivers one enqueue's notification (`namespace\nqueue`).
-fn deliver(state: &ListenerState, payload: &str) {
-    let Some((namespace, queue)) = payload.split_once('\n') else {
-        return;
-    };
-    if let (Ok(namespace), Ok(queue)) = (Namespace::parse(namespace), QueueName::parse(queue)) {
-        state.deliver(Signal::Enqueued {
-            namespace: &namespace,
-            queue: &queue,
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use tessera_lease::{Namespace, QueueName};
 
-    #[test]
-    fn options_are_checked_and_never_show_the_password() {
-        let options = PostgresOptions::new("postgres://tessera:hunter22@localhost/db");
-        assert!(options.validate().is_ok());
-        assert!(!format!("{options:?}").contains("hunter22"));
-        let bad = PostgresOptions::new("postgres://localhost/db").with_schema("Bad-Name");
-        assert_eq!(bad.validate().unwrap_err().code(), "invalid_input");
-        let bad = PostgresOptions::new("not a url at all ://");
-        assert_eq!(bad.validate().unwrap_err().code(), "invalid_input");
-        let bad =
-            PostgresOptions::new("postgres://localhost/db").with_poll_interval(Duration::ZERO);
-        assert!(
-            bad.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("poll interval")
-        );
-    }
+    use super::*;
 
     #[test]
     fn faults_are_classified_by_sqlstate() {

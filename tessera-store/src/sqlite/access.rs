@@ -2,7 +2,8 @@
 
 use rusqlite::{Row, params};
 
-use super::connection::{Reader, Writer};
+use super::readers::Reader;
+use super::writer::Writer;
 use crate::backend::rows::KeyRow;
 
 /// A key joined with its principal, in [`KeyRow::from_row`] column order,

@@ -2,7 +2,8 @@
 
 use rusqlite::{Row, params};
 
-use super::connection::{Reader, Writer};
+use super::readers::Reader;
+use super::writer::Writer;
 use crate::backend::rows::{CounterRow, EventRow};
 
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO access_audit \

@@ -26,7 +26,8 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rusqlite::Connection;
 
-use super::connection::{HookState, Location};
+use super::hooks::HookState;
+use super::open::Location;
 
 /// Rows committed between two background checkpoints: about as many log
 /// pages as SQLite's own default interval.

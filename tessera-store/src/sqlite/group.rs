@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use chrono::{DateTime, Utc};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use super::connection::{WriteConnection, Writer};
 use super::meter::Meter;
 use super::quota::QuotaRules;
+use super::writer::{WriteConnection, Writer};
 use crate::error::{Error, StorageError, StorageErrorKind};
 
 /// The most operations one commit carries; see the README's group-commit
@@ -307,7 +307,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::sqlite::connection::Location;
+    use crate::sqlite::open::Location;
 
     /// What a test operation does after inserting its row.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,15 +19,18 @@
 mod access;
 mod audit;
 mod checkpoint;
-mod connection;
 mod group;
+mod hooks;
 mod meter;
+mod open;
 mod quota;
+mod readers;
 mod schema;
 mod session;
 mod statements;
 mod tasks;
 mod transactions;
+mod writer;
 
 use std::fmt;
 use std::path::Path;
@@ -43,10 +46,12 @@ use crate::backend::{
 use crate::error::{Error, StorageError};
 use crate::meter::MeterSnapshot;
 
-use connection::{Location, ReadPool, Reader, WriteConnection};
 use group::{BATCH_CAP, GroupWriter};
 use meter::Meter;
+use open::Location;
 use quota::{QuotaRules, classify};
+use readers::{ReadPool, Reader};
+use writer::WriteConnection;
 
 pub use schema::SCHEMA_VERSION;
 

@@ -14,9 +14,11 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use super::connection::{Location, Reader, WriteConnection, Writer};
 use super::meter::Meter;
+use super::open::Location;
 use super::quota::{QuotaRules, classify};
+use super::readers::Reader;
+use super::writer::{WriteConnection, Writer};
 use crate::error::{Error, corrupt};
 
 /// The schema version this build writes and understands.

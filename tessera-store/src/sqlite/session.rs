@@ -2,7 +2,8 @@
 
 use rusqlite::params;
 
-use super::connection::{Reader, Writer};
+use super::readers::Reader;
+use super::writer::Writer;
 
 pub(crate) const META_VALUE: &str = "SELECT value FROM tessera_meta WHERE key = ?1";
 

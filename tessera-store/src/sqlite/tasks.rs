@@ -2,7 +2,8 @@
 
 use rusqlite::{Row, params};
 
-use super::connection::{Reader, Writer};
+use super::readers::Reader;
+use super::writer::Writer;
 use crate::backend::by_priority;
 use crate::backend::rows::{AttemptRow, ListingRow, ReceiptRow, TaskRow};
 

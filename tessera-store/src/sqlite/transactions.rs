@@ -10,9 +10,10 @@ use tessera_lease::{
 
 use super::access as keys;
 use super::audit as events;
-use super::connection::{Reader, Writer};
+use super::readers::Reader;
 use super::session as meta;
 use super::tasks::{self as sql, NewReceipt};
+use super::writer::Writer;
 use crate::backend::rows::{
     self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, TaskRow, TaskWrites,
     claimable_column, corrupt, count, duration_millis, millis, minute_number, state_counts,

@@ -1,0 +1,386 @@
+//! The SQL text of the PostgreSQL transactions, one constant a statement.
+//!
+//! Every time is a parameter (Unix milliseconds from the store's clock),
+//! never the server's `now()`.
+
+use crate::backend::by_priority;
+
+/// A task row's columns, in [`task_row`](super::rows::task_row) order.
+macro_rules! task_columns {
+    () => {
+        "id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, last_token, \
+         claimable_at, created_at, max_tries, priority"
+    };
+}
+
+pub(super) const TASK_BY_REF: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM tasks WHERE namespace = $1 AND task_id = $2 AND version = $3"
+);
+pub(super) const TASK_BY_REF_LOCKED: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM tasks WHERE namespace = $1 AND task_id = $2 AND version = $3 FOR UPDATE"
+);
+pub(super) const TASK_BY_ID: &str =
+    concat!("SELECT ", task_columns!(), " FROM tasks WHERE id = $1");
+pub(super) const TASK_BY_ID_LOCKED: &str = concat!(
+    "SELECT ",
+    task_columns!(),
+    " FROM tasks WHERE id = $1 FOR UPDATE SKIP LOCKED"
+);
+pub(super) const FIND_TASK: &str =
+    "SELECT id FROM tasks WHERE namespace = $1 AND task_id = $2 AND version = $3";
+/// A queue's claimable tasks, as each priority's arm selects them.
+macro_rules! claimable_tasks {
+    () => {
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE namespace = $1 AND queue = $2 \
+             AND claimable_at IS NOT NULL AND claimable_at <= $3"
+        )
+    };
+}
+/// A queue's lapsed leases, as each priority's arm selects them.
+macro_rules! lapsed_leases {
+    () => {
+        "SELECT task, lapses_at, priority FROM attempts \
+         WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3"
+    };
+}
+/// The first claimable task of a queue in claim-index order, from the
+/// highest priority down, locked, or skipped if another transaction holds
+/// it (`$4` is 0).
+///
+/// The columns come out of the locking subquery itself. Under `READ
+/// COMMITTED` a row locked after a concurrent commit is its newest
+/// version, while a second read of `tasks` in the same statement would
+/// see the statement's older snapshot: a last token behind the attempts
+/// read next.
+pub(super) const NEXT_CLAIMABLE: &str = by_priority!(
+    claimable_tasks!(),
+    "ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
+    "$4::bigint"
+);
+/// [`NEXT_CLAIMABLE`] without taking it, for a read.
+pub(super) const PEEK_CLAIMABLE: &str = by_priority!(
+    claimable_tasks!(),
+    "ORDER BY claimable_at, id LIMIT 1",
+    "$4::bigint"
+);
+/// [`NEXT_LAPSED`] without taking it, for a read.
+pub(super) const PEEK_LAPSED: &str =
+    by_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "$4::bigint");
+/// The lease of a queue that lapsed first, from priority `$4` up, its
+/// attempt locked.
+pub(super) const NEXT_LAPSED: &str = by_priority!(
+    lapsed_leases!(),
+    "ORDER BY lapses_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+    "$4::bigint"
+);
+/// Index searches only, at most one per priority and index.
+pub(super) const HAS_CLAIMABLE: &str = concat!(
+    "SELECT EXISTS (",
+    by_priority!(
+        "SELECT 1 FROM tasks WHERE namespace = $1 AND queue = $2 \
+         AND claimable_at IS NOT NULL AND claimable_at <= $3",
+        "LIMIT 1",
+        "0"
+    ),
+    ") OR EXISTS (",
+    by_priority!(
+        "SELECT 1 FROM attempts WHERE namespace = $1 AND queue = $2 \
+         AND state = 'leased' AND lapses_at <= $3",
+        "LIMIT 1",
+        "0"
+    ),
+    ")"
+);
+pub(super) const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
+     granted_at, expires_at, lapses_at, discarded, last_error FROM attempts WHERE task = $1 \
+     ORDER BY number";
+pub(super) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, created_at, purge_at) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING";
+pub(super) const NAMESPACE_EXISTS: &str = "SELECT 1 FROM namespaces WHERE name = $1";
+pub(super) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, brief, \
+     brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
+     created_at, enqueued_by, priority) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, $12, $9, $10, $13) \
+     ON CONFLICT (namespace, task_id, version) DO NOTHING RETURNING id";
+pub(super) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, state, \
+     until_at, tries, priority) VALUES ($1, $2, $3, $4, $5, $6, 0, $7)";
+pub(super) const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = $3, until_at = $4, tries = $5, \
+     holder = $6, token = $7, granted_at = $8, expires_at = $9, lapses_at = $10, \
+     discarded = $11, last_error = $12 WHERE task = $1 AND number = $2";
+pub(super) const UPDATE_ATTEMPT_STATE: &str = "UPDATE attempts SET state = $3, until_at = $4, \
+     lapses_at = $5, discarded = $6, last_error = $7 WHERE task = $1 AND number = $2";
+pub(super) const EXTEND_ATTEMPT: &str = "UPDATE attempts SET expires_at = $3, lapses_at = $4 \
+     WHERE task = $1 AND number = $2";
+pub(super) const UPDATE_TASK: &str =
+    "UPDATE tasks SET last_token = $2, claimable_at = $3 WHERE id = $1";
+pub(super) const UPDATE_TOKEN: &str = "UPDATE tasks SET last_token = $2 WHERE id = $1";
+pub(super) const UPDATE_MAX_TRIES: &str = "UPDATE tasks SET max_tries = $2 WHERE id = $1";
+pub(super) const UPDATE_CLAIMABLE: &str = "UPDATE tasks SET claimable_at = $2 WHERE id = $1";
+/// Tasks with an expired lease, each once, locked or skipped.
+pub(super) const LAPSED_TASKS: &str = "SELECT DISTINCT task FROM attempts \
+     WHERE namespace = $1 AND state = 'leased' AND expires_at <= $2 LIMIT $3";
+/// A listing's columns and join, in [`ListingRow`] order.
+macro_rules! select_listing {
+    ($tail:literal) => {
+        concat!(
+            "SELECT a.task, a.number, a.state, a.until_at, a.discarded, a.tries, ",
+            "t.queue, t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task ",
+            "WHERE a.namespace = $1 AND a.state = $2 ",
+            $tail
+        )
+    };
+}
+/// A namespace's attempts in one state after ($3, $4), oldest first: one
+/// search of `attempts_by_state`.
+pub(super) const TASKS_BY_STATE_OLDEST: &str =
+    select_listing!("AND (a.task, a.number) > ($3, $4) ORDER BY a.task, a.number LIMIT $5");
+/// [`TASKS_BY_STATE_OLDEST`] newest first, before ($3, $4).
+pub(super) const TASKS_BY_STATE_NEWEST: &str = select_listing!(
+    "AND (a.task, a.number) < ($3, $4) ORDER BY a.task DESC, a.number DESC LIMIT $5"
+);
+pub(super) const COUNT_BY_STATE: &str =
+    "SELECT state, count(*) FROM attempts WHERE namespace = $1 GROUP BY state";
+pub(super) const COUNT_LAPSED: &str = "SELECT count(*) FROM attempts \
+     WHERE namespace = $1 AND state = 'leased' AND expires_at <= $2";
+/// A receipt row's columns, in [`receipt_row`] order.
+macro_rules! receipt_columns {
+    () => {
+        "attempt, token, principal, idempotency_key, artifact, digest, accepted_at, output"
+    };
+}
+pub(super) const INSERT_RECEIPT: &str = "INSERT INTO receipts (task, attempt, token, principal, \
+     idempotency_key, artifact, digest, accepted_at, output) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+pub(super) const RECEIPT_BY_KEY: &str = concat!(
+    "SELECT ",
+    receipt_columns!(),
+    " FROM receipts WHERE principal = $1 AND task = $2 AND idempotency_key = $3"
+);
+pub(super) const RECEIPTS_OF_ATTEMPT: &str = concat!(
+    "SELECT ",
+    receipt_columns!(),
+    " FROM receipts WHERE task = $1 AND attempt = $2 ORDER BY id"
+);
+pub(super) const RECEIPTS_OF_TASK: &str = concat!(
+    "SELECT ",
+    receipt_columns!(),
+    " FROM receipts WHERE task = $1 ORDER BY attempt, id LIMIT $2"
+);
+/// A key with its principal, in [`key_row`] order.
+macro_rules! key_columns {
+    () => {
+        "k.key_id, k.principal_id, k.secret_hash, k.label, k.scopes, k.grants, k.created_at, \
+         k.expires_at, k.revoked_at, p.kind, p.account, p.last_used_at \
+         FROM access_keys AS k JOIN access_principals AS p ON p.id = k.principal_id"
+    };
+}
+pub(super) const KEY_BY_KEY_ID: &str = concat!("SELECT ", key_columns!(), " WHERE k.key_id = $1");
+pub(super) const KEYS_OF_PRINCIPAL: &str = concat!(
+    "SELECT ",
+    key_columns!(),
+    " WHERE k.principal_id = $1 AND k.key_id > $2 ORDER BY k.key_id LIMIT $3"
+);
+pub(super) const KEYS_ALL: &str = concat!(
+    "SELECT ",
+    key_columns!(),
+    " WHERE k.key_id > $1 ORDER BY k.key_id LIMIT $2"
+);
+pub(super) const PRINCIPAL_BY_ID: &str =
+    "SELECT kind, account FROM access_principals WHERE id = $1";
+pub(super) const INSERT_PRINCIPAL: &str = "INSERT INTO access_principals \
+     (kind, account, created_at, purge_at) VALUES ($1, $2, $3, $4) RETURNING id";
+pub(super) const INSERT_KEY: &str = "INSERT INTO access_keys (key_id, principal_id, secret_hash, label, \
+     scopes, grants, created_at, expires_at, purge_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (key_id) DO NOTHING";
+pub(super) const REVOKE_KEY: &str = "UPDATE access_keys SET revoked_at = $2 WHERE key_id = $1";
+pub(super) const EXPIRE_KEY: &str = "UPDATE access_keys SET expires_at = $2 WHERE key_id = $1";
+pub(super) const TOUCH_PRINCIPAL: &str =
+    "UPDATE access_principals SET last_used_at = $2 WHERE id = $1";
+pub(super) const INSERT_EVENT: &str = "INSERT INTO access_audit \
+     (at, principal, namespace, action, outcome, resource, ip_hash) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7)";
+pub(super) const ADD_TO_COUNTER: &str = "INSERT INTO access_counters \
+     (minute, principal, namespace, action, outcome, count) VALUES ($1, $2, $3, $4, $5, $6) \
+     ON CONFLICT (minute, principal, namespace, action, outcome) \
+     DO UPDATE SET count = access_counters.count + excluded.count";
+macro_rules! event_columns {
+    () => {
+        "SELECT at, principal, namespace, action, outcome, resource, ip_hash, id \
+         FROM access_audit "
+    };
+}
+/// One principal's events, newest first, from the cursor (`$4`, `$5`) on:
+/// a backward range of `access_audit_by_principal (principal, at, id)`,
+/// in its own order, started at the cursor by `at <= $4`.
+pub(super) const EVENTS_OF_PRINCIPAL: &str = concat!(
+    event_columns!(),
+    "WHERE principal = $1 AND at >= $2 AND at <= $4 AND (at, id) < ($4, $5) \
+     ORDER BY at DESC, id DESC LIMIT $3"
+);
+/// Every event at or after `$1`, newest written first, below the cursor's
+/// row id `$3`: a backward range of the primary key, as SQLite reads its
+/// row ids, so a page reads no row it does not return.
+pub(super) const EVENTS_ALL: &str = concat!(
+    event_columns!(),
+    "WHERE at >= $1 AND id < $3 ORDER BY id DESC LIMIT $2"
+);
+macro_rules! counter_columns {
+    () => {
+        "SELECT minute, principal, namespace, action, outcome, count FROM access_counters "
+    };
+}
+pub(super) const COUNTERS_OF_PRINCIPAL: &str = concat!(
+    counter_columns!(),
+    "WHERE minute >= $2 AND principal = $1 ORDER BY minute DESC LIMIT $3"
+);
+pub(super) const COUNTERS_ALL: &str = concat!(
+    counter_columns!(),
+    "WHERE minute >= $1 ORDER BY minute DESC LIMIT $2"
+);
+// Retention batches: each process deletes rows no other is deleting.
+pub(super) const PURGE_EVENTS: &str = "DELETE FROM access_audit WHERE id IN (SELECT id FROM access_audit \
+     WHERE at < $1 ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+pub(super) const PURGE_COUNTERS: &str = "DELETE FROM access_counters \
+     WHERE (minute, principal, namespace, action, outcome) IN \
+     (SELECT minute, principal, namespace, action, outcome FROM access_counters \
+     WHERE minute < $1 ORDER BY minute LIMIT $2 FOR UPDATE SKIP LOCKED)";
+pub(super) const PURGE_KEYS: &str = "DELETE FROM access_keys WHERE id IN (SELECT id FROM access_keys \
+     WHERE purge_at IS NOT NULL AND purge_at <= $1 ORDER BY purge_at LIMIT $2 \
+     FOR UPDATE SKIP LOCKED)";
+pub(super) const PURGE_PRINCIPALS: &str = "DELETE FROM access_principals WHERE id IN \
+     (SELECT id FROM access_principals WHERE purge_at IS NOT NULL AND purge_at <= $1 \
+     ORDER BY purge_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+pub(super) const PURGE_LIMITS: &str = "DELETE FROM access_limits WHERE id IN (SELECT id FROM access_limits \
+     WHERE purge_at IS NOT NULL AND purge_at <= $1 ORDER BY purge_at LIMIT $2 \
+     FOR UPDATE SKIP LOCKED)";
+/// A batch of purged sessions' tasks, locked or skipped, deleted with
+/// their receipts and attempts in one statement.
+pub(super) const PURGE_SESSION_TASKS: &str = "WITH doomed AS (SELECT t.id FROM namespaces n \
+     JOIN tasks t ON t.namespace = n.name WHERE n.purge_at IS NOT NULL AND n.purge_at <= $1 \
+     ORDER BY t.id LIMIT $2 FOR UPDATE OF t SKIP LOCKED), \
+     receipts_gone AS (DELETE FROM receipts WHERE task IN (SELECT id FROM doomed)), \
+     attempts_gone AS (DELETE FROM attempts WHERE task IN (SELECT id FROM doomed)) \
+     DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)";
+pub(super) const PURGE_NAMESPACES: &str = "DELETE FROM namespaces WHERE id IN (SELECT id FROM namespaces \
+     WHERE purge_at IS NOT NULL AND purge_at <= $1 \
+     AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.namespace = namespaces.name) \
+     ORDER BY purge_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+pub(super) const META_VALUE: &str = "SELECT value FROM tessera_meta WHERE key = $1";
+pub(super) const INSERT_META: &str =
+    "INSERT INTO tessera_meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING";
+pub(super) const LIMIT_COUNT: &str =
+    "SELECT count FROM access_limits WHERE subject = $1 AND window_start = $2";
+pub(super) const BUMP_LIMIT: &str = "INSERT INTO access_limits (subject, window_start, count, purge_at) \
+     VALUES ($1, $2, 1, $3) ON CONFLICT (subject, window_start) \
+     DO UPDATE SET count = access_limits.count + 1";
+pub(super) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+
+#[cfg(test)]
+mod tests {
+    use postgres::types::ToSql;
+    use postgres::{Client, NoTls};
+
+    use super::*;
+    use crate::postgres::PostgresOptions;
+
+    type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+    use crate::{Store, StoreConfig};
+
+    /// Every claim, listing and audit-page statement searches an index (with
+    /// sequential scans priced out, as on a table too large to scan), and
+    /// the claim statements search the claim indexes once per priority.
+    #[test]
+    fn claim_listing_and_audit_statements_search_their_indexes() {
+        let Ok(url) = std::env::var("TESSERA_TEST_POSTGRES_URL") else {
+            println!("skipping: TESSERA_TEST_POSTGRES_URL is not set");
+            return;
+        };
+        let schema = format!("plans_{}", std::process::id());
+        let options = PostgresOptions::new(url.as_str()).with_schema(schema.as_str());
+        drop(Store::open_postgres(options, StoreConfig::default()).unwrap());
+        let mut client = Client::connect(&url, NoTls).unwrap();
+        client
+            .batch_execute(&format!(
+                "SET search_path TO \"{schema}\"; SET enable_seqscan = off;"
+            ))
+            .unwrap();
+        let (ns, queue, state) = ("renders", "jobs", "ready");
+        let (now, zero, limit, big) = (1_i64, 0_i64, 10_i64, i64::MAX);
+        let claim: &[&(dyn ToSql + Sync)] = &[&ns, &queue, &now, &zero];
+        let probe: &[&(dyn ToSql + Sync)] = &[&ns, &queue, &now];
+        let listing: &[&(dyn ToSql + Sync)] = &[&ns, &state, &zero, &zero, &limit];
+        let principal = "p1";
+        let mine: &[&(dyn ToSql + Sync)] = &[&principal, &zero, &limit, &big, &big];
+        let all: &[&(dyn ToSql + Sync)] = &[&zero, &limit, &big];
+        let cases: [(&str, &str, Params<'_>, &str, usize); 8] = [
+            (
+                "next claimable",
+                NEXT_CLAIMABLE,
+                claim,
+                "tasks_claim_order",
+                4,
+            ),
+            (
+                "peek claimable",
+                PEEK_CLAIMABLE,
+                claim,
+                "tasks_claim_order",
+                4,
+            ),
+            ("next lapsed", NEXT_LAPSED, claim, "attempts_lapsing", 4),
+            ("has claimable", HAS_CLAIMABLE, probe, "attempts_lapsing", 4),
+            (
+                "listing, oldest",
+                TASKS_BY_STATE_OLDEST,
+                listing,
+                "attempts_by_state",
+                1,
+            ),
+            (
+                "listing, newest",
+                TASKS_BY_STATE_NEWEST,
+                listing,
+                "attempts_by_state",
+                1,
+            ),
+            (
+                "one principal's audit",
+                EVENTS_OF_PRINCIPAL,
+                mine,
+                "access_audit_by_principal",
+                1,
+            ),
+            ("everyone's audit", EVENTS_ALL, all, "access_audit_pkey", 1),
+        ];
+        let mut failures = Vec::new();
+        for (name, sql, params, index, searches) in cases {
+            let plan: Vec<String> = client
+                .query(&format!("EXPLAIN {sql}"), params)
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            let found = plan.matches(&format!("using {index}")).count();
+            // A sort above the search would read every row the range holds;
+            // an incremental one sorts only the rows of one time.
+            let sorts = plan.matches("Sort").count() - plan.matches("Incremental Sort").count();
+            if plan.contains("Seq Scan") || found < searches || sorts > 0 {
+                failures.push(format!(
+                    "{name}: {searches} searches of {index} wanted\n{plan}"
+                ));
+            }
+        }
+        client
+            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .unwrap();
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+}

@@ -28,6 +28,7 @@
 //! submissions reach a snapshot when it expires (15 s), its enqueues at
 //! once.
 
+mod batch;
 mod error;
 mod listener;
 mod options;

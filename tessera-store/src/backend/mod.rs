@@ -565,26 +565,25 @@ pub(crate) trait WriteTransaction: ReadTransaction {
             .collect()
     }
 
-    /// Writes what lease rules changed in many tasks, each at most once
-    /// (the default writes them one by one, as
-    /// [`save_task`](Self::save_task)).
-    fn save_tasks(&self, changes: &[TaskChange<'_>]) -> Result<()> {
-        changes
-            .iter()
-            .try_for_each(|change| self.save_task(change.handle, change.before, change.after))
-    }
-
-    /// Stores many accepted receipts (the default inserts them one by
-    /// one, as [`insert_receipt`](Self::insert_receipt)).
-    fn insert_receipts(&self, receipts: &[NewReceipt<'_>]) -> Result<()> {
-        receipts
-            .iter()
-            .try_for_each(|new| self.insert_receipt(new.handle, new.receipt, new.output))
-    }
-
-    /// Appends many audit events, in order (the default appends them one
-    /// by one, as [`insert_event`](Self::insert_event)).
-    fn insert_events(&self, events: &[AuditEvent]) -> Result<()> {
+    /// Writes what a batch of acknowledgements decided: what lease rules
+    /// changed in many tasks (each at most once), the receipts they
+    /// accepted and their audit rows, in order. A backend that can should
+    /// write them set-based, in as few statements as it can (the default
+    /// writes them one by one, as [`save_task`](Self::save_task),
+    /// [`insert_receipt`](Self::insert_receipt) and
+    /// [`insert_event`](Self::insert_event) do).
+    fn write_acknowledged(
+        &self,
+        changes: &[TaskChange<'_>],
+        receipts: &[NewReceipt<'_>],
+        events: &[AuditEvent],
+    ) -> Result<()> {
+        for change in changes {
+            self.save_task(change.handle, change.before, change.after)?;
+        }
+        for new in receipts {
+            self.insert_receipt(new.handle, new.receipt, new.output)?;
+        }
         events.iter().try_for_each(|event| self.insert_event(event))
     }
 

@@ -422,7 +422,6 @@ impl Store {
                 after: task.rules.record(),
             })
             .collect();
-        writer.save_tasks(&changes)?;
         let new_receipts: Vec<NewReceipt<'_>> = accepted
             .iter()
             .map(|(handle, receipt, output)| NewReceipt {
@@ -431,8 +430,7 @@ impl Store {
                 output: *output,
             })
             .collect();
-        writer.insert_receipts(&new_receipts)?;
-        writer.insert_events(&events)?;
+        writer.write_acknowledged(&changes, &new_receipts, &events)?;
         Ok(Decided { answers, audited })
     }
 }

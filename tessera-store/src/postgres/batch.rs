@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use tessera_audit::AuditEvent;
 
-use super::rows::{attempt_row, receipt_row, task_row, version};
+use super::rows::{attempt_row_at, receipt_row, task_row, version};
 use super::transactions::PgTransaction;
 use crate::backend::rows::{
     AttemptRow, AttemptWrite, EventRow, TaskRow, TaskWrites, claimable_column, corrupt,
@@ -16,18 +16,22 @@ use crate::backend::{LoadedTask, NewReceipt, NewTask, ReceiptKey, Result, TaskCh
 use crate::model::task::{StoredReceipt, TaskRef};
 
 /// The tasks named by (namespace, id, version), without briefs, each
-/// locked, in row order: two batches lock their rows in one order.
-const LOCK_TASKS: &str = "SELECT t.id, t.queue, t.task_id, t.version, NULL::bytea, \
-     t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
+/// locked (in row order, so two batches lock their rows in one order),
+/// one row per attempt: the task's columns in `task_row`'s order, its
+/// namespace, then the attempt's in `attempt_row`'s.
+const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, t.task_id, \
+     t.version, t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
      t.max_tries, t.priority, t.namespace \
      FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(namespace, task_id, version) \
      JOIN tasks t ON t.namespace = r.namespace AND t.task_id = r.task_id \
-     AND t.version = r.version ORDER BY t.id FOR UPDATE OF t";
-/// The attempts of many tasks, in the columns of `attempt_row`, then the
-/// task.
-const ATTEMPTS_OF_TASKS: &str = "SELECT number, state, until_at, tries, holder, \
-     token, granted_at, expires_at, lapses_at, discarded, last_error, task FROM attempts \
-     WHERE task = ANY($1::bigint[]) ORDER BY task, number";
+     AND t.version = r.version ORDER BY t.id FOR UPDATE OF t) \
+     SELECT l.id, l.queue, l.task_id, l.version, NULL::bytea, l.brief_format, \
+     l.lapse_backoff_ms, l.last_token, l.claimable_at, l.created_at, l.max_tries, l.priority, \
+     l.namespace, a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, \
+     a.expires_at, a.lapses_at, a.discarded, a.last_error \
+     FROM locked l JOIN attempts a ON a.task = l.id ORDER BY l.id, a.number";
+/// Where the attempt's columns start in [`LOCK_AND_LOAD`].
+const ATTEMPT_COLUMNS: usize = 13;
 /// The receipts stored under many (principal, task, key), in the columns
 /// of `receipt_row`, then the key's place.
 const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
@@ -36,24 +40,28 @@ const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
      AS k(principal, task, idempotency_key, place) \
      JOIN receipts r ON r.principal = k.principal AND r.task = k.task \
      AND r.idempotency_key = k.idempotency_key";
-const INSERT_RECEIPTS: &str = "INSERT INTO receipts (task, attempt, token, principal, \
-     idempotency_key, artifact, digest, accepted_at, output) \
-     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], \
-     $6::text[], $7::text[], $8::bigint[], $9::bytea[])";
-const INSERT_EVENTS: &str = "INSERT INTO access_audit \
-     (at, principal, namespace, action, outcome, resource, ip_hash) \
-     SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
-     $6::text[], $7::text[])";
-/// Attempts whose state alone moved (a submit, a failure report).
-const UPDATE_ATTEMPT_STATES: &str = "UPDATE attempts a SET state = u.state, \
+/// What a batch of acknowledgements decided, in one statement: attempts
+/// whose state alone moved (a submit, a failure report), claim columns
+/// that alone moved (a retry), the receipts and the audit rows. Returns
+/// the rows it changed.
+const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = u.state, \
      until_at = u.until_at, lapses_at = u.lapses_at, discarded = u.discarded, \
      last_error = u.last_error \
      FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], \
      $6::text[], $7::text[]) AS u(task, number, state, until_at, lapses_at, discarded, last_error) \
-     WHERE a.task = u.task AND a.number = u.number";
-/// Tasks whose claim column alone moved (a retry after a failure).
-const UPDATE_CLAIMABLES: &str = "UPDATE tasks t SET claimable_at = u.claimable_at \
-     FROM unnest($1::bigint[], $2::bigint[]) AS u(id, claimable_at) WHERE t.id = u.id";
+     WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
+     claims AS (UPDATE tasks t SET claimable_at = u.claimable_at \
+     FROM unnest($8::bigint[], $9::bigint[]) AS u(id, claimable_at) WHERE t.id = u.id \
+     RETURNING 1), \
+     receipts_added AS (INSERT INTO receipts (task, attempt, token, principal, \
+     idempotency_key, artifact, digest, accepted_at, output) \
+     SELECT * FROM unnest($10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::text[], \
+     $15::text[], $16::text[], $17::bigint[], $18::bytea[]) RETURNING 1), \
+     audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, resource, \
+     ip_hash) SELECT * FROM unnest($19::bigint[], $20::text[], $21::text[], $22::text[], \
+     $23::text[], $24::text[], $25::text[]) RETURNING 1) \
+     SELECT (SELECT count(*) FROM states) + (SELECT count(*) FROM claims) \
+     + (SELECT count(*) FROM receipts_added) + (SELECT count(*) FROM audited)";
 /// Many tasks, in order; a reference that exists (or came earlier in the
 /// call) is skipped. Returns what it inserted.
 const INSERT_TASKS: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
@@ -83,34 +91,30 @@ fn reference(task: &TaskRef) -> (String, String, i64) {
 }
 
 impl PgTransaction<'_> {
+    /// The tasks `tasks` names, locked, with their attempts: one
+    /// statement.
     pub(super) fn lock_tasks_at_once(&self, tasks: &[&TaskRef]) -> Result<Vec<Option<LoadedTask>>> {
         let namespaces: Vec<&str> = tasks.iter().map(|t| t.namespace.as_str()).collect();
         let ids: Vec<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
         let versions: Vec<i64> = tasks.iter().map(|t| version(t)).collect();
-        let rows = self.query(LOCK_TASKS, &[&namespaces, &ids, &versions])?;
-        let mut found: HashMap<(String, String, i64), TaskRow> = HashMap::with_capacity(rows.len());
-        let mut handles = Vec::with_capacity(rows.len());
+        let rows = self.query(LOCK_AND_LOAD, &[&namespaces, &ids, &versions])?;
+        let mut found: HashMap<(String, String, i64), (TaskRow, Vec<AttemptRow>)> =
+            HashMap::with_capacity(tasks.len());
         for row in &rows {
             let task = task_row(row)?;
             let namespace: String = row.try_get(12)?;
-            handles.push(task.id);
-            found.insert((namespace, task.task_id.clone(), task.version), task);
-        }
-        let mut attempts: HashMap<i64, Vec<AttemptRow>> = HashMap::with_capacity(handles.len());
-        if !handles.is_empty() {
-            for row in self.query(ATTEMPTS_OF_TASKS, &[&handles])? {
-                let task: i64 = row.try_get(11)?;
-                attempts.entry(task).or_default().push(attempt_row(&row)?);
-            }
+            let attempt = attempt_row_at(row, ATTEMPT_COLUMNS)?;
+            found
+                .entry((namespace, task.task_id.clone(), task.version))
+                .or_insert_with(|| (task, Vec::new()))
+                .1
+                .push(attempt);
         }
         tasks
             .iter()
             .map(|task| match found.remove(&reference(task)) {
                 None => Ok(None),
-                Some(row) => {
-                    let of_task = attempts.remove(&row.id).unwrap_or_default();
-                    row.loaded(of_task).map(Some)
-                }
+                Some((row, attempts)) => row.loaded(attempts).map(Some),
             })
             .collect()
     }
@@ -136,79 +140,15 @@ impl PgTransaction<'_> {
         Ok(answers)
     }
 
-    pub(super) fn insert_receipts_at_once(&self, receipts: &[NewReceipt<'_>]) -> Result<()> {
-        if receipts.is_empty() {
-            return Ok(());
-        }
-        let tasks: Vec<i64> = receipts.iter().map(|r| r.handle.0).collect();
-        let attempts: Vec<i64> = receipts
-            .iter()
-            .map(|r| i64::from(r.receipt.attempt.as_u16()))
-            .collect();
-        let tokens: Vec<i64> = receipts.iter().map(|r| r.receipt.token.as_i64()).collect();
-        let principals: Vec<&str> = receipts
-            .iter()
-            .map(|r| r.receipt.principal.as_str())
-            .collect();
-        let keys: Vec<&str> = receipts
-            .iter()
-            .map(|r| r.receipt.idempotency_key.as_str())
-            .collect();
-        let artifacts: Vec<&str> = receipts
-            .iter()
-            .map(|r| r.receipt.artifact.as_str())
-            .collect();
-        let digests: Vec<String> = receipts
-            .iter()
-            .map(|r| r.receipt.digest.to_string())
-            .collect();
-        let accepted: Vec<i64> = receipts
-            .iter()
-            .map(|r| millis(r.receipt.accepted_at))
-            .collect();
-        let outputs: Vec<Option<&[u8]>> = receipts.iter().map(|r| r.output).collect();
-        self.execute(
-            INSERT_RECEIPTS,
-            &[
-                &tasks,
-                &attempts,
-                &tokens,
-                &principals,
-                &keys,
-                &artifacts,
-                &digests,
-                &accepted,
-                &outputs,
-            ],
-        )?;
-        Ok(())
-    }
-
-    pub(super) fn insert_events_at_once(&self, events: &[AuditEvent]) -> Result<()> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let rows: Vec<EventRow> = events.iter().map(EventRow::from_event).collect();
-        let at: Vec<i64> = rows.iter().map(|r| r.at).collect();
-        let principal: Vec<&str> = rows.iter().map(|r| r.principal.as_str()).collect();
-        let namespace: Vec<&str> = rows.iter().map(|r| r.namespace.as_str()).collect();
-        let action: Vec<&str> = rows.iter().map(|r| r.action.as_str()).collect();
-        let outcome: Vec<&str> = rows.iter().map(|r| r.outcome.as_str()).collect();
-        let resource: Vec<Option<&str>> = rows.iter().map(|r| r.resource.as_deref()).collect();
-        let ip_hash: Vec<Option<&str>> = rows.iter().map(|r| r.ip_hash.as_deref()).collect();
-        self.execute(
-            INSERT_EVENTS,
-            &[
-                &at, &principal, &namespace, &action, &outcome, &resource, &ip_hash,
-            ],
-        )?;
-        Ok(())
-    }
-
-    /// Writes many tasks' changes: attempts whose state alone moved and
-    /// claim columns that alone moved in one statement each, anything
-    /// else as one task's write.
-    pub(super) fn save_tasks_at_once(&self, changes: &[TaskChange<'_>]) -> Result<()> {
+    /// What a batch of acknowledgements decided, in one statement
+    /// ([`WRITE_ACKNOWLEDGED`]); a change of another kind (a lease or a
+    /// token moved) is written as one task's, before it.
+    pub(super) fn write_acknowledged_at_once(
+        &self,
+        changes: &[TaskChange<'_>],
+        receipts: &[NewReceipt<'_>],
+        events: &[AuditEvent],
+    ) -> Result<()> {
         let mut states: Vec<(i64, AttemptRow)> = Vec::new();
         let mut claimables: Vec<(i64, Option<i64>)> = Vec::new();
         for change in changes {
@@ -227,34 +167,95 @@ impl PgTransaction<'_> {
                 writes.claimable_at = None;
             }
             if writes != TaskWrites::default() {
-                // Anything else (a lease moved, a token): one task's write.
                 self.write_task(change.handle, writes)?;
             }
         }
-        if !states.is_empty() {
-            let tasks: Vec<i64> = states.iter().map(|(id, _)| *id).collect();
-            let numbers: Vec<i64> = states.iter().map(|(_, r)| r.number).collect();
-            let state: Vec<&str> = states.iter().map(|(_, r)| r.state.as_str()).collect();
-            let until: Vec<Option<i64>> = states.iter().map(|(_, r)| r.until_at).collect();
-            let lapses: Vec<Option<i64>> = states.iter().map(|(_, r)| r.lapses_at).collect();
-            let discarded: Vec<Option<&str>> =
-                states.iter().map(|(_, r)| r.discarded.as_deref()).collect();
-            let errors: Vec<Option<&str>> = states
-                .iter()
-                .map(|(_, r)| r.last_error.as_deref())
-                .collect();
-            self.execute(
-                UPDATE_ATTEMPT_STATES,
-                &[
-                    &tasks, &numbers, &state, &until, &lapses, &discarded, &errors,
-                ],
-            )?;
+        if states.is_empty() && claimables.is_empty() && receipts.is_empty() && events.is_empty() {
+            return Ok(());
         }
-        if !claimables.is_empty() {
-            let ids: Vec<i64> = claimables.iter().map(|(id, _)| *id).collect();
-            let at: Vec<Option<i64>> = claimables.iter().map(|(_, at)| *at).collect();
-            self.execute(UPDATE_CLAIMABLES, &[&ids, &at])?;
-        }
+        let state_task: Vec<i64> = states.iter().map(|(id, _)| *id).collect();
+        let number: Vec<i64> = states.iter().map(|(_, r)| r.number).collect();
+        let state: Vec<&str> = states.iter().map(|(_, r)| r.state.as_str()).collect();
+        let until: Vec<Option<i64>> = states.iter().map(|(_, r)| r.until_at).collect();
+        let lapses: Vec<Option<i64>> = states.iter().map(|(_, r)| r.lapses_at).collect();
+        let discarded: Vec<Option<&str>> =
+            states.iter().map(|(_, r)| r.discarded.as_deref()).collect();
+        let error: Vec<Option<&str>> = states
+            .iter()
+            .map(|(_, r)| r.last_error.as_deref())
+            .collect();
+        let claim_task: Vec<i64> = claimables.iter().map(|(id, _)| *id).collect();
+        let claimable: Vec<Option<i64>> = claimables.iter().map(|(_, at)| *at).collect();
+        let r_task: Vec<i64> = receipts.iter().map(|r| r.handle.0).collect();
+        let r_attempt: Vec<i64> = receipts
+            .iter()
+            .map(|r| i64::from(r.receipt.attempt.as_u16()))
+            .collect();
+        let r_token: Vec<i64> = receipts.iter().map(|r| r.receipt.token.as_i64()).collect();
+        let r_principal: Vec<&str> = receipts
+            .iter()
+            .map(|r| r.receipt.principal.as_str())
+            .collect();
+        let r_key: Vec<&str> = receipts
+            .iter()
+            .map(|r| r.receipt.idempotency_key.as_str())
+            .collect();
+        let r_artifact: Vec<&str> = receipts
+            .iter()
+            .map(|r| r.receipt.artifact.as_str())
+            .collect();
+        let r_digest: Vec<String> = receipts
+            .iter()
+            .map(|r| r.receipt.digest.to_string())
+            .collect();
+        let r_accepted: Vec<i64> = receipts
+            .iter()
+            .map(|r| millis(r.receipt.accepted_at))
+            .collect();
+        let r_output: Vec<Option<&[u8]>> = receipts.iter().map(|r| r.output).collect();
+        let rows: Vec<EventRow> = events.iter().map(EventRow::from_event).collect();
+        let at: Vec<i64> = rows.iter().map(|r| r.at).collect();
+        let principal: Vec<&str> = rows.iter().map(|r| r.principal.as_str()).collect();
+        let namespace: Vec<&str> = rows.iter().map(|r| r.namespace.as_str()).collect();
+        let action: Vec<&str> = rows.iter().map(|r| r.action.as_str()).collect();
+        let outcome: Vec<&str> = rows.iter().map(|r| r.outcome.as_str()).collect();
+        let resource: Vec<Option<&str>> = rows.iter().map(|r| r.resource.as_deref()).collect();
+        let ip_hash: Vec<Option<&str>> = rows.iter().map(|r| r.ip_hash.as_deref()).collect();
+        let changed = self.query(
+            WRITE_ACKNOWLEDGED,
+            &[
+                &state_task,
+                &number,
+                &state,
+                &until,
+                &lapses,
+                &discarded,
+                &error,
+                &claim_task,
+                &claimable,
+                &r_task,
+                &r_attempt,
+                &r_token,
+                &r_principal,
+                &r_key,
+                &r_artifact,
+                &r_digest,
+                &r_accepted,
+                &r_output,
+                &at,
+                &principal,
+                &namespace,
+                &action,
+                &outcome,
+                &resource,
+                &ip_hash,
+            ],
+        )?;
+        let changed: i64 = match changed.first() {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
+        self.add_rows(u64::try_from(changed).unwrap_or(0));
         Ok(())
     }
 

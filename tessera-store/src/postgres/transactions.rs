@@ -598,16 +598,13 @@ impl WriteTransaction for PgTransaction<'_> {
         self.receipts_at_once(keys)
     }
 
-    fn save_tasks(&self, changes: &[TaskChange<'_>]) -> Result<()> {
-        self.save_tasks_at_once(changes)
-    }
-
-    fn insert_receipts(&self, receipts: &[NewReceipt<'_>]) -> Result<()> {
-        self.insert_receipts_at_once(receipts)
-    }
-
-    fn insert_events(&self, events: &[AuditEvent]) -> Result<()> {
-        self.insert_events_at_once(events)
+    fn write_acknowledged(
+        &self,
+        changes: &[TaskChange<'_>],
+        receipts: &[NewReceipt<'_>],
+        events: &[AuditEvent],
+    ) -> Result<()> {
+        self.write_acknowledged_at_once(changes, receipts, events)
     }
 
     fn insert_tasks(&self, tasks: &[NewTask<'_>]) -> Result<Vec<bool>> {

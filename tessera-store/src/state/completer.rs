@@ -29,19 +29,22 @@
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::AckBatching;
 
-/// Where one item's answer arrives.
+/// Where one item's answer arrives, and whose item it is.
 struct Slot<R> {
     answer: Mutex<Option<R>>,
+    /// The [`Completer::complete`] call that handed it in.
+    caller: u64,
 }
 
 /// What waits, and whether a batch is committing.
 struct Queue<T, R> {
     waiting: VecDeque<(T, Arc<Slot<R>>)>,
     committing: bool,
-    /// How many items the last batch carried.
+    /// How many callers' items the last batch carried.
     last_batch: usize,
 }
 
@@ -51,6 +54,8 @@ pub(crate) struct Completer<T, R> {
     /// Signalled when a batch ends, and when N items wait.
     changed: Condvar,
     batching: AckBatching,
+    /// The number the next caller gets.
+    next_caller: AtomicU64,
 }
 
 impl<T, R> std::fmt::Debug for Completer<T, R> {
@@ -70,6 +75,7 @@ impl<T, R: Clone> Completer<T, R> {
                 last_batch: 0,
             }),
             changed: Condvar::new(),
+            next_caller: AtomicU64::new(0),
             batching: AckBatching {
                 max_batch: batching.max_batch.max(1),
                 max_wait: batching.max_wait,
@@ -89,11 +95,13 @@ impl<T, R: Clone> Completer<T, R> {
         commit: &dyn Fn(Vec<T>) -> Vec<R>,
         failed: &dyn Fn() -> R,
     ) -> Vec<R> {
+        let caller = self.next_caller.fetch_add(1, Ordering::Relaxed);
         let slots: Vec<Arc<Slot<R>>> = items
             .iter()
             .map(|_| {
                 Arc::new(Slot {
                     answer: Mutex::new(None),
+                    caller,
                 })
             })
             .collect();
@@ -116,7 +124,7 @@ impl<T, R: Clone> Completer<T, R> {
                 self.changed.wait(&mut queue);
                 continue;
             }
-            // Lead: linger for more while others acknowledge too.
+            // Lead: linger for more while other callers acknowledge too.
             queue.committing = true;
             if queue.last_batch > 1
                 && queue.waiting.len() < self.batching.max_batch
@@ -127,7 +135,9 @@ impl<T, R: Clone> Completer<T, R> {
             let take = queue.waiting.len().min(self.batching.max_batch);
             let (batch, answers): (Vec<T>, Vec<Arc<Slot<R>>>) = queue.waiting.drain(..take).unzip();
             drop(queue);
-            let count = batch.len();
+            let mut callers: Vec<u64> = answers.iter().map(|slot| slot.caller).collect();
+            callers.dedup();
+            let count = callers.len();
             let mut lead = Lead {
                 completer: self,
                 answers,

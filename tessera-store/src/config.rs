@@ -26,7 +26,8 @@ use crate::clock::{Clock, SystemClock};
 /// });
 /// assert_eq!(config.ack_batching().max_batch, 16);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AckBatching {
     /// The most acknowledgements one commit carries (N).
     pub max_batch: usize,

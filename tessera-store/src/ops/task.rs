@@ -313,11 +313,13 @@ impl Store {
         }
     }
 
-    /// Ends the lease `token` on `task` with a failure report (a [`Retry`]
+    /// Ends the lease `token` on `task` with a failure report (a [`Retry`](tessera_lease::Retry)
     /// alone, or a [`Failure`] with an error text):
-    /// [`Retry::Never`] fails its attempt for good; [`Retry::After`] makes
+    /// [`Retry::Never`](tessera_lease::Retry::Never) fails its attempt for good;
+    /// [`Retry::After`](tessera_lease::Retry::After) makes
     /// it claimable again after the backoff (counted in whole
-    /// milliseconds, as times are stored), and [`Retry::Backoff`] after the
+    /// milliseconds, as times are stored), and
+    /// [`Retry::Backoff`](tessera_lease::Retry::Backoff) after the
     /// default exponential backoff with jitter
     /// ([`retry_backoff`](tessera_lease::retry_backoff)). A retry asked for
     /// on the attempt's last try discards it instead

@@ -13,6 +13,50 @@ use tessera_lease::Namespace;
 
 use crate::clock::{Clock, SystemClock};
 
+/// How a store groups acknowledgements (submits and failure reports
+/// from its threads) into one commit: at most N waiting, or T elapsed.
+///
+/// ```
+/// use std::time::Duration;
+/// use tessera_store::{AckBatching, StoreConfig};
+///
+/// let config = StoreConfig::default().with_ack_batching(AckBatching {
+///     max_batch: 16,
+///     max_wait: Duration::ZERO,
+/// });
+/// assert_eq!(config.ack_batching().max_batch, 16);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AckBatching {
+    /// The most acknowledgements one commit carries (N).
+    pub max_batch: usize,
+    /// The longest a leader waits for more before it commits (T); only
+    /// while acknowledgements are arriving together.
+    pub max_wait: Duration,
+}
+
+impl AckBatching {
+    /// N: 64 acknowledgements. A batch's statements are set-based, so a
+    /// larger batch costs little more per item, while the batch's locks
+    /// (one task row per item) are held for the whole commit.
+    pub const DEFAULT_MAX_BATCH: usize = 64;
+
+    /// T: 1 ms, under one commit of a one-row transaction on a server
+    /// that syncs its log, so a lingering leader at most doubles a
+    /// caller's wait while it saves a commit per item it gathers.
+    pub const DEFAULT_MAX_WAIT: Duration = Duration::from_millis(1);
+}
+
+impl Default for AckBatching {
+    fn default() -> Self {
+        Self {
+            max_batch: Self::DEFAULT_MAX_BATCH,
+            max_wait: Self::DEFAULT_MAX_WAIT,
+        }
+    }
+}
+
 /// Settings for [`Store::open`](crate::Store::open).
 ///
 /// Built from [`Default`] with `with_*` methods:
@@ -42,6 +86,7 @@ pub struct StoreConfig {
     session_lifetime: Duration,
     session_practice_tasks: u16,
     retry_jitter_seed: Option<u64>,
+    ack_batching: AckBatching,
 }
 
 impl Default for StoreConfig {
@@ -61,6 +106,7 @@ impl Default for StoreConfig {
             session_lifetime: Duration::from_secs(24 * 60 * 60),
             session_practice_tasks: 3,
             retry_jitter_seed: None,
+            ack_batching: AckBatching::default(),
         }
     }
 }
@@ -179,6 +225,19 @@ impl StoreConfig {
     pub fn with_retry_jitter_seed(mut self, seed: u64) -> Self {
         self.retry_jitter_seed = Some(seed);
         self
+    }
+
+    /// How acknowledgements are grouped into commits (default
+    /// [`AckBatching::default`]: N = 64, T = 1 ms); a `max_batch` of 0
+    /// counts as 1.
+    pub fn with_ack_batching(mut self, batching: AckBatching) -> Self {
+        self.ack_batching = batching;
+        self
+    }
+
+    /// How acknowledgements are grouped into commits.
+    pub fn ack_batching(&self) -> AckBatching {
+        self.ack_batching
     }
 
     /// The retry jitter's seed, if one was set.
@@ -304,6 +363,7 @@ impl fmt::Debug for StoreConfig {
             .field("session_lifetime", &self.session_lifetime)
             .field("session_practice_tasks", &self.session_practice_tasks)
             .field("retry_jitter_seed", &self.retry_jitter_seed)
+            .field("ack_batching", &self.ack_batching)
             .finish_non_exhaustive()
     }
 }

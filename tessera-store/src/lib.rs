@@ -224,7 +224,7 @@ pub(crate) mod ops;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::StoreConfig;
+pub use config::{AckBatching, StoreConfig};
 pub use error::{ConflictKind, Error, StorageError, StorageErrorKind};
 pub use key::{KeyId, KeySecret};
 pub use meter::MeterSnapshot;
@@ -236,8 +236,8 @@ pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch};
 pub use model::health::{HealthSnapshot, StateCounts};
 pub use model::session::Session;
 pub use model::task::{
-    Brief, EnqueueOptions, Enqueued, ListOrder, Output, StoredReceipt, TaskCursor, TaskListing,
-    TaskPage, TaskQuery, TaskRef, TaskView,
+    Brief, EnqueueOptions, Enqueued, ListOrder, Output, StoredReceipt, SubmitRequest, TaskCursor,
+    TaskListing, TaskPage, TaskQuery, TaskRef, TaskView,
 };
 pub use model::wait::WaitOutcome;
 pub use ops::claim_async::PermitFuture;
@@ -258,7 +258,9 @@ pub mod limits {
     pub use crate::model::claim::MAX_CLAIM_BATCH;
     pub use crate::model::health::HEALTH_SNAPSHOT_TTL;
     pub use crate::model::session::ANONYMOUS_ACCOUNT;
-    pub use crate::model::task::{MAX_ENQUEUE_BATCH, MAX_TASKS_LISTED, PRACTICE_QUEUE};
+    pub use crate::model::task::{
+        MAX_ENQUEUE_BATCH, MAX_SUBMIT_BATCH, MAX_TASKS_LISTED, PRACTICE_QUEUE,
+    };
     pub use crate::model::wait::MAX_LONG_POLL;
     pub use tessera_lease::{
         DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,

@@ -114,6 +114,15 @@ pub(crate) fn claim_finished(
     }
 }
 
+/// The completer committed a batch of `size` acknowledgements.
+#[allow(unused_variables)]
+pub(crate) fn acks_committed(size: usize) {
+    #[cfg(feature = "tracing")]
+    tracing::trace!(size, "acknowledgements committed");
+    #[cfg(feature = "metrics")]
+    metric!(register_histogram, "tessera_ack_batch_size").record(size as f64);
+}
+
 /// A claim waits its turn in admission.
 #[allow(unused_variables)]
 pub(crate) fn claim_queued(scope: &ActionScope, queue: &str) {

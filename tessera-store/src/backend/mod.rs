@@ -233,6 +233,33 @@ pub(crate) struct NewTask<'a> {
     pub(crate) enqueued_by: &'a str,
 }
 
+/// A receipt to look up: the one `principal` stored under `key` for a
+/// task.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReceiptKey<'a> {
+    pub(crate) task: &'a TaskRef,
+    pub(crate) handle: TaskHandle,
+    pub(crate) principal: &'a Principal,
+    pub(crate) key: &'a IdempotencyKey,
+}
+
+/// What lease rules made of one task: its record as loaded and as it is
+/// now.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TaskChange<'a> {
+    pub(crate) handle: TaskHandle,
+    pub(crate) before: &'a TaskRecord,
+    pub(crate) after: &'a TaskRecord,
+}
+
+/// An accepted receipt to store, with the output bytes if kept.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewReceipt<'a> {
+    pub(crate) handle: TaskHandle,
+    pub(crate) receipt: &'a Receipt,
+    pub(crate) output: Option<&'a [u8]>,
+}
+
 /// Whether a namespace belongs to a keyed principal or a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NamespaceKind {
@@ -486,6 +513,15 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     /// Inserts a task and its attempts; `false` if the reference exists.
     fn insert_task(&self, task: &NewTask<'_>) -> Result<bool>;
 
+    /// Inserts many tasks and their attempts; one entry per task, in
+    /// order, `false` where its reference exists (before, or earlier in
+    /// the same call). A backend that can should insert them set-based
+    /// (the default inserts them one by one, as
+    /// [`insert_task`](Self::insert_task)).
+    fn insert_tasks(&self, tasks: &[NewTask<'_>]) -> Result<Vec<bool>> {
+        tasks.iter().map(|task| self.insert_task(task)).collect()
+    }
+
     /// Writes what a lease rule changed between `before` and `after`.
     fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()>;
 
@@ -509,6 +545,47 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         receipt: &Receipt,
         output: Option<&[u8]>,
     ) -> Result<()>;
+
+    /// Many tasks at once, without their briefs, each locked for the
+    /// rest of the transaction where the backend locks rows; `None` for
+    /// a reference with no task. One entry per reference, in order. The
+    /// caller passes them sorted, so two transactions locking several
+    /// tasks take them in one order and never wait on each other in a
+    /// circle. A backend that can should read them in one statement (the
+    /// default loads them one by one).
+    fn lock_tasks(&self, tasks: &[&TaskRef]) -> Result<Vec<Option<LoadedTask>>> {
+        tasks.iter().map(|task| self.task(task, false)).collect()
+    }
+
+    /// The receipts stored under many keys at once, one entry per key, in
+    /// order (the default reads them one by one).
+    fn receipts_by_key(&self, keys: &[ReceiptKey<'_>]) -> Result<Vec<Option<StoredReceipt>>> {
+        keys.iter()
+            .map(|key| self.receipt(key.task, key.handle, key.principal, key.key))
+            .collect()
+    }
+
+    /// Writes what a batch of acknowledgements decided: what lease rules
+    /// changed in many tasks (each at most once), the receipts they
+    /// accepted and their audit rows, in order. A backend that can should
+    /// write them set-based, in as few statements as it can (the default
+    /// writes them one by one, as [`save_task`](Self::save_task),
+    /// [`insert_receipt`](Self::insert_receipt) and
+    /// [`insert_event`](Self::insert_event) do).
+    fn write_acknowledged(
+        &self,
+        changes: &[TaskChange<'_>],
+        receipts: &[NewReceipt<'_>],
+        events: &[AuditEvent],
+    ) -> Result<()> {
+        for change in changes {
+            self.save_task(change.handle, change.before, change.after)?;
+        }
+        for new in receipts {
+            self.insert_receipt(new.handle, new.receipt, new.output)?;
+        }
+        events.iter().try_for_each(|event| self.insert_event(event))
+    }
 
     /// Sets a store-wide setting unless one is set.
     fn insert_meta(&self, key: &str, value: &str) -> Result<()>;

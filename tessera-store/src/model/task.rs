@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use tessera_audit::Resource;
 use tessera_lease::{
-    AttemptNumber, BriefVersion, Digest, FencingToken, Namespace, QueueName, Receipt, StateName,
-    TaskId, TaskRecord, TaskSpec, TaskState, check_brief_size,
+    AttemptNumber, BriefVersion, Digest, FencingToken, IdempotencyKey, Namespace, QueueName,
+    Receipt, StateName, TaskId, TaskRecord, TaskSpec, TaskState, check_brief_size,
 };
 
 use crate::error::{Error, corrupt};
@@ -213,6 +213,24 @@ impl Output {
         self.digest
     }
 }
+
+/// One submission of a [`submit_batch`](crate::Store::submit_batch): the
+/// same inputs as [`submit`](crate::Store::submit) takes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    /// The task the lease is on.
+    pub task: TaskRef,
+    /// The lease's fencing token.
+    pub token: FencingToken,
+    /// The idempotency key, scoped to the caller's principal and the task.
+    pub key: IdempotencyKey,
+    /// The output.
+    pub output: Output,
+}
+
+/// The most submissions one
+/// [`submit_batch`](crate::Store::submit_batch) carries.
+pub const MAX_SUBMIT_BATCH: usize = 1_000;
 
 /// A receipt as stored, with the output bytes if they were kept.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

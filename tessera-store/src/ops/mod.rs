@@ -2,6 +2,7 @@
 //! the backend seam.
 
 mod access;
+pub(crate) mod ack;
 mod audit;
 mod claim;
 pub(crate) mod claim_async;

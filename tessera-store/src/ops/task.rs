@@ -3,11 +3,11 @@
 //! `tessera-lease`'s rules inside one transaction.
 
 use chrono::{DateTime, Utc};
-use tessera_audit::{Action, Outcome, Resource};
+use tessera_audit::{Action, Resource};
 use tessera_lease::{
-    AttemptNumber, BriefVersion, Failure, FencingToken, Idempotency, IdempotencyKey, Lease,
-    LeaseError, MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Retry, Submission, Submitted,
-    Task, TaskId, TaskRecord, TaskSpec, TaskState, check_output_size, decide_idempotency,
+    AttemptNumber, BriefVersion, Failure, FencingToken, IdempotencyKey, Lease, LeaseError,
+    MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Submitted, Task, TaskId, TaskRecord, TaskSpec,
+    TaskState,
 };
 
 use crate::backend::{
@@ -15,11 +15,11 @@ use crate::backend::{
 };
 use crate::error::{ConflictKind, Error};
 use crate::model::access::{Caller, PrincipalKind, Scope};
-use crate::model::audit::Trail;
 use crate::model::task::{
     Brief, EnqueueOptions, Enqueued, MAX_ENQUEUE_BATCH, MAX_TASKS_LISTED, Output, PRACTICE_QUEUE,
-    StoredReceipt, TaskPage, TaskQuery, TaskRef, TaskView, not_found, whole_millis,
+    StoredReceipt, SubmitRequest, TaskPage, TaskQuery, TaskRef, TaskView, not_found,
 };
+use crate::ops::ack::{Acked, Checked};
 use crate::store::Store;
 
 /// A task loaded by reference, with its brief if asked; `404` if none.
@@ -175,14 +175,18 @@ impl Store {
         let principal = caller.principal().to_string();
         let enqueued = self.perform(&scope, now, |writer| {
             self.open_namespace(writer, caller, namespace, now)?;
-            let mut enqueued = Vec::with_capacity(prepared.len());
-            for task in &prepared {
-                let created = task.insert(writer, queue, now, &principal)?;
-                enqueued.push(Enqueued {
+            let new: Vec<NewTask<'_>> = prepared
+                .iter()
+                .map(|task| task.new_task(queue, now, &principal))
+                .collect();
+            let enqueued: Vec<Enqueued> = prepared
+                .iter()
+                .zip(writer.insert_tasks(&new)?)
+                .map(|(task, created)| Enqueued {
                     task: task.task.clone(),
                     created,
-                });
-            }
+                })
+                .collect();
             let created = enqueued.iter().filter(|e| e.created).count();
             if created > 0 {
                 writer.signal_enqueued(namespace, queue)?;
@@ -275,6 +279,13 @@ impl Store {
     /// different digest is `409 conflict`. A fresh submission needs the live
     /// lease (`409` for a stale, foreign or expired token) and writes the
     /// receipt, the attempt's state and the audit row in one transaction.
+    ///
+    /// The submission goes through the store's completer: submissions and
+    /// failure reports that threads of this store make at about the same
+    /// time share one transaction ([`AckBatching`](crate::AckBatching)),
+    /// each with its own checks, receipt and audit row, and each answered
+    /// only after that transaction committed. The replay check is inside
+    /// it; while writes are refused, a replay is answered from a read.
     pub fn submit(
         &self,
         caller: &Caller,
@@ -283,72 +294,38 @@ impl Store {
         key: &IdempotencyKey,
         output: &Output,
     ) -> Result<Submitted, Error> {
-        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Submit)?;
-        if let Some(bytes) = &output.bytes {
-            check_output_size(bytes.len())
-                .map_err(Error::from)
-                .inspect_err(|error| self.count(&scope, error.outcome()))?;
-        }
-        let submission = Submission {
-            principal: caller.lease_principal(),
+        let request = SubmitRequest {
+            task: task.clone(),
             token,
             key: key.clone(),
-            digest: output.digest,
+            output: output.clone(),
         };
-        let principal = &submission.principal;
-        // A replay is decided on a read connection, so it writes nothing.
-        let stored = self
-            .read(|reader| {
-                let handle = find(reader, task)?;
-                Ok(reader.receipt(task, handle, principal, key)?)
-            })
-            .inspect_err(|error| self.count(&scope, error.outcome()))?;
-        if let Some(stored) = stored {
-            return match decide_idempotency(Some(&stored.receipt), &submission) {
-                Idempotency::Replay(receipt) => {
-                    self.count(&scope, Outcome::Ok);
-                    Ok(Submitted::Replayed(receipt))
-                }
-                _ => {
-                    let error = Error::from(LeaseError::IdempotencyConflict);
-                    self.count(&scope, error.outcome());
-                    Err(error)
-                }
-            };
+        let ack = match self.submission(caller, &request)? {
+            Checked::Ack(ack) => ack,
+            Checked::Answered(submitted) => return Ok(submitted),
+        };
+        match self.acknowledge(vec![ack]).pop() {
+            Some(answer) => match answer?? {
+                Acked::Submitted(submitted) => Ok(submitted),
+                Acked::Failed(_) => unreachable!("a submission is answered as one"),
+            },
+            None => unreachable!("one answer per acknowledgement"),
         }
-        let now = self.now_utc();
-        let submitted = self.perform_or_count(&scope, now, |writer| {
-            let (handle, mut rules) = load(writer.reads(), task)?;
-            // Looked up again under the write lock: a concurrent retry may
-            // have stored it since.
-            let stored = writer.receipt(task, handle, principal, key)?;
-            let submitted = apply(writer, handle, &mut rules, |rules| {
-                rules.submit(&submission, stored.as_ref().map(|s| &s.receipt), now)
-            })?;
-            let receipt = match &submitted {
-                Submitted::Replayed(_) => return Ok((submitted, Trail::Count(Outcome::Ok))),
-                Submitted::Accepted(receipt) => receipt,
-            };
-            writer.insert_receipt(handle, receipt, output.bytes.as_deref())?;
-            let resource = task.grant_resource(receipt.attempt, receipt.token);
-            Ok((submitted, Trail::Row(resource)))
-        })?;
-        if matches!(submitted, Submitted::Accepted(_)) {
-            self.namespace_changed(&task.namespace);
-        }
-        Ok(submitted)
     }
 
-    /// Ends the lease `token` on `task` with a failure report (a [`Retry`]
+    /// Ends the lease `token` on `task` with a failure report (a [`Retry`](tessera_lease::Retry)
     /// alone, or a [`Failure`] with an error text):
-    /// [`Retry::Never`] fails its attempt for good; [`Retry::After`] makes
+    /// [`Retry::Never`](tessera_lease::Retry::Never) fails its attempt for good;
+    /// [`Retry::After`](tessera_lease::Retry::After) makes
     /// it claimable again after the backoff (counted in whole
-    /// milliseconds, as times are stored), and [`Retry::Backoff`] after the
+    /// milliseconds, as times are stored), and
+    /// [`Retry::Backoff`](tessera_lease::Retry::Backoff) after the
     /// default exponential backoff with jitter
     /// ([`retry_backoff`](tessera_lease::retry_backoff)). A retry asked for
     /// on the attempt's last try discards it instead
     /// ([`TaskState::Discarded`]). Returns the attempt's new state. Same
-    /// permissions and token rules as [`heartbeat`](Self::heartbeat).
+    /// permissions and token rules as [`heartbeat`](Self::heartbeat);
+    /// committed through the completer, as [`submit`](Self::submit) is.
     pub fn fail(
         &self,
         caller: &Caller,
@@ -356,29 +333,14 @@ impl Store {
         token: FencingToken,
         failure: impl Into<Failure>,
     ) -> Result<TaskState, Error> {
-        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Fail)?;
-        let now = self.now_utc();
-        let holder = caller.lease_principal();
-        let mut failure = failure.into();
-        if let Retry::After(backoff) = failure.retry {
-            failure.retry = Retry::After(whole_millis(backoff));
+        let ack = self.failure_report(caller, task, token, failure.into())?;
+        match self.acknowledge(vec![ack]).pop() {
+            Some(answer) => match answer?? {
+                Acked::Failed(state) => Ok(state),
+                Acked::Submitted(_) => unreachable!("a failure report is answered as one"),
+            },
+            None => unreachable!("one answer per acknowledgement"),
         }
-        let state = self.perform(&scope, now, |writer| {
-            let (handle, mut rules) = load(writer.reads(), task)?;
-            let state = apply(writer, handle, &mut rules, |rules| {
-                // Whole milliseconds from a whole-millisecond now.
-                rules.fail(
-                    &holder,
-                    token,
-                    now,
-                    failure.clone(),
-                    &mut self.jitter.lock(),
-                )
-            })?;
-            Ok((state, task.resource(&format!("/t{token}"))))
-        })?;
-        self.namespace_changed(&task.namespace);
-        Ok(state)
     }
 
     /// An operator's retry: every failed, discarded or cancelled attempt of
@@ -605,6 +567,24 @@ fn prepare<'a>(
 }
 
 impl Prepared<'_> {
+    /// The insert of it into `queue`.
+    fn new_task<'a>(
+        &'a self,
+        queue: &'a QueueName,
+        now: DateTime<Utc>,
+        enqueued_by: &'a str,
+    ) -> NewTask<'a> {
+        NewTask {
+            task: &self.task,
+            queue,
+            brief: &self.bytes,
+            brief_format: self.format,
+            record: &self.record,
+            created_at: now,
+            enqueued_by,
+        }
+    }
+
     /// Inserts it; `false` if its reference exists.
     fn insert(
         &self,

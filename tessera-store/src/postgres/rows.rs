@@ -24,18 +24,24 @@ pub(super) fn task_row(row: &Row) -> Result<TaskRow> {
 }
 
 pub(super) fn attempt_row(row: &Row) -> Result<AttemptRow> {
+    attempt_row_at(row, 0)
+}
+
+/// An attempt whose columns start at column `first`, in
+/// [`attempt_row`]'s order.
+pub(super) fn attempt_row_at(row: &Row, first: usize) -> Result<AttemptRow> {
     Ok(AttemptRow {
-        number: row.try_get(0)?,
-        state: row.try_get(1)?,
-        until_at: row.try_get(2)?,
-        tries: row.try_get(3)?,
-        holder: row.try_get(4)?,
-        token: row.try_get(5)?,
-        granted_at: row.try_get(6)?,
-        expires_at: row.try_get(7)?,
-        lapses_at: row.try_get(8)?,
-        discarded: row.try_get(9)?,
-        last_error: row.try_get(10)?,
+        number: row.try_get(first)?,
+        state: row.try_get(first + 1)?,
+        until_at: row.try_get(first + 2)?,
+        tries: row.try_get(first + 3)?,
+        holder: row.try_get(first + 4)?,
+        token: row.try_get(first + 5)?,
+        granted_at: row.try_get(first + 6)?,
+        expires_at: row.try_get(first + 7)?,
+        lapses_at: row.try_get(first + 8)?,
+        discarded: row.try_get(first + 9)?,
+        last_error: row.try_get(first + 10)?,
     })
 }
 

@@ -23,8 +23,8 @@ use crate::backend::rows::{
     to_json,
 };
 use crate::backend::{
-    KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewTask, Purge, ReadTransaction,
-    Result, StoredKey, TaskHandle, WriteTransaction,
+    KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewReceipt, NewTask, Purge,
+    ReadTransaction, ReceiptKey, Result, StoredKey, TaskChange, TaskHandle, WriteTransaction,
 };
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
@@ -94,7 +94,7 @@ impl<'a> PgTransaction<'a> {
         Ok(())
     }
 
-    fn statement(&self, sql: &'static str) -> Result<Statement> {
+    pub(super) fn statement(&self, sql: &'static str) -> Result<Statement> {
         if let Some(statement) = self.prepared.borrow().get(sql) {
             return Ok(statement.clone());
         }
@@ -103,7 +103,7 @@ impl<'a> PgTransaction<'a> {
         Ok(statement)
     }
 
-    fn query(&self, sql: &'static str, params: Params<'_>) -> Result<Vec<Row>> {
+    pub(super) fn query(&self, sql: &'static str, params: Params<'_>) -> Result<Vec<Row>> {
         let statement = self.statement(sql)?;
         Ok(self.transaction.borrow_mut().query(&statement, params)?)
     }
@@ -116,11 +116,17 @@ impl<'a> PgTransaction<'a> {
             .query_opt(&statement, params)?)
     }
 
-    fn execute(&self, sql: &'static str, params: Params<'_>) -> Result<u64> {
+    pub(super) fn execute(&self, sql: &'static str, params: Params<'_>) -> Result<u64> {
         let statement = self.statement(sql)?;
         let changed = self.transaction.borrow_mut().execute(&statement, params)?;
         self.rows.set(self.rows.get().saturating_add(changed));
         Ok(changed)
+    }
+
+    /// Counts `rows` more table rows changed, by a statement that returns
+    /// rows rather than a count.
+    pub(super) fn add_rows(&self, rows: u64) {
+        self.rows.set(self.rows.get().saturating_add(rows));
     }
 
     fn batch(&self, sql: &str) -> Result<()> {
@@ -584,6 +590,27 @@ impl WriteTransaction for PgTransaction<'_> {
         Ok(true)
     }
 
+    fn lock_tasks(&self, tasks: &[&TaskRef]) -> Result<Vec<Option<LoadedTask>>> {
+        self.lock_tasks_at_once(tasks)
+    }
+
+    fn receipts_by_key(&self, keys: &[ReceiptKey<'_>]) -> Result<Vec<Option<StoredReceipt>>> {
+        self.receipts_at_once(keys)
+    }
+
+    fn write_acknowledged(
+        &self,
+        changes: &[TaskChange<'_>],
+        receipts: &[NewReceipt<'_>],
+        events: &[AuditEvent],
+    ) -> Result<()> {
+        self.write_acknowledged_at_once(changes, receipts, events)
+    }
+
+    fn insert_tasks(&self, tasks: &[NewTask<'_>]) -> Result<Vec<bool>> {
+        self.insert_tasks_at_once(tasks)
+    }
+
     fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()> {
         self.write_task(handle, TaskWrites::between(before, after))
     }
@@ -675,7 +702,7 @@ impl WriteTransaction for PgTransaction<'_> {
 }
 
 impl PgTransaction<'_> {
-    fn write_task(&self, handle: TaskHandle, writes: TaskWrites) -> Result<()> {
+    pub(super) fn write_task(&self, handle: TaskHandle, writes: TaskWrites) -> Result<()> {
         let id = handle.0;
         for write in &writes.attempts {
             match write {

@@ -133,7 +133,11 @@ impl Store {
 
     /// The principal whose `last_used_at` an audited action of `scope` at
     /// `now` carries, if it is due (see [`Store::authenticate`]).
-    fn due_observation(&self, scope: &ActionScope, now: DateTime<Utc>) -> Option<PrincipalId> {
+    pub(crate) fn due_observation(
+        &self,
+        scope: &ActionScope,
+        now: DateTime<Utc>,
+    ) -> Option<PrincipalId> {
         let principal = scope.principal?;
         self.observations
             .lock()
@@ -142,7 +146,7 @@ impl Store {
     }
 
     /// Records a carried `last_used_at` once its transaction committed.
-    fn observed(&self, due: Option<PrincipalId>, committed: bool, now: DateTime<Utc>) {
+    pub(crate) fn observed(&self, due: Option<PrincipalId>, committed: bool, now: DateTime<Utc>) {
         if let (Some(principal), true) = (due, committed) {
             self.observations.lock().written(&principal, now);
         }

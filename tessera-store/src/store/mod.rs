@@ -38,10 +38,12 @@ use crate::config::StoreConfig;
 use crate::error::Error;
 use crate::meter::MeterSnapshot;
 use crate::model::access::{Identity, PrincipalId};
+use crate::ops::ack::{Ack, AckAnswer};
 #[cfg(feature = "postgres")]
 use crate::postgres as pg;
 #[cfg(feature = "sqlite")]
 use crate::sqlite::{SqliteBackend, SqliteOptions};
+use crate::state::completer::Completer;
 use crate::state::gate::Gate;
 use crate::state::health::HealthCache;
 use crate::state::signals::QueueSignals;
@@ -85,6 +87,8 @@ pub struct Store {
     pub(crate) hasher: OnceLock<AddressHasher>,
     /// The jitter of the default retry backoff.
     pub(crate) jitter: Mutex<Jitter>,
+    /// Coalesces submissions and failure reports into shared commits.
+    pub(crate) completer: Completer<Ack, AckAnswer>,
 }
 
 impl fmt::Debug for Store {
@@ -184,6 +188,7 @@ impl Store {
         });
         let backend = open()?;
         backend.listen(Self::signal_sink(&gate, &health, &signals));
+        let completer = Completer::new(config.ack_batching());
         Ok(Self {
             config,
             backend,
@@ -196,6 +201,7 @@ impl Store {
             mint: Mutex::new(mint),
             hasher: OnceLock::new(),
             jitter: Mutex::new(Jitter::seeded(seed)),
+            completer,
         })
     }
 

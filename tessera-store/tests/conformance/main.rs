@@ -66,6 +66,7 @@ macro_rules! backend_tests {
 }
 
 mod access;
+mod acks;
 mod attempts;
 mod audit;
 mod claim_order;

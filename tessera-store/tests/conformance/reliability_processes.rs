@@ -41,6 +41,7 @@ fn processes_share_one_database(
                 at: noon(),
                 threads,
                 retries: true,
+                batch: 0,
             })
         })
         .collect();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tessera_store::{
     Caller, ClaimOutcome, FencingToken, IdempotencyKey, ManualClock, Namespace, Output, QueueName,
-    Retry, Store, StoreConfig, Submitted,
+    Retry, Store, StoreConfig, SubmitRequest, Submitted,
 };
 
 use crate::harness::{BackendKind, TestDb, namespace, queue, task_number};
@@ -58,6 +58,7 @@ const ENV_KEY: &str = "TESSERA_RELIABILITY_KEY";
 const ENV_AT: &str = "TESSERA_RELIABILITY_AT";
 const ENV_THREADS: &str = "TESSERA_RELIABILITY_THREADS";
 const ENV_RETRIES: &str = "TESSERA_RELIABILITY_RETRIES";
+const ENV_BATCH: &str = "TESSERA_RELIABILITY_BATCH";
 const MARK: &str = "@tessera ";
 
 /// The namespace and queue every child works.
@@ -81,6 +82,9 @@ pub(crate) struct ChildOrders<'db> {
     /// Whether some grants are failed with a zero retry backoff, so their
     /// task is granted again (see [`grants_for`]).
     pub(crate) retries: bool,
+    /// Claims this many at once and submits them in one
+    /// [`submit_batch`](Store::submit_batch); 0 works one lease at a time.
+    pub(crate) batch: usize,
 }
 
 /// How many grants a task gets when children fail some on purpose: task
@@ -106,6 +110,7 @@ pub(crate) fn spawn_child(orders: &ChildOrders<'_>) -> Child {
         .env(ENV_AT, orders.at.to_rfc3339())
         .env(ENV_THREADS, orders.threads.to_string())
         .env(ENV_RETRIES, if orders.retries { "1" } else { "0" })
+        .env(ENV_BATCH, orders.batch.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -198,6 +203,7 @@ pub(crate) fn child_main() {
     let at: DateTime<Utc> = env(ENV_AT).parse().unwrap();
     let threads: usize = env(ENV_THREADS).parse().unwrap();
     let retries = env(ENV_RETRIES) == "1";
+    let batch: usize = env(ENV_BATCH).parse().unwrap();
     let clock = ManualClock::new(at);
     // Other processes write in turn; waiting for them is the normal case
     // here, not a fault.
@@ -206,7 +212,10 @@ pub(crate) fn child_main() {
     let (ns, q) = (work_namespace(), work_queue());
     std::thread::scope(|scope| {
         for _ in 0..threads {
-            scope.spawn(|| work(&store, &caller, &ns, &q, retries));
+            scope.spawn(|| match batch {
+                0 => work(&store, &caller, &ns, &q, retries),
+                size => work_batches(&store, &caller, &ns, &q, size),
+            });
         }
     });
 }
@@ -241,5 +250,39 @@ fn work(store: &Store, caller: &Caller, ns: &Namespace, q: &QueueName, retries: 
             panic!("a fresh key is accepted: {submitted:?}");
         };
         println!("{MARK}ack {task} {token} {}", receipt.digest);
+    }
+}
+
+/// Claims `size` at a time until the queue is empty, and submits each
+/// batch's outputs in one [`submit_batch`](Store::submit_batch); an
+/// acknowledgement is printed only once the batch's answers are back.
+fn work_batches(store: &Store, caller: &Caller, ns: &Namespace, q: &QueueName, size: usize) {
+    loop {
+        let claimed = store.claim_batch(caller, ns, q, size).unwrap().claimed;
+        if claimed.is_empty() {
+            return;
+        }
+        let mut requests = Vec::with_capacity(claimed.len());
+        for lease in &claimed {
+            let task = lease.task.id.as_str();
+            let token = lease.lease.token();
+            println!("{MARK}grant {task} {token}");
+            requests.push(SubmitRequest {
+                task: lease.task.clone(),
+                token,
+                key: IdempotencyKey::parse(&format!("k{token}")).unwrap(),
+                output: output_for(task, token),
+            });
+        }
+        let answers = store.submit_batch(caller, &requests).unwrap();
+        for (request, answer) in requests.iter().zip(answers) {
+            let Submitted::Accepted(receipt) = answer.unwrap() else {
+                panic!("a fresh key is accepted");
+            };
+            println!(
+                "{MARK}ack {} {} {}",
+                request.task.id, request.token, receipt.digest
+            );
+        }
     }
 }

@@ -7,6 +7,7 @@
 
 #[path = "../harness/mod.rs"]
 mod harness;
+mod transactions;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

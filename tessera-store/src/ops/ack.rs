@@ -1,0 +1,446 @@
+//! Acknowledgements: submits and failure reports, coalesced by the
+//! store's completer into one transaction per batch.
+//!
+//! A batch is one write transaction of a fixed number of statements,
+//! whatever its size: its tasks locked and loaded at once (in reference
+//! order, so batches never deadlock one another), the receipts its keys
+//! name read at once, then `tessera-lease`'s rules applied to each
+//! acknowledgement in memory, in arrival order (two on one task see each
+//! other's effect), and what they changed written set-based: task and
+//! attempt rows, receipts and one audit row per accepted action. A rule
+//! that refuses one acknowledgement (a stale token, a conflict) answers
+//! that caller alone; nothing was written for it. A commit that fails
+//! answers every caller of the batch with its error, and none is
+//! acknowledged.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use tessera_audit::{Action, Outcome};
+use tessera_lease::{
+    Failure, FencingToken, Idempotency, IdempotencyKey, LeaseError, Principal, Receipt, Retry,
+    Submission, Submitted, Task, TaskRecord, TaskState, check_output_size, decide_idempotency,
+};
+
+use crate::backend::{NewReceipt, ReceiptKey, TaskChange, TaskHandle, WriteTransaction};
+use crate::error::{Error, StorageError, StorageErrorKind};
+use crate::model::access::{Caller, PrincipalId, Scope};
+use crate::model::audit::ActionScope;
+use crate::model::task::{MAX_SUBMIT_BATCH, SubmitRequest, TaskRef, not_found, whole_millis};
+use crate::store::Store;
+
+/// One acknowledgement waiting for its commit.
+#[derive(Debug)]
+pub(crate) struct Ack {
+    scope: ActionScope,
+    task: TaskRef,
+    kind: AckKind,
+}
+
+#[derive(Debug)]
+enum AckKind {
+    Submit {
+        submission: Submission,
+        output: Option<Vec<u8>>,
+    },
+    Fail {
+        holder: Principal,
+        token: FencingToken,
+        failure: Failure,
+    },
+}
+
+/// What an acknowledgement came to.
+#[derive(Debug, Clone)]
+pub(crate) enum Acked {
+    Submitted(Submitted),
+    Failed(TaskState),
+}
+
+/// An acknowledgement's answer: what the rules said of it, inside `Ok`,
+/// once its batch committed; the commit's error when the batch did not.
+pub(crate) type AckAnswer = Result<Result<Acked, Error>, Error>;
+
+/// One task of a batch, as loaded and as the rules leave it.
+struct Held {
+    handle: TaskHandle,
+    before: TaskRecord,
+    rules: Task,
+}
+
+/// What a batch's transaction decided, before its commit.
+struct Decided {
+    answers: Vec<Result<Acked, Error>>,
+    /// Which acknowledgements wrote an audit row.
+    audited: Vec<bool>,
+}
+
+impl Store {
+    /// Submits many outputs of `caller`'s leases at once, each as
+    /// [`submit`](Self::submit) would, and returns each one's answer in
+    /// order: its receipt ([`Submitted::Accepted`]), its replay, or its
+    /// own error (`409` for a stale token or an idempotency conflict,
+    /// `404`, `403` for a namespace the key has no grant for).
+    ///
+    /// The submissions go through the store's completer with those of
+    /// other threads: one transaction, set-based statements, one receipt
+    /// and one audit row per accepted submission, and each answer only
+    /// after the commit that holds it. The outer `Err` is for the batch
+    /// as a whole, which then acknowledged nothing: empty or above
+    /// [`MAX_SUBMIT_BATCH`](crate::limits::MAX_SUBMIT_BATCH) (`400`), or
+    /// a commit that failed (a storage error, `503` for a quota).
+    pub fn submit_batch(
+        &self,
+        caller: &Caller,
+        submissions: &[SubmitRequest],
+    ) -> Result<Vec<Result<Submitted, Error>>, Error> {
+        if submissions.is_empty() || submissions.len() > MAX_SUBMIT_BATCH {
+            let error = Error::InvalidInput {
+                reason: format!(
+                    "a batch holds 1 to {MAX_SUBMIT_BATCH} submissions, not {}",
+                    submissions.len()
+                ),
+            };
+            let scope = ActionScope::of(caller, None, Action::Submit);
+            self.count(&scope, error.outcome());
+            return Err(error);
+        }
+        let mut answers: Vec<Option<Result<Submitted, Error>>> = Vec::new();
+        let mut acks = Vec::new();
+        let mut places = Vec::new();
+        for (index, request) in submissions.iter().enumerate() {
+            match self.submission(caller, request) {
+                Ok(Checked::Ack(ack)) => {
+                    answers.push(None);
+                    acks.push(ack);
+                    places.push(index);
+                }
+                Ok(Checked::Answered(submitted)) => answers.push(Some(Ok(submitted))),
+                Err(error) => answers.push(Some(Err(error))),
+            }
+        }
+        let results = self
+            .acknowledge(acks)
+            .into_iter()
+            .collect::<Result<Vec<_>, Error>>()?;
+        for (place, result) in places.into_iter().zip(results) {
+            answers[place] = Some(result.map(|acked| match acked {
+                Acked::Submitted(submitted) => submitted,
+                Acked::Failed(_) => unreachable!("a submission is answered as one"),
+            }));
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| answer.expect("every submission is answered"))
+            .collect())
+    }
+
+    /// A submission checked on the caller's thread: its permissions and
+    /// size, and while writes are refused, its replay (read, not written).
+    pub(crate) fn submission(
+        &self,
+        caller: &Caller,
+        request: &SubmitRequest,
+    ) -> Result<Checked, Error> {
+        let task = &request.task;
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Submit)?;
+        if let Some(bytes) = &request.output.bytes {
+            check_output_size(bytes.len())
+                .map_err(Error::from)
+                .inspect_err(|error| self.count(&scope, error.outcome()))?;
+        }
+        let submission = Submission {
+            principal: caller.lease_principal(),
+            token: request.token,
+            key: request.key.clone(),
+            digest: request.output.digest,
+        };
+        if self.is_refusing_writes() {
+            // Reads keep working while writes are refused: a replay is
+            // answered from a read connection.
+            let stored = self
+                .read(|reader| {
+                    let handle = reader.find_task(task)?.ok_or_else(|| not_found(task))?;
+                    Ok(reader.receipt(task, handle, &submission.principal, &request.key)?)
+                })
+                .inspect_err(|error| self.count(&scope, error.outcome()))?;
+            if let Some(stored) = stored {
+                return match decide_idempotency(Some(&stored.receipt), &submission) {
+                    Idempotency::Replay(receipt) => {
+                        self.count(&scope, Outcome::Ok);
+                        Ok(Checked::Answered(Submitted::Replayed(receipt)))
+                    }
+                    _ => {
+                        let error = Error::from(LeaseError::IdempotencyConflict);
+                        self.count(&scope, error.outcome());
+                        Err(error)
+                    }
+                };
+            }
+        }
+        Ok(Checked::Ack(Ack {
+            scope,
+            task: task.clone(),
+            kind: AckKind::Submit {
+                submission,
+                output: request.output.bytes.clone(),
+            },
+        }))
+    }
+
+    /// A failure report checked on the caller's thread.
+    pub(crate) fn failure_report(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        token: FencingToken,
+        failure: Failure,
+    ) -> Result<Ack, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Fail)?;
+        let mut failure = failure;
+        if let Retry::After(backoff) = failure.retry {
+            // Whole milliseconds from a whole-millisecond now.
+            failure.retry = Retry::After(whole_millis(backoff));
+        }
+        Ok(Ack {
+            scope,
+            task: task.clone(),
+            kind: AckKind::Fail {
+                holder: caller.lease_principal(),
+                token,
+                failure,
+            },
+        })
+    }
+
+    /// Hands `acks` to the completer and waits for their answers, in
+    /// order.
+    pub(crate) fn acknowledge(&self, acks: Vec<Ack>) -> Vec<AckAnswer> {
+        if acks.is_empty() {
+            return Vec::new();
+        }
+        self.completer
+            .complete(acks, &|batch| self.commit_acks(batch), &|| {
+                Err(Error::Storage(StorageError::new(
+                    StorageErrorKind::Other,
+                    None,
+                    "the acknowledgement's commit was interrupted; its outcome is unknown",
+                )))
+            })
+    }
+
+    /// One batch: its transaction, then each caller's counting and the
+    /// store's upkeep.
+    fn commit_acks(&self, batch: Vec<Ack>) -> Vec<AckAnswer> {
+        let now = self.now_utc();
+        // Principals whose `last_used_at` is due, if their action writes.
+        let mut due: Vec<PrincipalId> = Vec::new();
+        for ack in &batch {
+            if let Some(principal) = self.due_observation(&ack.scope, now) {
+                if !due.contains(&principal) {
+                    due.push(principal);
+                }
+            }
+        }
+        let mut carried_for = Vec::new();
+        let result = self.write_with_tail(|writer| {
+            let decided = self.decide(writer, &batch, now)?;
+            carried_for =
+                due.iter()
+                    .copied()
+                    .filter(|principal| {
+                        batch.iter().zip(&decided.audited).any(|(ack, audited)| {
+                            *audited && ack.scope.principal == Some(*principal)
+                        })
+                    })
+                    .collect();
+            if !carried_for.is_empty() {
+                writer.optional(&mut |writer| {
+                    carried_for
+                        .iter()
+                        .try_for_each(|principal| writer.touch_principal(*principal, now))
+                });
+            }
+            Ok(decided)
+        });
+        match result {
+            Ok((decided, carried)) => {
+                let mut changed: Vec<&tessera_lease::Namespace> = Vec::new();
+                for ((ack, answer), audited) in
+                    batch.iter().zip(&decided.answers).zip(&decided.audited)
+                {
+                    match answer {
+                        _ if *audited => {
+                            if !changed.contains(&&ack.task.namespace) {
+                                changed.push(&ack.task.namespace);
+                            }
+                        }
+                        Ok(_) => self.count(&ack.scope, Outcome::Ok),
+                        Err(error) => self.count(&ack.scope, error.outcome()),
+                    }
+                }
+                for principal in &carried_for {
+                    self.observed(Some(*principal), carried, now);
+                }
+                for namespace in &changed {
+                    self.namespace_changed(namespace);
+                }
+                if !changed.is_empty() {
+                    self.after_write();
+                }
+                crate::observe::acks_committed(batch.len());
+                decided.answers.into_iter().map(Ok).collect()
+            }
+            Err(error) => {
+                for ack in &batch {
+                    self.count(&ack.scope, error.outcome());
+                }
+                vec![Err(error); batch.len()]
+            }
+        }
+    }
+
+    /// The batch's reads, rules and writes inside its transaction.
+    fn decide(
+        &self,
+        writer: &dyn WriteTransaction,
+        batch: &[Ack],
+        now: DateTime<Utc>,
+    ) -> Result<Decided, Error> {
+        let mut refs: Vec<&TaskRef> = batch.iter().map(|ack| &ack.task).collect();
+        refs.sort_unstable();
+        refs.dedup();
+        let loaded = writer.lock_tasks(&refs)?;
+        let mut held: HashMap<&TaskRef, Result<Held, Error>> = HashMap::with_capacity(refs.len());
+        for (task, loaded) in refs.iter().zip(loaded) {
+            let entry = match loaded {
+                None => Err(not_found(task)),
+                Some(loaded) => Task::restore(loaded.record.clone())
+                    .map(|rules| Held {
+                        handle: loaded.handle,
+                        before: loaded.record,
+                        rules,
+                    })
+                    .map_err(Error::from),
+            };
+            held.insert(task, entry);
+        }
+        // Every receipt the batch's keys name, read at once.
+        let mut keys: Vec<ReceiptKey<'_>> = Vec::new();
+        for ack in batch {
+            if let (AckKind::Submit { submission, .. }, Some(Ok(task))) =
+                (&ack.kind, held.get(&ack.task))
+            {
+                let key = ReceiptKey {
+                    task: &ack.task,
+                    handle: task.handle,
+                    principal: &submission.principal,
+                    key: &submission.key,
+                };
+                if !keys.iter().any(|k| same_key(k, &key)) {
+                    keys.push(key);
+                }
+            }
+        }
+        let stored = writer.receipts_by_key(&keys)?;
+        let mut receipts: HashMap<(TaskHandle, &Principal, &IdempotencyKey), Receipt> = keys
+            .iter()
+            .zip(stored)
+            .filter_map(|(key, stored)| {
+                stored.map(|stored| ((key.handle, key.principal, key.key), stored.receipt))
+            })
+            .collect();
+
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut audited = Vec::with_capacity(batch.len());
+        let mut accepted: Vec<(TaskHandle, Receipt, Option<&[u8]>)> = Vec::new();
+        let mut events = Vec::new();
+        for ack in batch {
+            let task = match held.get_mut(&ack.task) {
+                Some(Ok(task)) => task,
+                Some(Err(error)) => {
+                    answers.push(Err(error.clone()));
+                    audited.push(false);
+                    continue;
+                }
+                None => unreachable!("every reference was looked up"),
+            };
+            let (answer, resource) = match &ack.kind {
+                AckKind::Submit { submission, output } => {
+                    let lookup = (task.handle, &submission.principal, &submission.key);
+                    match task.rules.submit(submission, receipts.get(&lookup), now) {
+                        Ok(Submitted::Accepted(receipt)) => {
+                            let resource = ack.task.grant_resource(receipt.attempt, receipt.token);
+                            receipts.insert(lookup, receipt.clone());
+                            accepted.push((task.handle, receipt.clone(), output.as_deref()));
+                            (
+                                Ok(Acked::Submitted(Submitted::Accepted(receipt))),
+                                Some(resource),
+                            )
+                        }
+                        Ok(replayed) => (Ok(Acked::Submitted(replayed)), None),
+                        Err(error) => (Err(Error::from(error)), None),
+                    }
+                }
+                AckKind::Fail {
+                    holder,
+                    token,
+                    failure,
+                } => {
+                    let failed = task.rules.fail(
+                        holder,
+                        *token,
+                        now,
+                        failure.clone(),
+                        &mut self.jitter.lock(),
+                    );
+                    match failed {
+                        Ok(state) => (
+                            Ok(Acked::Failed(state)),
+                            Some(ack.task.resource(&format!("/t{token}"))),
+                        ),
+                        Err(error) => (Err(Error::from(error)), None),
+                    }
+                }
+            };
+            audited.push(resource.is_some());
+            if let Some(resource) = resource {
+                events.push(ack.scope.event(now, resource));
+            }
+            answers.push(answer);
+        }
+
+        let changes: Vec<TaskChange<'_>> = held
+            .values()
+            .filter_map(|task| task.as_ref().ok())
+            .filter(|task| task.before != *task.rules.record())
+            .map(|task| TaskChange {
+                handle: task.handle,
+                before: &task.before,
+                after: task.rules.record(),
+            })
+            .collect();
+        let new_receipts: Vec<NewReceipt<'_>> = accepted
+            .iter()
+            .map(|(handle, receipt, output)| NewReceipt {
+                handle: *handle,
+                receipt,
+                output: *output,
+            })
+            .collect();
+        writer.write_acknowledged(&changes, &new_receipts, &events)?;
+        Ok(Decided { answers, audited })
+    }
+}
+
+/// What a submission checked on its caller's thread came to.
+pub(crate) enum Checked {
+    /// For the completer.
+    Ack(Ack),
+    /// Answered already (a replay read while writes are refused).
+    Answered(Submitted),
+}
+
+fn same_key(a: &ReceiptKey<'_>, b: &ReceiptKey<'_>) -> bool {
+    a.handle == b.handle && a.principal == b.principal && a.key == b.key
+}

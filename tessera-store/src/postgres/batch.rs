@@ -1,0 +1,367 @@
+//! Set-based statements on PostgreSQL: many tasks, receipts or audit rows
+//! in one statement each, their values passed as arrays and read back
+//! with `unnest`, so a batch of any size costs the same round trips.
+
+use std::collections::HashMap;
+
+use tessera_audit::AuditEvent;
+
+use super::rows::{attempt_row_at, receipt_row, task_row, version};
+use super::transactions::PgTransaction;
+use crate::backend::rows::{
+    AttemptRow, AttemptWrite, EventRow, TaskRow, TaskWrites, claimable_column, corrupt,
+    duration_millis, millis,
+};
+use crate::backend::{LoadedTask, NewReceipt, NewTask, ReceiptKey, Result, TaskChange};
+use crate::model::task::{StoredReceipt, TaskRef};
+
+/// The tasks named by (namespace, id, version), without briefs, each
+/// locked (in row order, so two batches lock their rows in one order),
+/// one row per attempt: the task's columns in `task_row`'s order, its
+/// namespace, then the attempt's in `attempt_row`'s.
+const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, t.task_id, \
+     t.version, t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
+     t.max_tries, t.priority, t.namespace \
+     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(namespace, task_id, version) \
+     JOIN tasks t ON t.namespace = r.namespace AND t.task_id = r.task_id \
+     AND t.version = r.version ORDER BY t.id FOR UPDATE OF t) \
+     SELECT l.id, l.queue, l.task_id, l.version, NULL::bytea, l.brief_format, \
+     l.lapse_backoff_ms, l.last_token, l.claimable_at, l.created_at, l.max_tries, l.priority, \
+     l.namespace, a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, \
+     a.expires_at, a.lapses_at, a.discarded, a.last_error \
+     FROM locked l JOIN attempts a ON a.task = l.id ORDER BY l.id, a.number";
+/// Where the attempt's columns start in [`LOCK_AND_LOAD`].
+const ATTEMPT_COLUMNS: usize = 13;
+/// The receipts stored under many (principal, task, key), in the columns
+/// of `receipt_row`, then the key's place.
+const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
+     r.idempotency_key, r.artifact, r.digest, r.accepted_at, r.output, k.place \
+     FROM unnest($1::text[], $2::bigint[], $3::text[]) WITH ORDINALITY \
+     AS k(principal, task, idempotency_key, place) \
+     JOIN receipts r ON r.principal = k.principal AND r.task = k.task \
+     AND r.idempotency_key = k.idempotency_key";
+/// What a batch of acknowledgements decided, in one statement: attempts
+/// whose state alone moved (a submit, a failure report), claim columns
+/// that alone moved (a retry), the receipts and the audit rows. Returns
+/// the rows it changed.
+const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = u.state, \
+     until_at = u.until_at, lapses_at = u.lapses_at, discarded = u.discarded, \
+     last_error = u.last_error \
+     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], \
+     $6::text[], $7::text[]) AS u(task, number, state, until_at, lapses_at, discarded, last_error) \
+     WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
+     claims AS (UPDATE tasks t SET claimable_at = u.claimable_at \
+     FROM unnest($8::bigint[], $9::bigint[]) AS u(id, claimable_at) WHERE t.id = u.id \
+     RETURNING 1), \
+     receipts_added AS (INSERT INTO receipts (task, attempt, token, principal, \
+     idempotency_key, artifact, digest, accepted_at, output) \
+     SELECT * FROM unnest($10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::text[], \
+     $15::text[], $16::text[], $17::bigint[], $18::bytea[]) RETURNING 1), \
+     audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, resource, \
+     ip_hash) SELECT * FROM unnest($19::bigint[], $20::text[], $21::text[], $22::text[], \
+     $23::text[], $24::text[], $25::text[]) RETURNING 1) \
+     SELECT (SELECT count(*) FROM states) + (SELECT count(*) FROM claims) \
+     + (SELECT count(*) FROM receipts_added) + (SELECT count(*) FROM audited)";
+/// Many tasks, in order; a reference that exists (or came earlier in the
+/// call) is skipped. Returns what it inserted.
+const INSERT_TASKS: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
+     brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
+     created_at, enqueued_by, priority) \
+     SELECT namespace, queue, task_id, version, brief, brief_format, alternatives, \
+     lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[], \
+     $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::text[], \
+     $13::bigint[]) WITH ORDINALITY AS n(namespace, queue, task_id, version, brief, \
+     brief_format, alternatives, lapse_backoff_ms, max_tries, claimable_at, created_at, \
+     enqueued_by, priority, place) ORDER BY place \
+     ON CONFLICT (namespace, task_id, version) DO NOTHING RETURNING id, namespace, task_id, version";
+const INSERT_ATTEMPTS: &str = "INSERT INTO attempts (task, number, namespace, queue, \
+     state, until_at, tries, priority) \
+     SELECT task, number, namespace, queue, state, until_at, 0, priority \
+     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[], \
+     $7::bigint[]) AS a(task, number, namespace, queue, state, until_at, priority)";
+
+/// Where a task's row is looked up by its reference.
+fn reference(task: &TaskRef) -> (String, String, i64) {
+    (
+        task.namespace.as_str().to_owned(),
+        task.id.as_str().to_owned(),
+        version(task),
+    )
+}
+
+impl PgTransaction<'_> {
+    /// The tasks `tasks` names, locked, with their attempts: one
+    /// statement.
+    pub(super) fn lock_tasks_at_once(&self, tasks: &[&TaskRef]) -> Result<Vec<Option<LoadedTask>>> {
+        let namespaces: Vec<&str> = tasks.iter().map(|t| t.namespace.as_str()).collect();
+        let ids: Vec<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
+        let versions: Vec<i64> = tasks.iter().map(|t| version(t)).collect();
+        let rows = self.query(LOCK_AND_LOAD, &[&namespaces, &ids, &versions])?;
+        let mut found: HashMap<(String, String, i64), (TaskRow, Vec<AttemptRow>)> =
+            HashMap::with_capacity(tasks.len());
+        for row in &rows {
+            let task = task_row(row)?;
+            let namespace: String = row.try_get(12)?;
+            let attempt = attempt_row_at(row, ATTEMPT_COLUMNS)?;
+            found
+                .entry((namespace, task.task_id.clone(), task.version))
+                .or_insert_with(|| (task, Vec::new()))
+                .1
+                .push(attempt);
+        }
+        tasks
+            .iter()
+            .map(|task| match found.remove(&reference(task)) {
+                None => Ok(None),
+                Some((row, attempts)) => row.loaded(attempts).map(Some),
+            })
+            .collect()
+    }
+
+    pub(super) fn receipts_at_once(
+        &self,
+        keys: &[ReceiptKey<'_>],
+    ) -> Result<Vec<Option<StoredReceipt>>> {
+        let mut answers: Vec<Option<StoredReceipt>> = vec![None; keys.len()];
+        if keys.is_empty() {
+            return Ok(answers);
+        }
+        let principals: Vec<&str> = keys.iter().map(|k| k.principal.as_str()).collect();
+        let tasks: Vec<i64> = keys.iter().map(|k| k.handle.0).collect();
+        let idempotency: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
+        for row in self.query(RECEIPTS_BY_KEYS, &[&principals, &tasks, &idempotency])? {
+            let place: i64 = row.try_get(8)?;
+            let index = usize::try_from(place - 1).map_err(|_| corrupt("receipt row"))?;
+            if let Some(key) = keys.get(index) {
+                answers[index] = Some(receipt_row(&row)?.stored(key.task)?);
+            }
+        }
+        Ok(answers)
+    }
+
+    /// What a batch of acknowledgements decided, in one statement
+    /// ([`WRITE_ACKNOWLEDGED`]); a change of another kind (a lease or a
+    /// token moved) is written as one task's, before it.
+    pub(super) fn write_acknowledged_at_once(
+        &self,
+        changes: &[TaskChange<'_>],
+        receipts: &[NewReceipt<'_>],
+        events: &[AuditEvent],
+    ) -> Result<()> {
+        let mut states: Vec<(i64, AttemptRow)> = Vec::new();
+        let mut claimables: Vec<(i64, Option<i64>)> = Vec::new();
+        for change in changes {
+            let mut writes = TaskWrites::between(change.before, change.after);
+            let id = change.handle.0;
+            let mut rest = Vec::new();
+            for write in writes.attempts.drain(..) {
+                match write {
+                    AttemptWrite::State(row) => states.push((id, row)),
+                    other => rest.push(other),
+                }
+            }
+            writes.attempts = rest;
+            if let (None, Some(claimable)) = (writes.last_token, writes.claimable_at) {
+                claimables.push((id, claimable));
+                writes.claimable_at = None;
+            }
+            if writes != TaskWrites::default() {
+                self.write_task(change.handle, writes)?;
+            }
+        }
+        if states.is_empty() && claimables.is_empty() && receipts.is_empty() && events.is_empty() {
+            return Ok(());
+        }
+        let state_task: Vec<i64> = states.iter().map(|(id, _)| *id).collect();
+        let number: Vec<i64> = states.iter().map(|(_, r)| r.number).collect();
+        let state: Vec<&str> = states.iter().map(|(_, r)| r.state.as_str()).collect();
+        let until: Vec<Option<i64>> = states.iter().map(|(_, r)| r.until_at).collect();
+        let lapses: Vec<Option<i64>> = states.iter().map(|(_, r)| r.lapses_at).collect();
+        let discarded: Vec<Option<&str>> =
+            states.iter().map(|(_, r)| r.discarded.as_deref()).collect();
+        let error: Vec<Option<&str>> = states
+            .iter()
+            .map(|(_, r)| r.last_error.as_deref())
+            .collect();
+        let claim_task: Vec<i64> = claimables.iter().map(|(id, _)| *id).collect();
+        let claimable: Vec<Option<i64>> = claimables.iter().map(|(_, at)| *at).collect();
+        let r_task: Vec<i64> = receipts.iter().map(|r| r.handle.0).collect();
+        let r_attempt: Vec<i64> = receipts
+            .iter()
+            .map(|r| i64::from(r.receipt.attempt.as_u16()))
+            .collect();
+        let r_token: Vec<i64> = receipts.iter().map(|r| r.receipt.token.as_i64()).collect();
+        let r_principal: Vec<&str> = receipts
+            .iter()
+            .map(|r| r.receipt.principal.as_str())
+            .collect();
+        let r_key: Vec<&str> = receipts
+            .iter()
+            .map(|r| r.receipt.idempotency_key.as_str())
+            .collect();
+        let r_artifact: Vec<&str> = receipts
+            .iter()
+            .map(|r| r.receipt.artifact.as_str())
+            .collect();
+        let r_digest: Vec<String> = receipts
+            .iter()
+            .map(|r| r.receipt.digest.to_string())
+            .collect();
+        let r_accepted: Vec<i64> = receipts
+            .iter()
+            .map(|r| millis(r.receipt.accepted_at))
+            .collect();
+        let r_output: Vec<Option<&[u8]>> = receipts.iter().map(|r| r.output).collect();
+        let rows: Vec<EventRow> = events.iter().map(EventRow::from_event).collect();
+        let at: Vec<i64> = rows.iter().map(|r| r.at).collect();
+        let principal: Vec<&str> = rows.iter().map(|r| r.principal.as_str()).collect();
+        let namespace: Vec<&str> = rows.iter().map(|r| r.namespace.as_str()).collect();
+        let action: Vec<&str> = rows.iter().map(|r| r.action.as_str()).collect();
+        let outcome: Vec<&str> = rows.iter().map(|r| r.outcome.as_str()).collect();
+        let resource: Vec<Option<&str>> = rows.iter().map(|r| r.resource.as_deref()).collect();
+        let ip_hash: Vec<Option<&str>> = rows.iter().map(|r| r.ip_hash.as_deref()).collect();
+        let changed = self.query(
+            WRITE_ACKNOWLEDGED,
+            &[
+                &state_task,
+                &number,
+                &state,
+                &until,
+                &lapses,
+                &discarded,
+                &error,
+                &claim_task,
+                &claimable,
+                &r_task,
+                &r_attempt,
+                &r_token,
+                &r_principal,
+                &r_key,
+                &r_artifact,
+                &r_digest,
+                &r_accepted,
+                &r_output,
+                &at,
+                &principal,
+                &namespace,
+                &action,
+                &outcome,
+                &resource,
+                &ip_hash,
+            ],
+        )?;
+        let changed: i64 = match changed.first() {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
+        self.add_rows(u64::try_from(changed).unwrap_or(0));
+        Ok(())
+    }
+
+    pub(super) fn insert_tasks_at_once(&self, tasks: &[NewTask<'_>]) -> Result<Vec<bool>> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let namespace: Vec<&str> = tasks.iter().map(|t| t.task.namespace.as_str()).collect();
+        let queue: Vec<&str> = tasks.iter().map(|t| t.queue.as_str()).collect();
+        let task_id: Vec<&str> = tasks.iter().map(|t| t.task.id.as_str()).collect();
+        let version: Vec<i64> = tasks.iter().map(|t| version(t.task)).collect();
+        let brief: Vec<&[u8]> = tasks.iter().map(|t| t.brief).collect();
+        let format: Vec<&str> = tasks.iter().map(|t| t.brief_format).collect();
+        let alternatives: Vec<i64> = tasks
+            .iter()
+            .map(|t| t.record.attempts.len() as i64)
+            .collect();
+        let lapse: Vec<i64> = tasks
+            .iter()
+            .map(|t| duration_millis(t.record.lapse_backoff))
+            .collect();
+        let max_tries: Vec<i64> = tasks
+            .iter()
+            .map(|t| i64::from(t.record.max_tries))
+            .collect();
+        let claimable: Vec<Option<i64>> =
+            tasks.iter().map(|t| claimable_column(t.record)).collect();
+        let created: Vec<i64> = tasks.iter().map(|t| millis(t.created_at)).collect();
+        let by: Vec<&str> = tasks.iter().map(|t| t.enqueued_by).collect();
+        let priority: Vec<i64> = tasks.iter().map(|t| i64::from(t.record.priority)).collect();
+        let inserted = self.query(
+            INSERT_TASKS,
+            &[
+                &namespace,
+                &queue,
+                &task_id,
+                &version,
+                &brief,
+                &format,
+                &alternatives,
+                &lapse,
+                &max_tries,
+                &claimable,
+                &created,
+                &by,
+                &priority,
+            ],
+        )?;
+        self.add_rows(inserted.len() as u64);
+        let mut ids: HashMap<(String, String, i64), i64> = HashMap::with_capacity(inserted.len());
+        for row in &inserted {
+            ids.insert(
+                (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?),
+                row.try_get(0)?,
+            );
+        }
+        let mut created = Vec::with_capacity(tasks.len());
+        let (
+            mut a_task,
+            mut a_number,
+            mut a_ns,
+            mut a_queue,
+            mut a_state,
+            mut a_until,
+            mut a_priority,
+        ) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        for task in tasks {
+            // The first of a reference takes its row; a repeat finds it gone.
+            let Some(id) = ids.remove(&reference(task.task)) else {
+                created.push(false);
+                continue;
+            };
+            created.push(true);
+            for attempt in &task.record.attempts {
+                let row = AttemptRow::from_record(attempt, task.record.lapse_backoff);
+                a_task.push(id);
+                a_number.push(row.number);
+                a_ns.push(task.task.namespace.as_str());
+                a_queue.push(task.queue.as_str());
+                a_state.push(row.state);
+                a_until.push(row.until_at);
+                a_priority.push(i64::from(task.record.priority));
+            }
+        }
+        if !a_task.is_empty() {
+            self.execute(
+                INSERT_ATTEMPTS,
+                &[
+                    &a_task,
+                    &a_number,
+                    &a_ns,
+                    &a_queue,
+                    &a_state,
+                    &a_until,
+                    &a_priority,
+                ],
+            )?;
+        }
+        Ok(created)
+    }
+}

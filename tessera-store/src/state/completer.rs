@@ -1,0 +1,356 @@
+//! The completer: acknowledgements (submits, failure reports) from many
+//! threads of one process, coalesced into one commit.
+//!
+//! A caller hands in its items and blocks until they are answered. The
+//! first caller to find no batch committing leads: it takes the waiting
+//! items, oldest first, up to [`AckBatching::max_batch`] (N), commits
+//! them together through the function it was given, answers every item,
+//! and hands the lead on. Items that arrive while a batch commits wait
+//! for the next one, so a batch is what queued during the last commit.
+//!
+//! The rule: a batch closes when N items wait, or when
+//! [`AckBatching::max_wait`] (T) has passed since its leader took the
+//! lead, whichever comes first. The leader lingers for T only when the
+//! last batch carried more than one item (others are acknowledging at
+//! the same time, so more are likely on their way, as PostgreSQL's
+//! `commit_delay` waits only with `commit_siblings` active); a lone
+//! caller is never delayed.
+//!
+//! No caller is answered before the commit that holds its items has
+//! ended: each gets its own answer (a receipt, a replay, its own error),
+//! or, when the commit fails, the commit's error; nothing of a failed
+//! commit is acknowledged. A leader that panics answers its batch with
+//! an error and hands the lead on.
+//!
+//! Lock discipline: the queue's mutex is held only to push, take and
+//! answer, never while a batch commits; the commit takes the backend's
+//! locks alone.
+
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::config::AckBatching;
+
+/// Where one item's answer arrives, and whose item it is.
+struct Slot<R> {
+    answer: Mutex<Option<R>>,
+    /// The [`Completer::complete`] call that handed it in.
+    caller: u64,
+}
+
+/// What waits, and whether a batch is committing.
+struct Queue<T, R> {
+    waiting: VecDeque<(T, Arc<Slot<R>>)>,
+    committing: bool,
+    /// How many callers' items the last batch carried.
+    last_batch: usize,
+}
+
+/// Coalesces items of type `T` into batches answered with `R`s.
+pub(crate) struct Completer<T, R> {
+    queue: Mutex<Queue<T, R>>,
+    /// Signalled when a batch ends, and when N items wait.
+    changed: Condvar,
+    batching: AckBatching,
+    /// The number the next caller gets.
+    next_caller: AtomicU64,
+}
+
+impl<T, R> std::fmt::Debug for Completer<T, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completer")
+            .field("batching", &self.batching)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T, R: Clone> Completer<T, R> {
+    pub(crate) fn new(batching: AckBatching) -> Self {
+        Self {
+            queue: Mutex::new(Queue {
+                waiting: VecDeque::new(),
+                committing: false,
+                last_batch: 0,
+            }),
+            changed: Condvar::new(),
+            next_caller: AtomicU64::new(0),
+            batching: AckBatching {
+                max_batch: batching.max_batch.max(1),
+                max_wait: batching.max_wait,
+            },
+        }
+    }
+
+    /// Hands in `items` and blocks until each is answered, in order.
+    ///
+    /// `commit` runs one batch (items oldest first, this caller's and
+    /// others') and returns one answer per item in the same order; it
+    /// runs on whichever caller leads, with no lock of the completer's
+    /// held. `failed` is every item's answer when a leader panics.
+    pub(crate) fn complete(
+        &self,
+        items: Vec<T>,
+        commit: &dyn Fn(Vec<T>) -> Vec<R>,
+        failed: &dyn Fn() -> R,
+    ) -> Vec<R> {
+        let caller = self.next_caller.fetch_add(1, Ordering::Relaxed);
+        let slots: Vec<Arc<Slot<R>>> = items
+            .iter()
+            .map(|_| {
+                Arc::new(Slot {
+                    answer: Mutex::new(None),
+                    caller,
+                })
+            })
+            .collect();
+        let mut queue = self.queue.lock();
+        for (item, slot) in items.into_iter().zip(&slots) {
+            queue.waiting.push_back((item, Arc::clone(slot)));
+        }
+        if queue.waiting.len() >= self.batching.max_batch {
+            self.changed.notify_all();
+        }
+        loop {
+            if slots.iter().all(|slot| slot.answer.lock().is_some()) {
+                drop(queue);
+                return slots
+                    .iter()
+                    .map(|slot| slot.answer.lock().take().expect("answered"))
+                    .collect();
+            }
+            if queue.committing {
+                self.changed.wait(&mut queue);
+                continue;
+            }
+            // Lead: linger for more while other callers acknowledge too.
+            queue.committing = true;
+            if queue.last_batch > 1
+                && queue.waiting.len() < self.batching.max_batch
+                && !self.batching.max_wait.is_zero()
+            {
+                self.changed.wait_for(&mut queue, self.batching.max_wait);
+            }
+            let take = queue.waiting.len().min(self.batching.max_batch);
+            let (batch, answers): (Vec<T>, Vec<Arc<Slot<R>>>) = queue.waiting.drain(..take).unzip();
+            drop(queue);
+            let mut callers: Vec<u64> = answers.iter().map(|slot| slot.caller).collect();
+            callers.dedup();
+            let count = callers.len();
+            let mut lead = Lead {
+                completer: self,
+                answers,
+                failed,
+                count,
+            };
+            let results = commit(batch);
+            debug_assert_eq!(results.len(), lead.answers.len(), "one answer per item");
+            for (slot, result) in lead.answers.drain(..).zip(results) {
+                *slot.answer.lock() = Some(result);
+            }
+            drop(lead);
+            queue = self.queue.lock();
+        }
+    }
+}
+
+/// A leader's batch: hands the lead on when it ends, and answers what
+/// it has not answered (a panic in the commit) with the failure.
+struct Lead<'a, T, R> {
+    completer: &'a Completer<T, R>,
+    answers: Vec<Arc<Slot<R>>>,
+    failed: &'a dyn Fn() -> R,
+    count: usize,
+}
+
+impl<T, R> Drop for Lead<'_, T, R> {
+    fn drop(&mut self) {
+        for slot in self.answers.drain(..) {
+            *slot.answer.lock() = Some((self.failed)());
+        }
+        let mut queue = self.completer.queue.lock();
+        queue.committing = false;
+        queue.last_batch = self.count;
+        self.completer.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Barrier, mpsc};
+
+    use std::time::Duration;
+
+    use super::*;
+
+    fn batching(max_batch: usize) -> AckBatching {
+        AckBatching {
+            max_batch,
+            max_wait: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_lone_caller_commits_its_items_at_once_in_order() {
+        let completer = Completer::<u32, u32>::new(AckBatching::default());
+        let commits = AtomicUsize::new(0);
+        let answers = completer.complete(
+            vec![1, 2, 3],
+            &|batch| {
+                commits.fetch_add(1, Ordering::SeqCst);
+                batch.iter().map(|n| n * 10).collect()
+            },
+            &|| 0,
+        );
+        assert_eq!(answers, vec![10, 20, 30]);
+        assert_eq!(commits.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_batch_carries_at_most_n() {
+        let completer = Completer::<u32, usize>::new(batching(2));
+        let sizes = Mutex::new(Vec::new());
+        let answers = completer.complete(
+            vec![1, 2, 3, 4, 5],
+            &|batch| {
+                sizes.lock().push(batch.len());
+                vec![batch.len(); batch.len()]
+            },
+            &|| 0,
+        );
+        assert_eq!(answers, vec![2, 2, 2, 2, 1]);
+        assert_eq!(*sizes.lock(), vec![2, 2, 1]);
+    }
+
+    /// While one batch commits, the others' items queue and go together
+    /// in the next, and each caller gets its own answers.
+    #[test]
+    fn items_that_queue_during_a_commit_share_the_next() {
+        let completer = Arc::new(Completer::<u32, u32>::new(batching(64)));
+        let (entered, in_commit) = mpsc::channel::<()>();
+        let release = Arc::new(Barrier::new(2));
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let commit = {
+            let (batches, release) = (Arc::clone(&batches), Arc::clone(&release));
+            let entered = Mutex::new(entered);
+            move |batch: Vec<u32>| {
+                let first = batches.lock().is_empty();
+                batches.lock().push(batch.clone());
+                if first {
+                    entered.lock().send(()).unwrap();
+                    release.wait();
+                }
+                batch.iter().map(|n| n + 100).collect::<Vec<_>>()
+            }
+        };
+        let commit = Arc::new(commit);
+        std::thread::scope(|scope| {
+            let first = {
+                let (completer, commit) = (Arc::clone(&completer), Arc::clone(&commit));
+                scope.spawn(move || completer.complete(vec![0], &*commit, &|| 0))
+            };
+            in_commit.recv().unwrap();
+            let others: Vec<_> = (1..=3)
+                .map(|n| {
+                    let (completer, commit) = (Arc::clone(&completer), Arc::clone(&commit));
+                    scope.spawn(move || completer.complete(vec![n, n * 10], &*commit, &|| 0))
+                })
+                .collect();
+            // Every other caller has queued before the first commit ends.
+            while completer.queue.lock().waiting.len() < 6 {
+                std::thread::yield_now();
+            }
+            release.wait();
+            assert_eq!(first.join().unwrap(), vec![100]);
+            for (n, other) in (1..=3).zip(others) {
+                assert_eq!(other.join().unwrap(), vec![n + 100, n * 10 + 100]);
+            }
+        });
+        let batches = batches.lock();
+        assert_eq!(batches.len(), 2, "{batches:?}");
+        assert_eq!(batches[1].len(), 6);
+    }
+
+    #[test]
+    fn a_panicking_commit_fails_its_batch_and_hands_on_the_lead() {
+        let completer = Completer::<u32, Option<u32>>::new(batching(64));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            completer.complete(vec![1], &|_| panic!("a bug"), &|| None)
+        }));
+        assert!(outcome.is_err());
+        let answers = completer.complete(
+            vec![2],
+            &|batch| batch.into_iter().map(Some).collect(),
+            &|| None,
+        );
+        assert_eq!(answers, vec![Some(2)]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+        /// Whatever N and however many threads hand in however many
+        /// items: every item is committed exactly once, in a batch of at
+        /// most N that keeps each caller's items in order, and its caller
+        /// gets that item's own answer.
+        #[test]
+        fn every_item_is_committed_once_and_answered_to_its_caller(
+            max_batch in 1_usize..8,
+            linger in proptest::bool::ANY,
+            callers in proptest::collection::vec(proptest::collection::vec(0_u32..1000, 1..6), 1..6),
+        ) {
+            let completer = Completer::<(usize, usize, u32), (usize, usize, u32)>::new(AckBatching {
+                max_batch,
+                max_wait: if linger { Duration::from_micros(200) } else { Duration::ZERO },
+            });
+            let batches = Mutex::new(Vec::new());
+            let commit = |batch: Vec<(usize, usize, u32)>| {
+                batches.lock().push(batch.clone());
+                batch
+            };
+            let answers: Vec<Vec<(usize, usize, u32)>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = callers
+                    .iter()
+                    .enumerate()
+                    .map(|(caller, items)| {
+                        let (completer, commit) = (&completer, &commit);
+                        scope.spawn(move || {
+                            let items = items
+                                .iter()
+                                .enumerate()
+                                .map(|(place, value)| (caller, place, *value))
+                                .collect();
+                            completer.complete(items, commit, &|| (usize::MAX, 0, 0))
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (caller, (items, answers)) in callers.iter().zip(&answers).enumerate() {
+                let expected: Vec<_> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(place, value)| (caller, place, *value))
+                    .collect();
+                proptest::prop_assert_eq!(answers, &expected);
+            }
+            let batches = batches.lock();
+            let mut seen = std::collections::HashSet::new();
+            for batch in batches.iter() {
+                proptest::prop_assert!(!batch.is_empty() && batch.len() <= max_batch);
+                for item in batch {
+                    proptest::prop_assert!(seen.insert((item.0, item.1)), "committed twice");
+                }
+                for caller in 0..callers.len() {
+                    let places: Vec<usize> =
+                        batch.iter().filter(|i| i.0 == caller).map(|i| i.1).collect();
+                    proptest::prop_assert!(places.windows(2).all(|w| w[0] < w[1]));
+                }
+            }
+            let total: usize = callers.iter().map(Vec::len).sum();
+            proptest::prop_assert_eq!(seen.len(), total);
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Acknowledgements through the completer: a batch of submissions gets
+//! one answer per submission (receipt, replay, stale token, conflict, not
+//! found), one receipt and one audit row per accepted one, in one commit;
+//! threads acknowledging at once each get their own answers; a commit
+//! that fails acknowledges nothing.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_store::{
+    AckBatching, ConflictKind, Error, FencingToken, Grant, IdempotencyKey, Output, Retry,
+    SubmitRequest, Submitted, TaskRef, TaskState,
+};
+
+use crate::harness::{Fixture, TestDb, assert_quota, midnight, namespace, queue};
+
+fn key(text: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(text).unwrap()
+}
+
+fn request(task: &TaskRef, token: FencingToken, k: &str, output: &str) -> SubmitRequest {
+    SubmitRequest {
+        task: task.clone(),
+        token,
+        key: key(k),
+        output: Output::bytes(output),
+    }
+}
+
+fn conflict_kind(answer: &Result<Submitted, Error>) -> Option<ConflictKind> {
+    match answer {
+        Err(Error::Conflict { kind, .. }) => Some(*kind),
+        _ => None,
+    }
+}
+
+fn a_batch_answers_each_submission_on_its_own(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let tasks = f.enqueue(&worker, &ns, &q, 3);
+    let leases: Vec<_> = (0..3).map(|_| f.claim(&worker, &ns, &q)).collect();
+    let token = |n: usize| leases[n].lease.token();
+    let unknown = TaskRef::new(
+        ns.clone(),
+        tessera_store::TaskId::parse("t-nowhere").unwrap(),
+        tasks[0].version,
+    );
+    let events_before = db.count_rows("access_audit");
+    let receipts_before = db.count_rows("receipts");
+
+    let batch = [
+        request(&tasks[0], token(0), "k0", "zero"),
+        request(&tasks[1], token(1), "k1", "one"),
+        // Not this lease's token.
+        request(
+            &tasks[2],
+            FencingToken::new(token(2).as_i64() + 1).unwrap(),
+            "k2",
+            "two",
+        ),
+        // The first submission again, later in the same batch: a replay.
+        request(&tasks[0], token(0), "k0", "zero"),
+        // Its key with another output: a conflict.
+        request(&tasks[0], token(0), "k0", "something else"),
+        request(&unknown, token(0), "k9", "nine"),
+    ];
+    let (answers, cost) = f
+        .store
+        .measure(|store| store.submit_batch(&worker, &batch).unwrap());
+    assert_eq!(answers.len(), batch.len());
+    let Ok(Submitted::Accepted(first)) = &answers[0] else {
+        panic!("a fresh submission is accepted: {:?}", answers[0]);
+    };
+    assert_eq!((&first.task, first.token), (&tasks[0].id, token(0)));
+    let Ok(Submitted::Accepted(second)) = &answers[1] else {
+        panic!("a fresh submission is accepted: {:?}", answers[1]);
+    };
+    assert_eq!(second.token, token(1));
+    assert_eq!(answers[2].as_ref().unwrap_err().status(), 409);
+    assert_eq!(
+        answers[3].as_ref().ok(),
+        Some(&Submitted::Replayed(first.clone()))
+    );
+    assert_eq!(
+        conflict_kind(&answers[4]),
+        Some(ConflictKind::IdempotencyConflict)
+    );
+    assert_eq!(answers[5].as_ref().unwrap_err().status(), 404);
+
+    // One receipt and one audit row per accepted submission, in one commit.
+    assert_eq!(db.count_rows("receipts"), receipts_before + 2);
+    assert_eq!(db.count_rows("access_audit"), events_before + 2);
+    assert_eq!(cost.write_transactions, 1);
+    let stored = f
+        .store
+        .read_receipt(&worker, &tasks[1], second.attempt)
+        .unwrap();
+    assert_eq!(&stored.receipt, second);
+    assert_eq!(stored.output.as_deref(), Some(&b"one"[..]));
+
+    // The refused one's lease is untouched: it submits now.
+    let again = f
+        .store
+        .submit(
+            &worker,
+            &tasks[2],
+            token(2),
+            &key("k2"),
+            &Output::bytes("two"),
+        )
+        .unwrap();
+    assert!(matches!(again, Submitted::Accepted(_)));
+    let health = f.store.health(&worker, &ns).unwrap();
+    assert_eq!(health.attempts.done, 3);
+}
+
+fn a_batch_is_checked_whole_before_anything_is_written(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let outsider = f.login(&f.worker(Grant::Namespace(namespace("elsewhere"))));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let tasks = f.enqueue(&worker, &ns, &q, 1);
+    let lease = f.claim(&worker, &ns, &q);
+    let error = f.store.submit_batch(&worker, &[]).unwrap_err();
+    assert_eq!(error.status(), 400);
+    let too_many = vec![request(&tasks[0], lease.lease.token(), "k", "x"); 1_001];
+    assert_eq!(
+        f.store
+            .submit_batch(&worker, &too_many)
+            .unwrap_err()
+            .status(),
+        400
+    );
+    // A namespace the key has no grant for is that submission's 403.
+    let answers = f
+        .store
+        .submit_batch(
+            &outsider,
+            &[request(&tasks[0], lease.lease.token(), "k", "x")],
+        )
+        .unwrap();
+    assert_eq!(answers[0].as_ref().unwrap_err().status(), 403);
+    assert_eq!(db.count_rows("receipts"), 0);
+}
+
+fn a_refused_commit_acknowledges_none_of_its_batch(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let tasks = f.enqueue(&worker, &ns, &q, 2);
+    let leases: Vec<_> = (0..2).map(|_| f.claim(&worker, &ns, &q)).collect();
+    let batch: Vec<_> = (0..2)
+        .map(|n| request(&tasks[n], leases[n].lease.token(), "done", "out"))
+        .collect();
+    f.store.refuse_writes(true);
+    let error = f.store.submit_batch(&worker, &batch).unwrap_err();
+    assert_quota(&error, midnight());
+    assert_eq!(db.count_rows("receipts"), 0);
+    f.store.refuse_writes(false);
+    let answers = f.store.submit_batch(&worker, &batch).unwrap();
+    assert!(
+        answers
+            .iter()
+            .all(|answer| matches!(answer, Ok(Submitted::Accepted(_))))
+    );
+    // While writes are refused, a replay still answers from a read.
+    f.store.refuse_writes(true);
+    let replays = f.store.submit_batch(&worker, &batch).unwrap();
+    assert!(
+        replays
+            .iter()
+            .all(|answer| matches!(answer, Ok(Submitted::Replayed(_))))
+    );
+}
+
+/// Threads submitting and failing at once each get their own answers,
+/// whichever commits carried them, and every accepted one has its receipt
+/// and its audit row.
+fn threads_acknowledging_at_once_each_get_their_own_answers(db: &TestDb) {
+    const THREADS: usize = 8;
+    const EACH: usize = 12;
+    let f = Fixture::with(db, |config| {
+        config.with_ack_batching(AckBatching {
+            max_batch: 5,
+            max_wait: Duration::from_millis(1),
+        })
+    });
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    f.enqueue(&worker, &ns, &q, THREADS * EACH);
+    let leases: Vec<_> = (0..THREADS * EACH)
+        .map(|_| f.claim(&worker, &ns, &q))
+        .collect();
+    let events_before = db.count_rows("access_audit");
+    let leases = Arc::new(leases);
+    let answers: Vec<Vec<(usize, String)>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let (store, worker, leases) = (&f.store, &worker, Arc::clone(&leases));
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    for n in (thread * EACH)..((thread + 1) * EACH) {
+                        let lease = &leases[n];
+                        let token = lease.lease.token();
+                        // Every third lease fails; its stale retry conflicts.
+                        if n % 3 == 0 {
+                            let state = store
+                                .fail(worker, &lease.task, token, Retry::Never)
+                                .unwrap();
+                            assert_eq!(state, TaskState::Failed);
+                            let stale = store
+                                .submit(
+                                    worker,
+                                    &lease.task,
+                                    token,
+                                    &key("late"),
+                                    &Output::bytes("x"),
+                                )
+                                .unwrap_err();
+                            assert_eq!(stale.status(), 409);
+                            mine.push((n, "failed".to_owned()));
+                        } else {
+                            let output = format!("output {n}");
+                            let submitted = store
+                                .submit(
+                                    worker,
+                                    &lease.task,
+                                    token,
+                                    &key("k"),
+                                    &Output::bytes(output.as_bytes()),
+                                )
+                                .unwrap();
+                            let Submitted::Accepted(receipt) = submitted else {
+                                panic!("a fresh key is accepted");
+                            };
+                            assert_eq!((&receipt.task, receipt.token), (&lease.task.id, token));
+                            mine.push((n, receipt.digest.to_string()));
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let answered: HashSet<usize> = answers.iter().flatten().map(|(n, _)| *n).collect();
+    assert_eq!(answered.len(), THREADS * EACH);
+    for (n, answer) in answers.iter().flatten() {
+        let lease = &leases[*n];
+        if answer == "failed" {
+            continue;
+        }
+        let stored = f
+            .store
+            .read_receipt(&worker, &lease.task, lease.lease.attempt())
+            .unwrap();
+        assert_eq!(&stored.receipt.digest.to_string(), answer);
+        assert_eq!(stored.output, Some(format!("output {n}").into_bytes()));
+    }
+    let failed = (0..THREADS * EACH).filter(|n| n % 3 == 0).count();
+    let health = f.store.health(&worker, &ns).unwrap();
+    assert_eq!(
+        (health.attempts.done, health.attempts.failed),
+        ((THREADS * EACH - failed) as u64, failed as u64)
+    );
+    // One audit row per accepted submission and per failure report (the
+    // reads above add theirs after).
+    let reads = (THREADS * EACH - failed) as u64;
+    assert_eq!(
+        db.count_rows("access_audit"),
+        events_before + (THREADS * EACH) as u64 + reads
+    );
+}
+
+conformance! {
+    a_batch_answers_each_submission_on_its_own,
+    a_batch_is_checked_whole_before_anything_is_written,
+    a_refused_commit_acknowledges_none_of_its_batch,
+    threads_acknowledging_at_once_each_get_their_own_answers,
+}

@@ -1,0 +1,245 @@
+//! Transactions per operation, as the server counts them
+//! (`pg_stat_database.xact_commit`), on a database of the test's own.
+//!
+//! A session reports its counts to the server's statistics when it ends,
+//! so each figure is taken between stores: a store opens, works and
+//! closes, and the test waits until no session is left on the database
+//! before it reads the count. Opening a store, resolving a key and the
+//! upkeep after a store's first write cost the same in every run, so a
+//! run's transactions minus those of a run that did one operation are
+//! the cost of the rest.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use postgres::{Client, NoTls};
+use tessera_store::postgres::PostgresOptions;
+use tessera_store::{
+    Brief, Caller, Claimed, EnqueueOptions, Grant, IdempotencyKey, IssuedKey, KeySpec, ManualClock,
+    Namespace, Output, QueueName, Scope, Store, StoreConfig, SubmitRequest, Submitted,
+};
+
+use crate::harness::{namespace, noon, queue};
+
+/// A database of its own on the test server, dropped at the end.
+struct OwnDatabase {
+    admin: Client,
+    name: String,
+    url: String,
+}
+
+impl OwnDatabase {
+    fn create(server: &str) -> Self {
+        let mut admin = Client::connect(server, NoTls).unwrap();
+        let name = format!("tessera_xact_{}", std::process::id());
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let (base, _) = server.rsplit_once('/').expect("a URL names its database");
+        Self {
+            admin,
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+
+    /// Transactions committed on the database, once every session on it
+    /// has ended and reported them.
+    fn commits(&mut self) -> i64 {
+        loop {
+            let open: i64 = self
+                .admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                    &[&self.name],
+                )
+                .unwrap()
+                .get(0);
+            if open == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.admin
+            .query_one(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = $1",
+                &[&self.name],
+            )
+            .unwrap()
+            .get(0)
+    }
+
+    fn open(&self, clock: &ManualClock) -> Store {
+        let options = PostgresOptions::new(self.url.as_str())
+            .with_pool_size(1)
+            .with_listen(false);
+        let config = StoreConfig::default()
+            .with_clock(Arc::new(clock.clone()))
+            .with_lease_duration(Duration::from_secs(3600));
+        Store::open_postgres(options, config).unwrap()
+    }
+
+    /// The transactions of one store's life: opened, `work`, closed.
+    fn run(&mut self, clock: &ManualClock, work: impl FnOnce(&Store)) -> i64 {
+        let before = self.commits();
+        let store = self.open(clock);
+        work(&store);
+        drop(store);
+        self.commits() - before
+    }
+}
+
+impl Drop for OwnDatabase {
+    fn drop(&mut self) {
+        let _ = self.admin.batch_execute(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ));
+    }
+}
+
+fn login(store: &Store, key: &IssuedKey) -> Caller {
+    store.authenticate(Some(key.secret.expose())).unwrap()
+}
+
+fn submit(store: &Store, caller: &Caller, lease: &Claimed) {
+    let output = Output::bytes(lease.task.id.as_str());
+    let submitted = store
+        .submit(
+            caller,
+            &lease.task,
+            lease.lease.token(),
+            &IdempotencyKey::parse("k").unwrap(),
+            &output,
+        )
+        .unwrap();
+    assert!(matches!(submitted, Submitted::Accepted(_)));
+}
+
+fn claim(store: &Store, caller: &Caller, ns: &Namespace, q: &QueueName) -> Claimed {
+    match store.claim(caller, ns, q).unwrap() {
+        tessera_store::ClaimOutcome::Granted(claimed) => claimed,
+        other => panic!("expected a lease, got {other:?}"),
+    }
+}
+
+/// One transaction per enqueue, claim, submit and failure report; one
+/// per batch however large (enqueue, claim and submit batches).
+#[test]
+fn each_operation_and_each_batch_is_one_transaction() {
+    // Passes without running without a server, as this file's tests do.
+    let Ok(server) = std::env::var("TESSERA_TEST_POSTGRES_URL") else {
+        return;
+    };
+    const K: usize = 20;
+    let mut db = OwnDatabase::create(&server);
+    let clock = ManualClock::new(noon());
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let brief = || Brief::Bytes(b"frame".to_vec());
+
+    // Setting up: a worker key, and tasks to claim and submit.
+    let mut worker_key = None;
+    db.run(&clock, |store| {
+        let admin = login(store, &store.create_admin_key("ops").unwrap());
+        let key = store
+            .create_key(
+                &admin,
+                &KeySpec::keyed("acme")
+                    .with_scopes(Scope::ALL.iter().copied())
+                    .with_grant(Grant::Namespace(ns.clone())),
+            )
+            .unwrap();
+        let worker = login(store, &key);
+        store
+            .enqueue(&worker, &ns, &q, &brief(), &EnqueueOptions::default())
+            .unwrap();
+        worker_key = Some(key);
+    });
+    let key = worker_key.unwrap();
+    let enqueue = |store: &Store, n: usize| {
+        let worker = login(store, &key);
+        for _ in 0..n {
+            store
+                .enqueue(&worker, &ns, &q, &brief(), &EnqueueOptions::default())
+                .unwrap();
+        }
+    };
+
+    // Enqueues: one transaction each; a batch of K, one.
+    let one = db.run(&clock, |store| enqueue(store, 1));
+    let many = db.run(&clock, |store| enqueue(store, 1 + K));
+    assert_eq!(many - one, K as i64, "one transaction per enqueue");
+    let batch = db.run(&clock, |store| {
+        let worker = login(store, &key);
+        let tasks = vec![(brief(), EnqueueOptions::default()); K];
+        store.enqueue_batch(&worker, &ns, &q, &tasks).unwrap();
+    });
+    assert_eq!(batch, one, "a batch enqueue is one transaction");
+
+    // Claims: one each; a batch of K, one.
+    let one = db.run(&clock, |store| {
+        claim(store, &login(store, &key), &ns, &q);
+    });
+    let many = db.run(&clock, |store| {
+        let worker = login(store, &key);
+        for _ in 0..=K {
+            claim(store, &worker, &ns, &q);
+        }
+    });
+    assert_eq!(many - one, K as i64, "one transaction per claim");
+    let batch = db.run(&clock, |store| {
+        let worker = login(store, &key);
+        assert_eq!(
+            store
+                .claim_batch(&worker, &ns, &q, K)
+                .unwrap()
+                .claimed
+                .len(),
+            K
+        );
+    });
+    assert_eq!(batch, one, "a batch claim is one transaction");
+
+    // Submits: one each; a batch of K, one. Leases for them first.
+    let mut leases = Vec::new();
+    db.run(&clock, |store| {
+        let worker = login(store, &key);
+        let tasks = vec![(brief(), EnqueueOptions::default()); 3 * K];
+        store.enqueue_batch(&worker, &ns, &q, &tasks).unwrap();
+        for _ in 0..3 {
+            leases.extend(store.claim_batch(&worker, &ns, &q, K).unwrap().claimed);
+        }
+    });
+    let (singles, rest) = leases.split_at(K + 1);
+    let (batched, last) = rest.split_at(K);
+    let one = db.run(&clock, |store| submit(store, &login(store, &key), &last[0]));
+    let many = db.run(&clock, |store| {
+        let worker = login(store, &key);
+        for lease in singles {
+            submit(store, &worker, lease);
+        }
+    });
+    assert_eq!(many - one, K as i64, "one transaction per submit");
+    let batch = db.run(&clock, |store| {
+        let worker = login(store, &key);
+        let requests: Vec<SubmitRequest> = batched
+            .iter()
+            .map(|lease| SubmitRequest {
+                task: lease.task.clone(),
+                token: lease.lease.token(),
+                key: IdempotencyKey::parse("k").unwrap(),
+                output: Output::bytes(lease.task.id.as_str()),
+            })
+            .collect();
+        let answers = store.submit_batch(&worker, &requests).unwrap();
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Ok(Submitted::Accepted(_))))
+        );
+    });
+    assert_eq!(batch, one, "a batch of submissions is one transaction");
+}

@@ -271,19 +271,49 @@ impl Error {
         matches!(self, Self::Storage(error) if error.kind() == StorageErrorKind::Retryable)
     }
 
-    /// What a backend's fault means to a caller, at `now`: a quota refusal
-    /// is `503` resetting at the next UTC midnight, a damaged database is
-    /// [`Error::CorruptDatabase`]; other errors pass as they are.
-    pub(crate) fn classified(self, now: DateTime<Utc>) -> Self {
+    /// What a backend's fault means beyond its kind: a damaged database is
+    /// [`Error::CorruptDatabase`]; other errors (a quota refusal included,
+    /// which the store dates) pass as they are.
+    pub(crate) fn classified(self) -> Self {
         let Self::Storage(storage) = self else {
             return self;
         };
         match storage.kind() {
-            StorageErrorKind::QuotaRefused => Self::storage_quota_exhausted(now),
             StorageErrorKind::Corrupt => Self::CorruptDatabase {
                 reason: storage.message().to_owned(),
             },
             _ => Self::Storage(storage),
+        }
+    }
+
+    /// A write the storage provider refused for a quota, as a backend
+    /// reports it; the store dates it ([`refusal_dated`](Self::refusal_dated)).
+    pub(crate) fn quota_refused() -> Self {
+        Self::Storage(StorageError::new(
+            StorageErrorKind::QuotaRefused,
+            None,
+            "the storage provider refused the write",
+        ))
+    }
+
+    /// Whether this is a quota refusal, as a backend reports it or as the
+    /// store dated it.
+    pub(crate) fn is_quota_refusal(&self) -> bool {
+        match self {
+            Self::Storage(storage) => storage.kind() == StorageErrorKind::QuotaRefused,
+            other => other.is_quota_exhausted(),
+        }
+    }
+
+    /// What a backend's error is to the caller at `now`, the store's own
+    /// time: a quota refusal is `503 storage_quota_exhausted` until the
+    /// next UTC midnight. The one place a refusal is dated.
+    pub(crate) fn refusal_dated(self, now: DateTime<Utc>) -> Self {
+        match self {
+            Self::Storage(storage) if storage.kind() == StorageErrorKind::QuotaRefused => {
+                Self::storage_quota_exhausted(now)
+            }
+            other => other,
         }
     }
 

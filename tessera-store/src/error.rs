@@ -163,6 +163,29 @@ impl ConflictKind {
     }
 }
 
+impl ConflictKind {
+    /// The outcome a counter records for it: the same code the caller saw.
+    pub fn outcome(self) -> tessera_audit::Outcome {
+        use tessera_audit::Outcome;
+        match self {
+            Self::IdempotencyConflict => Outcome::IdempotencyConflict,
+            Self::StaleToken => Outcome::StaleToken,
+            Self::UnknownToken => Outcome::UnknownToken,
+            Self::WrongHolder => Outcome::WrongHolder,
+            Self::LeaseExpired => Outcome::LeaseExpired,
+            Self::LeaseEnded => Outcome::LeaseEnded,
+            Self::TaskCancelled => Outcome::TaskCancelled,
+            Self::TaskExists => Outcome::TaskExists,
+            Self::TaskFinished => Outcome::TaskFinished,
+            Self::NotReady => Outcome::NotReady,
+            Self::NothingToRetry => Outcome::NothingToRetry,
+            Self::NothingToCancel => Outcome::NothingToCancel,
+            Self::TokensExhausted => Outcome::TokensExhausted,
+            Self::Other => Outcome::Conflict,
+        }
+    }
+}
+
 impl Error {
     /// A `409` of `kind`, for `reason`.
     pub fn conflict(kind: ConflictKind, reason: impl Into<String>) -> Self {
@@ -252,7 +275,7 @@ impl Error {
             Self::Unauthorized => Outcome::Unauthorized,
             Self::Forbidden { .. } => Outcome::Forbidden,
             Self::NotFound { .. } => Outcome::NotFound,
-            Self::Conflict { .. } => Outcome::Conflict,
+            Self::Conflict { kind, .. } => kind.outcome(),
             Self::InvalidInput { .. } => Outcome::InvalidInput,
             Self::RateLimited { .. } => Outcome::RateLimited,
             // No lease was handed out, as for an empty queue.
@@ -536,6 +559,30 @@ pub struct ToolErrorDetail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conflict_is_counted_under_the_code_its_caller_saw() {
+        let kinds = [
+            ConflictKind::IdempotencyConflict,
+            ConflictKind::StaleToken,
+            ConflictKind::UnknownToken,
+            ConflictKind::WrongHolder,
+            ConflictKind::LeaseExpired,
+            ConflictKind::LeaseEnded,
+            ConflictKind::TaskCancelled,
+            ConflictKind::TaskExists,
+            ConflictKind::TaskFinished,
+            ConflictKind::NotReady,
+            ConflictKind::NothingToRetry,
+            ConflictKind::NothingToCancel,
+            ConflictKind::TokensExhausted,
+            ConflictKind::Other,
+        ];
+        for kind in kinds {
+            let error = Error::conflict(kind, "refused");
+            assert_eq!(error.outcome().as_str(), error.code(), "{kind:?}");
+        }
+    }
     use chrono::TimeZone;
 
     #[test]

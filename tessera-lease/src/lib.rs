@@ -107,14 +107,14 @@ mod time;
 mod token;
 mod tries;
 
-pub use attempt::{AttemptNumber, AttemptRecord};
+pub use attempt::AttemptRecord;
 pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable, priorities};
 pub use digest::Digest;
 pub use error::{DurationRule, Field, LeaseError, LeaseErrorKind, Rule};
 pub use lease::{Lease, LeaseRecord};
 pub use name::{
-    ArtifactKey, BriefVersion, IdempotencyKey, MAX_BRIEF_BYTES, Namespace, Principal, QueueName,
-    TaskId, check_brief_size, check_output_size,
+    ArtifactKey, AttemptNumber, BriefVersion, IdempotencyKey, MAX_BRIEF_BYTES, Namespace,
+    Principal, QueueName, TaskId, check_brief_size, check_output_size,
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
 pub use spec::{Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, TaskRecord, TaskSpec};

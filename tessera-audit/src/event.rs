@@ -123,10 +123,35 @@ named_enum!(
     Forbidden = "forbidden",
     /// What it named does not exist (`404`).
     NotFound = "not_found",
-    /// The request contradicts the current state: a stale fencing token, a
-    /// reused idempotency key, a cancelled task (`409`, whichever conflict
-    /// code the host returns).
+    /// The request contradicts the current state in a way none of the
+    /// conflicts below names (`409 conflict`).
     Conflict = "conflict",
+    /// The idempotency key was used with a different payload (`409`).
+    IdempotencyConflict = "idempotency_conflict",
+    /// A later grant superseded the fencing token (`409`).
+    StaleToken = "stale_token",
+    /// The fencing token was never granted for the task (`409`).
+    UnknownToken = "unknown_token",
+    /// The lease is held by another principal (`409`).
+    WrongHolder = "wrong_holder",
+    /// The lease expired (`409`).
+    LeaseExpired = "lease_expired",
+    /// The lease ended (`409`).
+    LeaseEnded = "lease_ended",
+    /// An operator cancelled the task (`409`).
+    TaskCancelled = "task_cancelled",
+    /// The task exists already (`409`).
+    TaskExists = "task_exists",
+    /// No attempt of the task is left to claim (`409`).
+    TaskFinished = "task_finished",
+    /// No attempt of the task is claimable yet (`409`).
+    NotReady = "not_ready",
+    /// An operator's retry found nothing to retry (`409`).
+    NothingToRetry = "nothing_to_retry",
+    /// An operator's cancel found every attempt final (`409`).
+    NothingToCancel = "nothing_to_cancel",
+    /// Every fencing token the task can hold has been granted (`409`).
+    TokensExhausted = "tokens_exhausted",
     /// The request was malformed (`400`).
     InvalidInput = "invalid_input",
     /// Overload: claim admission refused it (`429`).

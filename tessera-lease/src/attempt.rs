@@ -1,64 +1,10 @@
 //! Attempts: the unit that is leased.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Field, LeaseError};
 use crate::lease::LeaseRecord;
+use crate::name::AttemptNumber;
 use crate::state::TaskState;
-
-/// Numbers the attempts of a task from 1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "u16", into = "u16")]
-pub struct AttemptNumber(pub(crate) u16);
-
-impl AttemptNumber {
-    /// The first attempt, the only one of a task without alternatives.
-    pub const FIRST: Self = Self(1);
-
-    /// Accepts a positive attempt number.
-    pub fn new(value: u16) -> Result<Self, LeaseError> {
-        if value == 0 {
-            return Err(LeaseError::OutOfRange {
-                field: Field::Attempt,
-                value: 0,
-                max: i64::from(u16::MAX),
-            });
-        }
-        Ok(Self(value))
-    }
-
-    /// The number.
-    pub fn as_u16(self) -> u16 {
-        self.0
-    }
-
-    /// Index into a task's attempts.
-    pub(crate) fn index(self) -> usize {
-        usize::from(self.0 - 1)
-    }
-}
-
-impl TryFrom<u16> for AttemptNumber {
-    type Error = LeaseError;
-
-    fn try_from(value: u16) -> Result<Self, Self::Error> {
-        Self::new(value)
-    }
-}
-
-impl From<AttemptNumber> for u16 {
-    fn from(number: AttemptNumber) -> Self {
-        number.0
-    }
-}
-
-impl fmt::Display for AttemptNumber {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
 
 /// One attempt of a task as stored: a row of an `attempts` table keyed by
 /// task and number.

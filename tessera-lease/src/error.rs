@@ -4,7 +4,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 
-use crate::attempt::AttemptNumber;
+use crate::name::AttemptNumber;
 use crate::state::StateName;
 use crate::token::FencingToken;
 

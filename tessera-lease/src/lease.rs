@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::attempt::AttemptNumber;
+use crate::name::AttemptNumber;
 use crate::name::{ArtifactKey, Principal, TaskId};
 use crate::token::FencingToken;
 

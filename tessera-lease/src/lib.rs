@@ -118,16 +118,16 @@ mod token;
 mod tries;
 mod unique;
 
-pub use attempt::{AttemptNumber, AttemptRecord};
+pub use attempt::AttemptRecord;
 pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable, priorities};
 pub use digest::Digest;
 pub use error::{DurationRule, Field, LeaseError, LeaseErrorKind, Rule};
 pub use lease::{Lease, LeaseRecord};
 pub use limit::{ConcurrencyLimit, Held};
 pub use name::{
-    ArtifactKey, BriefVersion, IdempotencyKey, MAX_BRIEF_BYTES, MAX_PROGRESS_BYTES, Namespace,
-    PartitionKey, Principal, QueueName, ScheduleName, TaskId, UniqueKey, check_brief_size,
-    check_output_size, check_progress_size,
+    ArtifactKey, AttemptNumber, BriefVersion, IdempotencyKey, MAX_BRIEF_BYTES, MAX_PROGRESS_BYTES,
+    Namespace, PartitionKey, Principal, QueueName, ScheduleName, TaskId, UniqueKey,
+    check_brief_size, check_output_size, check_progress_size,
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
 #[cfg(feature = "schedule")]

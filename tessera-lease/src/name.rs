@@ -4,14 +4,14 @@
 //! `.`, neither starting nor ending with `.` and never containing `..`. So a
 //! name is always safe as a path segment, an SQL value and a log field, and
 //! `/` can never appear. Parsing is the only way to build one, deserializing
-//! included.
+//! included. The numbers that name a brief's version and a task's
+//! attempts are here too: both are checked once, when built.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::attempt::AttemptNumber;
 use crate::error::{Field, LeaseError, Rule};
 use crate::token::FencingToken;
 
@@ -288,6 +288,58 @@ impl From<BriefVersion> for u32 {
 }
 
 impl fmt::Display for BriefVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Numbers the attempts of a task from 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "u16", into = "u16")]
+pub struct AttemptNumber(pub(crate) u16);
+
+impl AttemptNumber {
+    /// The first attempt, the only one of a task without alternatives.
+    pub const FIRST: Self = Self(1);
+
+    /// Accepts a positive attempt number.
+    pub fn new(value: u16) -> Result<Self, LeaseError> {
+        if value == 0 {
+            return Err(LeaseError::OutOfRange {
+                field: Field::Attempt,
+                value: 0,
+                max: i64::from(u16::MAX),
+            });
+        }
+        Ok(Self(value))
+    }
+
+    /// The number.
+    pub fn as_u16(self) -> u16 {
+        self.0
+    }
+
+    /// Index into a task's attempts.
+    pub(crate) fn index(self) -> usize {
+        usize::from(self.0 - 1)
+    }
+}
+
+impl TryFrom<u16> for AttemptNumber {
+    type Error = LeaseError;
+
+    fn try_from(value: u16) -> Result<Self, Self::Error> {
+        Self::new(value)
+    }
+}
+
+impl From<AttemptNumber> for u16 {
+    fn from(number: AttemptNumber) -> Self {
+        number.0
+    }
+}
+
+impl fmt::Display for AttemptNumber {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }

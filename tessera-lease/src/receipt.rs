@@ -3,8 +3,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::attempt::AttemptNumber;
 use crate::digest::Digest;
+use crate::name::AttemptNumber;
 use crate::name::{ArtifactKey, BriefVersion, IdempotencyKey, Principal, TaskId};
 use crate::token::FencingToken;
 

@@ -5,9 +5,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::attempt::{AttemptNumber, AttemptRecord};
+use crate::attempt::AttemptRecord;
 use crate::error::{Field, LeaseError, Rule};
 use crate::lease::{Lease, LeaseRecord};
+use crate::name::AttemptNumber;
 use crate::name::{ArtifactKey, BriefVersion, Principal, TaskId};
 use crate::receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
 use crate::spec::{Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, TaskRecord, TaskSpec};

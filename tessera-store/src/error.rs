@@ -163,6 +163,29 @@ impl ConflictKind {
     }
 }
 
+impl ConflictKind {
+    /// The outcome a counter records for it: the same code the caller saw.
+    pub fn outcome(self) -> tessera_audit::Outcome {
+        use tessera_audit::Outcome;
+        match self {
+            Self::IdempotencyConflict => Outcome::IdempotencyConflict,
+            Self::StaleToken => Outcome::StaleToken,
+            Self::UnknownToken => Outcome::UnknownToken,
+            Self::WrongHolder => Outcome::WrongHolder,
+            Self::LeaseExpired => Outcome::LeaseExpired,
+            Self::LeaseEnded => Outcome::LeaseEnded,
+            Self::TaskCancelled => Outcome::TaskCancelled,
+            Self::TaskExists => Outcome::TaskExists,
+            Self::TaskFinished => Outcome::TaskFinished,
+            Self::NotReady => Outcome::NotReady,
+            Self::NothingToRetry => Outcome::NothingToRetry,
+            Self::NothingToCancel => Outcome::NothingToCancel,
+            Self::TokensExhausted => Outcome::TokensExhausted,
+            Self::Other => Outcome::Conflict,
+        }
+    }
+}
+
 impl Error {
     /// A `409` of `kind`, for `reason`.
     pub fn conflict(kind: ConflictKind, reason: impl Into<String>) -> Self {
@@ -252,7 +275,7 @@ impl Error {
             Self::Unauthorized => Outcome::Unauthorized,
             Self::Forbidden { .. } => Outcome::Forbidden,
             Self::NotFound { .. } => Outcome::NotFound,
-            Self::Conflict { .. } => Outcome::Conflict,
+            Self::Conflict { kind, .. } => kind.outcome(),
             Self::InvalidInput { .. } => Outcome::InvalidInput,
             Self::RateLimited { .. } => Outcome::RateLimited,
             // No lease was handed out, as for an empty queue.
@@ -271,19 +294,49 @@ impl Error {
         matches!(self, Self::Storage(error) if error.kind() == StorageErrorKind::Retryable)
     }
 
-    /// What a backend's fault means to a caller, at `now`: a quota refusal
-    /// is `503` resetting at the next UTC midnight, a damaged database is
-    /// [`Error::CorruptDatabase`]; other errors pass as they are.
-    pub(crate) fn classified(self, now: DateTime<Utc>) -> Self {
+    /// What a backend's fault means beyond its kind: a damaged database is
+    /// [`Error::CorruptDatabase`]; other errors (a quota refusal included,
+    /// which the store dates) pass as they are.
+    pub(crate) fn classified(self) -> Self {
         let Self::Storage(storage) = self else {
             return self;
         };
         match storage.kind() {
-            StorageErrorKind::QuotaRefused => Self::storage_quota_exhausted(now),
             StorageErrorKind::Corrupt => Self::CorruptDatabase {
                 reason: storage.message().to_owned(),
             },
             _ => Self::Storage(storage),
+        }
+    }
+
+    /// A write the storage provider refused for a quota, as a backend
+    /// reports it; the store dates it ([`refusal_dated`](Self::refusal_dated)).
+    pub(crate) fn quota_refused() -> Self {
+        Self::Storage(StorageError::new(
+            StorageErrorKind::QuotaRefused,
+            None,
+            "the storage provider refused the write",
+        ))
+    }
+
+    /// Whether this is a quota refusal, as a backend reports it or as the
+    /// store dated it.
+    pub(crate) fn is_quota_refusal(&self) -> bool {
+        match self {
+            Self::Storage(storage) => storage.kind() == StorageErrorKind::QuotaRefused,
+            other => other.is_quota_exhausted(),
+        }
+    }
+
+    /// What a backend's error is to the caller at `now`, the store's own
+    /// time: a quota refusal is `503 storage_quota_exhausted` until the
+    /// next UTC midnight. The one place a refusal is dated.
+    pub(crate) fn refusal_dated(self, now: DateTime<Utc>) -> Self {
+        match self {
+            Self::Storage(storage) if storage.kind() == StorageErrorKind::QuotaRefused => {
+                Self::storage_quota_exhausted(now)
+            }
+            other => other,
         }
     }
 
@@ -506,6 +559,30 @@ pub struct ToolErrorDetail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conflict_is_counted_under_the_code_its_caller_saw() {
+        let kinds = [
+            ConflictKind::IdempotencyConflict,
+            ConflictKind::StaleToken,
+            ConflictKind::UnknownToken,
+            ConflictKind::WrongHolder,
+            ConflictKind::LeaseExpired,
+            ConflictKind::LeaseEnded,
+            ConflictKind::TaskCancelled,
+            ConflictKind::TaskExists,
+            ConflictKind::TaskFinished,
+            ConflictKind::NotReady,
+            ConflictKind::NothingToRetry,
+            ConflictKind::NothingToCancel,
+            ConflictKind::TokensExhausted,
+            ConflictKind::Other,
+        ];
+        for kind in kinds {
+            let error = Error::conflict(kind, "refused");
+            assert_eq!(error.outcome().as_str(), error.code(), "{kind:?}");
+        }
+    }
     use chrono::TimeZone;
 
     #[test]

@@ -94,16 +94,15 @@ pub(crate) type Result<T> = std::result::Result<T, StorageError>;
 /// Errors a backend returns are [`Error::Storage`] with a classified
 /// [`StorageError`]; the store turns a quota refusal into `503` itself.
 pub(crate) trait Backend: Send + Sync + fmt::Debug {
-    /// Runs `work` on a read-only view of the last committed state;
-    /// `now` dates a quota refusal.
+    /// Runs `work` on a read-only view of the last committed state.
     fn read(
         &self,
-        now: DateTime<Utc>,
         work: &mut dyn FnMut(&dyn ReadTransaction) -> std::result::Result<(), Error>,
     ) -> std::result::Result<(), Error>;
 
-    /// Runs `work` as one atomic write transaction at `now`: committed if
-    /// it returns `Ok` and storage accepts it, rolled back whole otherwise.
+    /// Runs `work` as one atomic write transaction at `now` (the day its
+    /// rows count against): committed if it returns `Ok` and storage
+    /// accepts it, rolled back whole otherwise.
     fn write(
         &self,
         now: DateTime<Utc>,

@@ -144,14 +144,13 @@ impl PostgresBackend {
         let migrated = {
             let mut connection = pool
                 .get()
-                .map_err(|error| Error::Storage(error.into()).classified(now))?;
+                .map_err(|error| Error::Storage(error.into()).classified())?;
             schema::migrate(
                 &mut connection.client,
                 options.schema.as_deref(),
                 policy.refuse_writes,
-                now,
             )
-            .map_err(|error| error.classified(now))?
+            .map_err(Error::classified)?
         };
         // The schema's creation is metered as SQLite meters it: one write
         // transaction, its rows counted against the day.
@@ -198,13 +197,13 @@ impl PostgresBackend {
     }
 
     /// What a failed write is to its caller at `now`.
-    fn classify(&self, error: Error, refusing: bool, now: DateTime<Utc>) -> Error {
+    fn classify(&self, error: Error, refusing: bool) -> Error {
         let error = if refusing && is_read_only_refusal(&error) {
-            Error::storage_quota_exhausted(now)
+            Error::quota_refused()
         } else {
-            error.classified(now)
+            error.classified()
         };
-        if error.is_quota_exhausted() {
+        if error.is_quota_refusal() {
             self.refused_writes.fetch_add(1, Ordering::Relaxed);
         }
         error
@@ -249,7 +248,7 @@ impl PostgresBackend {
             Fit::WithoutTail => rows = pg.rows().0,
             Fit::Refused => {
                 let _ = pg.finish(false);
-                return Err(Error::storage_quota_exhausted(now));
+                return Err(Error::quota_refused());
             }
         }
         let kept_tail = fit == Fit::Whole && tail.is_some();
@@ -284,7 +283,6 @@ fn is_lost_connection(error: &Error) -> bool {
 impl Backend for PostgresBackend {
     fn read(
         &self,
-        now: DateTime<Utc>,
         work: &mut dyn FnMut(&dyn ReadTransaction) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let mut run = || -> Result<(), Error> {
@@ -313,7 +311,7 @@ impl Backend for PostgresBackend {
             Err(error) if is_lost_connection(&error) => run(),
             result => result,
         }
-        .map_err(|error| error.classified(now))
+        .map_err(Error::classified)
     }
 
     fn write(
@@ -326,7 +324,7 @@ impl Backend for PostgresBackend {
             match self.try_write(now, refusing, work) {
                 Ok(Some(committed)) => return Ok(committed),
                 Ok(None) => continue,
-                Err(error) => return Err(self.classify(error, refusing, now)),
+                Err(error) => return Err(self.classify(error, refusing)),
             }
         }
         // The last run's error is the answer.
@@ -337,7 +335,7 @@ impl Backend for PostgresBackend {
                 None,
                 "the transaction kept losing to concurrent ones or its connection",
             ))),
-            Err(error) => Err(self.classify(error, refusing, now)),
+            Err(error) => Err(self.classify(error, refusing)),
         }
     }
 

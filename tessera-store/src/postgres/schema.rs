@@ -8,7 +8,6 @@
 //! advisory lock (keyed by the schema's name, so processes opening at once
 //! queue behind each other), looks again, and creates what is missing.
 
-use chrono::{DateTime, Utc};
 use postgres::Client;
 
 use crate::error::Error;
@@ -262,12 +261,11 @@ fn is_up_to_date(inspection: &Inspection) -> bool {
 /// build's, creating the schema itself if `schema` is set and missing.
 /// Returns the table rows its transaction changed, or `None` when no DDL
 /// ran (nothing was committed). While `refusing` writes, a database that
-/// needs any is a `503` at `now`, with nothing written.
+/// needs any is a quota refusal, with nothing written.
 pub(crate) fn migrate(
     client: &mut Client,
     schema: Option<&str>,
     refusing: bool,
-    now: DateTime<Utc>,
 ) -> Result<Option<u64>, Error> {
     let exists = match schema {
         Some(schema) => client
@@ -286,7 +284,7 @@ pub(crate) fn migrate(
         }
     }
     if refusing {
-        return Err(Error::storage_quota_exhausted(now));
+        return Err(Error::quota_refused());
     }
     let mut transaction = client.transaction()?;
     let lock_key = schema.unwrap_or("public");

@@ -209,7 +209,7 @@ impl Writing {
         work: impl FnOnce(&Writer<'_>) -> Result<(), Error>,
     ) -> Result<bool, Error> {
         if self.batch.is_none() {
-            self.connection.begin(now, meter, rules)?;
+            self.connection.begin(meter, rules)?;
         }
         let earlier = self.batch.as_ref().map(|batch| batch.rows);
         let result = self.connection.operation(now, meter, rules, earlier, work);
@@ -225,7 +225,7 @@ impl Writing {
                 ))
             });
             if let Some(batch) = self.batch.take() {
-                if error.is_quota_exhausted() {
+                if error.is_quota_refusal() {
                     // Refused once for this operation already.
                     meter.refused_by(batch.operations);
                 }

@@ -247,11 +247,11 @@ impl SqliteBackend {
             refusing,
             policy.daily_rows_written_allowance,
         )
-        .map_err(|error| classify(error.into(), &rules, refusing, now))?;
+        .map_err(|error| classify(error.into(), &rules, refusing))?;
         schema::cold_start(&mut writer, &options.location, &meter, &rules, now)?;
         writer
             .load_indexes(&schema::table_names())
-            .map_err(|error| classify(error.into(), &rules, refusing, now))?;
+            .map_err(|error| classify(error.into(), &rules, refusing))?;
         let readers = ReadPool::new(
             options.location,
             options.busy_timeout,
@@ -269,12 +269,11 @@ impl SqliteBackend {
 impl Backend for SqliteBackend {
     fn read(
         &self,
-        now: DateTime<Utc>,
         work: &mut dyn FnMut(&dyn ReadTransaction) -> Result<(), Error>,
     ) -> Result<(), Error> {
         self.readers
             .with(|conn| work(&Reader::new(conn, &self.meter)))
-            .map_err(|error| classify(error, &self.rules, false, now))
+            .map_err(|error| classify(error, &self.rules, false))
     }
 
     fn write(

@@ -3,7 +3,6 @@
 
 use std::fmt;
 
-use chrono::{DateTime, Utc};
 use rusqlite::ErrorCode;
 
 use crate::error::{Error, StorageError, StorageErrorKind};
@@ -99,19 +98,12 @@ impl fmt::Debug for QuotaRules {
     }
 }
 
-/// Turns a storage error into what the caller sees at `now`: a provider
-/// refusal, a corrupt database, or a plain storage error.
-pub(crate) fn classify(
-    error: Error,
-    rules: &QuotaRules,
-    refusing: bool,
-    now: DateTime<Utc>,
-) -> Error {
+/// Turns a storage error into what the store is told: a provider refusal
+/// (which the store dates), a corrupt database, or a plain storage error.
+pub(crate) fn classify(error: Error, rules: &QuotaRules, refusing: bool) -> Error {
     match error {
-        Error::Storage(storage) if rules.is_refusal(&storage, refusing) => {
-            Error::storage_quota_exhausted(now)
-        }
-        other => other.classified(now),
+        Error::Storage(storage) if rules.is_refusal(&storage, refusing) => Error::quota_refused(),
+        other => other.classified(),
     }
 }
 

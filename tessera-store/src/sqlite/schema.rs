@@ -586,7 +586,7 @@ pub(crate) fn cold_start(
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
     let refusing = writer.is_refusing();
-    let classify = |error: Error| classify(error, rules, refusing, now);
+    let classify = |error: Error| classify(error, rules, refusing);
     let inspection = inspect(&Reader::new(writer.connection(), meter)).map_err(classify)?;
     check_version(&inspection)?;
     if !location.is_memory() {

@@ -198,26 +198,21 @@ impl WriteConnection {
         rules: &QuotaRules,
         work: impl FnOnce(&Writer<'_>) -> Result<T, Error>,
     ) -> Result<Done<T>, Error> {
-        self.begin(now, meter, rules)?;
+        self.begin(meter, rules)?;
         let done = self.operation(now, meter, rules, None, work)?;
         self.commit(now, meter, rules, done.rows, 1)?;
         Ok(done)
     }
 
     /// Opens a transaction for one or more operations: `BEGIN IMMEDIATE`.
-    pub(crate) fn begin(
-        &mut self,
-        now: DateTime<Utc>,
-        meter: &Meter,
-        rules: &QuotaRules,
-    ) -> Result<(), Error> {
+    pub(crate) fn begin(&mut self, meter: &Meter, rules: &QuotaRules) -> Result<(), Error> {
         if !self.conn.is_autocommit() {
             // Left open by a panic inside an earlier transaction.
             let _ = self.run("ROLLBACK");
         }
         self.hooks.pending_rows.store(0, Ordering::Relaxed);
         self.run("BEGIN IMMEDIATE")
-            .map_err(|error| self.classified(error.into(), meter, rules, now))
+            .map_err(|error| self.classified(error.into(), meter, rules))
     }
 
     /// Runs `work` as one operation of the open transaction, and checks
@@ -241,7 +236,7 @@ impl WriteConnection {
         let before = self.hooks.pending_rows.load(Ordering::Relaxed);
         if earlier.is_some() {
             self.run(OPERATION)
-                .map_err(|error| self.classified(error.into(), meter, rules, now))?;
+                .map_err(|error| self.classified(error.into(), meter, rules))?;
         }
         let writer = Writer {
             reader: Reader {
@@ -271,7 +266,7 @@ impl WriteConnection {
             Ok(value) => value,
             Err(error) => {
                 undo(self);
-                return Err(self.classified(error, meter, rules, now));
+                return Err(self.classified(error, meter, rules));
             }
         };
         let mut rows = self.hooks.pending_rows.load(Ordering::Relaxed) - before;
@@ -291,13 +286,13 @@ impl WriteConnection {
             Fit::Refused => {
                 undo(self);
                 meter.refused();
-                return Err(Error::storage_quota_exhausted(now));
+                return Err(Error::quota_refused());
             }
         }
         if earlier.is_some() {
             if let Err(error) = self.run(OPERATION_RELEASE) {
                 undo(self);
-                return Err(self.classified(error.into(), meter, rules, now));
+                return Err(self.classified(error.into(), meter, rules));
             }
         }
         Ok(Done {
@@ -320,8 +315,8 @@ impl WriteConnection {
     ) -> Result<(), Error> {
         if let Err(error) = self.run("COMMIT") {
             self.rollback();
-            let error = classify(error.into(), rules, self.is_refusing(), now);
-            if error.is_quota_exhausted() {
+            let error = classify(error.into(), rules, self.is_refusing());
+            if error.is_quota_refusal() {
                 meter.refused_by(operations);
             }
             return Err(error);
@@ -342,15 +337,9 @@ impl WriteConnection {
 
     /// `error` classified (quota refusal, corruption); a quota refusal is
     /// counted.
-    fn classified(
-        &self,
-        error: Error,
-        meter: &Meter,
-        rules: &QuotaRules,
-        now: DateTime<Utc>,
-    ) -> Error {
-        let error = classify(error, rules, self.is_refusing(), now);
-        if error.is_quota_exhausted() {
+    fn classified(&self, error: Error, meter: &Meter, rules: &QuotaRules) -> Error {
+        let error = classify(error, rules, self.is_refusing());
+        if error.is_quota_refusal() {
             meter.refused();
         }
         error
@@ -726,7 +715,7 @@ mod tests {
                 Ok(())
             })
             .unwrap_err();
-        assert!(error.is_quota_exhausted());
+        assert!(error.is_quota_refusal());
         assert_eq!(count(&writer), 1);
     }
 
@@ -742,7 +731,7 @@ mod tests {
                 Ok(())
             })
             .unwrap_err();
-        assert!(error.is_quota_exhausted(), "{error:?}");
+        assert!(error.is_quota_refusal(), "{error:?}");
         assert_eq!(meter.snapshot().refused_writes, 1);
         writer.set_refusing(false);
         assert_eq!(rows(&mut writer, &meter, "INSERT INTO t (a) VALUES (1)"), 3);

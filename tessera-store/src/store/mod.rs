@@ -138,7 +138,9 @@ impl Store {
         options.validate()?;
         let policy = OpenPolicy::of(&config);
         Self::open_with(config, || {
-            Ok(Box::new(SqliteBackend::open(options, policy)?))
+            let backend =
+                SqliteBackend::open(options, policy).map_err(|e| e.refusal_dated(policy.now))?;
+            Ok(Box::new(backend))
         })
     }
 
@@ -162,7 +164,9 @@ impl Store {
         options.validate()?;
         let policy = OpenPolicy::of(&config);
         Self::open_with(config, || {
-            Ok(Box::new(pg::PostgresBackend::open(options, policy)?))
+            let backend = pg::PostgresBackend::open(options, policy)
+                .map_err(|e| e.refusal_dated(policy.now))?;
+            Ok(Box::new(backend))
         })
     }
 
@@ -318,10 +322,14 @@ impl Store {
         mut work: impl FnMut(&dyn WriteTransaction) -> Result<T, Error>,
     ) -> Result<(T, bool), Error> {
         let mut value = None;
-        let committed = self.backend.write(self.now_utc(), &mut |writer| {
-            value = Some(work(writer)?);
-            Ok(())
-        })?;
+        let now = self.now_utc();
+        let committed = self
+            .backend
+            .write(now, &mut |writer| {
+                value = Some(work(writer)?);
+                Ok(())
+            })
+            .map_err(|error| error.refusal_dated(now))?;
         let value = value.expect("a committed transaction ran its work");
         Ok((value, committed.tail))
     }
@@ -333,10 +341,13 @@ impl Store {
         mut read: impl FnMut(&dyn ReadTransaction) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let mut value = None;
-        self.backend.read(self.now_utc(), &mut |reader| {
-            value = Some(read(reader)?);
-            Ok(())
-        })?;
+        let now = self.now_utc();
+        self.backend
+            .read(&mut |reader| {
+                value = Some(read(reader)?);
+                Ok(())
+            })
+            .map_err(|error| error.refusal_dated(now))?;
         Ok(value.expect("a successful read ran"))
     }
 }

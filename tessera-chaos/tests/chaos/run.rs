@@ -97,7 +97,7 @@ impl Scenario {
             kinds,
             skew_millis: 0,
             through_proxy: false,
-            deadline: Duration::from_secs(240),
+            deadline: Duration::from_secs(600),
         }
     }
 

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::history::{Completion, History, Operation, OperationId, Outcome, Receipt, Step};
@@ -158,6 +158,23 @@ struct TaskSteps<'h> {
 /// outcome is unknown may or may not have happened, but every effect in
 /// the end must be one some operation could have made.
 pub fn check(history: &History, end: &FinalState) -> Report {
+    check_with(history, end, &CheckOptions::default())
+}
+
+/// What the checker allows for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckOptions {
+    /// The most two processes' clocks differ. Leases are timed by the
+    /// clock of the process that granted or extended them, so two leases
+    /// of one attempt may seem to overlap by up to this much when their
+    /// times come from different clocks; only a longer overlap is an
+    /// anomaly. Fencing tokens, not clocks, keep results correct: the
+    /// stale-token check allows nothing for skew.
+    pub clock_skew: TimeDelta,
+}
+
+/// [`check`], allowing for what `options` says.
+pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -> Report {
     let mut tasks: BTreeMap<&str, TaskSteps<'_>> = BTreeMap::new();
     let mut unknown_claims: Vec<OperationId> = Vec::new();
     let mut report = Report {
@@ -216,7 +233,7 @@ pub fn check(history: &History, end: &FinalState) -> Report {
     let mut unexplained_grants = 0;
     for (task, steps) in &tasks {
         let end_task = end.tasks.get(*task);
-        leases(task, steps, anomalies);
+        leases(task, steps, options.clock_skew, anomalies);
         tokens(task, steps, end_task, anomalies);
         submits(task, steps, end_task, anomalies);
         enqueues(task, steps, end_task, anomalies);
@@ -309,17 +326,17 @@ fn lease_end(grant: &Grant<'_>, steps: &TaskSteps<'_>) -> (DateTime<Utc>, Vec<Op
 /// extended expiry, by the store's clock) intersect, unless the one with
 /// the smaller token (granted first: tokens follow the store's order) may
 /// have been ended by its holder or a cancel before the other was
-/// acknowledged. A grant's time is read when the claim starts, so it can
+/// acknowledged, or they overlap by no more than the clock skew allowed. A grant's time is read when the claim starts, so it can
 /// be earlier than an ending that committed before it; the token order
 /// is what the store serialized.
-fn leases(task: &str, steps: &TaskSteps<'_>, anomalies: &mut Vec<Anomaly>) {
+fn leases(task: &str, steps: &TaskSteps<'_>, skew: TimeDelta, anomalies: &mut Vec<Anomaly>) {
     let ends: Vec<_> = steps.grants.iter().map(|g| lease_end(g, steps)).collect();
     for (first, (end, extended_by)) in steps.grants.iter().zip(&ends) {
         for (second, (second_end, _)) in steps.grants.iter().zip(&ends) {
             if second.attempt != first.attempt
                 || second.token <= first.token
-                || second.granted_at >= *end
-                || first.granted_at >= *second_end
+                || second.granted_at + skew >= *end
+                || first.granted_at >= *second_end + skew
             {
                 continue;
             }

@@ -27,7 +27,8 @@
 //!
 //! The checks, each an [`AnomalyKind`]:
 //! - no two acknowledged leases of one attempt are valid at once, given
-//!   each grant's expiry and every acknowledged heartbeat;
+//!   each grant's expiry and every acknowledged heartbeat (beyond the
+//!   clock skew between processes [`CheckOptions`] allows);
 //! - fencing tokens rise per task in the order grants were acknowledged,
 //!   and the final token counter is never behind an acknowledged grant;
 //! - an acknowledged submission is stored with its payload's digest, a
@@ -104,7 +105,7 @@ mod check;
 mod history;
 mod state;
 
-pub use check::{Anomaly, AnomalyKind, Report, check};
+pub use check::{Anomaly, AnomalyKind, CheckOptions, Report, check, check_with};
 pub use history::{
     Completion, Event, History, HistoryError, Operation, OperationId, Outcome, Receipt, Record,
     Step,

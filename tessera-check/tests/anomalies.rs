@@ -419,3 +419,64 @@ fn unknown_outcomes_either_way_but_effects_need_a_cause() {
     let report = check(&s.history(), &end_with(0, AttemptState::Ready, vec![]));
     only(&report, AnomalyKind::Unexplained, &[]);
 }
+
+#[test]
+fn leases_timed_by_skewed_clocks_may_seem_to_overlap_by_the_skew_alone() {
+    // Seen in a chaos run on PostgreSQL with clocks up to 0.4 s apart:
+    // process 2 holds token 1 until 38.938 by its own clock and dies;
+    // process 3, its clock ahead, finds the lease lapsed and is granted
+    // token 2, which it fails; process 2, started again with its clock
+    // behind, is granted token 3 at 38.909 by its clock.
+    let millis = |ms: i64| at(0) + chrono::TimeDelta::milliseconds(ms);
+    let granted = |token, from: i64| tessera_check::Completion::Ok {
+        outcome: Outcome::Granted {
+            task: T.to_owned(),
+            attempt: 1,
+            token,
+            granted_at: millis(from),
+            expires_at: millis(from + 2_000),
+        },
+    };
+    let mut s = Script::default();
+    s.enqueue(T);
+    let first = s.begin(2, 36, claim());
+    s.end(first, 36, granted(1, 36_169));
+    let beat = s.ok(
+        2,
+        37,
+        heartbeat(T, 1, 1),
+        Outcome::Extended {
+            expires_at: millis(38_938),
+        },
+    );
+    let second = s.begin(3, 39, claim());
+    s.end(second, 39, granted(2, 39_023));
+    s.ok(3, 39, fail(T, 1, 2, true), Outcome::Failed);
+    let third = s.begin(2, 38, claim());
+    s.end(third, 38, granted(3, 38_909));
+    let end = end_with(3, AttemptState::Leased, vec![]);
+
+    // With no skew allowed, 29 ms of overlap is an anomaly …
+    let report = check(&s.history(), &end);
+    only(
+        &report,
+        AnomalyKind::OverlappingLeases,
+        &[first, beat, third],
+    );
+    // … within the 0.8 s two clocks 0.4 s off either way may differ, it
+    // is not.
+    let options = tessera_check::CheckOptions {
+        clock_skew: chrono::TimeDelta::milliseconds(800),
+    };
+    valid(&tessera_check::check_with(&s.history(), &end, &options));
+    // A longer overlap still is.
+    let options = tessera_check::CheckOptions {
+        clock_skew: chrono::TimeDelta::milliseconds(20),
+    };
+    let report = tessera_check::check_with(&s.history(), &end, &options);
+    only(
+        &report,
+        AnomalyKind::OverlappingLeases,
+        &[first, beat, third],
+    );
+}

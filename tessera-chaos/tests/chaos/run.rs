@@ -13,8 +13,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tessera_chaos::{Link, Recorder, Rng, TcpProxy, monotonic_nanos, pause, read_history};
 use tessera_check::{
-    AttemptState, Completion, FinalAttempt, FinalState, FinalTask, History, Operation, Outcome,
-    Report, check,
+    AttemptState, CheckOptions, Completion, FinalAttempt, FinalState, FinalTask, History,
+    Operation, Outcome, Report, check_with,
 };
 use tessera_store::lease::StateName;
 use tessera_store::{
@@ -97,7 +97,7 @@ impl Scenario {
             kinds,
             skew_millis: 0,
             through_proxy: false,
-            deadline: Duration::from_secs(240),
+            deadline: Duration::from_secs(600),
         }
     }
 
@@ -287,7 +287,11 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
 
     let history = History::from_records(read_history(dir.path()).unwrap()).unwrap();
     let end = final_state(&setup.store, &setup.admin, &ns);
-    let report = check(&history, &end);
+    // Two workers' clocks differ by up to twice the skew each may have.
+    let options = CheckOptions {
+        clock_skew: chrono::TimeDelta::milliseconds(2 * scenario.skew_millis),
+    };
+    let report = check_with(&history, &end, &options);
     for fault in &mut struck {
         fault.recovery_millis = recovery(&history, fault.lifted);
     }

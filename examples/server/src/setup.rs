@@ -2,6 +2,7 @@
 //! key, the start-up line, the maintenance timer, the signals, and the
 //! store closed off the runtime again.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -136,7 +137,7 @@ async fn maintain(store: Arc<Store>) {
 /// Installs the SIGTERM and SIGINT (Ctrl-C) handlers now, so a signal
 /// that comes as soon as the start-up line is out is not the default
 /// kill; the future resolves on either.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

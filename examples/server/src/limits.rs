@@ -2,10 +2,10 @@
 //! OpenAPI document alike.
 //!
 //! A string input is checked by the library's own parser (a
-//! [`Namespace`](tessera_store::Namespace), a [`KeyId`], …); its entry
+//! [`Namespace`], a [`KeyId`](tessera_store::KeyId), …); its entry
 //! here transcribes that parser's rule into a pattern and lengths built
 //! from the library's constants, and a test proves the two agree on
-//! every boundary. A number is checked here, by [`Limit::integer`], with
+//! every boundary. A number is checked here, by [`Input::integer`], with
 //! the same range the document states.
 
 use serde_json::Value;

@@ -2,10 +2,10 @@
 //! OpenAPI document alike.
 //!
 //! A string input is checked by the library's own parser (a
-//! [`Namespace`](tessera_store::Namespace), a [`KeyId`], …); its entry
+//! [`Namespace`], a [`KeyId`](tessera_store::KeyId), …); its entry
 //! here transcribes that parser's rule into a pattern and lengths built
 //! from the library's constants, and a test proves the two agree on
-//! every boundary. A number is checked here, by [`Limit::integer`], with
+//! every boundary. A number is checked here, by [`Input::integer`], with
 //! the same range the document states.
 
 use serde_json::Value;
@@ -16,7 +16,7 @@ use tessera_store::limits::{
     MAX_ERROR_BYTES, MAX_KEYS_LISTED, MAX_LABEL_LEN, MAX_LONG_POLL, MAX_PRIORITY, MAX_TASKS_LISTED,
     MAX_TRIES,
 };
-use tessera_store::{Error, ListOrder, Namespace, QueueName, Retry, Scope, TaskId};
+use tessera_store::{Error, Grant, ListOrder, Namespace, QueueName, Retry, Scope, TaskId};
 
 /// A name's rule ([`tessera_store::lease`] names): letters, digits, `-`,
 /// `_`, and single dots between them.
@@ -25,9 +25,9 @@ pub const NAME_PATTERN: &str = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$";
 /// Printable ASCII, as accounts, labels and error texts are here.
 pub const TEXT_PATTERN: &str = "^[ -~]*$";
 
-/// A grant's rule: `admin`, `namespace:*` or `namespace:<name>`.
-pub const GRANT_PATTERN: &str =
-    r"^(admin|namespace:\*|namespace:[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*)$";
+/// A grant's rule: `namespace:*` or `namespace:<name>` (the admin grant
+/// comes with an admin key, `"admin": true`).
+pub const GRANT_PATTERN: &str = r"^(namespace:\*|namespace:[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*)$";
 
 /// What one input accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub enum Limit {
         /// Whether the second number may be negative.
         second_signed: bool,
     },
-    /// A grant: `admin`, `namespace:*` or `namespace:<name>`.
+    /// A grant: `namespace:*` or `namespace:<name>`.
     Grant,
     /// One of these words.
     OneOf(&'static [&'static str]),
@@ -108,7 +108,7 @@ pub const TASK_ID: Input = name("id", TaskId::MAX_LEN);
 pub const IDEMPOTENCY_KEY: Input = name("Idempotency-Key", IdempotencyKey::MAX_LEN);
 /// A key id: 16 lowercase hex digits.
 pub const KEY_ID: Input = Input {
-    name: "key",
+    name: "key_id",
     limit: Limit::Pattern {
         pattern: "^[0-9a-f]{16}$",
     },
@@ -386,6 +386,16 @@ pub fn state(word: &str) -> Result<StateName, Error> {
 /// A JSON value of any type, as a brief or an output is.
 pub fn any_value() -> Value {
     json!({})
+}
+
+/// Parses a grant of [`GRANT`]: a namespace's or every namespace's.
+pub fn grant(text: &str) -> Result<Grant, Error> {
+    match Grant::parse(text)? {
+        Grant::Admin => Err(Error::InvalidInput {
+            reason: "the admin grant comes with an admin key, not as a grant".to_owned(),
+        }),
+        grant => Ok(grant),
+    }
 }
 
 /// Parses a word of [`ORDER`].

@@ -2,6 +2,7 @@
 //! key, the start-up line, the maintenance timer, the signals, and the
 //! store closed off the runtime again.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;

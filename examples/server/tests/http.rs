@@ -916,7 +916,8 @@ fn the_openapi_document_describes_exactly_the_routes_the_router_serves() {
             .replace("{queue}", "frames")
             .replace("{task}", "t-1")
             .replace("{attempt}", "1")
-            .replace("{key}", "0000000000000000");
+            .replace("{principal}", "p1")
+            .replace("{key_id}", "0000000000000000");
         for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
             let reply = service.send(method, &concrete, Some(&service.admin), &[], None);
             let fallback = reply.status == 404 && reply.text().contains("not found: route");

@@ -11,8 +11,8 @@ use serde_json::Value;
 use tessera_server::limits::{self, ALL, Input, Limit};
 use tessera_store::lease::{AttemptNumber, IdempotencyKey};
 use tessera_store::{
-    AuditCursor, BriefVersion, FencingToken, Grant, KeyId, Namespace, PrincipalId, QueueName,
-    TaskCursor, TaskId,
+    AuditCursor, BriefVersion, FencingToken, KeyId, Namespace, PrincipalId, QueueName, TaskCursor,
+    TaskId,
 };
 
 /// `pattern`, compiled once.
@@ -94,7 +94,7 @@ fn enforced(input: Input, value: &Value) -> bool {
             text(&|s| input.text(s).is_ok())
         }
         i if i == limits::SCOPE => text(&|s| limits::scope(s).is_ok()),
-        i if i == limits::GRANT => text(&|s| Grant::parse(s).is_ok()),
+        i if i == limits::GRANT => text(&|s| limits::grant(s).is_ok()),
         i if i == limits::STATE => text(&|s| limits::state(s).is_ok()),
         i if i == limits::ORDER => text(&|s| limits::order(s).is_ok()),
         i if i == limits::RETRY => text(&|s| limits::retry(s, 0).is_ok()),
@@ -232,6 +232,11 @@ fn the_document_states_no_limit_but_the_table_s() {
     // The long-poll's answer enumerates its outcomes; that is output.
     let outcome = serde_json::json!({ "type": "string", "enum": ["work_available", "timed_out"] });
     for schema in found {
+        let mut schema = schema.clone();
+        if let Some(map) = schema.as_object_mut() {
+            map.remove("nullable");
+        }
+        let schema = &schema;
         assert!(
             known.contains(schema) || *schema == outcome,
             "a limit not from the table: {schema}"

@@ -32,6 +32,9 @@ fn lease_links(doc: Doc, lease: &str) -> Doc {
     });
     let mut output = held.clone();
     output["output"] = json!({ "pixels": 42 });
+    // The grant's artifact key is a fine idempotency key: one per grant.
+    let mut keyed = parameters.clone();
+    keyed["header.Idempotency-Key"] = json!(format!("$response.body#{lease}/lease/artifact"));
     let mut failure = held.clone();
     failure["retry"] = json!("backoff");
     doc.link(

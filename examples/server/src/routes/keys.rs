@@ -11,43 +11,75 @@ use axum::routing::{delete, get, post};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::json;
-use tessera_store::{Grant, KeyFilter, KeyId, KeySpec, PrincipalId};
+use tessera_store::{KeyFilter, KeyId, KeySpec, PrincipalId};
 
 use super::{AppState, Route, object};
 use crate::auth::Authenticated;
-use crate::errors::{ApiError, JsonBody, invalid, path, query};
+use crate::errors::{ApiError, JsonBody, path, query};
 use crate::limits::{self, ACCOUNT, GRANT, KEY_ID, KEYS_LIMIT, LABEL, PRINCIPAL, SCOPE, TIME};
 use crate::openapi::Doc;
 
+/// Links from a made key to the routes that take its id.
+fn key_links(doc: Doc) -> Doc {
+    let parameters = json!({ "key_id": "$response.body#/info/key_id" });
+    doc.link("201", "revoke", "revoke_key", parameters.clone(), None)
+        .link(
+            "201",
+            "expire",
+            "expire_key",
+            parameters,
+            Some(json!({ "at": "2099-01-01T00:00:00Z" })),
+        )
+}
+
 pub(super) fn routes() -> Vec<Route> {
     let key_info = json!({ "type": "object", "required": ["key_id"] });
+    let made = json!({ "type": "object", "required": ["key", "info"] });
+    let grants = || {
+        json!({
+            "scopes": SCOPE.array(3),
+            "grants": GRANT.array(16),
+            "label": LABEL.schema(),
+        })
+    };
+    let mut new_principal = grants();
+    new_principal["account"] = ACCOUNT.schema();
+    new_principal["admin"] = json!({ "type": "boolean" });
     vec![
         Route::new(
             Method::POST,
             "/v1/keys",
             Some("create_key"),
-            Doc::new(
-                "create_key",
-                "make a key: for a new principal of `account`, or another for `principal`",
-            )
-            .keyed()
-            .body(object(
-                json!({
-                    "account": ACCOUNT.schema(),
-                    "principal": PRINCIPAL.schema(),
-                    "admin": { "type": "boolean" },
-                    "scopes": SCOPE.array(3),
-                    "grants": GRANT.array(16),
-                    "label": LABEL.schema(),
-                }),
-                &[],
-            ))
-            .answers(
-                "201",
-                "the key, shown once, and its info",
-                Some(json!({ "type": "object", "required": ["key", "info"] })),
+            key_links(
+                Doc::new(
+                    "create_key",
+                    "make a key for a new principal of `account` (an admin one if `admin`)",
+                )
+                .keyed()
+                .body(object(new_principal, &["account"]))
+                .answers(
+                    "201",
+                    "the key, shown once, and its info",
+                    Some(made.clone()),
+                ),
             ),
             post(create_key),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/principals/{principal}/keys",
+            Some("create_key"),
+            key_links(
+                Doc::new(
+                    "create_principal_key",
+                    "make another key for an existing principal",
+                )
+                .keyed()
+                .path(PRINCIPAL, "p1")
+                .body(object(grants(), &[]))
+                .answers("201", "the key, shown once, and its info", Some(made)),
+            ),
+            post(create_principal_key),
         ),
         Route::new(
             Method::GET,
@@ -70,7 +102,7 @@ pub(super) fn routes() -> Vec<Route> {
         ),
         Route::new(
             Method::DELETE,
-            "/v1/keys/{key}",
+            "/v1/keys/{key_id}",
             Some("revoke_key"),
             Doc::new("revoke_key", "revoke a key by its id")
                 .keyed()
@@ -80,7 +112,7 @@ pub(super) fn routes() -> Vec<Route> {
         ),
         Route::new(
             Method::POST,
-            "/v1/keys/{key}/expire",
+            "/v1/keys/{key_id}/expire",
             Some("expire_key"),
             Doc::new("expire_key", "set when a key stops working")
                 .keyed()
@@ -96,16 +128,31 @@ pub(super) fn routes() -> Vec<Route> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewKey {
-    account: Option<String>,
-    principal: Option<String>,
-    #[serde(default)]
-    admin: bool,
-    #[serde(default)]
-    scopes: Vec<String>,
-    #[serde(default)]
-    grants: Vec<String>,
-    #[serde(default)]
-    label: String,
+    account: String,
+    admin: Option<bool>,
+    scopes: Option<Vec<String>>,
+    grants: Option<Vec<String>>,
+    label: Option<String>,
+}
+
+/// `spec` with `scopes`, `grants` and `label`.
+fn granted(
+    spec: KeySpec,
+    scopes: Option<Vec<String>>,
+    grants: Option<Vec<String>>,
+    label: Option<String>,
+) -> Result<KeySpec, ApiError> {
+    let scopes = (scopes.unwrap_or_default().iter())
+        .map(|word| limits::scope(word))
+        .collect::<Result<Vec<_>, _>>()?;
+    let grants = (grants.unwrap_or_default().iter())
+        .map(|text| limits::grant(text))
+        .collect::<Result<Vec<_>, _>>()?;
+    let label = label.unwrap_or_default();
+    Ok(grants
+        .into_iter()
+        .fold(spec.with_scopes(scopes), KeySpec::with_grant)
+        .with_label(LABEL.text(&label)?))
 }
 
 async fn create_key(
@@ -113,28 +160,42 @@ async fn create_key(
     Authenticated(caller): Authenticated,
     JsonBody(request): JsonBody<NewKey>,
 ) -> Result<Response, ApiError> {
-    let spec = match (&request.principal, &request.account) {
-        (Some(principal), None) if !request.admin => {
-            KeySpec::for_principal(PrincipalId::parse(principal)?)
-        }
-        (None, Some(account)) if request.admin => KeySpec::admin(ACCOUNT.text(account)?),
-        (None, Some(account)) => KeySpec::keyed(ACCOUNT.text(account)?),
-        _ => {
-            return Err(invalid(
-                "give either an account (and admin if it is one) or a principal",
-            ));
-        }
+    let account = ACCOUNT.text(&request.account)?;
+    let spec = match request.admin {
+        Some(true) => KeySpec::admin(account),
+        _ => KeySpec::keyed(account),
     };
-    let scopes = (request.scopes.iter())
-        .map(|word| limits::scope(word))
-        .collect::<Result<Vec<_>, _>>()?;
-    let grants = (request.grants.iter())
-        .map(|text| Grant::parse(text))
-        .collect::<Result<Vec<_>, _>>()?;
-    let spec = grants
-        .into_iter()
-        .fold(spec.with_scopes(scopes), KeySpec::with_grant)
-        .with_label(LABEL.text(&request.label)?);
+    let spec = granted(spec, request.scopes, request.grants, request.label)?;
+    made(&state, caller, spec).await
+}
+
+/// `POST /v1/principals/{principal}/keys`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrincipalKey {
+    scopes: Option<Vec<String>>,
+    grants: Option<Vec<String>>,
+    label: Option<String>,
+}
+
+async fn create_principal_key(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    principal: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<PrincipalKey>,
+) -> Result<Response, ApiError> {
+    let principal = PrincipalId::parse(&path(principal)?)?;
+    let spec = KeySpec::for_principal(principal);
+    let spec = granted(spec, request.scopes, request.grants, request.label)?;
+    made(&state, caller, spec).await
+}
+
+/// Makes the key of `spec`: `201` with the secret, shown once.
+async fn made(
+    state: &AppState,
+    caller: tessera_store::Caller,
+    spec: KeySpec,
+) -> Result<Response, ApiError> {
     let issued = state
         .call(move |store| store.create_key(&caller, &spec))
         .await?;
@@ -185,7 +246,7 @@ async fn revoke_key(
     Ok(Json(info).into_response())
 }
 
-/// `POST /v1/keys/{key}/expire`.
+/// `POST /v1/keys/{key_id}/expire`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Expiry {

@@ -52,7 +52,19 @@ pub(super) fn routes() -> Vec<Route> {
                 .keyed()
                 .header(IDEMPOTENCY_KEY)
                 .body(object(output, &["version", "token", "output"]))
-                .answers("200", "the receipt", Some(json!({ "type": "object", "required": ["task", "token", "artifact"] }))),
+                .answers("200", "the receipt", Some(json!({ "type": "object", "required": ["task", "token", "artifact"] })))
+                .link(
+                    "200",
+                    "receipt",
+                    "read_receipt",
+                    json!({
+                        "ns": "$request.path.ns",
+                        "task": "$request.path.task",
+                        "attempt": "$response.body#/attempt",
+                        "version": "$response.body#/task/version",
+                    }),
+                    None,
+                ),
             post(submit),
         ),
         Route::new(

@@ -325,6 +325,13 @@ pub(crate) fn task_doc(doc: Doc) -> Doc {
 
 /// The body schema of `properties`, with `required` ones, and no other.
 pub(crate) fn object(properties: Value, required: &[&str]) -> Value {
+    // An optional field may be sent as null, as serde reads an absent one.
+    let mut properties = properties;
+    for (name, property) in properties.as_object_mut().expect("properties") {
+        if !required.contains(&name.as_str()) && property.get("type").is_some() {
+            property["nullable"] = json!(true);
+        }
+    }
     let mut schema = json!({
         "type": "object",
         "properties": properties,

@@ -40,7 +40,9 @@
 //! `tup_deleted` of the system's database, and `pg_current_wal_lsn()`.
 //! The log position is the whole server's: anything else running on the
 //! server at the time is counted too. The floor is one-row commits
-//! (`MinimalCommit`) from 1 and from 8 clients.
+//! (`MinimalCommit`) from 1 and from 8 clients, measured before the first
+//! step and after the last, so a change in the machine's load during the
+//! run shows.
 //!
 //! SQLite: in a temporary directory, the minimal commit (one row,
 //! `BEGIN IMMEDIATE` … `COMMIT`, the store's journal settings) from 1
@@ -77,6 +79,8 @@ const BATCHED_WORKERS: [usize; 2] = [4, 8];
 const CLAIM_BATCH: usize = 100;
 /// Tasks per `enqueue_batch` and per `addJobs`.
 const ENQUEUE_BATCH: usize = 1_000;
+/// Client counts of the PostgreSQL floor.
+const FLOOR_CLIENTS: [usize; 2] = [1, 8];
 /// Minimal commits per floor measurement.
 const FLOOR_COMMITS: usize = 2_000;
 const QUEUE: &str = "peers";
@@ -263,6 +267,12 @@ fn postgres(url: &str, jobs: usize) {
     if graphile.is_none() {
         println!("graphile-worker: TESSERA_PEER_GRAPHILE is not set; Tessera's side only");
     }
+    let floor_schema = PostgresSchema::fresh(&tessera_url, "peers_floor");
+    let floor = MinimalCommit::create(&floor_schema, 8);
+    let floor_before: Vec<f64> = FLOOR_CLIENTS
+        .iter()
+        .map(|&clients| postgres_floor(&floor, clients))
+        .collect();
     let schema = PostgresSchema::fresh(&tessera_url, "peers");
     let tessera = Tessera::setup(&tessera_url, schema.name());
     if let Some(graphile) = &graphile {
@@ -322,11 +332,9 @@ fn postgres(url: &str, jobs: usize) {
     }
     drop(tessera);
 
-    let floor_schema = PostgresSchema::fresh(&tessera_url, "peers_floor");
-    let floor = MinimalCommit::create(&floor_schema, 8);
-    let floors: Vec<(usize, f64)> = [1, 8]
-        .into_iter()
-        .map(|clients| (clients, postgres_floor(&floor, clients)))
+    let floor_after: Vec<f64> = FLOOR_CLIENTS
+        .iter()
+        .map(|&clients| postgres_floor(&floor, clients))
         .collect();
     drop(floor);
     drop(floor_schema);
@@ -389,12 +397,15 @@ fn postgres(url: &str, jobs: usize) {
         }
     }
     println!();
-    println!("The server's floor: one-row commits");
+    println!("The server's floor: one-row commits/s, before and after the steps");
     println!();
-    println!("| clients | commits/s |");
-    println!("| ---: | ---: |");
-    for (clients, rate) in floors {
-        println!("| {clients} | {rate:.0} |");
+    println!("| clients | before | after |");
+    println!("| ---: | ---: | ---: |");
+    for (at, clients) in FLOOR_CLIENTS.iter().enumerate() {
+        println!(
+            "| {clients} | {:.0} | {:.0} |",
+            floor_before[at], floor_after[at]
+        );
     }
 }
 

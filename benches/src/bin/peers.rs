@@ -273,6 +273,8 @@ fn postgres(url: &str, jobs: usize) {
         .iter()
         .map(|&clients| postgres_floor(&floor, clients))
         .collect();
+    // Its clients close, so that the steps' counters can be read.
+    drop(floor);
     let schema = PostgresSchema::fresh(&tessera_url, "peers");
     let tessera = Tessera::setup(&tessera_url, schema.name());
     if let Some(graphile) = &graphile {
@@ -332,6 +334,7 @@ fn postgres(url: &str, jobs: usize) {
     }
     drop(tessera);
 
+    let floor = MinimalCommit::attach(&tessera_url, floor_schema.name(), 8);
     let floor_after: Vec<f64> = FLOOR_CLIENTS
         .iter()
         .map(|&clients| postgres_floor(&floor, clients))

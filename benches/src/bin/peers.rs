@@ -1,0 +1,671 @@
+//! Tessera beside graphile-worker on one PostgreSQL server, each with the
+//! server's own statistics, and the server's floor measured in the same
+//! run; then Tessera's processing rate on SQLite beside SQLite's floor.
+//!
+//! Run everything with one command: `benches/peers/run.sh [JOBS]`, which
+//! installs graphile-worker (the version `benches/peers/package.json`
+//! pins) outside the repository and then runs this program:
+//!
+//! `TESSERA_PEER_GRAPHILE=<dir with node_modules> TESSERA_BENCH_POSTGRES_URL=postgres://postgres:postgres@127.0.0.1:5432/postgres cargo run --release -p tessera-benches --bin peers -- [JOBS] [postgres|sqlite]`
+//!
+//! `JOBS` (default 10,000) no-op jobs per step. Without
+//! `TESSERA_PEER_GRAPHILE` only Tessera's side runs; without a server URL
+//! (`TESSERA_BENCH_POSTGRES_URL`, else `TESSERA_TEST_POSTGRES_URL`) only
+//! SQLite does.
+//!
+//! PostgreSQL: each system has a database of its own on the same server,
+//! `tessera_bench` and `graphile_bench` (created when missing), so
+//! `pg_stat_database` counts one system's work alone. The steps run in
+//! this order, each first for Tessera and then for graphile-worker:
+//!
+//! 1. enqueue `JOBS`, one per call (`enqueue`; `addJob`), then process
+//!    them with 1 worker, one job per claim;
+//! 2. for 2, 4 and 8 workers: enqueue `JOBS`, 1,000 per call
+//!    (`enqueue_batch`; `addJobs`), then process them one job per claim;
+//! 3. for each of `BATCHED_WORKERS`: enqueue `JOBS` 1,000 per call, then
+//!    process them batched (Tessera: `claim_batch` of 100 and a submit
+//!    per task; graphile-worker: a local queue of 100 and batched
+//!    completions).
+//!
+//! Processing is "no-op": Tessera's workers are threads of one process
+//! sharing one `Store`, each with its own key, each claiming and
+//! submitting until its claim finds the queue empty; graphile-worker's
+//! are one `run()` with `concurrentJobs` set to the count (the script
+//! `benches/peers/graphile.js`). Each step's rate is its jobs over its own
+//! time; for graphile-worker that time runs from `run()` to the end of
+//! `stop()`, which waits for every completion. Around every step this
+//! program reads, on a connection to the server's maintenance database,
+//! once the system's connections have all closed (so every backend has
+//! flushed its counters): `xact_commit`, `tup_inserted`, `tup_updated` and
+//! `tup_deleted` of the system's database, and `pg_current_wal_lsn()`.
+//! The log position is the whole server's: anything else running on the
+//! server at the time is counted too. The floor is one-row commits
+//! (`MinimalCommit`) from 1 and from 8 clients, measured before the first
+//! step and after the last, so a change in the machine's load during the
+//! run shows.
+//!
+//! SQLite: in a temporary directory, the minimal commit (one row,
+//! `BEGIN IMMEDIATE` … `COMMIT`, the store's journal settings) from 1
+//! thread, then for 1, 2, 4 and 8 worker threads `JOBS` tasks enqueued
+//! 1,000 per call and processed one per claim, then batched. "Minimal
+//! commits per task" is the time of one task in minimal commits: the
+//! minimal commit rate over the task rate.
+//!
+//! Every check that could fail is made: each step processes exactly
+//! `JOBS` jobs, no Tessera task is claimed twice, and graphile-worker's
+//! job table is empty after each processing step.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tessera_benches::{
+    MinimalCommit, PostgresSchema, SqliteMinimalCommit, idempotency_key, postgres_url, queue,
+};
+use tessera_store::postgres::PostgresOptions;
+use tessera_store::{
+    Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, KeySpec, Namespace, Output, Scope,
+    Store, StoreConfig, Submitted,
+};
+
+/// Worker counts of the one-job-per-claim steps.
+const WORKERS: [usize; 4] = [1, 2, 4, 8];
+/// Worker counts of the batched steps.
+const BATCHED_WORKERS: [usize; 2] = [4, 8];
+/// Tasks per `claim_batch`, and graphile-worker's local queue size.
+const CLAIM_BATCH: usize = 100;
+/// Tasks per `enqueue_batch` and per `addJobs`.
+const ENQUEUE_BATCH: usize = 1_000;
+/// Client counts of the PostgreSQL floor.
+const FLOOR_CLIENTS: [usize; 2] = [1, 8];
+/// Minimal commits per floor measurement.
+const FLOOR_COMMITS: usize = 2_000;
+const QUEUE: &str = "peers";
+const TESSERA_DATABASE: &str = "tessera_bench";
+const GRAPHILE_DATABASE: &str = "graphile_bench";
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let jobs: usize = args.next().map_or(10_000, |arg| arg.parse().unwrap());
+    let only = args.next();
+    if only.as_deref() != Some("sqlite") {
+        match postgres_url() {
+            Some(url) => postgres(&url, jobs),
+            None => println!(
+                "skipping PostgreSQL: neither TESSERA_BENCH_POSTGRES_URL nor TESSERA_TEST_POSTGRES_URL is set"
+            ),
+        }
+    }
+    if only.as_deref() != Some("postgres") {
+        sqlite(jobs);
+    }
+}
+
+/// The processing steps in order: worker count and whether batched.
+fn steps() -> impl Iterator<Item = (usize, bool)> {
+    WORKERS
+        .iter()
+        .map(|&workers| (workers, false))
+        .chain(BATCHED_WORKERS.iter().map(|&workers| (workers, true)))
+}
+
+/// One step's outcome: jobs, seconds, and the server's counters over it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Measured {
+    jobs: u64,
+    seconds: f64,
+    counters: Counters,
+}
+
+impl Measured {
+    fn rate(&self) -> f64 {
+        self.jobs as f64 / self.seconds
+    }
+
+    fn per_job(&self, value: i64) -> f64 {
+        value as f64 / self.jobs as f64
+    }
+}
+
+/// What `pg_stat_database` and the write-ahead log say of one database.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    commits: i64,
+    inserted: i64,
+    updated: i64,
+    deleted: i64,
+    wal_bytes: i64,
+}
+
+impl Counters {
+    fn since(self, earlier: Self) -> Self {
+        Self {
+            commits: self.commits - earlier.commits,
+            inserted: self.inserted - earlier.inserted,
+            updated: self.updated - earlier.updated,
+            deleted: self.deleted - earlier.deleted,
+            wal_bytes: self.wal_bytes - earlier.wal_bytes,
+        }
+    }
+
+    fn rows(self) -> i64 {
+        self.inserted + self.updated + self.deleted
+    }
+}
+
+/// The connection that reads the server's statistics, on the maintenance
+/// database so that its own transactions count in neither system's.
+struct Monitor {
+    client: postgres::Client,
+}
+
+impl Monitor {
+    fn connect(url: &str) -> Self {
+        Self {
+            client: postgres::Client::connect(url, postgres::NoTls).unwrap(),
+        }
+    }
+
+    fn ensure_database(&mut self, name: &str) {
+        let exists = self
+            .client
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+            .unwrap()
+            .is_some();
+        if !exists {
+            self.client
+                .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+                .unwrap();
+        }
+    }
+
+    /// The counters of `database`, once no client is connected to it: a
+    /// backend flushes its counters when it exits.
+    fn counters(&mut self, database: &str) -> Counters {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let connected: i64 = self
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = $1 AND backend_type = 'client backend'",
+                    &[&database],
+                )
+                .unwrap()
+                .get(0);
+            if connected == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{connected} clients stay connected to {database}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        let row = self
+            .client
+            .query_one(
+                "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted,
+                        pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint
+                 FROM pg_stat_database WHERE datname = $1",
+                &[&database],
+            )
+            .unwrap();
+        Counters {
+            commits: row.get(0),
+            inserted: row.get(1),
+            updated: row.get(2),
+            deleted: row.get(3),
+            wal_bytes: row.get(4),
+        }
+    }
+
+    /// Runs `step`, which returns jobs and seconds, between two readings of
+    /// `database`'s counters.
+    fn measure(&mut self, database: &str, step: impl FnOnce() -> (u64, f64)) -> Measured {
+        let before = self.counters(database);
+        let (jobs, seconds) = step();
+        let after = self.counters(database);
+        Measured {
+            jobs,
+            seconds,
+            counters: after.since(before),
+        }
+    }
+}
+
+/// `url` with its database replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, ""), |(b, q)| (b, q));
+    let authority_start = base.find("://").map_or(0, |at| at + 3);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |at| authority_start + at);
+    let mut out = format!("{}/{database}", &base[..path_start]);
+    if !query.is_empty() {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+/// A figure of both systems: Tessera's and, if it ran, graphile-worker's.
+struct Row {
+    figure: String,
+    tessera: Measured,
+    graphile: Option<Measured>,
+}
+
+fn postgres(url: &str, jobs: usize) {
+    let mut monitor = Monitor::connect(url);
+    monitor.ensure_database(TESSERA_DATABASE);
+    let tessera_url = with_database(url, TESSERA_DATABASE);
+    let graphile = Graphile::find(url, &mut monitor);
+    if graphile.is_none() {
+        println!("graphile-worker: TESSERA_PEER_GRAPHILE is not set; Tessera's side only");
+    }
+    let floor_schema = PostgresSchema::fresh(&tessera_url, "peers_floor");
+    let floor = MinimalCommit::create(&floor_schema, 8);
+    let floor_before: Vec<f64> = FLOOR_CLIENTS
+        .iter()
+        .map(|&clients| postgres_floor(&floor, clients))
+        .collect();
+    // Its clients close, so that the steps' counters can be read.
+    drop(floor);
+    let schema = PostgresSchema::fresh(&tessera_url, "peers");
+    let tessera = Tessera::setup(&tessera_url, schema.name());
+    if let Some(graphile) = &graphile {
+        graphile.run(&["reset"]);
+    }
+
+    let mut enqueues = Vec::new();
+    let mut processing = Vec::new();
+    for (round, (workers, batched)) in steps().enumerate() {
+        let step = round as u64 + 1;
+        let per_call = if round == 0 { 1 } else { ENQUEUE_BATCH };
+        let figure = if per_call == 1 {
+            "enqueue, one per call".to_owned()
+        } else {
+            format!("enqueue, {per_call} per call (before step {})", round + 1)
+        };
+        let t = monitor.measure(TESSERA_DATABASE, || tessera.enqueue(jobs, per_call));
+        let g = graphile.as_ref().map(|graphile| {
+            monitor.measure(GRAPHILE_DATABASE, || {
+                graphile.run(&["enqueue", &jobs.to_string(), &per_call.to_string()])
+            })
+        });
+        report_progress(&figure, &t, g.as_ref());
+        enqueues.push(Row {
+            figure,
+            tessera: t,
+            graphile: g,
+        });
+
+        let figure = if batched {
+            format!("process batched, {workers} workers")
+        } else {
+            format!(
+                "process one per claim, {workers} worker{}",
+                if workers == 1 { "" } else { "s" }
+            )
+        };
+        let t = monitor.measure(TESSERA_DATABASE, || {
+            tessera.process(jobs, workers, batched, step)
+        });
+        let g = graphile.as_ref().map(|graphile| {
+            monitor.measure(GRAPHILE_DATABASE, || {
+                let mut args = vec!["process".to_owned(), jobs.to_string(), workers.to_string()];
+                if batched {
+                    args.push("batched".to_owned());
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                graphile.run(&args)
+            })
+        });
+        report_progress(&figure, &t, g.as_ref());
+        processing.push(Row {
+            figure,
+            tessera: t,
+            graphile: g,
+        });
+    }
+    drop(tessera);
+
+    let floor = MinimalCommit::attach(&tessera_url, floor_schema.name(), 8);
+    let floor_after: Vec<f64> = FLOOR_CLIENTS
+        .iter()
+        .map(|&clients| postgres_floor(&floor, clients))
+        .collect();
+    drop(floor);
+    drop(floor_schema);
+    drop(schema);
+
+    println!();
+    println!("PostgreSQL, {jobs} no-op jobs a step; rates in jobs/s");
+    println!();
+    println!("| figure | Tessera | graphile-worker | Tessera / graphile-worker |");
+    println!("| --- | ---: | ---: | ---: |");
+    for row in enqueues.iter().take(2).chain(&processing) {
+        let graphile = row.graphile.map(|g| g.rate());
+        println!(
+            "| {} | {:.0} | {} | {} |",
+            row.figure,
+            row.tessera.rate(),
+            graphile.map_or("–".to_owned(), |rate| format!("{rate:.0}")),
+            graphile.map_or("–".to_owned(), |rate| format!(
+                "{:.2}×",
+                row.tessera.rate() / rate
+            )),
+        );
+    }
+    let batch_rates: Vec<String> = enqueues
+        .iter()
+        .skip(1)
+        .map(|row| {
+            let graphile = row
+                .graphile
+                .map_or("–".to_owned(), |g| format!("{:.0}", g.rate()));
+            format!("{:.0}/{graphile}", row.tessera.rate())
+        })
+        .collect();
+    println!();
+    println!(
+        "every enqueue of {ENQUEUE_BATCH} per call (Tessera/graphile-worker): {}",
+        batch_rates.join(", ")
+    );
+    println!();
+    println!("Per processed job, from the server's statistics (WAL: the whole server's log)");
+    println!();
+    println!("| step | system | transactions | rows inserted + updated + deleted | WAL bytes |");
+    println!("| --- | --- | ---: | ---: | ---: |");
+    for row in enqueues.iter().take(2).chain(&processing) {
+        for (system, measured) in [
+            ("Tessera", Some(row.tessera)),
+            ("graphile-worker", row.graphile),
+        ] {
+            let Some(m) = measured else { continue };
+            println!(
+                "| {} | {system} | {:.2} | {:.2} ({:.2} + {:.2} + {:.2}) | {:.0} |",
+                row.figure,
+                m.per_job(m.counters.commits),
+                m.per_job(m.counters.rows()),
+                m.per_job(m.counters.inserted),
+                m.per_job(m.counters.updated),
+                m.per_job(m.counters.deleted),
+                m.per_job(m.counters.wal_bytes),
+            );
+        }
+    }
+    println!();
+    println!("The server's floor: one-row commits/s, before and after the steps");
+    println!();
+    println!("| clients | before | after |");
+    println!("| ---: | ---: | ---: |");
+    for (at, clients) in FLOOR_CLIENTS.iter().enumerate() {
+        println!(
+            "| {clients} | {:.0} | {:.0} |",
+            floor_before[at], floor_after[at]
+        );
+    }
+}
+
+fn report_progress(figure: &str, tessera: &Measured, graphile: Option<&Measured>) {
+    let graphile = graphile.map_or(String::new(), |g| {
+        format!(
+            "; graphile-worker {:.0}/s, {:.2} transactions/job",
+            g.rate(),
+            g.per_job(g.counters.commits)
+        )
+    });
+    eprintln!(
+        "{figure}: Tessera {:.0}/s, {:.2} transactions/job{graphile}",
+        tessera.rate(),
+        tessera.per_job(tessera.counters.commits)
+    );
+}
+
+/// `FLOOR_COMMITS` one-row commits shared by `clients` threads, each on
+/// a connection of its own; returns commits per second.
+fn postgres_floor(floor: &MinimalCommit, clients: usize) -> f64 {
+    let per_client = FLOOR_COMMITS / clients;
+    let elapsed = tessera_benches::on_threads(
+        clients,
+        per_client as u64,
+        |_, n| n,
+        |thread, n| {
+            for value in 0..n {
+                floor.commit((thread as i64) << 32 | value as i64);
+            }
+        },
+    );
+    (per_client * clients) as f64 / elapsed.as_secs_f64()
+}
+
+/// graphile-worker's side: `node benches/peers/graphile.js` with the
+/// package from `TESSERA_PEER_GRAPHILE`.
+struct Graphile {
+    node_path: PathBuf,
+    script: PathBuf,
+    database_url: String,
+}
+
+impl Graphile {
+    fn find(url: &str, monitor: &mut Monitor) -> Option<Self> {
+        let dir = std::env::var_os("TESSERA_PEER_GRAPHILE").filter(|dir| !dir.is_empty())?;
+        monitor.ensure_database(GRAPHILE_DATABASE);
+        Some(Self {
+            node_path: PathBuf::from(dir).join("node_modules"),
+            script: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("peers/graphile.js"),
+            database_url: with_database(url, GRAPHILE_DATABASE),
+        })
+    }
+
+    /// Runs the script with `args`; returns its jobs and seconds.
+    fn run(&self, args: &[&str]) -> (u64, f64) {
+        let output = Command::new("node")
+            .arg(&self.script)
+            .args(args)
+            .env("NODE_PATH", &self.node_path)
+            .env("DATABASE_URL", &self.database_url)
+            .output()
+            .expect("node runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "graphile.js {args:?} failed: {}\n{stdout}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let line = stdout.lines().last().unwrap_or_default();
+        let field = |name: &str| -> Option<f64> {
+            let at = line.find(&format!("\"{name}\":"))? + name.len() + 3;
+            let rest = &line[at..];
+            let end = rest.find([',', '}']).unwrap_or(rest.len());
+            rest[..end].trim().parse().ok()
+        };
+        (
+            field("jobs").unwrap_or(0.0) as u64,
+            field("seconds").unwrap_or(0.0),
+        )
+    }
+}
+
+/// Tessera's side on PostgreSQL or SQLite: a store opened per step (so
+/// each step's connections close before the counters are read), one key
+/// per worker.
+struct Tessera {
+    open: Box<dyn Fn() -> Store>,
+    workers: Vec<String>,
+}
+
+fn namespace() -> Namespace {
+    Namespace::parse("bench").unwrap()
+}
+
+impl Tessera {
+    fn setup(url: &str, schema: &str) -> Self {
+        let (url, schema) = (url.to_owned(), schema.to_owned());
+        Self::with(Box::new(move || {
+            let config = StoreConfig::default().with_lease_duration(Duration::from_secs(3600));
+            Store::open_postgres(PostgresOptions::new(&url).with_schema(&schema), config).unwrap()
+        }))
+    }
+
+    fn with(open: Box<dyn Fn() -> Store>) -> Self {
+        let store = open();
+        let admin_key = store.create_admin_key("operators").unwrap();
+        let admin = store.authenticate(Some(admin_key.secret.expose())).unwrap();
+        let spec = KeySpec::keyed("bench")
+            .with_scopes(Scope::ALL.iter().copied())
+            .with_grant(Grant::Namespace(namespace()));
+        let most = WORKERS
+            .iter()
+            .chain(&BATCHED_WORKERS)
+            .copied()
+            .max()
+            .unwrap();
+        let workers = (0..most)
+            .map(|_| {
+                let key = store.create_key(&admin, &spec).unwrap();
+                key.secret.expose().to_owned()
+            })
+            .collect();
+        drop(store);
+        Self { open, workers }
+    }
+
+    fn caller(&self, store: &Store, worker: usize) -> Caller {
+        store.authenticate(Some(&self.workers[worker])).unwrap()
+    }
+
+    /// Enqueues `jobs` tasks, `per_call` at a time; returns jobs and
+    /// seconds.
+    fn enqueue(&self, jobs: usize, per_call: usize) -> (u64, f64) {
+        let store = (self.open)();
+        let caller = self.caller(&store, 0);
+        let (namespace, queue) = (namespace(), queue(QUEUE));
+        let brief = Brief::Bytes(br#"{"frame":42}"#.to_vec());
+        let began = Instant::now();
+        if per_call == 1 {
+            for _ in 0..jobs {
+                store
+                    .enqueue(
+                        &caller,
+                        &namespace,
+                        &queue,
+                        &brief,
+                        &EnqueueOptions::default(),
+                    )
+                    .unwrap();
+            }
+        } else {
+            let mut left = jobs;
+            while left > 0 {
+                let tasks = vec![(brief.clone(), EnqueueOptions::default()); left.min(per_call)];
+                let enqueued = store
+                    .enqueue_batch(&caller, &namespace, &queue, &tasks)
+                    .unwrap();
+                assert!(enqueued.iter().all(|task| task.created));
+                left -= tasks.len();
+            }
+        }
+        (jobs as u64, began.elapsed().as_secs_f64())
+    }
+
+    /// Processes the queue with `workers` threads until each finds it
+    /// empty: a claim (or a `claim_batch` of `CLAIM_BATCH`) and a submit
+    /// per task. Checks that `jobs` distinct tasks were processed.
+    fn process(&self, jobs: usize, workers: usize, batched: bool, step: u64) -> (u64, f64) {
+        let store = (self.open)();
+        let callers: Vec<Caller> = (0..workers).map(|w| self.caller(&store, w)).collect();
+        let (namespace, queue) = (namespace(), queue(QUEUE));
+        let output = Output::bytes(b"done".to_vec());
+        let start = Barrier::new(workers + 1);
+        let processed = Mutex::new(Vec::with_capacity(jobs));
+        let store = Arc::new(store);
+        let began = thread::scope(|scope| {
+            for (worker, caller) in callers.iter().enumerate() {
+                let (store, start, processed) = (&store, &start, &processed);
+                let (namespace, queue, output) = (&namespace, &queue, &output);
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    let submit = |claimed: &Claimed, n: u64| {
+                        let key = idempotency_key(worker, step << 32 | n);
+                        let submitted = store
+                            .submit(caller, &claimed.task, claimed.lease.token(), &key, output)
+                            .unwrap();
+                        assert!(matches!(submitted, Submitted::Accepted(_)));
+                    };
+                    start.wait();
+                    loop {
+                        let claimed = if batched {
+                            store
+                                .claim_batch(caller, namespace, queue, CLAIM_BATCH)
+                                .unwrap()
+                                .claimed
+                        } else {
+                            match store.claim(caller, namespace, queue).unwrap() {
+                                ClaimOutcome::Granted(claimed) => vec![claimed],
+                                _ => Vec::new(),
+                            }
+                        };
+                        if claimed.is_empty() {
+                            break;
+                        }
+                        for one in &claimed {
+                            submit(one, mine.len() as u64);
+                            mine.push(one.task.id.to_string());
+                        }
+                    }
+                    processed.lock().unwrap().extend(mine);
+                });
+            }
+            start.wait();
+            // The scope joins every worker before it returns.
+            Instant::now()
+        });
+        let seconds = began.elapsed().as_secs_f64();
+        let processed = processed.into_inner().unwrap();
+        let distinct: HashSet<&String> = processed.iter().collect();
+        assert_eq!(processed.len(), jobs, "processed != enqueued");
+        assert_eq!(distinct.len(), jobs, "a task was processed twice");
+        drop(store);
+        (jobs as u64, seconds)
+    }
+}
+
+fn sqlite(jobs: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let floor = {
+        let mut floor = SqliteMinimalCommit::open(&dir.path().join("floor.db"));
+        let began = Instant::now();
+        for _ in 0..FLOOR_COMMITS * 5 {
+            floor.commit();
+        }
+        (FLOOR_COMMITS * 5) as f64 / began.elapsed().as_secs_f64()
+    };
+    let path = dir.path().join("tessera.db");
+    let tessera = Tessera::with(Box::new(move || {
+        let config = StoreConfig::default().with_lease_duration(Duration::from_secs(3600));
+        Store::open(&path, config).unwrap()
+    }));
+    let mut rows = Vec::new();
+    for (step, (workers, batched)) in steps().enumerate() {
+        tessera.enqueue(jobs, ENQUEUE_BATCH);
+        let (done, seconds) = tessera.process(jobs, workers, batched, step as u64 + 100);
+        let rate = done as f64 / seconds;
+        let kind = if batched { "batched" } else { "one per claim" };
+        eprintln!("SQLite, {kind}, {workers} workers: {rate:.0} tasks/s");
+        rows.push((workers, kind, rate));
+    }
+    println!();
+    println!("SQLite, {jobs} tasks a step; minimal commit {floor:.0}/s from 1 thread");
+    println!();
+    println!("| workers | processing | tasks/s | minimal commits per task |");
+    println!("| ---: | --- | ---: | ---: |");
+    for (workers, kind, rate) in rows {
+        println!("| {workers} | {kind} | {rate:.0} | {:.1} |", floor / rate);
+    }
+}

@@ -4,6 +4,7 @@
 
 mod discovery;
 mod events;
+mod mcp;
 mod public;
 
 use std::net::{Ipv4Addr, SocketAddr};

@@ -2,6 +2,7 @@
 //! writes are refused, the claim-events long-poll, MCP, and the board (in
 //! headless Chromium). The backends are named here and only here.
 
+mod board;
 mod discovery;
 mod events;
 mod mcp;

@@ -299,3 +299,133 @@ fn the_board_reads_without_javascript() {
     assert!(script.content_type.starts_with("text/javascript"));
     assert!(script.text().contains("/board/feed.json"));
 }
+
+/// The quickstart's load over HTTP: 2,000 tasks, a heavy key running 90
+/// workers and a light one running 10, each claiming, holding its lease a
+/// second, heartbeating and submitting until `stop`; a few tasks fail for
+/// good.
+fn quickstart_load(service: &Service, stop: &std::sync::atomic::AtomicBool) -> usize {
+    let (heavy, light) = (service.worker(), service.worker());
+    for chunk in 0..2 {
+        let tasks: Vec<Value> = (0..1000)
+            .map(|n| json!({ "brief": { "frame": chunk * 1000 + n }, "max_tries": 1 }))
+            .collect();
+        let body = json!({ "tasks": tasks });
+        let reply = service.send(
+            "POST",
+            "/v1/ns/renders/queues/frames/tasks/batch",
+            Some(&heavy),
+            Some(&body),
+        );
+        assert_eq!(reply.status, 201, "{}", reply.text());
+    }
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for worker in 0..100 {
+            let key = if worker < 90 { &heavy } else { &light };
+            let done = &done;
+            scope.spawn(move || {
+                let mut turn = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    turn += 1;
+                    let claimed = service.send(
+                        "POST",
+                        "/v1/ns/renders/queues/frames/claims",
+                        Some(key),
+                        None,
+                    );
+                    if claimed.status != 200 {
+                        std::thread::sleep(Duration::from_millis(200));
+                        continue;
+                    }
+                    let claimed = claimed.json();
+                    let id = claimed["task"]["id"].as_str().unwrap().to_owned();
+                    let held = json!({ "version": 1, "token": claimed["lease"]["token"] });
+                    // The work itself: a lease held a while, as a render is.
+                    std::thread::sleep(Duration::from_millis(1000));
+                    let beat = service.send(
+                        "POST",
+                        &format!("/v1/ns/renders/tasks/{id}/heartbeat"),
+                        Some(key),
+                        Some(&held),
+                    );
+                    assert_eq!(beat.status, 200, "{}", beat.text());
+                    if (worker * 7919 + turn) % 97 == 0 {
+                        let mut failure = held.clone();
+                        failure["retry"] = json!("backoff");
+                        failure["error"] = json!("the renderer ran out of memory");
+                        service.send(
+                            "POST",
+                            &format!("/v1/ns/renders/tasks/{id}/fail"),
+                            Some(key),
+                            Some(&failure),
+                        );
+                        continue;
+                    }
+                    let mut output = held.clone();
+                    output["output"] = json!({ "pixels": 42 });
+                    let submit = format!("/v1/ns/renders/tasks/{id}/submit");
+                    let agent: ureq::Agent = ureq::Agent::config_builder()
+                        .http_status_as_error(false)
+                        .build()
+                        .into();
+                    let reply = agent
+                        .post(format!("http://{}{submit}", service.address))
+                        .header("authorization", format!("Bearer {key}"))
+                        .header("idempotency-key", format!("{id}-once"))
+                        .send_json(&output)
+                        .unwrap();
+                    assert_eq!(reply.status().as_u16(), 200);
+                    done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    done.into_inner()
+}
+
+#[test]
+#[ignore = "takes the board's screenshot under load: TESSERA_BOARD_SCREENSHOT=docs/board.png"]
+fn a_screenshot_of_the_board_under_the_quickstarts_load() {
+    let to = std::env::var_os("TESSERA_BOARD_SCREENSHOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("board-{}.png", std::process::id())));
+    let service = Service::sqlite();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the load however the scope ends, so a failure never hangs.
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    std::thread::scope(|scope| {
+        let load = scope.spawn(|| quickstart_load(&service, &stop));
+        let _stop = StopOnDrop(&stop);
+        let mut browser = Browser::open(&format!("http://{}/board", service.address));
+        browser.until(Duration::from_secs(30), |browser| {
+            let live = browser.evaluate("document.getElementById('live').textContent");
+            live.as_str().is_some_and(|live| live.starts_with("updated")).then_some(())
+        });
+        browser.evaluate(&format!(
+            "document.getElementById('key').value = '{}'; \
+             document.getElementById('key-form').requestSubmit(); true",
+            service.admin
+        ));
+        // Under way: work done, work left, something discarded.
+        browser.until(Duration::from_secs(120), |browser| {
+            let counts = browser.counts();
+            let rows = browser.evaluate("document.querySelectorAll('#discarded tr').length");
+            (counts["done"].as_u64() > Some(300)
+                && counts["ready"].as_u64() > Some(0)
+                && counts["discarded"].as_u64() > Some(0)
+                && rows.as_u64() > Some(0))
+            .then_some(())
+        });
+        browser.screenshot(&to);
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(load.join().unwrap() > 300);
+    });
+    let png = std::fs::read(&to).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}

@@ -127,6 +127,16 @@ impl Browser {
         }
     }
 
+    /// Waits until the page's script has updated it once.
+    fn until_live(&mut self) {
+        self.until(Duration::from_secs(30), |browser| {
+            let live = browser.evaluate("document.getElementById('live').textContent");
+            live.as_str()
+                .is_some_and(|live| live.starts_with("updated"))
+                .then_some(())
+        });
+    }
+
     /// The counts the page shows, by state.
     fn counts(&mut self) -> Value {
         self.evaluate(
@@ -222,12 +232,7 @@ fn the_board_shows_the_stores_counts_and_updates_without_a_reload() {
     assert_eq!(claimed.status, 200);
 
     let mut browser = Browser::open(&format!("http://{}/board", service.address));
-    browser.until(Duration::from_secs(30), |browser| {
-        let live = browser.evaluate("document.getElementById('live').textContent");
-        live.as_str()
-            .is_some_and(|live| live.starts_with("updated"))
-            .then_some(())
-    });
+    browser.until_live();
     let expected = store_counts(&service);
     assert_eq!(expected["ready"], 2);
     assert_eq!(expected["leased"], 1);
@@ -403,10 +408,7 @@ fn a_screenshot_of_the_board_under_the_quickstarts_load() {
         let load = scope.spawn(|| quickstart_load(&service, &stop));
         let _stop = StopOnDrop(&stop);
         let mut browser = Browser::open(&format!("http://{}/board", service.address));
-        browser.until(Duration::from_secs(30), |browser| {
-            let live = browser.evaluate("document.getElementById('live').textContent");
-            live.as_str().is_some_and(|live| live.starts_with("updated")).then_some(())
-        });
+        browser.until_live();
         browser.evaluate(&format!(
             "document.getElementById('key').value = '{}'; \
              document.getElementById('key-form').requestSubmit(); true",

@@ -31,11 +31,17 @@ use tessera_store::{
 
 use super::{AppState, Route};
 use crate::auth::bearer_key;
-use crate::errors::{ApiError, query};
+use crate::errors::{ApiError, invalid, query};
 use crate::openapi::Doc;
 
 const SCRIPT: &str = include_str!("../../board/board.js");
 const STYLE: &str = include_str!("../../board/board.css");
+
+/// `details=1`: a keyed feed's audited reads too.
+const DETAILS: crate::limits::Input = crate::limits::Input {
+    name: "details",
+    limit: crate::limits::Limit::OneOf(&["1"]),
+};
 
 /// Discarded tasks whose last error a keyed feed reads (one audited read
 /// each).
@@ -69,13 +75,7 @@ pub(super) fn routes() -> Vec<Route> {
             )
             .key_optional()
             .query(ns, "ns")
-            .query(
-                crate::limits::Input {
-                    name: "details",
-                    ..crate::limits::NAMESPACE
-                },
-                "details",
-            )
+            .query(DETAILS, "details")
             .answers("200", "the feed", Some(json!({ "type": "object", "required": ["admission"] }))),
             get(feed),
         ),
@@ -166,7 +166,11 @@ async fn feed(
 ) -> Result<Response, ApiError> {
     let fields = query(fields)?;
     let namespace = chosen(&state, fields.ns.as_deref())?;
-    let details = fields.details.is_some();
+    let details = match &fields.details {
+        Some(word) if word == "1" => true,
+        Some(word) => return Err(invalid(format!("details is 1, not {word:?}"))),
+        None => false,
+    };
     let key = bearer_key(&headers).map(str::to_owned);
     let keyed = key.is_some() || headers.contains_key(AUTHORIZATION);
     let mut body = json!({

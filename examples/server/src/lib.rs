@@ -40,6 +40,7 @@ mod auth;
 mod cli;
 mod errors;
 pub mod limits;
+mod mcp;
 mod metrics;
 mod openapi;
 mod routes;
@@ -48,7 +49,7 @@ mod setup;
 pub use errors::{ApiError, JsonBody};
 pub use metrics::prometheus;
 pub use openapi::{Doc, document};
-pub use routes::{AppState, NOT_ROUTED, Route, ServeOptions, routes, serve_until};
+pub use routes::{AppState, NOT_ROUTED, PublicOptions, Route, ServeOptions, routes, serve_until};
 pub use setup::main;
 
 /// The workspace README's code examples, compiled and run as doctests.

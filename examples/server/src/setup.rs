@@ -74,6 +74,7 @@ async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
     let address = SocketAddr::from((args.bind, args.port));
     let options = ServeOptions {
         max_long_poll: args.max_long_poll,
+        public: crate::routes::PublicOptions::new(args.public.clone(), admission.max_pending),
     };
     // Opening and key making are blocking store calls: off the runtime's
     // threads, as every store call is.

@@ -141,7 +141,7 @@ async fn claim(
     Ok(response)
 }
 
-fn claimed_json(claimed: &tessera_store::Claimed) -> Value {
+pub(crate) fn claimed_json(claimed: &tessera_store::Claimed) -> Value {
     let mut body = json!(claimed);
     body["lease"] = with_task_ref(body["lease"].take(), &claimed.task);
     body

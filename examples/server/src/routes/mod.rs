@@ -2,12 +2,16 @@
 //! description for the document beside it.
 
 mod audit;
-mod claims;
+mod board;
+pub(crate) mod claims;
+mod discovery;
+pub(crate) mod events;
 mod health;
 mod keys;
 mod leases;
+mod public;
 mod sessions;
-mod tasks;
+pub(crate) mod tasks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,6 +26,7 @@ use tokio::net::TcpListener;
 
 use crate::errors::ApiError;
 use crate::openapi::Doc;
+pub use public::PublicOptions;
 
 /// One route: its method and path, the `Store` operation it calls, and
 /// how the document describes it.
@@ -48,7 +53,7 @@ impl std::fmt::Debug for Route {
 }
 
 impl Route {
-    fn new(
+    pub(crate) fn new(
         method: Method,
         path: &'static str,
         operation: Option<&'static str>,
@@ -139,7 +144,6 @@ pub const NOT_ROUTED: &[(&str, &str)] = &[
         "the daily allowance's count, for the host",
     ),
     ("clock", "the store's clock"),
-    ("public_health", "the health route without a key"),
 ];
 
 /// Every route the server serves, in the document's order.
@@ -152,6 +156,10 @@ pub fn routes() -> Vec<Route> {
     routes.extend(claims::routes());
     routes.extend(leases::routes());
     routes.extend(health::routes());
+    routes.extend(events::routes());
+    routes.extend(public::routes());
+    routes.extend(board::routes());
+    routes.extend(discovery::routes());
     routes.push(Route::new(
         Method::GET,
         "/metrics",
@@ -188,6 +196,8 @@ pub struct AppState {
     pub(crate) closing: tokio::sync::watch::Sender<bool>,
     /// The longest a long-poll waits here.
     pub(crate) max_long_poll: std::time::Duration,
+    /// The namespaces anyone may read, and the admission's pending bound.
+    pub(crate) public: PublicOptions,
 }
 
 impl AppState {
@@ -250,12 +260,15 @@ pub struct ServeOptions {
     /// The longest a long-poll waits here (at most the store's
     /// [`MAX_LONG_POLL`](tessera_store::limits::MAX_LONG_POLL)).
     pub max_long_poll: std::time::Duration,
+    /// What the public face serves: the namespaces anyone may read.
+    pub public: PublicOptions,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             max_long_poll: std::time::Duration::from_secs(30),
+            public: PublicOptions::default(),
         }
     }
 }
@@ -275,6 +288,7 @@ pub async fn serve_until(
         store,
         closing,
         max_long_poll: options.max_long_poll,
+        public: options.public,
     });
     let closing = Arc::clone(&state);
     axum::serve(

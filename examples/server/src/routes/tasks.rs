@@ -169,7 +169,7 @@ pub(super) fn routes() -> Vec<Route> {
 /// A new task, as its schema says.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NewTask {
+pub(crate) struct NewTask {
     brief: Value,
     id: Option<String>,
     version: Option<i64>,
@@ -180,7 +180,7 @@ struct NewTask {
 }
 
 impl NewTask {
-    fn into_parts(self) -> Result<(Brief, EnqueueOptions), ApiError> {
+    pub(crate) fn into_parts(self) -> Result<(Brief, EnqueueOptions), ApiError> {
         let mut options = EnqueueOptions::default();
         if let Some(id) = &self.id {
             options = options.with_task_id(TaskId::parse(id)?);

@@ -1,0 +1,436 @@
+//! MCP at `/mcp`: JSON-RPC 2.0 over the streamable HTTP transport.
+//!
+//! A small implementation of the transport's stateless form, rather than
+//! a crate: a `POST` carries one message or a batch and is answered with
+//! `application/json` (no session, no server-sent stream, so `GET` and
+//! `DELETE` are `405` as the transport allows). Batches are kept because
+//! clients still send them, and the 2025-06-18 revision that dropped them
+//! is what the SDK crates follow.
+//!
+//! - `initialize`, `ping`, `tools/list` and notifications make no storage
+//!   call: they depend only on this file.
+//! - Each tool is one store operation, the same an HTTP route calls, and
+//!   authenticates the request's bearer key itself, so every call of a
+//!   batch (run one at a time, in order) passes authentication and claim
+//!   admission as a single request does.
+//! - A handled error is [`Error::tool_error`]'s envelope (`isError: true`,
+//!   the status, `retry_after` and `reset_at` as structured content). An
+//!   empty claim is no error: `lease: null` beside `retry_after`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, post};
+use serde_json::{Value, json};
+use tessera_store::admission::retry_after_seconds;
+use tessera_store::{
+    AuditQuery, ClaimOutcome, Error, FencingToken, IdempotencyKey, Namespace, Output, QueueName,
+    Submitted, TaskQuery,
+};
+
+use crate::auth::bearer_key;
+use crate::errors::{ApiError, invalid};
+use crate::limits::{self, AUDIT_LIMIT, TASKS_LIMIT, TOKEN};
+use crate::routes::{AppState, shutting_down, task_ref, with_task_ref};
+
+/// The protocol revisions this endpoint speaks, newest first.
+const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// JSON-RPC's codes for a request that is not one.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+
+/// The tools, with their input schemas: the same limits as the routes.
+pub(crate) fn tools() -> Vec<Value> {
+    let ns = json!({ "type": "string", "description": "the namespace" });
+    let queue = json!({ "type": "string", "description": "the queue" });
+    let task = json!({ "type": "string", "description": "the task id" });
+    let version = limits::VERSION.schema();
+    let token = TOKEN.schema();
+    let tool = |name: &str, description: &str, properties: Value, required: &[&str]| {
+        json!({
+            "name": name,
+            "description": description,
+            "inputSchema": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": false,
+            },
+        })
+    };
+    vec![
+        tool(
+            "enqueue",
+            "enqueue a task: a JSON brief, optionally its id, priority and tries",
+            json!({ "namespace": ns, "queue": queue, "brief": {},
+                "id": limits::TASK_ID.schema(), "priority": limits::PRIORITY.schema(),
+                "max_tries": limits::MAX_TRIES_INPUT.schema() }),
+            &["namespace", "queue", "brief"],
+        ),
+        tool(
+            "claim",
+            "claim the next task under a lease, through claim admission; with wait_seconds, long-poll an empty queue first. An empty queue gives lease: null and retry_after",
+            json!({ "namespace": ns, "queue": queue,
+                "wait_seconds": crate::routes::events::WAIT.schema() }),
+            &["namespace", "queue"],
+        ),
+        tool(
+            "heartbeat",
+            "extend a lease: the fencing token from the claim",
+            json!({ "namespace": ns, "task": task, "version": version, "token": token }),
+            &["namespace", "task", "token"],
+        ),
+        tool(
+            "submit",
+            "submit a result once: the fencing token and an idempotency key",
+            json!({ "namespace": ns, "task": task, "version": version, "token": token,
+                "output": {}, "idempotency_key": limits::IDEMPOTENCY_KEY.schema() }),
+            &["namespace", "task", "token", "output", "idempotency_key"],
+        ),
+        tool(
+            "cancel",
+            "an operator's cancel: every attempt of the task not yet final",
+            json!({ "namespace": ns, "task": task, "version": version }),
+            &["namespace", "task"],
+        ),
+        tool(
+            "list_tasks",
+            "a namespace's attempts in one state (ready, scheduled, leased, done, failed, backoff, discarded, cancelled)",
+            json!({ "namespace": ns, "state": limits::STATE.schema(),
+                "limit": TASKS_LIMIT.schema() }),
+            &["namespace", "state"],
+        ),
+        tool(
+            "health",
+            "a namespace's attempts per state and lapsed leases, from the health snapshot",
+            json!({ "namespace": ns }),
+            &["namespace"],
+        ),
+        tool(
+            "audit",
+            "the newest audit events and counters: the caller's own, or everyone's for an admin",
+            json!({ "limit": AUDIT_LIMIT.schema() }),
+            &[],
+        ),
+    ]
+}
+
+/// The tools' names.
+pub(crate) fn tool_names() -> impl Iterator<Item = String> {
+    tools()
+        .into_iter()
+        .filter_map(|tool| tool["name"].as_str().map(str::to_owned))
+}
+
+/// `/mcp`'s handler: `POST` only.
+pub(crate) fn handler() -> MethodRouter<Arc<AppState>> {
+    post(endpoint)
+}
+
+async fn endpoint(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = bearer_key(&headers).map(str::to_owned);
+    let message: Value = match serde_json::from_slice(&body) {
+        Ok(message) => message,
+        Err(error) => {
+            return Json(rpc_error(Value::Null, PARSE_ERROR, &error.to_string())).into_response();
+        }
+    };
+    let answer = match message {
+        Value::Array(calls) if calls.is_empty() => {
+            Some(rpc_error(Value::Null, INVALID_REQUEST, "an empty batch"))
+        }
+        // One call at a time, in order: each passes authentication and
+        // admission on its own, and a batch never fans out.
+        Value::Array(calls) => {
+            let mut answers = Vec::new();
+            for call in calls {
+                answers.extend(handle(&state, key.as_deref(), call).await);
+            }
+            (!answers.is_empty()).then_some(Value::Array(answers))
+        }
+        call => handle(&state, key.as_deref(), call).await,
+    };
+    match answer {
+        Some(answer) => Json(answer).into_response(),
+        // Only notifications and responses: accepted, nothing to say.
+        None => StatusCode::ACCEPTED.into_response(),
+    }
+}
+
+fn rpc_error(id: Value, code: i64, message: &str) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } })
+}
+
+fn rpc_result(id: Value, result: Value) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "result": result })
+}
+
+/// One message: its answer, or `None` for a notification or a response.
+async fn handle(state: &Arc<AppState>, key: Option<&str>, message: Value) -> Option<Value> {
+    let Some(method) = message.get("method").and_then(Value::as_str) else {
+        // A response to nothing we asked, or not a message at all.
+        let is_response = message.get("result").is_some() || message.get("error").is_some();
+        return (!is_response).then(|| {
+            rpc_error(
+                message.get("id").cloned().unwrap_or(Value::Null),
+                INVALID_REQUEST,
+                "not a JSON-RPC request",
+            )
+        });
+    };
+    let id = message.get("id").cloned()?;
+    let params = message.get("params").cloned().unwrap_or(json!({}));
+    Some(match method {
+        "initialize" => {
+            let asked = params["protocolVersion"].as_str().unwrap_or_default();
+            let version = PROTOCOL_VERSIONS
+                .iter()
+                .find(|known| **known == asked)
+                .unwrap_or(&PROTOCOL_VERSIONS[0]);
+            rpc_result(
+                id,
+                json!({
+                    "protocolVersion": version,
+                    "capabilities": { "tools": { "listChanged": false } },
+                    "serverInfo": { "name": "tessera-server", "version": env!("CARGO_PKG_VERSION") },
+                    "instructions": "Tessera hands out work under leases: enqueue, claim, heartbeat, submit. \
+                        An empty claim gives lease: null and retry_after seconds; honour retry_after on errors too.",
+                }),
+            )
+        }
+        "ping" => rpc_result(id, json!({})),
+        "tools/list" => rpc_result(id, json!({ "tools": tools() })),
+        "tools/call" => {
+            let name = params["name"].as_str().unwrap_or_default().to_owned();
+            if !tool_names().any(|known| known == name) {
+                return Some(rpc_error(
+                    id,
+                    INVALID_PARAMS,
+                    &format!("unknown tool {name:?}"),
+                ));
+            }
+            let arguments = params.get("arguments").cloned().unwrap_or(json!({}));
+            let result = match call(state, key, &name, arguments).await {
+                Ok(value) => json!({
+                    "content": [{ "type": "text", "text": value.to_string() }],
+                    "structuredContent": value,
+                    "isError": false,
+                }),
+                Err(error) => tool_error(error),
+            };
+            rpc_result(id, result)
+        }
+        other => rpc_error(id, METHOD_NOT_FOUND, &format!("no method {other:?}")),
+    })
+}
+
+/// An error as the tool-error envelope: the store's own, or the same
+/// shape for the HTTP layer's.
+fn tool_error(error: ApiError) -> Value {
+    match error {
+        ApiError::Store(error) => json!(error.tool_error()),
+        ApiError::Http {
+            status,
+            code,
+            message,
+            retry_after,
+        } => json!({
+            "isError": true,
+            "content": [{ "type": "text", "text": message }],
+            "structuredContent": {
+                "status": status.as_u16(), "code": code, "message": message,
+                "retry_after": retry_after.map(retry_after_seconds), "reset_at": null,
+            },
+        }),
+    }
+}
+
+/// A required string argument.
+fn text<'a>(arguments: &'a Value, name: &str) -> Result<&'a str, ApiError> {
+    arguments[name]
+        .as_str()
+        .ok_or_else(|| invalid(format!("{name}: a string is required")))
+}
+
+/// An optional integer argument.
+fn integer(arguments: &Value, name: &str) -> Result<Option<i64>, ApiError> {
+    match &arguments[name] {
+        Value::Null => Ok(None),
+        value => value
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| invalid(format!("{name}: an integer is required"))),
+    }
+}
+
+/// Runs one tool: authenticates the key, then the one store operation.
+async fn call(
+    state: &Arc<AppState>,
+    key: Option<&str>,
+    name: &str,
+    arguments: Value,
+) -> Result<Value, ApiError> {
+    if !arguments.is_object() {
+        return Err(invalid("arguments must be an object"));
+    }
+    let key = key.map(str::to_owned);
+    let caller = state
+        .call(move |store| store.authenticate(key.as_deref()))
+        .await?;
+    let namespace =
+        || -> Result<Namespace, ApiError> { Ok(Namespace::parse(text(&arguments, "namespace")?)?) };
+    let version = integer(&arguments, "version")?.unwrap_or(1);
+    match name {
+        "enqueue" => {
+            let ns = namespace()?;
+            let queue = QueueName::parse(text(&arguments, "queue")?)?;
+            let mut fields = json!({ "brief": arguments["brief"].clone() });
+            for optional in ["id", "priority", "max_tries"] {
+                if !arguments[optional].is_null() {
+                    fields[optional] = arguments[optional].clone();
+                }
+            }
+            let task: crate::routes::tasks::NewTask = serde_json::from_value(fields)
+                .map_err(|error| invalid(format!("arguments: {error}")))?;
+            let (brief, options) = task.into_parts()?;
+            let task = state
+                .call(move |store| store.enqueue(&caller, &ns, &queue, &brief, &options))
+                .await?;
+            Ok(json!({ "task": task }))
+        }
+        "claim" => {
+            let ns = namespace()?;
+            let queue = QueueName::parse(text(&arguments, "queue")?)?;
+            let wait = match integer(&arguments, "wait_seconds")? {
+                Some(seconds) => {
+                    Duration::from_secs(crate::routes::events::WAIT.integer(seconds)? as u64)
+                }
+                None => Duration::ZERO,
+            };
+            claim(state, caller, ns, queue, wait).await
+        }
+        "heartbeat" => {
+            let task = task_ref(namespace()?.as_str(), text(&arguments, "task")?, version)?;
+            let token =
+                FencingToken::new(TOKEN.integer(integer(&arguments, "token")?.unwrap_or(0))?)?;
+            let reference = task.clone();
+            let lease = state
+                .call(move |store| store.heartbeat(&caller, &task, token))
+                .await?;
+            Ok(json!({ "lease": with_task_ref(json!(lease), &reference) }))
+        }
+        "submit" => {
+            let task = task_ref(namespace()?.as_str(), text(&arguments, "task")?, version)?;
+            let token =
+                FencingToken::new(TOKEN.integer(integer(&arguments, "token")?.unwrap_or(0))?)?;
+            let idempotency = IdempotencyKey::parse(text(&arguments, "idempotency_key")?)?;
+            let output = Output::bytes(arguments["output"].to_string());
+            let reference = task.clone();
+            let submitted = state
+                .call(move |store| store.submit(&caller, &task, token, &idempotency, &output))
+                .await?;
+            let (receipt, replayed) = match submitted {
+                Submitted::Accepted(receipt) => (receipt, false),
+                Submitted::Replayed(receipt) => (receipt, true),
+            };
+            Ok(
+                json!({ "receipt": with_task_ref(json!(receipt), &reference), "replayed": replayed }),
+            )
+        }
+        "cancel" => {
+            let task = task_ref(namespace()?.as_str(), text(&arguments, "task")?, version)?;
+            let cancelled = state
+                .call(move |store| store.cancel_task(&caller, &task))
+                .await?;
+            Ok(json!({ "cancelled": cancelled }))
+        }
+        "list_tasks" => {
+            let ns = namespace()?;
+            let mut listing = TaskQuery::new(limits::state(text(&arguments, "state")?)?);
+            if let Some(limit) = integer(&arguments, "limit")? {
+                listing.limit = TASKS_LIMIT.integer(limit)? as usize;
+            }
+            let page = state
+                .call(move |store| store.list_tasks(&caller, &ns, &listing))
+                .await?;
+            let next = page.next.map(|cursor| cursor.to_string());
+            Ok(json!({ "tasks": page.tasks, "next": next }))
+        }
+        "health" => {
+            let ns = namespace()?;
+            let snapshot = state.call(move |store| store.health(&caller, &ns)).await?;
+            Ok(json!(snapshot))
+        }
+        "audit" => {
+            let mut query = AuditQuery::default();
+            if let Some(limit) = integer(&arguments, "limit")? {
+                query.limit = AUDIT_LIMIT.integer(limit)? as usize;
+            }
+            let page = state
+                .call(move |store| store.audit(&caller, &query))
+                .await?;
+            Ok(json!(page))
+        }
+        _ => Err(ApiError::Store(Error::NotFound {
+            what: format!("tool {name}"),
+        })),
+    }
+}
+
+/// A claim through admission, as the HTTP route makes it; with a wait,
+/// an empty queue is long-polled once and claimed again.
+async fn claim(
+    state: &Arc<AppState>,
+    caller: tessera_store::Caller,
+    ns: Namespace,
+    queue: QueueName,
+    wait: Duration,
+) -> Result<Value, ApiError> {
+    let mut outcome = claim_once(state, &caller, &ns, &queue).await?;
+    if matches!(outcome, ClaimOutcome::Empty { .. }) && !wait.is_zero() {
+        let (waiter, ns_wait, queue_wait) = (caller.clone(), ns.clone(), queue.clone());
+        let timeout = wait.min(state.max_long_poll);
+        let woken = tokio::select! {
+            woken = state.call(move |store| store.wait_for_work(&waiter, &ns_wait, &queue_wait, timeout)) => woken?,
+            () = state.closing() => return Err(shutting_down()),
+        };
+        if woken == tessera_store::WaitOutcome::WorkAvailable {
+            outcome = claim_once(state, &caller, &ns, &queue).await?;
+        }
+    }
+    Ok(match &outcome {
+        ClaimOutcome::Granted(claimed) => {
+            let mut body = crate::routes::claims::claimed_json(claimed);
+            body["waited_ms"] = json!(outcome.wait_ms());
+            body["concurrency_limit"] = json!(outcome.concurrency_limit());
+            body
+        }
+        ClaimOutcome::Empty { .. } => json!({
+            "lease": null,
+            "retry_after": outcome.retry_after().map(retry_after_seconds),
+            "waited_ms": outcome.wait_ms(),
+            "concurrency_limit": outcome.concurrency_limit(),
+        }),
+    })
+}
+
+async fn claim_once(
+    state: &Arc<AppState>,
+    caller: &tessera_store::Caller,
+    ns: &Namespace,
+    queue: &QueueName,
+) -> Result<ClaimOutcome, ApiError> {
+    let permit = tokio::select! {
+        permit = state.store.claim_permit(caller, ns, queue) => permit?,
+        () = state.closing() => return Err(shutting_down()),
+    };
+    state.call(move |store| store.finish_claim(permit)).await
+}

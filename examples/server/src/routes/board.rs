@@ -1,0 +1,412 @@
+//! The board at `/board`: one page an operator keeps open.
+//!
+//! Server-rendered HTML (it reads well with JavaScript off), and a little
+//! script (`/board/board.js`, no build step) that keeps it live from
+//! `/board/feed.json`:
+//! - without a key, a public namespace's health snapshot and admission as
+//!   it stands: the snapshot is served from the store's cache, so a poll
+//!   reads nothing until the namespace changes, and writes nothing;
+//! - with a key (typed into the page, kept in the tab's session storage),
+//!   also the namespaces it grants, the recent audit events and counters,
+//!   the oldest ready task and the discarded tasks with their last error.
+//!   These are audited reads, so the script asks for them no more often
+//!   than the snapshot is kept (15 s). Retry and cancel buttons call the
+//!   task routes with the same key.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::{HeaderMap, Method};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tessera_store::lease::StateName;
+use tessera_store::{
+    AuditQuery, Caller, Grant, HealthSnapshot, ListOrder, Namespace, Store, TaskQuery, TaskRef,
+};
+
+use super::{AppState, Route};
+use crate::auth::bearer_key;
+use crate::errors::{ApiError, invalid, query};
+use crate::openapi::Doc;
+
+const SCRIPT: &str = include_str!("../../board/board.js");
+const STYLE: &str = include_str!("../../board/board.css");
+
+/// `details=1`: a keyed feed's audited reads too.
+const DETAILS: crate::limits::Input = crate::limits::Input {
+    name: "details",
+    limit: crate::limits::Limit::OneOf(&["1"]),
+};
+
+/// Discarded tasks whose last error a keyed feed reads (one audited read
+/// each).
+const ERRORS_READ: usize = 5;
+
+pub(super) fn routes() -> Vec<Route> {
+    let ns = crate::limits::Input {
+        name: "ns",
+        ..crate::limits::NAMESPACE
+    };
+    vec![
+        Route::new(
+            Method::GET,
+            "/board",
+            Some("public_health"),
+            Doc::new(
+                "board",
+                "the board: a namespace's attempts per state, admission, and for a key its audit and discarded tasks; HTML",
+            )
+            .query(ns, "ns")
+            .answers("200", "an HTML page", None),
+            get(board),
+        ),
+        Route::new(
+            Method::GET,
+            "/board/feed.json",
+            Some("public_health"),
+            Doc::new(
+                "board_feed",
+                "the board's live feed: the health snapshot and admission; with a key and `details`, its audit, oldest ready task and discarded tasks",
+            )
+            .key_optional()
+            .query(ns, "ns")
+            .query(DETAILS, "details")
+            .answers("200", "the feed", Some(json!({ "type": "object", "required": ["admission"] }))),
+            get(feed),
+        ),
+        Route::new(
+            Method::GET,
+            "/board/board.js",
+            None,
+            Doc::new("board_script", "the board's script").answers("200", "JavaScript", None),
+            get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
+        ),
+        Route::new(
+            Method::GET,
+            "/board/board.css",
+            None,
+            Doc::new("board_style", "the board's style sheet").answers("200", "CSS", None),
+            get(|| async { asset("text/css; charset=utf-8", STYLE) }),
+        ),
+    ]
+}
+
+fn asset(content_type: &'static str, text: &'static str) -> Response {
+    (
+        [
+            (CONTENT_TYPE, content_type),
+            (CACHE_CONTROL, "public, max-age=300"),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+/// The board's query.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BoardQuery {
+    ns: Option<String>,
+    details: Option<String>,
+}
+
+/// The namespace asked for, else the first public one.
+fn chosen(state: &AppState, asked: Option<&str>) -> Result<Option<Namespace>, ApiError> {
+    match asked {
+        Some(name) => Ok(Some(Namespace::parse(name)?)),
+        None => Ok(state.public.namespaces.first().cloned()),
+    }
+}
+
+async fn board(
+    State(state): State<Arc<AppState>>,
+    fields: Result<Query<BoardQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let fields = query(fields)?;
+    let namespace = chosen(&state, fields.ns.as_deref())?;
+    // The read-only view: a public namespace's snapshot, no key read.
+    let snapshot = match &namespace {
+        Some(namespace) if state.public.namespaces.contains(namespace) => {
+            let namespace = namespace.clone();
+            Some(
+                state
+                    .call(move |store| store.public_health(&namespace))
+                    .await?,
+            )
+        }
+        _ => None,
+    };
+    let admission = super::public::admission(&state.store, state.public.max_pending);
+    let page = render(
+        &state.public.namespaces,
+        namespace.as_ref(),
+        snapshot.as_ref(),
+        &admission,
+        state.store.is_refusing_writes(),
+    );
+    Ok((
+        [
+            (CONTENT_TYPE, "text/html; charset=utf-8"),
+            (CACHE_CONTROL, "no-store"),
+        ],
+        page,
+    )
+        .into_response())
+}
+
+async fn feed(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    fields: Result<Query<BoardQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let fields = query(fields)?;
+    let namespace = chosen(&state, fields.ns.as_deref())?;
+    let details = match &fields.details {
+        Some(word) if word == "1" => true,
+        Some(word) => return Err(invalid(format!("details is 1, not {word:?}"))),
+        None => false,
+    };
+    let key = bearer_key(&headers).map(str::to_owned);
+    let keyed = key.is_some() || headers.contains_key(AUTHORIZATION);
+    let mut body = json!({
+        "namespace": namespace,
+        "writes_refused": state.store.is_refusing_writes(),
+        "admission": super::public::admission(&state.store, state.public.max_pending),
+        "health": null,
+    });
+    if !keyed {
+        if let Some(namespace) = namespace {
+            let snapshot = state
+                .call(move |store| store.public_health(&namespace))
+                .await?;
+            body["health"] = json!(snapshot);
+        }
+        return Ok(Json(body).into_response());
+    }
+    let keyed = state
+        .call(move |store| {
+            let caller = store.authenticate(key.as_deref())?;
+            keyed_feed(store, &caller, namespace.as_ref(), details)
+        })
+        .await?;
+    for (field, value) in keyed.as_object().into_iter().flatten() {
+        body[field] = value.clone();
+    }
+    Ok(Json(body).into_response())
+}
+
+/// What a key adds: the namespaces it grants, the namespace's health, and
+/// with `details` the audited reads (audit, oldest ready, discarded).
+fn keyed_feed(
+    store: &Store,
+    caller: &Caller,
+    namespace: Option<&Namespace>,
+    details: bool,
+) -> Result<Value, tessera_store::Error> {
+    let grants: Vec<String> = caller
+        .grants()
+        .iter()
+        .map(|grant| match grant {
+            Grant::Namespace(namespace) => namespace.as_str().to_owned(),
+            Grant::AllNamespaces => "*".to_owned(),
+            _ => "admin".to_owned(),
+        })
+        .collect();
+    let mut feed = json!({ "grants": grants, "account": caller.account() });
+    let Some(namespace) = namespace else {
+        return Ok(feed);
+    };
+    feed["health"] = json!(store.health(caller, namespace)?);
+    if !details {
+        return Ok(feed);
+    }
+    let audit = store.audit(
+        caller,
+        &AuditQuery {
+            limit: 20,
+            ..AuditQuery::default()
+        },
+    )?;
+    let mut oldest = TaskQuery::new(StateName::Ready);
+    oldest.order = ListOrder::Oldest;
+    oldest.limit = 1;
+    let oldest = store.list_tasks(caller, namespace, &oldest)?;
+    let mut discarded = TaskQuery::new(StateName::Discarded);
+    discarded.order = ListOrder::Newest;
+    discarded.limit = 20;
+    let discarded = store.list_tasks(caller, namespace, &discarded)?;
+    let mut rows = Vec::new();
+    for (index, listing) in discarded.tasks.iter().enumerate() {
+        let mut row = json!(listing);
+        if index < ERRORS_READ {
+            let task = TaskRef::new(
+                listing.task.namespace.clone(),
+                listing.task.id.clone(),
+                listing.task.version,
+            );
+            let view = store.read_task(caller, &task)?;
+            let attempt = view
+                .record
+                .attempts
+                .iter()
+                .find(|attempt| attempt.number == listing.attempt);
+            row["last_error"] = json!(attempt.and_then(|attempt| attempt.last_error.clone()));
+        }
+        rows.push(row);
+    }
+    feed["audit"] = json!(audit);
+    feed["oldest_ready"] = json!(oldest.tasks.first());
+    feed["discarded"] = json!(rows);
+    Ok(feed)
+}
+
+/// `text` with HTML's special characters escaped.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The states the board counts, in its order, with their labels.
+const STATES: &[(&str, &str)] = &[
+    ("ready", "ready"),
+    ("scheduled", "scheduled"),
+    ("backoff", "backoff"),
+    ("leased", "leased"),
+    ("done", "done"),
+    ("failed", "failed"),
+    ("discarded", "discarded"),
+    ("cancelled", "cancelled"),
+];
+
+fn render(
+    public: &[Namespace],
+    namespace: Option<&Namespace>,
+    snapshot: Option<&HealthSnapshot>,
+    admission: &Value,
+    refusing: bool,
+) -> String {
+    let name = namespace.map(|ns| escape(ns.as_str())).unwrap_or_default();
+    let counts = snapshot.map(|snapshot| json!(snapshot.attempts));
+    let mut cells = String::new();
+    for (field, label) in STATES {
+        let value = counts
+            .as_ref()
+            .map(|counts| counts[field].to_string())
+            .unwrap_or_else(|| "–".to_owned());
+        cells.push_str(&format!(
+            "<tr><th scope=\"row\">{label}</th><td data-count=\"{field}\">{value}</td></tr>"
+        ));
+    }
+    let expired = snapshot
+        .map(|snapshot| snapshot.expired_leases.to_string())
+        .unwrap_or_else(|| "–".to_owned());
+    let taken = snapshot
+        .map(|snapshot| snapshot.taken_at.to_rfc3339())
+        .unwrap_or_default();
+    let admission_rows: String = [
+        ("limit", "concurrency limit"),
+        ("in_flight", "in flight"),
+        ("waiting", "waiting"),
+        ("waiting_keys", "keys waiting"),
+        (
+            "share_per_waiting_key",
+            "each waiting key's share of the slots",
+        ),
+        ("max_pending", "waiting slots"),
+    ]
+    .iter()
+    .map(|(field, label)| {
+        format!(
+            "<tr><th scope=\"row\">{label}</th><td data-admission=\"{field}\">{}</td></tr>",
+            admission[field]
+        )
+    })
+    .collect();
+    let links: String = public
+        .iter()
+        .map(|ns| {
+            let ns = escape(ns.as_str());
+            format!("<a href=\"/board?ns={ns}\">{ns}</a> ")
+        })
+        .collect();
+    let note = match (namespace, snapshot) {
+        (None, _) => {
+            "<p class=\"note\">No namespace is public. Enter a key to see one it grants.</p>"
+                .to_owned()
+        }
+        (Some(_), None) => {
+            "<p class=\"note\">This namespace is not public: enter a key that grants it.</p>"
+                .to_owned()
+        }
+        _ => String::new(),
+    };
+    let refused = if refusing {
+        "<p class=\"alert\" id=\"refused\">Storage refuses writes: reads answer, writes are 503 storage_quota_exhausted.</p>"
+    } else {
+        "<p class=\"alert\" id=\"refused\" hidden>Storage refuses writes.</p>"
+    };
+    format!(
+        r#"<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Tessera board · {name}</title>
+<link rel="stylesheet" href="/board/board.css">
+</head>
+<body data-namespace="{name}">
+<header>
+<h1>Tessera <span class="namespace">{name}</span></h1>
+<nav>public: {links}<a href="/llms.txt">llms.txt</a> <a href="/v1/openapi.json">OpenAPI</a></nav>
+</header>
+{refused}
+{note}
+<main>
+<section>
+<h2>Attempts by state</h2>
+<table class="counts">{cells}
+<tr><th scope="row">lapsed leases</th><td data-count="expired_leases">{expired}</td></tr></table>
+<p class="small">snapshot taken <time id="taken">{taken}</time> · all queues of the namespace</p>
+</section>
+<section>
+<h2>Admission</h2>
+<table class="admission">{admission_rows}</table>
+</section>
+<section id="operator">
+<h2>Operator</h2>
+<noscript><p class="note">The operator's view (audit, discarded tasks, retry and cancel) needs JavaScript and a key.</p></noscript>
+<form id="key-form" hidden><label>Key <input type="password" id="key" autocomplete="off"></label> <button>Use key</button> <button type="button" id="forget">Forget</button></form>
+<div id="keyed" hidden>
+<p>Account <b id="account"></b>; grants: <span id="grants"></span></p>
+<h3>Oldest ready task</h3><p id="oldest">–</p>
+<h3>Discarded tasks</h3>
+<table><thead><tr><th>task</th><th>attempt</th><th>tries</th><th>reason</th><th>last error</th><th></th></tr></thead><tbody id="discarded"></tbody></table>
+<h3>Recent audit events</h3>
+<table><thead><tr><th>time</th><th>action</th><th>outcome</th><th>resource</th></tr></thead><tbody id="events"></tbody></table>
+<h3>Counters</h3>
+<table><thead><tr><th>minute</th><th>action</th><th>outcome</th><th>count</th></tr></thead><tbody id="counters"></tbody></table>
+</div>
+</section>
+</main>
+<footer class="small">Live: <span id="live">off (JavaScript)</span></footer>
+<script src="/board/board.js" defer></script>
+</body>
+</html>
+"#
+    )
+}

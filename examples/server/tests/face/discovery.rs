@@ -1,0 +1,83 @@
+//! Discovery answers from configuration alone: 0 rows read or written.
+
+use serde_json::json;
+
+use crate::Service;
+
+#[test]
+fn discovery_routes_read_and_write_no_row_even_while_writes_are_refused() {
+    let service = Service::sqlite();
+    assert!(service.store.meters_rows());
+    for refusing in [false, true] {
+        service.store.refuse_writes(refusing);
+        for path in [
+            "/",
+            "/llms.txt",
+            "/robots.txt",
+            "/.well-known/agent-card.json",
+            "/v1/openapi.json",
+        ] {
+            let before = service.store.meter();
+            let reply = service.send("GET", path, None, None);
+            let cost = service.store.meter().since(&before);
+            assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+            assert_eq!(
+                (cost.rows_read, cost.rows_written, cost.write_transactions),
+                (0, 0, 0),
+                "{path} touched storage"
+            );
+        }
+    }
+}
+
+#[test]
+fn discovery_depends_on_configuration_only() {
+    let service = Service::sqlite();
+    let index = service.send("GET", "/", None, None).json();
+    assert_eq!(index["public_namespaces"], json!(["renders"]));
+    assert_eq!(index["links"]["mcp"], "/mcp");
+    let llms = service.send("GET", "/llms.txt", None, None);
+    assert!(llms.content_type.starts_with("text/plain"), "{llms:?}");
+    assert!(
+        llms.text().contains("renders") && llms.text().contains("`claim`"),
+        "{}",
+        llms.text()
+    );
+    let robots = service.send("GET", "/robots.txt", None, None).text();
+    assert!(
+        robots.contains("Allow: /board") && robots.contains("Disallow: /"),
+        "{robots}"
+    );
+    let card = service
+        .send("GET", "/.well-known/agent-card.json", None, None)
+        .json();
+    assert_eq!(card["url"], "/mcp");
+    let skills: Vec<&str> = card["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|skill| skill["id"].as_str().unwrap())
+        .collect();
+    for tool in [
+        "enqueue",
+        "claim",
+        "heartbeat",
+        "submit",
+        "cancel",
+        "list_tasks",
+        "health",
+        "audit",
+    ] {
+        assert!(skills.contains(&tool), "{tool} in {skills:?}");
+    }
+    // The same answers whatever the store holds.
+    let worker = service.worker();
+    assert_eq!(service.enqueue(&worker, json!(1)).status, 201);
+    assert_eq!(service.send("GET", "/", None, None).json(), index);
+    assert_eq!(
+        service
+            .send("GET", "/.well-known/agent-card.json", None, None)
+            .json(),
+        card
+    );
+}

@@ -229,6 +229,10 @@ pub const TIME: Input = Input {
     name: "at",
     limit: Limit::Time,
 };
+/// A long-poll's wait, in whole seconds.
+pub const WAIT_SECONDS: Input = integer("wait", 0, MAX_LONG_POLL.as_secs() as i64);
+/// Whether the board's keyed feed also makes its audited reads (1) or not (0).
+pub const DETAILS: Input = integer("details", 0, 1);
 
 /// Every input with limits, for the test that proves the document and
 /// the validation agree.
@@ -263,6 +267,8 @@ pub const ALL: &[Input] = &[
     TASKS_LIMIT,
     KEYS_LIMIT,
     TIME,
+    WAIT_SECONDS,
+    DETAILS,
 ];
 
 impl Input {

@@ -79,7 +79,7 @@ pub(crate) fn tools() -> Vec<Value> {
             "claim",
             "claim the next task under a lease, through claim admission; with wait_seconds, long-poll an empty queue first. An empty queue gives lease: null and retry_after",
             json!({ "namespace": ns, "queue": queue,
-                "wait_seconds": crate::routes::events::WAIT.schema() }),
+                "wait_seconds": limits::WAIT_SECONDS.schema() }),
             &["namespace", "queue"],
         ),
         tool(
@@ -310,9 +310,7 @@ async fn call(
             let ns = namespace()?;
             let queue = QueueName::parse(text(&arguments, "queue")?)?;
             let wait = match integer(&arguments, "wait_seconds")? {
-                Some(seconds) => {
-                    Duration::from_secs(crate::routes::events::WAIT.integer(seconds)? as u64)
-                }
+                Some(seconds) => Duration::from_secs(limits::WAIT_SECONDS.integer(seconds)? as u64),
                 None => Duration::ZERO,
             };
             claim(state, caller, ns, queue, wait).await

@@ -31,17 +31,11 @@ use tessera_store::{
 
 use super::{AppState, Route};
 use crate::auth::bearer_key;
-use crate::errors::{ApiError, invalid, query};
+use crate::errors::{ApiError, query};
 use crate::openapi::Doc;
 
 const SCRIPT: &str = include_str!("../../board/board.js");
 const STYLE: &str = include_str!("../../board/board.css");
-
-/// `details=1`: a keyed feed's audited reads too.
-const DETAILS: crate::limits::Input = crate::limits::Input {
-    name: "details",
-    limit: crate::limits::Limit::OneOf(&["1"]),
-};
 
 /// Discarded tasks whose last error a keyed feed reads (one audited read
 /// each).
@@ -75,7 +69,7 @@ pub(super) fn routes() -> Vec<Route> {
             )
             .key_optional()
             .query(ns, "ns")
-            .query(DETAILS, "details")
+            .query(crate::limits::DETAILS, "details")
             .answers("200", "the feed", Some(json!({ "type": "object", "required": ["admission"] }))),
             get(feed),
         ),
@@ -112,7 +106,7 @@ fn asset(content_type: &'static str, text: &'static str) -> Response {
 #[serde(deny_unknown_fields)]
 struct BoardQuery {
     ns: Option<String>,
-    details: Option<String>,
+    details: Option<i64>,
 }
 
 /// The namespace asked for, else the first public one.
@@ -167,8 +161,7 @@ async fn feed(
     let fields = query(fields)?;
     let namespace = chosen(&state, fields.ns.as_deref())?;
     let details = match &fields.details {
-        Some(word) if word == "1" => true,
-        Some(word) => return Err(invalid(format!("details is 1, not {word:?}"))),
+        Some(details) => crate::limits::DETAILS.integer(*details)? == 1,
         None => false,
     };
     let key = bearer_key(&headers).map(str::to_owned);

@@ -22,17 +22,8 @@ use serde_json::json;
 use super::{AppState, Route, shutting_down, task_doc, task_ref};
 use crate::auth::Authenticated;
 use crate::errors::{ApiError, path, query};
-use crate::limits::{Input, Limit, VERSION};
+use crate::limits::{VERSION, WAIT_SECONDS};
 use crate::openapi::Doc;
-
-/// `wait`: whole seconds, up to the store's long-poll limit.
-pub(crate) const WAIT: Input = Input {
-    name: "wait",
-    limit: Limit::Integer {
-        minimum: 0,
-        maximum: tessera_store::limits::MAX_LONG_POLL.as_secs() as i64,
-    },
-};
 
 /// How often the health snapshot is checked while a long-poll waits.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
@@ -48,7 +39,7 @@ pub(super) fn routes() -> Vec<Route> {
         ))
         .keyed()
         .query(VERSION, "version")
-        .query(WAIT, "wait")
+        .query(WAIT_SECONDS, "wait")
         .answers(
             "200",
             "the task's attempts and whether the namespace changed while it waited",
@@ -78,7 +69,7 @@ async fn events(
     let task = task_ref(&ns, &task, fields.version.unwrap_or(1))?;
     let wait = match fields.wait {
         None => Duration::ZERO,
-        Some(seconds) => Duration::from_secs(WAIT.integer(seconds)? as u64),
+        Some(seconds) => Duration::from_secs(WAIT_SECONDS.integer(seconds)? as u64),
     };
     let wait = wait.min(state.max_long_poll);
     let started = tokio::time::Instant::now();

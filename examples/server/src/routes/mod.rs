@@ -5,7 +5,7 @@ mod audit;
 mod board;
 pub(crate) mod claims;
 mod discovery;
-pub(crate) mod events;
+mod events;
 mod health;
 mod keys;
 mod leases;

@@ -165,6 +165,21 @@ pub const SCOPE: Input = Input {
     name: "scopes",
     limit: Limit::OneOf(&["enqueue", "claim", "read"]),
 };
+/// The most scopes one request names: one of each.
+pub const MAX_SCOPES: usize = 3;
+/// The most grants one request names.
+pub const MAX_GRANTS: usize = 16;
+
+/// Checks a list's length against `max`, as the document's `maxItems`.
+pub fn at_most<T>(name: &str, items: Vec<T>, max: usize) -> Result<Vec<T>, Error> {
+    if items.len() > max {
+        return Err(Error::InvalidInput {
+            reason: format!("{name} holds {} items, at most {max}", items.len()),
+        });
+    }
+    Ok(items)
+}
+
 /// A grant a key holds.
 pub const GRANT: Input = Input {
     name: "grants",

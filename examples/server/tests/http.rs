@@ -553,6 +553,19 @@ fn every_refusal_is_json_with_its_status_code_and_a_lowercase_message() {
         Some(&json!({ "account": "acme", "grants": ["bogus"] })),
     );
     assert_eq!(bad_grant.status, 400);
+    let too_many = service.send(
+        "POST",
+        "/v1/keys",
+        Some(&service.admin),
+        &[],
+        Some(&json!({ "account": "acme", "scopes": ["read", "read", "read", "read"] })),
+    );
+    assert_eq!(
+        too_many.status,
+        400,
+        "maxItems is enforced: {}",
+        too_many.text()
+    );
     let message = bad_grant.json()["error"]["message"]
         .as_str()
         .unwrap()

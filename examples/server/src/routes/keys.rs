@@ -37,8 +37,8 @@ pub(super) fn routes() -> Vec<Route> {
     let made = json!({ "type": "object", "required": ["key", "info"] });
     let grants = || {
         json!({
-            "scopes": SCOPE.array(3),
-            "grants": GRANT.array(16),
+            "scopes": SCOPE.array(limits::MAX_SCOPES),
+            "grants": GRANT.array(limits::MAX_GRANTS),
             "label": LABEL.schema(),
         })
     };
@@ -142,10 +142,12 @@ fn granted(
     grants: Option<Vec<String>>,
     label: Option<String>,
 ) -> Result<KeySpec, ApiError> {
-    let scopes = (scopes.unwrap_or_default().iter())
+    let scopes = limits::at_most("scopes", scopes.unwrap_or_default(), limits::MAX_SCOPES)?;
+    let grants = limits::at_most("grants", grants.unwrap_or_default(), limits::MAX_GRANTS)?;
+    let scopes = (scopes.iter())
         .map(|word| limits::scope(word))
         .collect::<Result<Vec<_>, _>>()?;
-    let grants = (grants.unwrap_or_default().iter())
+    let grants = (grants.iter())
         .map(|text| limits::grant(text))
         .collect::<Result<Vec<_>, _>>()?;
     let label = label.unwrap_or_default();

@@ -13,8 +13,8 @@ use serde_json::json;
 use tessera_store::lease::{IdempotencyKey, StateName};
 use tessera_store::limits::{
     MAX_ACCOUNT_LEN, MAX_ALTERNATIVES, MAX_AUDIT_ROWS, MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH,
-    MAX_ERROR_BYTES, MAX_KEYS_LISTED, MAX_LABEL_LEN, MAX_LONG_POLL, MAX_PRIORITY, MAX_TASKS_LISTED,
-    MAX_TRIES,
+    MAX_ERROR_BYTES, MAX_KEYS_LISTED, MAX_LABEL_LEN, MAX_LONG_POLL, MAX_PRIORITY, MAX_SUBMIT_BATCH,
+    MAX_TASKS_LISTED, MAX_TRIES,
 };
 use tessera_store::{Error, Grant, ListOrder, Namespace, QueueName, Retry, Scope, TaskId};
 
@@ -239,6 +239,8 @@ pub const TASKS_LIMIT: Input = integer("limit", 1, MAX_TASKS_LISTED as i64);
 pub const KEYS_LIMIT: Input = integer("limit", 1, MAX_KEYS_LISTED as i64);
 /// Tasks in one batch enqueue.
 pub const ENQUEUE_BATCH: Input = integer("tasks", 1, MAX_ENQUEUE_BATCH as i64);
+/// Submissions in one batch submit.
+pub const SUBMIT_BATCH: Input = integer("submissions", 1, MAX_SUBMIT_BATCH as i64);
 /// A time (`since`, `at`, `not_before`).
 pub const TIME: Input = Input {
     name: "at",

@@ -417,6 +417,62 @@ fn heartbeat_extends_and_submit_is_idempotent() {
 }
 
 #[test]
+fn a_batch_of_submissions_answers_each_in_order() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    for id in ["frame-1", "frame-2"] {
+        let body = json!({ "brief": { "frame": id }, "id": id, "version": 1 });
+        let reply = service.send("POST", TASKS, Some(&worker), &[], Some(&body));
+        assert_eq!(reply.status, 201, "{}", reply.text());
+    }
+    let first = service.claim(&worker, CLAIMS).json();
+    let second = service.claim(&worker, CLAIMS).json();
+    let item = |claimed: &Value, token: i64, key: &str| {
+        json!({
+            "task": claimed["task"]["id"], "version": 1, "token": token,
+            "key": key, "output": { "from": key },
+        })
+    };
+    let (token1, token2) = (
+        first["lease"]["token"].as_i64().unwrap(),
+        second["lease"]["token"].as_i64().unwrap(),
+    );
+    let batch = "/v1/ns/renders/submissions/batch";
+    // The second item's token was never granted: it alone is refused.
+    let body = json!({ "submissions": [
+        item(&first, token1, "k1"),
+        item(&second, token2 + 7, "k2"),
+    ] });
+    let reply = service.send("POST", batch, Some(&worker), &[], Some(&body));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let answers = reply.json();
+    assert_eq!(answers[0]["replayed"], false);
+    assert_eq!(answers[0]["receipt"]["token"], token1);
+    assert_eq!(answers[0]["receipt"]["task"]["id"], first["task"]["id"]);
+    assert_eq!(answers[1]["status"], 409, "{answers}");
+    assert_eq!(answers[1]["error"]["code"], "unknown_token");
+
+    // Sent again with the second token right: the first replays, the
+    // second is accepted.
+    let body = json!({ "submissions": [
+        item(&first, token1, "k1"),
+        item(&second, token2, "k2"),
+    ] });
+    let reply = service.send("POST", batch, Some(&worker), &[], Some(&body));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let again = reply.json();
+    assert_eq!(again[0]["replayed"], true);
+    assert_eq!(again[0]["receipt"], answers[0]["receipt"]);
+    assert_eq!(again[1]["replayed"], false);
+    assert_eq!(again[1]["receipt"]["token"], token2);
+
+    let empty = json!({ "submissions": [] });
+    let reply = service.send("POST", batch, Some(&worker), &[], Some(&empty));
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.error_code(), "invalid_input");
+}
+
+#[test]
 fn keys_are_checked_before_any_namespace() {
     let service = Service::start(AdmissionConfig::default(), START);
     let worker = service.worker("renders");

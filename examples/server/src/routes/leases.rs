@@ -1,4 +1,4 @@
-//! Work under a lease: heartbeat, submit, fail.
+//! Work under a lease: heartbeat, submit (one or a batch), fail.
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use axum::routing::post;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tessera_store::lease::Failure;
-use tessera_store::{FencingToken, IdempotencyKey, Output, Submitted};
+use tessera_store::{FencingToken, IdempotencyKey, Namespace, Output, SubmitRequest, Submitted};
 
 use super::{AppState, Route, object, task_doc, task_ref, with_task_ref};
 use crate::auth::Authenticated;
@@ -19,6 +19,7 @@ use crate::errors::{ApiError, JsonBody, invalid, path};
 use crate::limits::{
     self, BACKOFF_MS, ERROR_TEXT, IDEMPOTENCY_KEY, RETRY, TOKEN, VERSION, any_value,
 };
+use crate::limits::{NAMESPACE, SUBMIT_BATCH, TASK};
 use crate::openapi::Doc;
 
 /// The header a submit is keyed by.
@@ -66,6 +67,27 @@ pub(super) fn routes() -> Vec<Route> {
                     None,
                 ),
             post(submit),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/submissions/batch",
+            Some("submit_batch"),
+            Doc::new("submit_batch", "submit many outputs at once, each under its own lease and idempotency key, in one transaction: each answer is its receipt (`replayed` for a replay) or its own error, in order")
+                .path(NAMESPACE, "renders")
+                .keyed()
+                .body(object(
+                    json!({ "submissions": {
+                        "type": "array", "items": batch_item(), "minItems": 1,
+                        "maxItems": tessera_store::limits::MAX_SUBMIT_BATCH,
+                    } }),
+                    &["submissions"],
+                ))
+                .answers(
+                    "200",
+                    "each submission's receipt, or its error body with its status, in order",
+                    Some(json!({ "type": "array", "items": { "type": "object" } })),
+                ),
+            post(submit_batch),
         ),
         Route::new(
             Method::POST,
@@ -146,6 +168,80 @@ async fn submit(
         );
     }
     Ok(response)
+}
+
+/// One submission of a batch: its task, lease, key and output.
+fn batch_item() -> Value {
+    object(
+        json!({
+            "task": TASK.schema(),
+            "version": VERSION.schema(),
+            "token": TOKEN.schema(),
+            "key": IDEMPOTENCY_KEY.schema(),
+            "output": any_value(),
+        }),
+        &["task", "version", "token", "key", "output"],
+    )
+}
+
+/// `POST .../submissions/batch`'s items.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchSubmission {
+    task: String,
+    version: i64,
+    token: i64,
+    key: String,
+    output: Value,
+}
+
+/// `POST .../submissions/batch`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSubmissions {
+    submissions: Vec<BatchSubmission>,
+}
+
+async fn submit_batch(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    ns: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<NewSubmissions>,
+) -> Result<Response, ApiError> {
+    let ns = Namespace::parse(&path(ns)?)?;
+    SUBMIT_BATCH.integer(request.submissions.len() as i64)?;
+    let submissions = (request.submissions.into_iter())
+        .map(|item| {
+            Ok(SubmitRequest {
+                task: task_ref(ns.as_str(), &item.task, item.version)?,
+                token: FencingToken::new(TOKEN.integer(item.token)?)?,
+                key: IdempotencyKey::parse(&item.key)?,
+                output: Output::bytes(item.output.to_string()),
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let references: Vec<_> = submissions.iter().map(|item| item.task.clone()).collect();
+    let answers = state
+        .call(move |store| store.submit_batch(&caller, &submissions))
+        .await?;
+    let answers: Vec<Value> = (answers.into_iter().zip(&references))
+        .map(|(answer, reference)| match answer {
+            Ok(Submitted::Accepted(receipt)) => {
+                json!({ "receipt": with_task_ref(json!(receipt), reference), "replayed": false })
+            }
+            Ok(Submitted::Replayed(receipt)) => {
+                json!({ "receipt": with_task_ref(json!(receipt), reference), "replayed": true })
+            }
+            Err(error) => {
+                // The error as a request of its own would answer it, and
+                // that request's status.
+                let mut body = json!(error.body());
+                body["status"] = json!(error.status());
+                body
+            }
+        })
+        .collect();
+    Ok(Json(answers).into_response())
 }
 
 /// A failure report.

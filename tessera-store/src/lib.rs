@@ -248,7 +248,8 @@ pub use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig, Stats, Tick
 pub use tessera_audit::{Action, AuditEvent, Counter, IpHash, Outcome, Secret};
 pub use tessera_lease::{
     AttemptNumber, BriefVersion, DiscardReason, Failure, FencingToken, IdempotencyKey, Lease,
-    LeaseError, Namespace, QueueName, Receipt, Retry, Submitted, TaskId, TaskState,
+    LeaseError, Namespace, PartitionKey, QueueName, Receipt, Retry, Submitted, TaskId, TaskState,
+    UniqueKey, UniqueMode, UniqueStates, Uniqueness,
 };
 
 /// The limits and fixed names the store applies.

@@ -16,7 +16,9 @@ use tessera_store::limits::{
     MAX_ERROR_BYTES, MAX_KEYS_LISTED, MAX_LABEL_LEN, MAX_LONG_POLL, MAX_PRIORITY, MAX_SUBMIT_BATCH,
     MAX_TASKS_LISTED, MAX_TRIES,
 };
-use tessera_store::{Error, Grant, ListOrder, Namespace, QueueName, Retry, Scope, TaskId};
+use tessera_store::{
+    Error, Grant, ListOrder, Namespace, PartitionKey, QueueName, Retry, Scope, TaskId,
+};
 
 /// A name's rule ([`tessera_store::lease`] names): letters, digits, `-`,
 /// `_`, and single dots between them.
@@ -104,6 +106,8 @@ pub const QUEUE: Input = name("queue", QueueName::MAX_LEN);
 pub const TASK: Input = name("task", TaskId::MAX_LEN);
 /// A task id chosen at enqueue.
 pub const TASK_ID: Input = name("id", TaskId::MAX_LEN);
+/// A task's partition key, set at enqueue.
+pub const PARTITION_KEY: Input = name("partition_key", PartitionKey::MAX_LEN);
 /// The `Idempotency-Key` header of a submit.
 pub const IDEMPOTENCY_KEY: Input = name("Idempotency-Key", IdempotencyKey::MAX_LEN);
 /// A key id: 16 lowercase hex digits.
@@ -258,6 +262,7 @@ pub const ALL: &[Input] = &[
     QUEUE,
     TASK,
     TASK_ID,
+    PARTITION_KEY,
     IDEMPOTENCY_KEY,
     KEY_ID,
     PRINCIPAL,

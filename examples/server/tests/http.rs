@@ -879,6 +879,31 @@ fn tasks_are_listed_by_state_page_by_page_cancelled_and_retried() {
 }
 
 #[test]
+fn a_partition_key_is_taken_at_enqueue_and_shown_by_the_task_and_listings() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let body = json!({ "brief": 1, "id": "p-1", "partition_key": "customer-7" });
+    let enqueued = service.send("POST", TASKS, Some(&worker), &[], Some(&body));
+    assert_eq!(enqueued.status, 201, "{}", enqueued.text());
+    let view = service.send("GET", "/v1/ns/renders/tasks/p-1", Some(&worker), &[], None);
+    assert_eq!(view.json()["partition_key"], "customer-7");
+    let listed = service.send(
+        "GET",
+        "/v1/ns/renders/tasks?state=ready",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(listed.json()["tasks"][0]["partition_key"], "customer-7");
+    // A key that is not a name is a 400, and nothing is enqueued.
+    let bad = json!({ "brief": 2, "id": "p-2", "partition_key": "a b" });
+    let refused = service.send("POST", TASKS, Some(&worker), &[], Some(&bad));
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    let missing = service.send("GET", "/v1/ns/renders/tasks/p-2", Some(&worker), &[], None);
+    assert_eq!(missing.status, 404);
+}
+
+#[test]
 fn the_audit_is_read_a_page_at_a_time_with_before() {
     let service = Service::start(AdmissionConfig::default(), START);
     let worker = service.worker("renders");

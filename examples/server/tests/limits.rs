@@ -11,8 +11,8 @@ use serde_json::Value;
 use tessera_server::limits::{self, ALL, Input, Limit};
 use tessera_store::lease::{AttemptNumber, IdempotencyKey};
 use tessera_store::{
-    AuditCursor, BriefVersion, FencingToken, KeyId, Namespace, PrincipalId, QueueName, TaskCursor,
-    TaskId,
+    AuditCursor, BriefVersion, FencingToken, KeyId, Namespace, PartitionKey, PrincipalId,
+    QueueName, TaskCursor, TaskId,
 };
 
 /// `pattern`, compiled once.
@@ -81,6 +81,7 @@ fn enforced(input: Input, value: &Value) -> bool {
         i if i == limits::NAMESPACE => text(&|s| Namespace::parse(s).is_ok()),
         i if i == limits::QUEUE => text(&|s| QueueName::parse(s).is_ok()),
         i if i == limits::TASK || i == limits::TASK_ID => text(&|s| TaskId::parse(s).is_ok()),
+        i if i == limits::PARTITION_KEY => text(&|s| PartitionKey::parse(s).is_ok()),
         i if i == limits::IDEMPOTENCY_KEY => text(&|s| IdempotencyKey::parse(s).is_ok()),
         i if i == limits::KEY_ID => text(&|s| KeyId::parse(s).is_ok()),
         i if i == limits::PRINCIPAL => text(&|s| PrincipalId::parse(s).is_ok()),

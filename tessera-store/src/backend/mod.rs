@@ -70,7 +70,8 @@ use chrono::{DateTime, Utc};
 use tessera_admission::DailyRowAllowance;
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, StateName, TaskRecord,
+    AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
+    StateName, TaskRecord, UniqueKey, UniqueSlot, UniqueStates,
 };
 
 use crate::error::{Error, StorageError};
@@ -212,6 +213,13 @@ pub(crate) struct LoadedTask {
     pub(crate) created_at: DateTime<Utc>,
     /// Its brief, when the load asked for it.
     pub(crate) brief: Option<Brief>,
+    /// Its partition key, if it has one.
+    pub(crate) partition_key: Option<PartitionKey>,
+    /// Its unique key, if it was enqueued unique.
+    pub(crate) unique_key: Option<UniqueKey>,
+    /// While it holds its unique slot: the states in which it does.
+    #[allow(dead_code)]
+    pub(crate) unique_held: Option<UniqueStates>,
     /// Its attempts, leases and token counter.
     pub(crate) record: TaskRecord,
 }
@@ -230,6 +238,19 @@ pub(crate) struct NewTask<'a> {
     pub(crate) created_at: DateTime<Utc>,
     /// The enqueuing principal's name.
     pub(crate) enqueued_by: &'a str,
+    /// Its partition key.
+    pub(crate) partition_key: Option<&'a PartitionKey>,
+    /// Its unique key and slot, if it is unique.
+    pub(crate) unique: Option<NewUnique<'a>>,
+}
+
+/// What a unique task stores: its key, the slot the unique index holds,
+/// and the states in which it holds it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewUnique<'a> {
+    pub(crate) key: &'a UniqueKey,
+    pub(crate) slot: &'a UniqueSlot,
+    pub(crate) states: UniqueStates,
 }
 
 /// A receipt to look up: the one `principal` stored under `key` for a

@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter, CounterKey, Minute, Resource};
 use tessera_lease::{
     AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, ClaimableAt, FencingToken,
-    LeaseRecord, Namespace, Principal, QueueName, Receipt, StateName, TaskId, TaskRecord,
-    TaskState, first_claimable,
+    LeaseRecord, Namespace, PartitionKey, Principal, QueueName, Receipt, StateName, TaskId,
+    TaskRecord, TaskState, UniqueKey, UniqueStates, first_claimable,
 };
 
 use crate::backend::{LoadedTask, Result, StoredKey, TaskHandle};
@@ -52,6 +52,10 @@ pub(crate) struct TaskRow {
     pub(crate) last_token: i64,
     pub(crate) claimable_at: Option<i64>,
     pub(crate) created_at: i64,
+    pub(crate) partition_key: Option<String>,
+    pub(crate) unique_key: Option<String>,
+    /// The `UniqueStates` bits while the task holds its slot.
+    pub(crate) unique_states: Option<i64>,
 }
 
 /// An `attempts` row; times in Unix milliseconds.
@@ -87,6 +91,7 @@ pub(crate) struct ListingRow {
     pub(crate) queue: String,
     pub(crate) task_id: String,
     pub(crate) version: i64,
+    pub(crate) partition_key: Option<String>,
 }
 
 impl ListingRow {
@@ -106,6 +111,7 @@ impl ListingRow {
             attempt: number,
             state: stored_state(&self.state, self.until_at, self.discarded.as_deref())?,
             tries: u32::try_from(self.tries).map_err(|_| bad())?,
+            partition_key: partition_key(self.partition_key.as_deref())?,
         };
         let cursor = TaskCursor {
             row: self.position,
@@ -220,6 +226,14 @@ pub(crate) fn duration_millis(duration: Duration) -> i64 {
 /// The claim index's column: 0 while an attempt is ready, the earliest
 /// backoff end otherwise, `NULL` when the lease rules say none
 /// ([`TaskRecord::claimable_at`]).
+/// A stored partition key read back.
+pub(crate) fn partition_key(value: Option<&str>) -> Result<Option<PartitionKey>> {
+    value
+        .map(PartitionKey::parse)
+        .transpose()
+        .map_err(|_| corrupt("task partition key"))
+}
+
 pub(crate) fn claimable_column(record: &TaskRecord) -> Option<i64> {
     record.claimable_at().map(|at| match at {
         ClaimableAt::Ready => 0,
@@ -247,6 +261,18 @@ impl TaskRow {
             queue: QueueName::parse(&self.queue).map_err(|_| corrupt("task queue"))?,
             created_at: from_millis(self.created_at),
             brief,
+            partition_key: partition_key(self.partition_key.as_deref())?,
+            unique_key: self
+                .unique_key
+                .as_deref()
+                .map(UniqueKey::parse)
+                .transpose()
+                .map_err(|_| corrupt("task unique key"))?,
+            unique_held: self
+                .unique_states
+                .map(|bits| u8::try_from(bits).map(UniqueStates::from_bits))
+                .transpose()
+                .map_err(|_| corrupt("task unique states"))?,
             record: self.record(attempts)?,
         })
     }

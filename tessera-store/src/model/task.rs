@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use tessera_audit::Resource;
 use tessera_lease::{
-    AttemptNumber, BriefVersion, Digest, FencingToken, IdempotencyKey, Namespace, QueueName,
-    Receipt, StateName, TaskId, TaskRecord, TaskSpec, TaskState, check_brief_size,
+    AttemptNumber, BriefVersion, Digest, FencingToken, IdempotencyKey, Namespace, PartitionKey,
+    QueueName, Receipt, StateName, TaskId, TaskRecord, TaskSpec, TaskState, UniqueKey,
+    check_brief_size,
 };
 
 use crate::error::{Error, corrupt};
@@ -118,6 +119,7 @@ pub struct EnqueueOptions {
     pub(crate) task_id: Option<TaskId>,
     pub(crate) version: Option<BriefVersion>,
     pub(crate) spec: TaskSpec,
+    pub(crate) partition_key: Option<PartitionKey>,
 }
 
 impl EnqueueOptions {
@@ -175,6 +177,22 @@ impl EnqueueOptions {
     pub fn with_not_before(mut self, at: DateTime<Utc>) -> Self {
         self.spec.not_before =
             Some(DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at));
+        self
+    }
+
+    /// The task's partition key (default none): stored with the task and
+    /// shown by [`read_task`](crate::Store::read_task) and listings, for
+    /// limits and filters by partition (one customer, one tenant).
+    ///
+    /// ```
+    /// use tessera_store::EnqueueOptions;
+    /// use tessera_store::PartitionKey;
+    ///
+    /// let options = EnqueueOptions::default().with_partition_key(PartitionKey::parse("customer-7")?);
+    /// # Ok::<(), tessera_store::LeaseError>(())
+    /// ```
+    pub fn with_partition_key(mut self, key: PartitionKey) -> Self {
+        self.partition_key = Some(key);
         self
     }
 }
@@ -252,6 +270,11 @@ pub struct TaskView {
     pub brief: Brief,
     /// When it was enqueued.
     pub created_at: DateTime<Utc>,
+    /// Its partition key, if it was enqueued with one.
+    pub partition_key: Option<PartitionKey>,
+    /// Its unique key, if it was enqueued unique (kept after it released
+    /// its slot).
+    pub unique_key: Option<UniqueKey>,
     /// Its attempts, their states and leases, and the token counter.
     pub record: TaskRecord,
 }
@@ -351,6 +374,8 @@ pub struct TaskListing {
     pub state: TaskState,
     /// The tries it has had.
     pub tries: u32,
+    /// Its task's partition key, if it has one.
+    pub partition_key: Option<PartitionKey>,
 }
 
 /// One page of [`Store::list_tasks`](crate::Store::list_tasks).

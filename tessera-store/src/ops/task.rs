@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use tessera_audit::{Action, Resource};
 use tessera_lease::{
     AttemptNumber, BriefVersion, Failure, FencingToken, IdempotencyKey, Lease, LeaseError,
-    MAX_ALTERNATIVES, Namespace, QueueName, Receipt, Submitted, Task, TaskId, TaskRecord, TaskSpec,
-    TaskState,
+    MAX_ALTERNATIVES, Namespace, PartitionKey, QueueName, Receipt, Submitted, Task, TaskId,
+    TaskRecord, TaskSpec, TaskState,
 };
 
 use crate::backend::{
@@ -229,9 +229,17 @@ impl Store {
                 let task = TaskRef::new(namespace.clone(), id, BriefVersion::FIRST);
                 let brief = serde_json::json!({ "practice": n, "task": "return the brief" });
                 let bytes = serde_json::to_vec(&brief).expect("a JSON value serializes");
-                insert_task(
-                    writer, &task, &queue, &bytes, "json", &record, now, &principal,
-                )?;
+                writer.insert_task(&NewTask {
+                    task: &task,
+                    queue: &queue,
+                    brief: &bytes,
+                    brief_format: "json",
+                    record: &record,
+                    created_at: now,
+                    enqueued_by: &principal,
+                    partition_key: None,
+                    unique: None,
+                })?;
             }
         }
         Ok(())
@@ -477,6 +485,8 @@ impl Store {
                     .brief
                     .ok_or_else(|| crate::error::corrupt("task brief"))?,
                 created_at: loaded.created_at,
+                partition_key: loaded.partition_key,
+                unique_key: loaded.unique_key,
                 // Checked by the lease rules, as every record read.
                 record: Task::restore(loaded.record)?.into_record(),
             };
@@ -541,6 +551,7 @@ struct Prepared<'a> {
     bytes: std::borrow::Cow<'a, [u8]>,
     format: &'static str,
     record: TaskRecord,
+    partition_key: Option<&'a PartitionKey>,
 }
 
 /// Encodes the brief, picks the id and lets the lease rules check the
@@ -548,7 +559,7 @@ struct Prepared<'a> {
 fn prepare<'a>(
     namespace: &Namespace,
     brief: &'a Brief,
-    options: &EnqueueOptions,
+    options: &'a EnqueueOptions,
     ids: &mut NewIds,
 ) -> Result<Prepared<'a>, Error> {
     let (bytes, format) = brief.encode()?;
@@ -563,6 +574,7 @@ fn prepare<'a>(
         bytes,
         format,
         record,
+        partition_key: options.partition_key.as_ref(),
     })
 }
 
@@ -582,6 +594,8 @@ impl Prepared<'_> {
             record: &self.record,
             created_at: now,
             enqueued_by,
+            partition_key: self.partition_key,
+            unique: None,
         }
     }
 
@@ -593,38 +607,6 @@ impl Prepared<'_> {
         now: DateTime<Utc>,
         enqueued_by: &str,
     ) -> Result<bool, Error> {
-        insert_task(
-            writer,
-            &self.task,
-            queue,
-            &self.bytes,
-            self.format,
-            &self.record,
-            now,
-            enqueued_by,
-        )
+        Ok(writer.insert_task(&self.new_task(queue, now, enqueued_by))?)
     }
-}
-
-/// Inserts a task and its attempts; `false` if the reference exists.
-#[allow(clippy::too_many_arguments)]
-fn insert_task(
-    writer: &dyn WriteTransaction,
-    task: &TaskRef,
-    queue: &QueueName,
-    brief: &[u8],
-    format: &str,
-    record: &TaskRecord,
-    now: DateTime<Utc>,
-    enqueued_by: &str,
-) -> Result<bool, Error> {
-    Ok(writer.insert_task(&NewTask {
-        task,
-        queue,
-        brief,
-        brief_format: format,
-        record,
-        created_at: now,
-        enqueued_by,
-    })?)
 }

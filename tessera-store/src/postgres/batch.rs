@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use tessera_audit::AuditEvent;
+use tessera_lease::PartitionKey;
 
 use super::rows::{attempt_row_at, receipt_row, task_row, version};
 use super::transactions::PgTransaction;
@@ -21,14 +22,15 @@ use crate::model::task::{StoredReceipt, TaskRef};
 /// namespace, then the attempt's in `attempt_row`'s.
 const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, t.task_id, \
      t.version, t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
-     t.max_tries, t.priority, t.namespace \
+     t.max_tries, t.priority, t.namespace, t.partition_key, t.unique_key, t.unique_states \
      FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(namespace, task_id, version) \
      JOIN tasks t ON t.namespace = r.namespace AND t.task_id = r.task_id \
      AND t.version = r.version ORDER BY t.id FOR UPDATE OF t) \
      SELECT l.id, l.queue, l.task_id, l.version, NULL::bytea, l.brief_format, \
      l.lapse_backoff_ms, l.last_token, l.claimable_at, l.created_at, l.max_tries, l.priority, \
      l.namespace, a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, \
-     a.expires_at, a.lapses_at, a.discarded, a.last_error \
+     a.expires_at, a.lapses_at, a.discarded, a.last_error, \
+     l.partition_key, l.unique_key, l.unique_states \
      FROM locked l JOIN attempts a ON a.task = l.id ORDER BY l.id, a.number";
 /// Where the attempt's columns start in [`LOCK_AND_LOAD`].
 const ATTEMPT_COLUMNS: usize = 13;
@@ -66,15 +68,18 @@ const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = 
 /// call) is skipped. Returns what it inserted.
 const INSERT_TASKS: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
      brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
-     created_at, enqueued_by, priority) \
+     created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
      SELECT namespace, queue, task_id, version, brief, brief_format, alternatives, \
-     lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority \
+     lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority, \
+     partition_key, unique_key, unique_slot, unique_states \
      FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[], \
      $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::text[], \
-     $13::bigint[]) WITH ORDINALITY AS n(namespace, queue, task_id, version, brief, \
-     brief_format, alternatives, lapse_backoff_ms, max_tries, claimable_at, created_at, \
-     enqueued_by, priority, place) ORDER BY place \
-     ON CONFLICT (namespace, task_id, version) DO NOTHING RETURNING id, namespace, task_id, version";
+     $13::bigint[], $14::text[], $15::text[], $16::text[], $17::bigint[]) WITH ORDINALITY \
+     AS n(namespace, queue, task_id, version, brief, brief_format, alternatives, \
+     lapse_backoff_ms, max_tries, claimable_at, created_at, enqueued_by, priority, \
+     partition_key, unique_key, unique_slot, unique_states, place) ORDER BY place \
+     ON CONFLICT (namespace, task_id, version) DO NOTHING \
+     RETURNING id, namespace, task_id, version";
 const INSERT_ATTEMPTS: &str = "INSERT INTO attempts (task, number, namespace, queue, \
      state, until_at, tries, priority) \
      SELECT task, number, namespace, queue, state, until_at, 0, priority \
@@ -286,6 +291,22 @@ impl PgTransaction<'_> {
         let created: Vec<i64> = tasks.iter().map(|t| millis(t.created_at)).collect();
         let by: Vec<&str> = tasks.iter().map(|t| t.enqueued_by).collect();
         let priority: Vec<i64> = tasks.iter().map(|t| i64::from(t.record.priority)).collect();
+        let partition: Vec<Option<&str>> = tasks
+            .iter()
+            .map(|t| t.partition_key.map(PartitionKey::as_str))
+            .collect();
+        let unique_key: Vec<Option<&str>> = tasks
+            .iter()
+            .map(|t| t.unique.map(|u| u.key.as_str()))
+            .collect();
+        let unique_slot: Vec<Option<&str>> = tasks
+            .iter()
+            .map(|t| t.unique.map(|u| u.slot.as_str()))
+            .collect();
+        let unique_states: Vec<Option<i64>> = tasks
+            .iter()
+            .map(|t| t.unique.map(|u| i64::from(u.states.bits())))
+            .collect();
         let inserted = self.query(
             INSERT_TASKS,
             &[
@@ -302,6 +323,10 @@ impl PgTransaction<'_> {
                 &created,
                 &by,
                 &priority,
+                &partition,
+                &unique_key,
+                &unique_slot,
+                &unique_states,
             ],
         )?;
         self.add_rows(inserted.len() as u64);

@@ -20,6 +20,10 @@ pub(super) fn task_row(row: &Row) -> Result<TaskRow> {
         created_at: row.try_get(9)?,
         max_tries: row.try_get(10)?,
         priority: row.try_get(11)?,
+        // By name: a statement may put other columns before them.
+        partition_key: row.try_get("partition_key")?,
+        unique_key: row.try_get("unique_key")?,
+        unique_states: row.try_get("unique_states")?,
     })
 }
 

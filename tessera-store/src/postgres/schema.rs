@@ -13,7 +13,7 @@ use postgres::Client;
 use crate::error::Error;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Every table, created if missing.
 const TABLES: &[(&str, &str)] = &[
@@ -73,6 +73,12 @@ const TABLES: &[(&str, &str)] = &[
          namespace TEXT NOT NULL, queue TEXT NOT NULL, state TEXT NOT NULL, until_at BIGINT, \
          tries BIGINT NOT NULL, holder TEXT, token BIGINT, granted_at BIGINT, \
          expires_at BIGINT, lapses_at BIGINT, PRIMARY KEY (task, number))",
+    ),
+    (
+        "unique_slots",
+        "CREATE TABLE IF NOT EXISTS unique_slots (namespace TEXT NOT NULL, queue TEXT NOT NULL, \
+         slot TEXT NOT NULL, task_id TEXT NOT NULL, version BIGINT NOT NULL, \
+         PRIMARY KEY (namespace, queue, slot))",
     ),
     (
         "receipts",
@@ -180,6 +186,13 @@ const ALTERATIONS: &[&str] = &[
     // Retired: an audit page of one principal reads `(principal, at, id)`
     // in its order, so nothing is sorted.
     "DROP INDEX IF EXISTS access_audit_principal",
+    // Version 4: a task's partition key, and a unique task's key, slot
+    // (NULL once released) and the states in which it holds the slot
+    // (the slot's row is in `unique_slots`).
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS partition_key TEXT",
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS unique_key TEXT",
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS unique_slot TEXT",
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS unique_states BIGINT",
 ];
 
 /// Version 1 counted tries without a limit. On the move to version 2

@@ -9,7 +9,7 @@ use crate::backend::by_priority;
 macro_rules! task_columns {
     () => {
         "id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, last_token, \
-         claimable_at, created_at, max_tries, priority"
+         claimable_at, created_at, max_tries, priority, partition_key, unique_key, unique_states"
     };
 }
 
@@ -106,8 +106,8 @@ pub(super) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, c
 pub(super) const NAMESPACE_EXISTS: &str = "SELECT 1 FROM namespaces WHERE name = $1";
 pub(super) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, brief, \
      brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
-     created_at, enqueued_by, priority) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, $12, $9, $10, $13) \
+     created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, $12, $9, $10, $13, $14, $15, $16, $17) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING RETURNING id";
 pub(super) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, state, \
      until_at, tries, priority) VALUES ($1, $2, $3, $4, $5, $6, 0, $7)";
@@ -131,7 +131,8 @@ macro_rules! select_listing {
     ($tail:literal) => {
         concat!(
             "SELECT a.task, a.number, a.state, a.until_at, a.discarded, a.tries, ",
-            "t.queue, t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task ",
+            "t.queue, t.task_id, t.version, t.partition_key ",
+            "FROM attempts a JOIN tasks t ON t.id = a.task ",
             "WHERE a.namespace = $1 AND a.state = $2 ",
             $tail
         )

@@ -14,7 +14,8 @@ use postgres::types::ToSql;
 use postgres::{Row, Statement};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, StateName, TaskRecord,
+    AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
+    StateName, TaskRecord,
 };
 
 use crate::backend::rows::{
@@ -400,6 +401,7 @@ impl ReadTransaction for PgTransaction<'_> {
                 queue: row.try_get(6)?,
                 task_id: row.try_get(7)?,
                 version: row.try_get(8)?,
+                partition_key: row.try_get(9)?,
             }
             .listing(namespace)
         })
@@ -565,6 +567,10 @@ impl WriteTransaction for PgTransaction<'_> {
                 &i64::from(record.max_tries),
                 &claimable_column(record),
                 &priority,
+                &task.partition_key.map(PartitionKey::as_str),
+                &task.unique.map(|unique| unique.key.as_str()),
+                &task.unique.map(|unique| unique.slot.as_str()),
+                &task.unique.map(|unique| i64::from(unique.states.bits())),
             ],
         )?;
         let Some(row) = row else {

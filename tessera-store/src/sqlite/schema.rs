@@ -22,7 +22,7 @@ use super::writer::{WriteConnection, Writer};
 use crate::error::{Error, corrupt};
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The marker table and key that hold the schema version.
 const META_TABLE: &str = "tessera_meta";
@@ -191,6 +191,17 @@ pub(crate) const TABLES: &[Table] = &[
             ("claimable_at", "INTEGER"),
             ("created_at", "INTEGER NOT NULL"),
             ("enqueued_by", "TEXT NOT NULL"),
+            // The partition key set at enqueue (version 4).
+            ("partition_key", "TEXT"),
+            // A unique task's key (version 4), kept after its slot is
+            // released.
+            ("unique_key", "TEXT"),
+            // Its slot (`UniqueSlot`) while it holds it (its row in
+            // `unique_slots`), NULL otherwise.
+            ("unique_slot", "TEXT"),
+            // The states in which it holds the slot (`UniqueStates` bits),
+            // set and cleared with `unique_slot`.
+            ("unique_states", "INTEGER"),
         ],
         clustered_key: None,
     },
@@ -227,6 +238,22 @@ pub(crate) const TABLES: &[Table] = &[
             ("priority", "INTEGER NOT NULL DEFAULT 0"),
         ],
         clustered_key: None,
+    },
+    // The unique slots held (version 4): one row per (namespace, queue,
+    // slot), naming the task that holds it. An enqueue that meets the key
+    // is a duplicate; the row goes when its task's attempts leave the
+    // states it counts. A table of its own, so a task without a slot
+    // costs no index entry.
+    Table {
+        name: "unique_slots",
+        columns: &[
+            ("namespace", "TEXT NOT NULL"),
+            ("queue", "TEXT NOT NULL"),
+            ("slot", "TEXT NOT NULL"),
+            ("task_id", "TEXT NOT NULL"),
+            ("version", "INTEGER NOT NULL"),
+        ],
+        clustered_key: Some(&["namespace", "queue", "slot"]),
     },
     Table {
         name: "receipts",

@@ -37,8 +37,8 @@ pub(crate) const NAMESPACE_EXISTS: &str = "SELECT id FROM namespaces WHERE name 
 
 pub(crate) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
      brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
-     created_at, enqueued_by, priority) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?11, 0, ?12, ?9, ?10, ?13) \
+     created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?11, 0, ?12, ?9, ?10, ?13, ?14, ?15, ?16, ?17) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING";
 
 /// A task row's columns, in [`TaskRow::from_row`] order, with the brief
@@ -49,7 +49,7 @@ macro_rules! select_tasks {
             "SELECT id, queue, task_id, version, ",
             $brief,
             ", brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries, ",
-            "priority ",
+            "priority, partition_key, unique_key, unique_states ",
             "FROM tasks ",
             $tail
         )
@@ -154,7 +154,8 @@ macro_rules! select_listing {
     ($tail:literal) => {
         concat!(
             "SELECT a.id, a.number, a.state, a.until_at, a.discarded, a.tries, ",
-            "t.queue, t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task ",
+            "t.queue, t.task_id, t.version, t.partition_key ",
+            "FROM attempts a JOIN tasks t ON t.id = a.task ",
             "WHERE a.namespace = ?1 AND a.state = ?2 ",
             $tail
         )
@@ -215,6 +216,9 @@ impl TaskRow {
             created_at: row.get(9)?,
             max_tries: row.get(10)?,
             priority: row.get(11)?,
+            partition_key: row.get(12)?,
+            unique_key: row.get(13)?,
+            unique_states: row.get(14)?,
         })
     }
 }
@@ -236,6 +240,10 @@ pub(crate) struct NewTask<'a> {
     /// The claim index entry ([`claimable_column`](crate::backend::rows::claimable_column)).
     pub(crate) claimable_at: Option<i64>,
     pub(crate) priority: i64,
+    pub(crate) partition_key: Option<&'a str>,
+    pub(crate) unique_key: Option<&'a str>,
+    pub(crate) unique_slot: Option<&'a str>,
+    pub(crate) unique_states: Option<i64>,
 }
 
 impl AttemptRow {
@@ -268,6 +276,7 @@ impl ListingRow {
             queue: row.get(6)?,
             task_id: row.get(7)?,
             version: row.get(8)?,
+            partition_key: row.get(9)?,
         })
     }
 }
@@ -356,6 +365,10 @@ pub(crate) fn insert_task(
             task.max_tries,
             task.claimable_at,
             task.priority,
+            task.partition_key,
+            task.unique_key,
+            task.unique_slot,
+            task.unique_states,
         ],
     )?;
     Ok((changed == 1).then(|| writer.last_insert_rowid()))

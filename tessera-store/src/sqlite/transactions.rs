@@ -5,7 +5,8 @@
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, IdempotencyKey, Namespace, Principal, QueueName, Receipt, StateName, TaskRecord,
+    AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
+    StateName, TaskRecord,
 };
 
 use super::access as keys;
@@ -397,6 +398,10 @@ impl WriteTransaction for Writer<'_> {
                 enqueued_by: task.enqueued_by,
                 claimable_at: claimable_column(record),
                 priority,
+                partition_key: task.partition_key.map(PartitionKey::as_str),
+                unique_key: task.unique.map(|unique| unique.key.as_str()),
+                unique_slot: task.unique.map(|unique| unique.slot.as_str()),
+                unique_states: task.unique.map(|unique| i64::from(unique.states.bits())),
             },
         )?;
         let Some(id) = inserted else {

@@ -87,6 +87,7 @@ mod reliability_security;
 mod reliability_threads;
 mod sessions;
 mod tasks;
+mod unique;
 
 /// Run by the tests that spawn worker processes, in those processes; a
 /// no-op otherwise. At the crate root, so its `--exact` name is fixed.

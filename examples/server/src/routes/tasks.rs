@@ -13,14 +13,16 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tessera_store::lease::AttemptNumber;
-use tessera_store::{Brief, BriefVersion, EnqueueOptions, Namespace, TaskId, TaskQuery};
+use tessera_store::{
+    Brief, BriefVersion, EnqueueOptions, Namespace, PartitionKey, TaskId, TaskQuery,
+};
 
 use super::{AppState, Route, object, queue_doc, queue_names, task_doc, task_ref};
 use crate::auth::Authenticated;
 use crate::errors::{ApiError, JsonBody, path, query};
 use crate::limits::{
-    self, ALTERNATIVES, ATTEMPT, ENQUEUE_BATCH, MAX_TRIES_INPUT, NAMESPACE, ORDER, PRIORITY, STATE,
-    TASK_CURSOR, TASK_ID, TASKS_LIMIT, TIME, VERSION, any_value,
+    self, ALTERNATIVES, ATTEMPT, ENQUEUE_BATCH, MAX_TRIES_INPUT, NAMESPACE, ORDER, PARTITION_KEY,
+    PRIORITY, STATE, TASK_CURSOR, TASK_ID, TASKS_LIMIT, TIME, VERSION, any_value,
 };
 use crate::openapi::Doc;
 
@@ -35,6 +37,7 @@ fn new_task() -> Value {
             "priority": PRIORITY.schema(),
             "max_tries": MAX_TRIES_INPUT.schema(),
             "not_before": TIME.schema(),
+            "partition_key": PARTITION_KEY.schema(),
         }),
         &["brief"],
     )
@@ -61,7 +64,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/queues/{queue}/tasks",
             Some("enqueue"),
-            queue_doc(Doc::new("enqueue", "enqueue a task: a JSON brief, and optionally its id, version, competing attempts, priority, tries and start"))
+            queue_doc(Doc::new("enqueue", "enqueue a task: a JSON brief, and optionally its id, version, competing attempts, priority, tries, start and partition key"))
                 .keyed()
                 .body(new_task())
                 .answers("201", "the task's reference", Some(task_ref_schema()))
@@ -177,6 +180,7 @@ pub(crate) struct NewTask {
     priority: Option<i64>,
     max_tries: Option<i64>,
     not_before: Option<DateTime<Utc>>,
+    partition_key: Option<String>,
 }
 
 impl NewTask {
@@ -199,6 +203,9 @@ impl NewTask {
         }
         if let Some(at) = self.not_before {
             options = options.with_not_before(at);
+        }
+        if let Some(key) = &self.partition_key {
+            options = options.with_partition_key(PartitionKey::parse(key)?);
         }
         Ok((Brief::Json(self.brief), options))
     }

@@ -77,6 +77,14 @@ named_enum!(
     CancelTask = "cancel_task",
     /// List a namespace's tasks by state.
     ListTasks = "list_tasks",
+    /// Pause a queue: claims on it come back empty until it is resumed.
+    PauseQueue = "pause_queue",
+    /// Resume a paused queue.
+    ResumeQueue = "resume_queue",
+    /// Set a queue's concurrency limits.
+    SetQueueLimits = "set_queue_limits",
+    /// Read a queue's settings.
+    ReadQueueSettings = "read_queue_settings",
     /// Read a task.
     ReadTask = "read_task",
     /// Read an execution receipt.

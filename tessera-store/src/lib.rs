@@ -232,8 +232,9 @@ pub use model::access::{
     Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, PrincipalId, PrincipalKind, Scope,
 };
 pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance};
-pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch};
+pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason};
 pub use model::health::{HealthSnapshot, StateCounts};
+pub use model::queue::QueueSettings;
 pub use model::session::Session;
 pub use model::task::{
     Brief, EnqueueOptions, Enqueued, ListOrder, Output, StoredReceipt, SubmitRequest, TaskCursor,
@@ -247,9 +248,9 @@ pub use store::Store;
 pub use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig, Stats, Ticket};
 pub use tessera_audit::{Action, AuditEvent, Counter, IpHash, Outcome, Secret};
 pub use tessera_lease::{
-    AttemptNumber, BriefVersion, DiscardReason, Failure, FencingToken, IdempotencyKey, Lease,
-    LeaseError, Namespace, PartitionKey, QueueName, Receipt, Retry, Submitted, TaskId, TaskState,
-    UniqueKey, UniqueMode, UniqueStates, Uniqueness,
+    AttemptNumber, BriefVersion, ConcurrencyLimit, DiscardReason, Failure, FencingToken,
+    IdempotencyKey, Lease, LeaseError, Namespace, PartitionKey, QueueName, Receipt, Retry,
+    Submitted, TaskId, TaskState, UniqueKey, UniqueMode, UniqueStates, Uniqueness,
 };
 
 /// The limits and fixed names the store applies.
@@ -263,6 +264,7 @@ pub mod limits {
         MAX_ENQUEUE_BATCH, MAX_SUBMIT_BATCH, MAX_TASKS_LISTED, PRACTICE_QUEUE,
     };
     pub use crate::model::wait::MAX_LONG_POLL;
+    pub use crate::ops::claim::LIMITED_RETRY_AFTER;
     pub use tessera_lease::{
         DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,
         MAX_PRIORITY, MAX_TRIES,

@@ -225,6 +225,10 @@ pub const ALTERNATIVES: Input = integer("alternatives", 1, MAX_ALTERNATIVES as i
 pub const PRIORITY: Input = integer("priority", 0, MAX_PRIORITY as i64);
 /// A task's tries.
 pub const MAX_TRIES_INPUT: Input = integer("max_tries", 1, MAX_TRIES as i64);
+/// A queue's concurrency limit in all; 0 or null is none.
+pub const QUEUE_LIMIT: Input = integer("queue", 0, u32::MAX as i64);
+/// A queue's concurrency limit per partition key; 0 or null is none.
+pub const PARTITION_LIMIT: Input = integer("per_partition", 0, u32::MAX as i64);
 /// Tasks in one claim.
 pub const CLAIM_COUNT: Input = integer("count", 1, MAX_CLAIM_BATCH as i64);
 /// A long-poll's wait, in milliseconds.
@@ -283,6 +287,8 @@ pub const ALL: &[Input] = &[
     PRIORITY,
     MAX_TRIES_INPUT,
     CLAIM_COUNT,
+    QUEUE_LIMIT,
+    PARTITION_LIMIT,
     TIMEOUT_MS,
     BACKOFF_MS,
     AUDIT_LIMIT,

@@ -414,6 +414,7 @@ async fn claim(
         ClaimOutcome::Empty { .. } => json!({
             "lease": null,
             "retry_after": outcome.retry_after().map(retry_after_seconds),
+            "reason": outcome.empty_reason(),
             "waited_ms": outcome.wait_ms(),
             "concurrency_limit": outcome.concurrency_limit(),
         }),

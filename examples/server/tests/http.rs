@@ -326,6 +326,84 @@ fn empty_claims_pace_from_5_to_60_seconds_and_a_grant_starts_again() {
 }
 
 #[test]
+fn a_paused_queue_answers_204_paused_and_a_full_one_204_limited() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let queue = "/v1/ns/renders/queues/frames";
+    for n in 0..3 {
+        assert_eq!(service.enqueue(&worker, TASKS, json!(n)).status, 201);
+    }
+    let paused = service.send("PUT", &format!("{queue}/pause"), Some(&worker), &[], None);
+    assert_eq!(paused.status, 200, "{}", paused.text());
+    assert_eq!(paused.json()["paused_at"], START);
+    // Enqueues go on; claims are 204 saying why, with a Retry-After.
+    assert_eq!(service.enqueue(&worker, TASKS, json!(3)).status, 201);
+    let reply = service.claim(&worker, CLAIMS);
+    assert_eq!(reply.status, 204);
+    assert_eq!(reply.header("x-claim-empty-reason"), Some("paused"));
+    assert_eq!(reply.header("retry-after"), Some("5"));
+    let batch = service.send(
+        "POST",
+        &format!("{CLAIMS}/batch"),
+        Some(&worker),
+        &[],
+        Some(&json!({ "count": 2 })),
+    );
+    assert_eq!(batch.status, 204);
+    assert_eq!(batch.header("x-claim-empty-reason"), Some("paused"));
+    let read = service.send(
+        "GET",
+        &format!("{queue}/settings"),
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(read.json(), paused.json());
+    let health = service.send("GET", "/v1/ns/renders/health", Some(&worker), &[], None);
+    assert_eq!(health.json()["queues"][0], paused.json());
+
+    // Resumed with a limit of one: one lease, then 204 limited.
+    let limits = service.send(
+        "PUT",
+        &format!("{queue}/limits"),
+        Some(&worker),
+        &[],
+        Some(&json!({ "queue": 1 })),
+    );
+    assert_eq!(limits.status, 200, "{}", limits.text());
+    assert_eq!(limits.json()["limit"]["queue"], 1);
+    let resumed = service.send("PUT", &format!("{queue}/resume"), Some(&worker), &[], None);
+    assert_eq!(resumed.json()["paused_at"], Value::Null);
+    assert_eq!(service.claim(&worker, CLAIMS).status, 200);
+    let reply = service.claim(&worker, CLAIMS);
+    assert_eq!(reply.status, 204);
+    assert_eq!(reply.header("x-claim-empty-reason"), Some("limited"));
+    assert_eq!(reply.header("retry-after"), Some("5"));
+
+    // A bad limit is a 400; 0 removes the limit.
+    let bad = service.send(
+        "PUT",
+        &format!("{queue}/limits"),
+        Some(&worker),
+        &[],
+        Some(&json!({ "queue": -1 })),
+    );
+    assert_eq!(
+        (bad.status, bad.error_code().as_str()),
+        (400, "invalid_input")
+    );
+    let cleared = service.send(
+        "PUT",
+        &format!("{queue}/limits"),
+        Some(&worker),
+        &[],
+        Some(&json!({ "queue": 0, "per_partition": null })),
+    );
+    assert_eq!(cleared.json()["limit"]["queue"], Value::Null);
+    assert_eq!(service.claim(&worker, CLAIMS).status, 200);
+}
+
+#[test]
 fn overload_is_429_with_retry_after() {
     let legacy_quota = AdmissionConfig {
         claims_per_minute: 1,
@@ -1110,6 +1188,10 @@ fn every_public_store_operation_has_a_route_or_a_reason() {
         "audit",
         "health",
         "list_keys",
+        "pause_queue",
+        "resume_queue",
+        "set_queue_limits",
+        "queue_settings",
     ] {
         assert!(routed.contains(operation), "{operation} has a route");
     }

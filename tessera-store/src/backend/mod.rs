@@ -80,6 +80,7 @@ use crate::meter::MeterSnapshot;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::audit::AuditCursor;
 use crate::model::health::StateCounts;
+use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 pub(crate) mod rows;
@@ -484,6 +485,24 @@ pub(crate) trait ReadTransaction {
     /// How many times `subject` was counted in the window starting at
     /// `start`.
     fn limit_count(&self, subject: &str, start: DateTime<Utc>) -> Result<u64>;
+
+    /// A queue's stored settings, `None` when it has no row (running, no
+    /// limit). In a write transaction a backend that locks rows locks the
+    /// row for the rest of it, so claims of a limited queue count its
+    /// leases one at a time.
+    fn queue_settings(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<Option<QueueSettings>>;
+
+    /// Every stored queue setting of a namespace, by queue name.
+    fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>>;
+
+    /// How many of the queue's attempts are stored as leased (lapsed ones
+    /// whose lapse is not yet recorded included): the slots
+    /// [`ConcurrencyLimit`](tessera_lease::ConcurrencyLimit) counts.
+    fn leased_in_queue(&self, namespace: &Namespace, queue: &QueueName) -> Result<u32>;
 }
 
 /// The writes operations make, inside one transaction.
@@ -619,6 +638,15 @@ pub(crate) trait WriteTransaction: ReadTransaction {
 
     /// Counts `window.subject` once more in its window.
     fn bump_limit(&self, window: &LimitWindow<'_>) -> Result<()>;
+
+    /// Stores a queue's settings at `now`, or deletes its row when every
+    /// setting is the default.
+    fn put_queue_settings(
+        &self,
+        namespace: &Namespace,
+        settings: &QueueSettings,
+        now: DateTime<Utc>,
+    ) -> Result<()>;
 
     /// Runs `work` as the transaction's optional tail: a write it may carry
     /// but must never fail for (an observation). If it fails it alone is

@@ -8,9 +8,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter, CounterKey, Minute, Resource};
 use tessera_lease::{
-    AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, ClaimableAt, FencingToken,
-    LeaseRecord, Namespace, PartitionKey, Principal, QueueName, Receipt, StateName, TaskId,
-    TaskRecord, TaskState, UniqueKey, UniqueStates, first_claimable,
+    AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, ClaimableAt,
+    ConcurrencyLimit, FencingToken, LeaseRecord, Namespace, PartitionKey, Principal, QueueName,
+    Receipt, StateName, TaskId, TaskRecord, TaskState, UniqueKey, UniqueStates, first_claimable,
 };
 
 use crate::backend::{LoadedTask, Result, StoredKey, TaskHandle};
@@ -19,6 +19,7 @@ use crate::key::KeyId;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::audit::AuditCursor;
 use crate::model::health::StateCounts;
+use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 /// A stored time: Unix milliseconds.
@@ -517,6 +518,46 @@ impl KeyRow {
         Ok(StoredKey {
             info,
             secret_hash: self.secret_hash,
+        })
+    }
+}
+
+/// A `queue_settings` row as stored: the queue, when it was paused, and
+/// its limits (`NULL` or 0 for none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueSettingsRow {
+    pub(crate) queue: String,
+    pub(crate) paused_at: Option<i64>,
+    pub(crate) queue_limit: Option<i64>,
+    pub(crate) partition_limit: Option<i64>,
+}
+
+impl QueueSettingsRow {
+    /// The row that stores `settings`.
+    pub(crate) fn of(settings: &QueueSettings) -> Self {
+        Self {
+            queue: settings.queue.as_str().to_owned(),
+            paused_at: settings.paused_at.map(millis),
+            queue_limit: settings.limit.queue.map(|n| i64::from(n.get())),
+            partition_limit: settings.limit.per_partition.map(|n| i64::from(n.get())),
+        }
+    }
+
+    /// The settings it stores.
+    pub(crate) fn settings(self) -> Result<QueueSettings> {
+        let limit = |value: Option<i64>| match value {
+            None => Ok(None),
+            Some(value) => u32::try_from(value)
+                .map(std::num::NonZeroU32::new)
+                .map_err(|_| corrupt("queue limit")),
+        };
+        Ok(QueueSettings {
+            queue: QueueName::parse(&self.queue).map_err(|_| corrupt("queue name"))?,
+            paused_at: self.paused_at.map(from_millis),
+            limit: ConcurrencyLimit {
+                queue: limit(self.queue_limit)?,
+                per_partition: limit(self.partition_limit)?,
+            },
         })
     }
 }

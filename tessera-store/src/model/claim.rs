@@ -7,6 +7,31 @@ use tessera_lease::{Lease, QueueName};
 
 use crate::model::task::{Brief, TaskRef};
 
+/// Why a claim came back empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmptyReason {
+    /// Nothing in the queue was claimable.
+    #[default]
+    Empty,
+    /// The queue is paused ([`Store::pause_queue`](crate::Store::pause_queue)).
+    Paused,
+    /// Claimable tasks wait, but the queue's concurrency limit is reached,
+    /// or every partition key they have is at its limit.
+    Limited,
+}
+
+impl EmptyReason {
+    /// The stable name (`X-Claim-Empty-Reason`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Empty => "empty",
+            Self::Paused => "paused",
+            Self::Limited => "limited",
+        }
+    }
+}
+
 /// A claim granted a lease.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Claimed {
@@ -47,6 +72,9 @@ pub struct ClaimedBatch {
     pub waited: Duration,
     /// The admission limit when the batch finished.
     pub concurrency_limit: u32,
+    /// Why nothing was claimed; `None` when something was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<EmptyReason>,
 }
 
 /// What a claim came to.
@@ -69,6 +97,10 @@ pub enum ClaimOutcome {
         waited: Duration,
         /// The admission limit when the claim finished.
         concurrency_limit: u32,
+        /// Why it was empty: nothing claimable, a paused queue, or a
+        /// reached concurrency limit.
+        #[serde(default)]
+        reason: EmptyReason,
     },
 }
 
@@ -101,6 +133,14 @@ impl ClaimOutcome {
             Self::Empty {
                 concurrency_limit, ..
             } => *concurrency_limit,
+        }
+    }
+
+    /// Why an empty claim was empty.
+    pub fn empty_reason(&self) -> Option<EmptyReason> {
+        match self {
+            Self::Granted(_) => None,
+            Self::Empty { reason, .. } => Some(*reason),
         }
     }
 

@@ -6,6 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tessera_lease::Namespace;
 
+use crate::model::queue::QueueSettings;
+
 /// How long a health snapshot is served before it is taken again.
 pub const HEALTH_SNAPSHOT_TTL: Duration = Duration::from_secs(15);
 
@@ -60,4 +62,8 @@ pub struct HealthSnapshot {
     pub attempts: StateCounts,
     /// Leases that lapsed and have not yet been taken over or expired.
     pub expired_leases: u64,
+    /// The namespace's configured queues, by name: those paused or with a
+    /// concurrency limit (a queue never configured is not listed).
+    #[serde(default)]
+    pub queues: Vec<QueueSettings>,
 }

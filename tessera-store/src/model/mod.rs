@@ -4,6 +4,7 @@ pub(crate) mod access;
 pub(crate) mod audit;
 pub(crate) mod claim;
 pub(crate) mod health;
+pub(crate) mod queue;
 pub(crate) mod session;
 pub(crate) mod task;
 pub(crate) mod wait;

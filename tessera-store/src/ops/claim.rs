@@ -7,13 +7,14 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use tessera_admission::{Offer, Stats, Ticket};
 use tessera_audit::{Action, Outcome};
-use tessera_lease::{Lease, Namespace, QueueName, Task};
+use tessera_lease::{ConcurrencyLimit, Held, Lease, Namespace, QueueName, Task, TaskState};
 
 use crate::backend::TaskHandle;
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::{ActionScope, Trail};
-use crate::model::claim::{ClaimOutcome, Claimed, ClaimedBatch, MAX_CLAIM_BATCH};
+use crate::model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason, MAX_CLAIM_BATCH};
+use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, TaskRef};
 use crate::ops::task::apply;
 use crate::state::gate::{
@@ -30,12 +31,23 @@ struct Leased {
     retry_after: Option<std::time::Duration>,
     waited: std::time::Duration,
     limit: u32,
+    /// Why nothing was granted.
+    reason: EmptyReason,
 }
 
 /// How often the lease transaction skips a task whose stored claim times
 /// turned out stale before it reports the queue empty (a lease that lapsed
 /// on its last try is discarded and not counted).
 const MAX_PICKS: usize = 4;
+
+/// The `Retry-After` of a claim that found its queue at its concurrency
+/// limit: a slot frees when a lease ends, so it is not paced like an idle
+/// queue.
+pub const LIMITED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The most lapsed leases a claim of a full queue records before it counts
+/// again.
+const MAX_LAPSES_RECORDED: usize = 100;
 
 impl Store {
     /// Claims the oldest claimable task of `queue` in `namespace`, waiting
@@ -98,11 +110,19 @@ impl Store {
     ) -> Result<ClaimedBatch, Error> {
         let permit = self.admit_blocking(caller, namespace, queue, count, None)?;
         let leased = self.run_claim(permit)?;
+        let leased_reason = leased.reason;
         Ok(ClaimedBatch {
             claimed: leased.granted,
             retry_after: leased.retry_after,
             waited: leased.waited,
             concurrency_limit: leased.limit,
+            reason: None,
+        })
+        .map(|mut batch| {
+            if batch.claimed.is_empty() {
+                batch.reason = Some(leased_reason);
+            }
+            batch
         })
     }
 
@@ -225,6 +245,7 @@ impl Store {
                 retry_after: leased.retry_after.unwrap_or_default(),
                 waited: leased.waited,
                 concurrency_limit: leased.limit,
+                reason: leased.reason,
             },
         })
     }
@@ -255,11 +276,15 @@ impl Store {
         let result = self.lease(&scope, &caller, &request, &idle_queue, now);
         let service = timer.elapsed();
         let principal = caller.principal();
-        // Only an empty claim moves its queue's pacing.
-        let empty_queue =
-            matches!(&result, Ok(granted) if granted.is_empty()).then_some(idle_queue);
+        // Only an empty claim moves its queue's pacing; a claim that found
+        // the queue at its limit does not (a slot frees when a lease ends).
+        let empty_queue = matches!(
+            &result,
+            Ok((granted, reason)) if granted.is_empty() && *reason != EmptyReason::Limited
+        )
+        .then_some(idle_queue);
         let raw = permit.permit.take().expect("a permit is finished once");
-        let granted = matches!(&result, Ok(granted) if !granted.is_empty());
+        let granted = matches!(&result, Ok((granted, _)) if !granted.is_empty());
         let (hint, limit) = self.gate.shared.release(raw, |idle, at| {
             if granted {
                 idle.granted(&principal);
@@ -271,7 +296,7 @@ impl Store {
         if granted {
             self.namespace_changed(&request.namespace);
         }
-        let granted = result?;
+        let (granted, reason) = result?;
         crate::observe::claim_finished(
             &scope,
             request.queue.as_str(),
@@ -279,8 +304,14 @@ impl Store {
             waited,
             service,
         );
+        let retry_after = match reason {
+            _ if !granted.is_empty() => None,
+            EmptyReason::Limited => Some(LIMITED_RETRY_AFTER),
+            EmptyReason::Empty | EmptyReason::Paused => hint,
+        };
         Ok(Leased {
-            retry_after: if granted.is_empty() { hint } else { None },
+            reason,
+            retry_after,
             granted: granted
                 .into_iter()
                 .map(|(task, lease, brief)| Claimed {
@@ -409,7 +440,7 @@ impl Store {
         request: &ClaimRequest,
         idle_queue: &QueueKey,
         now: DateTime<Utc>,
-    ) -> Result<Vec<(TaskRef, Lease, Brief)>, Error> {
+    ) -> Result<(Vec<(TaskRef, Lease, Brief)>, EmptyReason), Error> {
         let (namespace, queue) = (&request.namespace, &request.queue);
         let session = caller.kind() == PrincipalKind::Anonymous;
         // A key that found this queue empty, with no grant or enqueue
@@ -420,16 +451,24 @@ impl Store {
         // claimable task (or none, writing nothing) on pages it reads
         // anyway. A session's first use goes on to create its namespace.
         if self.is_refusing_writes() || self.gate.found_empty(&caller.principal(), idle_queue) {
-            let (claimable, opened) = self
+            let (claimable, opened, paused) = self
                 .read(|reader| {
                     let claimable = reader.has_claimable(namespace, queue, now)?;
                     let opened = !session || reader.namespace_exists(namespace)?;
-                    Ok((claimable, opened))
+                    let paused = reader
+                        .queue_settings(namespace, queue)?
+                        .is_some_and(|settings| settings.is_paused());
+                    Ok((claimable, opened, paused))
                 })
                 .inspect_err(|error| self.count(scope, error.outcome()))?;
-            if !claimable && opened {
+            if opened && (paused || !claimable) {
                 self.count(scope, Outcome::Empty);
-                return Ok(Vec::new());
+                let reason = if paused {
+                    EmptyReason::Paused
+                } else {
+                    EmptyReason::Empty
+                };
+                return Ok((Vec::new(), reason));
             }
         }
         let holder = caller.lease_principal();
@@ -438,6 +477,18 @@ impl Store {
             if session {
                 self.open_namespace(writer, caller, namespace, now)?;
             }
+            // A queue without a settings row (running, no limit) costs a
+            // search that finds nothing.
+            let settings = writer.queue_settings(namespace, queue)?;
+            if settings.as_ref().is_some_and(QueueSettings::is_paused) {
+                return Ok((
+                    (Vec::new(), EmptyReason::Paused),
+                    Trail::Count(Outcome::Empty),
+                ));
+            }
+            let limit = settings.map_or(ConcurrencyLimit::NONE, |settings| settings.limit);
+            let mut reason = EmptyReason::Empty;
+            let mut lapses_recorded = false;
             let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
             let mut stale = 0;
             while granted.len() < request.count && stale < MAX_PICKS {
@@ -464,6 +515,21 @@ impl Store {
                         stale += 1;
                     }
                     continue;
+                }
+                if limit.is_limited() {
+                    let held = held_slots(writer, namespace, queue, &rules, &holder, now)?;
+                    if !limit.admits(held) {
+                        if !lapses_recorded {
+                            // The queue is full: record the lapses of its
+                            // expired leases, which frees their slots, and
+                            // look again.
+                            lapses_recorded = true;
+                            record_lapses(writer, namespace, queue, now)?;
+                            continue;
+                        }
+                        reason = EmptyReason::Limited;
+                        break;
+                    }
                 }
                 let lease = apply(writer, loaded.handle, &mut rules, |rules| {
                     rules.claim(&holder, now, duration)
@@ -495,14 +561,63 @@ impl Store {
                 .into_iter()
                 .map(|(_, task, lease, brief)| (task, lease, brief))
                 .collect();
-            Ok((granted, trail))
+            Ok(((granted, reason), trail))
         })
     }
 
     /// A queue received work: idle pacing restarts and long-polls wake.
+    /// Also called when a queue is resumed or its limits change.
     pub(crate) fn queue_received_work(&self, namespace: &Namespace, queue: &QueueName) {
         let key = (namespace.clone(), queue.clone());
         self.gate.enqueued(&key);
         self.signals.notify(&key);
     }
+}
+
+/// The slots [`ConcurrencyLimit::admits`] weighs for granting the next
+/// attempt of `rules`: the queue's attempts stored as leased, less the
+/// attempt the grant takes over if its lease lapsed (it gives up its own
+/// slot as it takes the new one).
+fn held_slots(
+    writer: &dyn crate::backend::WriteTransaction,
+    namespace: &Namespace,
+    queue: &QueueName,
+    rules: &Task,
+    holder: &tessera_lease::Principal,
+    now: DateTime<Utc>,
+) -> Result<Held, Error> {
+    let leased = writer.leased_in_queue(namespace, queue)?;
+    // The attempt a grant would take, found by the rule itself on a copy.
+    let mut trial = rules.clone();
+    let retaken = trial
+        .claim(holder, now, std::time::Duration::from_secs(1))
+        .ok()
+        .and_then(|lease| rules.attempt(lease.attempt()))
+        .is_some_and(|attempt| attempt.state == TaskState::Leased);
+    Ok(Held {
+        queue: leased.saturating_sub(u32::from(retaken)),
+        partition: None,
+    })
+}
+
+/// Records the lapses of `queue`'s expired leases (at most
+/// [`MAX_LAPSES_RECORDED`] tasks of the namespace are looked at): each
+/// attempt leaves `leased`, which frees its slot, and its old holder's
+/// token changes nothing from then on.
+fn record_lapses(
+    writer: &dyn crate::backend::WriteTransaction,
+    namespace: &Namespace,
+    queue: &QueueName,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    for loaded in writer.lapsed_tasks(namespace, now, MAX_LAPSES_RECORDED)? {
+        if loaded.queue != *queue {
+            continue;
+        }
+        let mut rules = Task::restore(loaded.record)?;
+        apply(writer, loaded.handle, &mut rules, |rules| {
+            Ok(rules.expire(now))
+        })?;
+    }
+    Ok(())
 }

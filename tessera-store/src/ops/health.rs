@@ -69,11 +69,14 @@ impl Store {
         // Attempts per state and the expired leases, from indexes alone: no
         // task row, brief or lease row is read.
         let (attempts, expired_leases) = reader.health(namespace, now)?;
+        // One row per configured queue; none for a namespace without any.
+        let queues = reader.namespace_queue_settings(namespace)?;
         let snapshot = HealthSnapshot {
             namespace: namespace.clone(),
             taken_at: now,
             attempts,
             expired_leases,
+            queues,
         };
         self.health.keep(&snapshot, taken, changes);
         Ok(snapshot)

@@ -4,9 +4,10 @@
 mod access;
 pub(crate) mod ack;
 mod audit;
-mod claim;
+pub(crate) mod claim;
 pub(crate) mod claim_async;
 mod health;
+mod queue;
 mod session;
 mod task;
 mod wait;

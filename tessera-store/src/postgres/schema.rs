@@ -81,6 +81,12 @@ const TABLES: &[(&str, &str)] = &[
          PRIMARY KEY (namespace, queue, slot))",
     ),
     (
+        "queue_settings",
+        "CREATE TABLE IF NOT EXISTS queue_settings (id BIGSERIAL PRIMARY KEY, \
+         namespace TEXT NOT NULL, queue TEXT NOT NULL, paused_at BIGINT, queue_limit BIGINT, \
+         partition_limit BIGINT, updated_at BIGINT NOT NULL)",
+    ),
+    (
         "receipts",
         "CREATE TABLE IF NOT EXISTS receipts (id BIGSERIAL PRIMARY KEY, \
          task BIGINT NOT NULL, attempt BIGINT NOT NULL, token BIGINT NOT NULL, \
@@ -155,6 +161,11 @@ const INDEXES: &[(&str, &str)] = &[
         "CREATE INDEX IF NOT EXISTS attempts_lapsing \
          ON attempts (namespace, queue, priority, lapses_at, expires_at, task) \
          WHERE state = 'leased'",
+    ),
+    (
+        "queue_settings_queue",
+        "CREATE UNIQUE INDEX IF NOT EXISTS queue_settings_queue \
+         ON queue_settings (namespace, queue)",
     ),
     (
         "receipts_key",

@@ -282,6 +282,24 @@ pub(super) const BUMP_LIMIT: &str = "INSERT INTO access_limits (subject, window_
      VALUES ($1, $2, 1, $3) ON CONFLICT (subject, window_start) \
      DO UPDATE SET count = access_limits.count + 1";
 pub(super) const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+pub(super) const QUEUE_SETTINGS: &str = "SELECT queue, paused_at, queue_limit, partition_limit \
+     FROM queue_settings WHERE namespace = $1 AND queue = $2";
+/// [`QUEUE_SETTINGS`] locked for the rest of a write transaction: claims of
+/// a configured queue count its leases one at a time.
+pub(super) const QUEUE_SETTINGS_LOCKED: &str = "SELECT queue, paused_at, queue_limit, \
+     partition_limit FROM queue_settings WHERE namespace = $1 AND queue = $2 FOR UPDATE";
+pub(super) const NAMESPACE_QUEUE_SETTINGS: &str = "SELECT queue, paused_at, queue_limit, \
+     partition_limit FROM queue_settings WHERE namespace = $1 ORDER BY queue";
+pub(super) const PUT_QUEUE_SETTINGS: &str = "INSERT INTO queue_settings \
+     (namespace, queue, paused_at, queue_limit, partition_limit, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (namespace, queue) DO UPDATE SET \
+     paused_at = excluded.paused_at, queue_limit = excluded.queue_limit, \
+     partition_limit = excluded.partition_limit, updated_at = excluded.updated_at";
+pub(super) const DELETE_QUEUE_SETTINGS: &str =
+    "DELETE FROM queue_settings WHERE namespace = $1 AND queue = $2";
+/// The leased attempts of a queue, from `attempts_lapsing`.
+pub(super) const LEASED_IN_QUEUE: &str = "SELECT count(*) FROM attempts \
+     WHERE namespace = $1 AND queue = $2 AND state = 'leased'";
 
 #[cfg(test)]
 mod tests {

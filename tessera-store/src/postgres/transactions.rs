@@ -19,9 +19,9 @@ use tessera_lease::{
 };
 
 use crate::backend::rows::{
-    self, AttemptRow, AttemptWrite, CounterRow, EventRow, ListingRow, TaskRow, TaskWrites,
-    claimable_column, corrupt, count, duration_millis, millis, minute_number, state_counts,
-    to_json,
+    self, AttemptRow, AttemptWrite, CounterRow, EventRow, ListingRow, QueueSettingsRow, TaskRow,
+    TaskWrites, claimable_column, corrupt, count, duration_millis, millis, minute_number,
+    state_counts, to_json,
 };
 use crate::backend::{
     KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewReceipt, NewTask, Purge,
@@ -31,10 +31,21 @@ use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::audit::AuditCursor;
 use crate::model::health::StateCounts;
+use crate::model::queue::QueueSettings;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 use super::rows::{attempt_row, counter_row, event_row, key_row, receipt_row, task_row, version};
 use super::statements::*;
+
+/// A `queue_settings` row's columns.
+fn settings_row(row: &Row) -> Result<QueueSettingsRow> {
+    Ok(QueueSettingsRow {
+        queue: row.try_get(0)?,
+        paused_at: row.try_get(1)?,
+        queue_limit: row.try_get(2)?,
+        partition_limit: row.try_get(3)?,
+    })
+}
 
 /// Statements prepared on one connection, by their text.
 pub(crate) type Prepared = HashMap<&'static str, Statement>;
@@ -421,6 +432,37 @@ impl ReadTransaction for PgTransaction<'_> {
         };
         Ok(u64::try_from(stored).unwrap_or(0))
     }
+
+    fn queue_settings(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<Option<QueueSettings>> {
+        let sql = if self.locking {
+            QUEUE_SETTINGS_LOCKED
+        } else {
+            QUEUE_SETTINGS
+        };
+        self.query_opt(sql, &[&namespace.as_str(), &queue.as_str()])?
+            .map(|row| settings_row(&row)?.settings())
+            .transpose()
+    }
+
+    fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>> {
+        self.query(NAMESPACE_QUEUE_SETTINGS, &[&namespace.as_str()])?
+            .iter()
+            .map(|row| settings_row(row)?.settings())
+            .collect()
+    }
+
+    fn leased_in_queue(&self, namespace: &Namespace, queue: &QueueName) -> Result<u32> {
+        let leased: i64 =
+            match self.query_opt(LEASED_IN_QUEUE, &[&namespace.as_str(), &queue.as_str()])? {
+                Some(row) => row.try_get(0)?,
+                None => 0,
+            };
+        Ok(u32::try_from(leased).unwrap_or(u32::MAX))
+    }
 }
 
 impl WriteTransaction for PgTransaction<'_> {
@@ -678,6 +720,32 @@ impl WriteTransaction for PgTransaction<'_> {
             BUMP_LIMIT,
             &[&window.subject, &millis(window.start), &millis(window.end)],
         )?;
+        Ok(())
+    }
+
+    fn put_queue_settings(
+        &self,
+        namespace: &Namespace,
+        settings: &QueueSettings,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let (namespace, queue) = (namespace.as_str(), settings.queue.as_str());
+        if settings.is_unset() {
+            self.execute(DELETE_QUEUE_SETTINGS, &[&namespace, &queue])?;
+        } else {
+            let row = QueueSettingsRow::of(settings);
+            self.execute(
+                PUT_QUEUE_SETTINGS,
+                &[
+                    &namespace,
+                    &queue,
+                    &row.paused_at,
+                    &row.queue_limit,
+                    &row.partition_limit,
+                    &millis(now),
+                ],
+            )?;
+        }
         Ok(())
     }
 

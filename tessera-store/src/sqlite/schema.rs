@@ -255,6 +255,21 @@ pub(crate) const TABLES: &[Table] = &[
         ],
         clustered_key: Some(&["namespace", "queue", "slot"]),
     },
+    // A queue's settings while one differs from the default (version 4):
+    // paused since `paused_at`, and its concurrency limits (NULL: none).
+    Table {
+        name: "queue_settings",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            ("namespace", "TEXT NOT NULL"),
+            ("queue", "TEXT NOT NULL"),
+            ("paused_at", "INTEGER"),
+            ("queue_limit", "INTEGER"),
+            ("partition_limit", "INTEGER"),
+            ("updated_at", "INTEGER NOT NULL"),
+        ],
+        clustered_key: None,
+    },
     Table {
         name: "receipts",
         columns: &[
@@ -391,6 +406,13 @@ pub(crate) const INDEXES: &[Index] = &[
             "task",
         ],
         filter: Some("state = 'leased'"),
+    },
+    Index {
+        name: "queue_settings_queue",
+        table: "queue_settings",
+        unique: true,
+        columns: &["namespace", "queue"],
+        filter: None,
     },
     Index {
         name: "receipts_key",

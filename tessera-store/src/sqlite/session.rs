@@ -4,6 +4,7 @@ use rusqlite::params;
 
 use super::readers::Reader;
 use super::writer::Writer;
+use crate::backend::rows::QueueSettingsRow;
 
 pub(crate) const META_VALUE: &str = "SELECT value FROM tessera_meta WHERE key = ?1";
 
@@ -52,4 +53,85 @@ pub(crate) fn bump_limit(
 ) -> rusqlite::Result<()> {
     writer.execute(BUMP_LIMIT, params![subject, window_start, purge_at])?;
     Ok(())
+}
+
+pub(crate) const QUEUE_SETTINGS: &str = "SELECT queue, paused_at, queue_limit, partition_limit \
+     FROM queue_settings WHERE namespace = ?1 AND queue = ?2";
+
+pub(crate) const NAMESPACE_QUEUE_SETTINGS: &str = "SELECT queue, paused_at, queue_limit, \
+     partition_limit FROM queue_settings WHERE namespace = ?1 ORDER BY queue";
+
+pub(crate) const PUT_QUEUE_SETTINGS: &str = "INSERT INTO queue_settings \
+     (namespace, queue, paused_at, queue_limit, partition_limit, updated_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (namespace, queue) DO UPDATE SET \
+     paused_at = excluded.paused_at, queue_limit = excluded.queue_limit, \
+     partition_limit = excluded.partition_limit, updated_at = excluded.updated_at";
+
+pub(crate) const DELETE_QUEUE_SETTINGS: &str =
+    "DELETE FROM queue_settings WHERE namespace = ?1 AND queue = ?2";
+
+/// The leased attempts of a queue, from `attempts_lapsing` alone.
+pub(crate) const LEASED_IN_QUEUE: &str = "SELECT count(*) FROM attempts \
+     WHERE namespace = ?1 AND queue = ?2 AND state = 'leased'";
+
+fn settings_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<QueueSettingsRow> {
+    Ok(QueueSettingsRow {
+        queue: row.get(0)?,
+        paused_at: row.get(1)?,
+        queue_limit: row.get(2)?,
+        partition_limit: row.get(3)?,
+    })
+}
+
+/// A queue's settings row.
+pub(crate) fn queue_settings(
+    reader: &Reader<'_>,
+    namespace: &str,
+    queue: &str,
+) -> rusqlite::Result<Option<QueueSettingsRow>> {
+    reader.optional(QUEUE_SETTINGS, params![namespace, queue], settings_row)
+}
+
+/// A namespace's settings rows, by queue.
+pub(crate) fn namespace_queue_settings(
+    reader: &Reader<'_>,
+    namespace: &str,
+) -> rusqlite::Result<Vec<QueueSettingsRow>> {
+    reader.all(NAMESPACE_QUEUE_SETTINGS, params![namespace], settings_row)
+}
+
+/// Stores a settings row, or deletes it (`None`).
+pub(crate) fn put_queue_settings(
+    writer: &Writer<'_>,
+    namespace: &str,
+    queue: &str,
+    row: Option<&QueueSettingsRow>,
+    now: i64,
+) -> rusqlite::Result<()> {
+    match row {
+        Some(row) => writer.execute(
+            PUT_QUEUE_SETTINGS,
+            params![
+                namespace,
+                queue,
+                row.paused_at,
+                row.queue_limit,
+                row.partition_limit,
+                now
+            ],
+        )?,
+        None => writer.execute(DELETE_QUEUE_SETTINGS, params![namespace, queue])?,
+    };
+    Ok(())
+}
+
+/// How many of a queue's attempts are leased.
+pub(crate) fn leased_in_queue(
+    reader: &Reader<'_>,
+    namespace: &str,
+    queue: &str,
+) -> rusqlite::Result<i64> {
+    Ok(reader
+        .optional(LEASED_IN_QUEUE, params![namespace, queue], |row| row.get(0))?
+        .unwrap_or(0))
 }

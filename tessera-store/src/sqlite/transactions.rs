@@ -16,9 +16,9 @@ use super::session as meta;
 use super::tasks::{self as sql, NewReceipt};
 use super::writer::Writer;
 use crate::backend::rows::{
-    self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, TaskRow, TaskWrites,
-    claimable_column, corrupt, count, duration_millis, millis, minute_number, state_counts,
-    to_json,
+    self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, QueueSettingsRow, TaskRow,
+    TaskWrites, claimable_column, corrupt, count, duration_millis, millis, minute_number,
+    state_counts, to_json,
 };
 use crate::backend::{
     KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewTask, Purge, ReadTransaction,
@@ -28,6 +28,7 @@ use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::audit::AuditCursor;
 use crate::model::health::StateCounts;
+use crate::model::queue::QueueSettings;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 /// A task row with its attempts.
@@ -229,6 +230,28 @@ impl ReadTransaction for Reader<'_> {
         let stored = meta::limit_count(self, subject, millis(start))?;
         Ok(u64::try_from(stored).unwrap_or(0))
     }
+
+    fn queue_settings(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<Option<QueueSettings>> {
+        meta::queue_settings(self, namespace.as_str(), queue.as_str())?
+            .map(QueueSettingsRow::settings)
+            .transpose()
+    }
+
+    fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>> {
+        meta::namespace_queue_settings(self, namespace.as_str())?
+            .into_iter()
+            .map(QueueSettingsRow::settings)
+            .collect()
+    }
+
+    fn leased_in_queue(&self, namespace: &Namespace, queue: &QueueName) -> Result<u32> {
+        let leased = meta::leased_in_queue(self, namespace.as_str(), queue.as_str())?;
+        Ok(u32::try_from(leased).unwrap_or(u32::MAX))
+    }
 }
 
 /// A write transaction reads through its own connection, seeing its own
@@ -262,6 +285,9 @@ reads_through_writer! {
     tasks_by_state(namespace: &Namespace, state: StateName, order: ListOrder, after: Option<TaskCursor>, limit: usize) -> Result<Vec<(TaskCursor, TaskListing)>>;
     meta(key: &str) -> Result<Option<String>>;
     limit_count(subject: &str, start: DateTime<Utc>) -> Result<u64>;
+    queue_settings(namespace: &Namespace, queue: &QueueName) -> Result<Option<QueueSettings>>;
+    namespace_queue_settings(namespace: &Namespace) -> Result<Vec<QueueSettings>>;
+    leased_in_queue(namespace: &Namespace, queue: &QueueName) -> Result<u32>;
 }
 
 /// Runs `writes` on task row `handle`, each with its narrowest statement.
@@ -479,6 +505,22 @@ impl WriteTransaction for Writer<'_> {
             window.subject,
             millis(window.start),
             millis(window.end),
+        )?)
+    }
+
+    fn put_queue_settings(
+        &self,
+        namespace: &Namespace,
+        settings: &QueueSettings,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let row = (!settings.is_unset()).then(|| QueueSettingsRow::of(settings));
+        Ok(meta::put_queue_settings(
+            self,
+            namespace.as_str(),
+            settings.queue.as_str(),
+            row.as_ref(),
+            millis(now),
         )?)
     }
 

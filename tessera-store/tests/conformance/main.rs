@@ -77,6 +77,7 @@ mod health;
 mod long_poll;
 mod meter;
 mod queue;
+mod queue_settings;
 mod quota;
 mod refused_writes;
 mod reliability_crash;

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tessera_store::{ClaimOutcome, ClaimedBatch};
+use tessera_store::{ClaimOutcome, ClaimedBatch, EmptyReason};
 
 use super::{AppState, Route, object, queue_doc, queue_names, shutting_down, with_task_ref};
 use crate::auth::Authenticated;
@@ -62,7 +62,7 @@ pub(super) fn routes() -> Vec<Route> {
                 ))
                 .keyed()
                 .answers("200", "a lease, its task, brief and artifact key", Some(claimed.clone()))
-                .answers("204", "the queue is empty; Retry-After", None)
+                .answers("204", "nothing granted; Retry-After, and X-Claim-Empty-Reason: empty, paused or limited", None)
                 .answers("429", "overloaded; Retry-After", Some(json!({ "$ref": "#/components/schemas/Error" }))),
                 "",
             ),
@@ -85,7 +85,7 @@ pub(super) fn routes() -> Vec<Route> {
                     Some(json!({ "type": "object", "required": ["claimed"],
                         "properties": { "claimed": { "type": "array", "items": claimed } } })),
                 )
-                .answers("204", "nothing claimable; Retry-After", None)
+                .answers("204", "nothing granted; Retry-After, and X-Claim-Empty-Reason: empty, paused or limited", None)
                 .answers("429", "overloaded; Retry-After", Some(json!({ "$ref": "#/components/schemas/Error" }))),
                 "/claimed/0",
             ),
@@ -137,6 +137,7 @@ async fn claim(
         outcome.wait_ms(),
         outcome.concurrency_limit(),
         outcome.retry_after(),
+        outcome.empty_reason(),
     );
     Ok(response)
 }
@@ -152,11 +153,18 @@ fn admission_headers(
     wait_ms: u64,
     limit: u32,
     retry_after: Option<std::time::Duration>,
+    empty: Option<EmptyReason>,
 ) {
     headers.insert("x-claim-wait-ms", HeaderValue::from(wait_ms));
     headers.insert("x-claim-concurrency", HeaderValue::from(limit));
     if let Some(wait) = retry_after {
         headers.insert(RETRY_AFTER, retry_after_header(wait));
+    }
+    if let Some(reason) = empty {
+        headers.insert(
+            "x-claim-empty-reason",
+            HeaderValue::from_static(reason.as_str()),
+        );
     }
 }
 
@@ -193,6 +201,7 @@ async fn claim_batch(
         batch.waited.as_millis() as u64,
         batch.concurrency_limit,
         batch.retry_after,
+        batch.reason,
     );
     Ok(response)
 }

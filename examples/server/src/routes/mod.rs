@@ -10,6 +10,7 @@ mod health;
 mod keys;
 mod leases;
 mod public;
+mod queues;
 mod sessions;
 pub(crate) mod tasks;
 
@@ -154,6 +155,7 @@ pub fn routes() -> Vec<Route> {
     routes.extend(sessions::routes());
     routes.extend(tasks::routes());
     routes.extend(claims::routes());
+    routes.extend(queues::routes());
     routes.extend(leases::routes());
     routes.extend(health::routes());
     routes.extend(events::routes());

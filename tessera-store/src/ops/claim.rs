@@ -35,6 +35,9 @@ struct Leased {
     reason: EmptyReason,
 }
 
+/// One lease a claim granted: the task, the lease and the brief.
+type LeaseGrant = (TaskRef, Lease, Brief);
+
 /// How often the lease transaction skips a task whose stored claim times
 /// turned out stale before it reports the queue empty (a lease that lapsed
 /// on its last try is discarded and not counted).
@@ -440,7 +443,7 @@ impl Store {
         request: &ClaimRequest,
         idle_queue: &QueueKey,
         now: DateTime<Utc>,
-    ) -> Result<(Vec<(TaskRef, Lease, Brief)>, EmptyReason), Error> {
+    ) -> Result<(Vec<LeaseGrant>, EmptyReason), Error> {
         let (namespace, queue) = (&request.namespace, &request.queue);
         let session = caller.kind() == PrincipalKind::Anonymous;
         // A key that found this queue empty, with no grant or enqueue

@@ -503,6 +503,33 @@ pub(crate) trait ReadTransaction {
     /// whose lapse is not yet recorded included): the slots
     /// [`ConcurrencyLimit`](tessera_lease::ConcurrencyLimit) counts.
     fn leased_in_queue(&self, namespace: &Namespace, queue: &QueueName) -> Result<u32>;
+
+    /// How many of the queue's attempts whose task has partition key
+    /// `key` are stored as leased.
+    fn leased_in_partition(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        key: &PartitionKey,
+    ) -> Result<u32>;
+
+    /// Up to about `limit` tasks claimable at `now` in `queue`, in the
+    /// lease rules' claim order ([`ClaimKey`](tessera_lease::ClaimKey)),
+    /// each once: what a claim that must skip some (a full partition)
+    /// walks through. Index searches of `tasks_claim_order` and
+    /// `attempts_lapsing`, one per priority, highest first.
+    fn claim_candidates(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<TaskHandle>>;
+
+    /// The task at `handle`, with its brief; in a write transaction a
+    /// backend that locks rows locks it, or answers `None` if another
+    /// transaction holds it.
+    fn task_by_handle(&self, handle: TaskHandle) -> Result<Option<LoadedTask>>;
 }
 
 /// The writes operations make, inside one transaction.

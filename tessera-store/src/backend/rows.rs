@@ -562,6 +562,41 @@ impl QueueSettingsRow {
     }
 }
 
+/// Claim candidates in claim order, each task once, about `limit` of
+/// them: `search(priority, limit)` gives a priority's due entries of the
+/// claim index (task row id, `claimable_at`) and of the lapsed leases
+/// (task row id, `lapses_at`), each in its index order and at most
+/// `limit`. Priorities are searched highest first until `limit` are found.
+pub(crate) fn claim_candidates(
+    limit: usize,
+    mut search: impl FnMut(u8, usize) -> Result<(Vec<(i64, Option<i64>)>, Vec<(i64, i64)>)>,
+) -> Result<Vec<TaskHandle>> {
+    let mut keys: Vec<ClaimKey<i64>> = Vec::new();
+    for priority in tessera_lease::priorities() {
+        let (indexed, lapsed) = search(priority, limit)?;
+        keys.extend(
+            indexed
+                .into_iter()
+                .map(|(id, at)| ClaimKey::new(priority, claimable_from_column(at), id)),
+        );
+        keys.extend(
+            lapsed
+                .into_iter()
+                .map(|(id, at)| ClaimKey::lapsed(priority, from_millis(at), id)),
+        );
+        if keys.len() >= limit {
+            break;
+        }
+    }
+    keys.sort();
+    let mut seen = std::collections::HashSet::new();
+    Ok(keys
+        .into_iter()
+        .filter(|key| seen.insert(key.sequence))
+        .map(|key| TaskHandle(key.sequence))
+        .collect())
+}
+
 /// The task a claim takes, from the first due entry of the claim index
 /// (`indexed`) and the first due lapsed lease that could come before it
 /// (`first_lapsed` from a priority floor: its task row id, lapse time and

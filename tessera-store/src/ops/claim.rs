@@ -7,7 +7,9 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use tessera_admission::{Offer, Stats, Ticket};
 use tessera_audit::{Action, Outcome};
-use tessera_lease::{ConcurrencyLimit, Held, Lease, Namespace, QueueName, Task, TaskState};
+use tessera_lease::{
+    ConcurrencyLimit, Held, Lease, Namespace, PartitionKey, QueueName, Task, TaskState,
+};
 
 use crate::backend::TaskHandle;
 use crate::error::Error;
@@ -37,6 +39,9 @@ struct Leased {
 
 /// One lease a claim granted: the task, the lease and the brief.
 type LeaseGrant = (TaskRef, Lease, Brief);
+
+/// A grant inside the lease transaction, with the task's place.
+type Placed = (TaskHandle, TaskRef, Lease, Brief);
 
 /// How often the lease transaction skips a task whose stored claim times
 /// turned out stale before it reports the queue empty (a lease that lapsed
@@ -490,63 +495,75 @@ impl Store {
                 ));
             }
             let limit = settings.map_or(ConcurrencyLimit::NONE, |settings| settings.limit);
-            let mut reason = EmptyReason::Empty;
-            let mut lapses_recorded = false;
-            let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
-            let mut stale = 0;
-            while granted.len() < request.count && stale < MAX_PICKS {
-                let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {
-                    break;
+            let (granted, reason) = if limit.per_partition.is_some() {
+                let wanted = Wanted {
+                    count: request.count,
+                    limit,
+                    holder: &holder,
+                    duration,
                 };
-                if granted.iter().any(|(handle, ..)| *handle == loaded.handle) {
-                    // Another attempt of a task this batch leased: no worker
-                    // holds two competing attempts of one brief at once.
-                    break;
-                }
-                let mut rules = Task::restore(loaded.record)?;
-                if rules.next_claimable_at(now) != Some(now) {
-                    // A lease lapsed on its last try: discard its attempt
-                    // and look again (each pass takes one lapse out of the
-                    // index, so this ends). Otherwise the stored claim
-                    // times were stale: correct them and look again.
-                    if apply(writer, loaded.handle, &mut rules, |rules| {
-                        Ok(rules.expire(now))
-                    })?
-                    .is_empty()
-                    {
-                        writer.resync_task(loaded.handle, rules.record())?;
-                        stale += 1;
-                    }
-                    continue;
-                }
-                if limit.is_limited() {
-                    let held = held_slots(writer, namespace, queue, &rules, &holder, now)?;
-                    if !limit.admits(held) {
-                        if !lapses_recorded {
-                            // The queue is full: record the lapses of its
-                            // expired leases, which frees their slots, and
-                            // look again.
-                            lapses_recorded = true;
-                            record_lapses(writer, namespace, queue, now)?;
-                            continue;
-                        }
-                        reason = EmptyReason::Limited;
+                grant_by_partition(writer, namespace, queue, &wanted, now)?
+            } else {
+                let mut reason = EmptyReason::Empty;
+                let mut lapses_recorded = false;
+                let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
+                let mut stale = 0;
+                while granted.len() < request.count && stale < MAX_PICKS {
+                    let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {
+                        break;
+                    };
+                    if granted.iter().any(|(handle, ..)| *handle == loaded.handle) {
+                        // Another attempt of a task this batch leased: no worker
+                        // holds two competing attempts of one brief at once.
                         break;
                     }
+                    let mut rules = Task::restore(loaded.record)?;
+                    if rules.next_claimable_at(now) != Some(now) {
+                        // A lease lapsed on its last try: discard its attempt
+                        // and look again (each pass takes one lapse out of the
+                        // index, so this ends). Otherwise the stored claim
+                        // times were stale: correct them and look again.
+                        if apply(writer, loaded.handle, &mut rules, |rules| {
+                            Ok(rules.expire(now))
+                        })?
+                        .is_empty()
+                        {
+                            writer.resync_task(loaded.handle, rules.record())?;
+                            stale += 1;
+                        }
+                        continue;
+                    }
+                    if limit.is_limited() {
+                        let held =
+                            held_slots(writer, namespace, queue, &rules, None, &holder, now)?;
+                        if !limit.admits(held) {
+                            if !lapses_recorded {
+                                // The queue is full: record the lapses of its
+                                // expired leases, which frees their slots, and
+                                // look again.
+                                lapses_recorded = true;
+                                record_lapses(writer, namespace, queue, now)?;
+                                continue;
+                            }
+                            reason = EmptyReason::Limited;
+                            break;
+                        }
+                    }
+                    let lease = apply(writer, loaded.handle, &mut rules, |rules| {
+                        rules.claim(&holder, now, duration)
+                    })?;
+                    let task = TaskRef::new(
+                        namespace.clone(),
+                        lease.task().clone(),
+                        rules.record().version,
+                    );
+                    let brief = loaded
+                        .brief
+                        .ok_or_else(|| crate::error::corrupt("task brief"))?;
+                    granted.push((loaded.handle, task, lease, brief));
                 }
-                let lease = apply(writer, loaded.handle, &mut rules, |rules| {
-                    rules.claim(&holder, now, duration)
-                })?;
-                let task = TaskRef::new(
-                    namespace.clone(),
-                    lease.task().clone(),
-                    rules.record().version,
-                );
-                let brief = loaded
-                    .brief
-                    .ok_or_else(|| crate::error::corrupt("task brief"))?;
-                granted.push((loaded.handle, task, lease, brief));
-            }
+                (granted, reason)
+            };
             // One audit row per lease; the last rides on the trail.
             let resource = |(_, task, lease, _): &(TaskHandle, TaskRef, Lease, Brief)| {
                 task.grant_resource(lease.attempt(), lease.token())
@@ -578,7 +595,8 @@ impl Store {
 }
 
 /// The slots [`ConcurrencyLimit::admits`] weighs for granting the next
-/// attempt of `rules`: the queue's attempts stored as leased, less the
+/// attempt of `rules`: the queue's attempts stored as leased, and those of
+/// its `partition` (`None`: not counted), each less the
 /// attempt the grant takes over if its lease lapsed (it gives up its own
 /// slot as it takes the new one).
 fn held_slots(
@@ -586,10 +604,15 @@ fn held_slots(
     namespace: &Namespace,
     queue: &QueueName,
     rules: &Task,
+    partition: Option<&PartitionKey>,
     holder: &tessera_lease::Principal,
     now: DateTime<Utc>,
 ) -> Result<Held, Error> {
     let leased = writer.leased_in_queue(namespace, queue)?;
+    let in_partition = match partition {
+        Some(key) => Some(writer.leased_in_partition(namespace, queue, key)?),
+        None => None,
+    };
     // The attempt a grant would take, found by the rule itself on a copy.
     let mut trial = rules.clone();
     let retaken = trial
@@ -599,7 +622,7 @@ fn held_slots(
         .is_some_and(|attempt| attempt.state == TaskState::Leased);
     Ok(Held {
         queue: leased.saturating_sub(u32::from(retaken)),
-        partition: None,
+        partition: in_partition.map(|held| held.saturating_sub(u32::from(retaken))),
     })
 }
 
@@ -623,4 +646,98 @@ fn record_lapses(
         })?;
     }
     Ok(())
+}
+
+/// What a claim of a partition-limited queue asks for.
+struct Wanted<'a> {
+    count: usize,
+    limit: ConcurrencyLimit,
+    holder: &'a tessera_lease::Principal,
+    duration: std::time::Duration,
+}
+
+/// The most candidates a claim of a partition-limited queue walks through
+/// before it answers `limited`.
+const MAX_CANDIDATES: usize = 64;
+
+/// The grants of a claim of a queue with a per-partition limit: the lapses
+/// of its expired leases recorded first (freeing their slots), then its
+/// claimable tasks in claim order, skipping those whose partition is full,
+/// each granted while [`ConcurrencyLimit::admits`] the slots held. Empty
+/// with [`EmptyReason::Limited`] when it skipped any and granted none.
+fn grant_by_partition(
+    writer: &dyn crate::backend::WriteTransaction,
+    namespace: &Namespace,
+    queue: &QueueName,
+    wanted: &Wanted<'_>,
+    now: DateTime<Utc>,
+) -> Result<(Vec<Placed>, EmptyReason), Error> {
+    record_lapses(writer, namespace, queue, now)?;
+    let mut granted: Vec<Placed> = Vec::new();
+    let mut full: Vec<PartitionKey> = Vec::new();
+    let mut skipped = false;
+    for handle in writer.claim_candidates(namespace, queue, now, MAX_CANDIDATES)? {
+        if granted.len() >= wanted.count {
+            break;
+        }
+        if granted.iter().any(|(granted, ..)| *granted == handle) {
+            continue;
+        }
+        // Another claim holds it (PostgreSQL), or it is gone.
+        let Some(loaded) = writer.task_by_handle(handle)? else {
+            continue;
+        };
+        let partition = loaded.partition_key.clone();
+        if partition.as_ref().is_some_and(|key| full.contains(key)) {
+            skipped = true;
+            continue;
+        }
+        let mut rules = Task::restore(loaded.record)?;
+        if rules.next_claimable_at(now) != Some(now) {
+            // Stored claim times the rules disagree with: corrected, and
+            // left for a later claim.
+            writer.resync_task(handle, rules.record())?;
+            continue;
+        }
+        let held = held_slots(
+            writer,
+            namespace,
+            queue,
+            &rules,
+            partition.as_ref(),
+            wanted.holder,
+            now,
+        )?;
+        if !wanted.limit.admits(held) {
+            skipped = true;
+            let queue_full = ConcurrencyLimit {
+                per_partition: None,
+                ..wanted.limit
+            };
+            match partition {
+                Some(key) if queue_full.admits(held) => full.push(key),
+                // The queue itself is full: nothing else can be granted.
+                _ => break,
+            }
+            continue;
+        }
+        let lease = apply(writer, handle, &mut rules, |rules| {
+            rules.claim(wanted.holder, now, wanted.duration)
+        })?;
+        let task = TaskRef::new(
+            namespace.clone(),
+            lease.task().clone(),
+            rules.record().version,
+        );
+        let brief = loaded
+            .brief
+            .ok_or_else(|| crate::error::corrupt("task brief"))?;
+        granted.push((handle, task, lease, brief));
+    }
+    let reason = if skipped {
+        EmptyReason::Limited
+    } else {
+        EmptyReason::Empty
+    };
+    Ok((granted, reason))
 }

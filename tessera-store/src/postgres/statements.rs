@@ -297,6 +297,18 @@ pub(super) const PUT_QUEUE_SETTINGS: &str = "INSERT INTO queue_settings \
      partition_limit = excluded.partition_limit, updated_at = excluded.updated_at";
 pub(super) const DELETE_QUEUE_SETTINGS: &str =
     "DELETE FROM queue_settings WHERE namespace = $1 AND queue = $2";
+/// The leased attempts of one partition of a queue.
+pub(super) const LEASED_IN_PARTITION: &str = "SELECT count(*) FROM attempts a \
+     JOIN tasks t ON t.id = a.task WHERE a.namespace = $1 AND a.queue = $2 \
+     AND a.state = 'leased' AND t.partition_key = $3";
+/// A priority's due entries of `tasks_claim_order`, in its order.
+pub(super) const CANDIDATE_TASKS: &str = "SELECT id, claimable_at FROM tasks \
+     WHERE namespace = $1 AND queue = $2 AND priority = $3 AND claimable_at IS NOT NULL \
+     AND claimable_at <= $4 ORDER BY claimable_at, id LIMIT $5";
+/// A priority's due lapsed leases from `attempts_lapsing`, in its order.
+pub(super) const CANDIDATE_LAPSED: &str = "SELECT task, lapses_at FROM attempts \
+     WHERE namespace = $1 AND queue = $2 AND priority = $3 AND state = 'leased' \
+     AND lapses_at <= $4 ORDER BY lapses_at LIMIT $5";
 /// The leased attempts of a queue, from `attempts_lapsing`.
 pub(super) const LEASED_IN_QUEUE: &str = "SELECT count(*) FROM attempts \
      WHERE namespace = $1 AND queue = $2 AND state = 'leased'";

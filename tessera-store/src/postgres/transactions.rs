@@ -463,6 +463,58 @@ impl ReadTransaction for PgTransaction<'_> {
             };
         Ok(u32::try_from(leased).unwrap_or(u32::MAX))
     }
+
+    fn leased_in_partition(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        key: &PartitionKey,
+    ) -> Result<u32> {
+        let leased: i64 = match self.query_opt(
+            LEASED_IN_PARTITION,
+            &[&namespace.as_str(), &queue.as_str(), &key.as_str()],
+        )? {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
+        Ok(u32::try_from(leased).unwrap_or(u32::MAX))
+    }
+
+    fn claim_candidates(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<TaskHandle>> {
+        let (namespace, queue, now) = (namespace.as_str(), queue.as_str(), millis(now));
+        rows::claim_candidates(limit, |priority, limit| {
+            let args: Params<'_> = &[
+                &namespace,
+                &queue,
+                &i64::from(priority),
+                &now,
+                &count(limit),
+            ];
+            let indexed = self
+                .query(CANDIDATE_TASKS, args)?
+                .iter()
+                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                .collect::<Result<Vec<_>>>()?;
+            let lapsed = self
+                .query(CANDIDATE_LAPSED, args)?
+                .iter()
+                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((indexed, lapsed))
+        })
+    }
+
+    fn task_by_handle(&self, handle: TaskHandle) -> Result<Option<LoadedTask>> {
+        self.task_by_id(handle.0)?
+            .map(|row| self.load(row))
+            .transpose()
+    }
 }
 
 impl WriteTransaction for PgTransaction<'_> {

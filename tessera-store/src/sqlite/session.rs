@@ -135,3 +135,49 @@ pub(crate) fn leased_in_queue(
         .optional(LEASED_IN_QUEUE, params![namespace, queue], |row| row.get(0))?
         .unwrap_or(0))
 }
+
+/// The leased attempts of one partition of a queue: the queue's leased
+/// attempts from `attempts_lapsing`, each task's key by its row id.
+pub(crate) const LEASED_IN_PARTITION: &str = "SELECT count(*) FROM attempts a \
+     JOIN tasks t ON t.id = a.task WHERE a.namespace = ?1 AND a.queue = ?2 \
+     AND a.state = 'leased' AND t.partition_key = ?3";
+
+/// A priority's due entries of `tasks_claim_order`, in its order.
+pub(crate) const CANDIDATE_TASKS: &str = "SELECT id, claimable_at FROM tasks \
+     WHERE namespace = ?1 AND queue = ?2 AND priority = ?3 AND claimable_at IS NOT NULL \
+     AND claimable_at <= ?4 ORDER BY claimable_at, id LIMIT ?5";
+
+/// A priority's due lapsed leases from `attempts_lapsing`, in its order.
+pub(crate) const CANDIDATE_LAPSED: &str = "SELECT task, lapses_at FROM attempts \
+     WHERE namespace = ?1 AND queue = ?2 AND priority = ?3 AND state = 'leased' \
+     AND lapses_at <= ?4 ORDER BY lapses_at LIMIT ?5";
+
+/// How many of a partition's attempts are leased.
+pub(crate) fn leased_in_partition(
+    reader: &Reader<'_>,
+    namespace: &str,
+    queue: &str,
+    key: &str,
+) -> rusqlite::Result<i64> {
+    Ok(reader
+        .optional(LEASED_IN_PARTITION, params![namespace, queue, key], |row| {
+            row.get(0)
+        })?
+        .unwrap_or(0))
+}
+
+/// A priority's due entries of both claim indexes, at most `limit` each.
+#[allow(clippy::type_complexity)]
+pub(crate) fn candidates(
+    reader: &Reader<'_>,
+    namespace: &str,
+    queue: &str,
+    priority: u8,
+    now: i64,
+    limit: i64,
+) -> rusqlite::Result<(Vec<(i64, Option<i64>)>, Vec<(i64, i64)>)> {
+    let args = params![namespace, queue, priority, now, limit];
+    let indexed = reader.all(CANDIDATE_TASKS, args, |row| Ok((row.get(0)?, row.get(1)?)))?;
+    let lapsed = reader.all(CANDIDATE_LAPSED, args, |row| Ok((row.get(0)?, row.get(1)?)))?;
+    Ok((indexed, lapsed))
+}

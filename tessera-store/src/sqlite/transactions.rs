@@ -252,6 +252,42 @@ impl ReadTransaction for Reader<'_> {
         let leased = meta::leased_in_queue(self, namespace.as_str(), queue.as_str())?;
         Ok(u32::try_from(leased).unwrap_or(u32::MAX))
     }
+
+    fn leased_in_partition(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        key: &PartitionKey,
+    ) -> Result<u32> {
+        let leased =
+            meta::leased_in_partition(self, namespace.as_str(), queue.as_str(), key.as_str())?;
+        Ok(u32::try_from(leased).unwrap_or(u32::MAX))
+    }
+
+    fn claim_candidates(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<TaskHandle>> {
+        rows::claim_candidates(limit, |priority, limit| {
+            Ok(meta::candidates(
+                self,
+                namespace.as_str(),
+                queue.as_str(),
+                priority,
+                millis(now),
+                count(limit),
+            )?)
+        })
+    }
+
+    fn task_by_handle(&self, handle: TaskHandle) -> Result<Option<LoadedTask>> {
+        sql::task_by_id(self, handle.0, true)?
+            .map(|row| load(self, row))
+            .transpose()
+    }
 }
 
 /// A write transaction reads through its own connection, seeing its own
@@ -288,6 +324,9 @@ reads_through_writer! {
     queue_settings(namespace: &Namespace, queue: &QueueName) -> Result<Option<QueueSettings>>;
     namespace_queue_settings(namespace: &Namespace) -> Result<Vec<QueueSettings>>;
     leased_in_queue(namespace: &Namespace, queue: &QueueName) -> Result<u32>;
+    leased_in_partition(namespace: &Namespace, queue: &QueueName, key: &PartitionKey) -> Result<u32>;
+    claim_candidates(namespace: &Namespace, queue: &QueueName, now: DateTime<Utc>, limit: usize) -> Result<Vec<TaskHandle>>;
+    task_by_handle(handle: TaskHandle) -> Result<Option<LoadedTask>>;
 }
 
 /// Runs `writes` on task row `handle`, each with its narrowest statement.

@@ -115,6 +115,20 @@ named_enum!(
     AuthorizeBlobWrite = "authorize_blob_write",
     /// Internal pre-check: may the caller write this object.
     AuthorizeObjectWrite = "authorize_object_write",
+    /// Create or replace a periodic schedule.
+    PutSchedule = "put_schedule",
+    /// Read a periodic schedule.
+    ReadSchedule = "read_schedule",
+    /// List a namespace's periodic schedules.
+    ListSchedules = "list_schedules",
+    /// Pause a periodic schedule.
+    PauseSchedule = "pause_schedule",
+    /// Resume a paused periodic schedule.
+    ResumeSchedule = "resume_schedule",
+    /// Delete a periodic schedule.
+    DeleteSchedule = "delete_schedule",
+    /// A scheduler fired one run-at of a schedule: enqueued its task.
+    FireSchedule = "fire_schedule",
 );
 
 named_enum!(

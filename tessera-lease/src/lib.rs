@@ -131,7 +131,7 @@ pub use name::{
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
 #[cfg(feature = "schedule")]
-pub use schedule::{CronSchedule, ScheduleText};
+pub use schedule::{CronSchedule, ScheduleText, fire_task_id};
 pub use spec::{Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, TaskRecord, TaskSpec};
 pub use state::{DiscardReason, StateName, TaskState};
 pub use task::Task;

@@ -19,6 +19,7 @@ use croner::Cron;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Field, LeaseError, Rule};
+use crate::name::{ScheduleName, TaskId};
 
 /// A cron expression (five fields, minutes to weekdays, or `@hourly` and
 /// the like) evaluated in a named IANA time zone.
@@ -108,6 +109,55 @@ impl CronSchedule {
         self.latest_at_or_before(now)
             .filter(|run_at| *run_at > since)
     }
+
+    /// [`due`](Self::due) for a stored schedule: run-ats at or before
+    /// `active_since` (when it was put, replaced or last resumed) never
+    /// fire, nor any at or before `last_fired`.
+    ///
+    /// ```
+    /// use tessera_lease::CronSchedule;
+    /// let hourly = CronSchedule::parse("0 * * * *", "UTC")?;
+    /// let at = |s: &str| s.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    /// // Resumed at 12:30 after a pause: 11:00 and 12:00 passed while paused.
+    /// let resumed = at("2026-12-02T12:30:00Z");
+    /// let last = Some(at("2026-12-02T10:00:00Z"));
+    /// assert_eq!(hourly.due_since(resumed, last, at("2026-12-02T12:45:00Z")), None);
+    /// assert_eq!(
+    ///     hourly.due_since(resumed, last, at("2026-12-02T13:05:00Z")),
+    ///     Some(at("2026-12-02T13:00:00Z"))
+    /// );
+    /// # Ok::<(), tessera_lease::LeaseError>(())
+    /// ```
+    pub fn due_since(
+        &self,
+        active_since: DateTime<Utc>,
+        last_fired: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let since = last_fired.map_or(active_since, |last| last.max(active_since));
+        self.due(since, now)
+    }
+}
+
+/// The id of the task a schedule's fire of `run_at` enqueues:
+/// `sched-<name>-<run-at in Unix milliseconds, 13 digits or more>`.
+/// Deterministic, so every scheduler that fires one run-at names the same
+/// task; distinct for distinct (schedule, run-at) pairs, since the name is
+/// everything between the prefix and the last `-`. Run-ats before 1970
+/// are read as 1970.
+///
+/// ```
+/// use tessera_lease::{ScheduleName, fire_task_id};
+/// let at = "2026-12-02T13:00:00Z".parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+/// let id = fire_task_id(&ScheduleName::parse("nightly-report")?, at);
+/// assert_eq!(id.as_str(), "sched-nightly-report-1796216400000");
+/// # Ok::<(), tessera_lease::LeaseError>(())
+/// ```
+pub fn fire_task_id(schedule: &ScheduleName, run_at: DateTime<Utc>) -> TaskId {
+    let millis = run_at.timestamp_millis().max(0);
+    // 6 + 64 + 1 + 19 bytes fit in a task id, of name characters only.
+    TaskId::parse(&format!("sched-{schedule}-{millis:013}"))
+        .expect("a schedule name and a number make a task id")
 }
 
 impl TryFrom<ScheduleText> for CronSchedule {
@@ -197,6 +247,41 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    proptest::proptest! {
+        /// Distinct (schedule, run-at) pairs name distinct tasks.
+        #[test]
+        fn fire_task_ids_are_distinct(
+            a in "[a-z0-9][a-z0-9-]{0,20}[a-z0-9]",
+            b in "[a-z0-9][a-z0-9-]{0,20}[a-z0-9]",
+            x in 0_i64..4_102_444_800_000,
+            y in 0_i64..4_102_444_800_000,
+        ) {
+            let name = |n: &str| ScheduleName::parse(n).unwrap();
+            let time = |ms| DateTime::from_timestamp_millis(ms).unwrap();
+            let (first, second) = (fire_task_id(&name(&a), time(x)), fire_task_id(&name(&b), time(y)));
+            proptest::prop_assert_eq!(first == second, a == b && x == y);
+        }
+
+        /// The floor and the last fire both hold: nothing at or before
+        /// either fires, and what fires is the latest run-at due.
+        #[test]
+        fn due_since_never_fires_at_or_before_its_floors(
+            floor in 0_i64..100_000,
+            last in proptest::option::of(0_i64..100_000),
+            now in 0_i64..200_000,
+        ) {
+            let every_five = CronSchedule::parse("*/5 * * * *", "UTC").unwrap();
+            let base = at("2026-12-02T10:00:00Z");
+            let time = |s: i64| base + chrono::TimeDelta::seconds(s);
+            let due = every_five.due_since(time(floor), last.map(time), time(now));
+            if let Some(run_at) = due {
+                proptest::prop_assert!(run_at > time(floor));
+                proptest::prop_assert!(last.is_none_or(|l| run_at > time(l)));
+                proptest::prop_assert_eq!(every_five.latest_at_or_before(time(now)), Some(run_at));
+            }
+        }
     }
 
     #[test]

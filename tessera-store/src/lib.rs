@@ -235,6 +235,8 @@ pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance};
 pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason};
 pub use model::health::{HealthSnapshot, StateCounts};
 pub use model::queue::QueueSettings;
+#[cfg(feature = "schedule")]
+pub use model::schedule::{Fired, SchedulePage, ScheduleSpec, ScheduleView};
 pub use model::session::Session;
 pub use model::task::{
     Brief, EnqueueOptions, Enqueued, ListOrder, Output, StoredReceipt, SubmitRequest, TaskCursor,
@@ -242,6 +244,8 @@ pub use model::task::{
 };
 pub use model::wait::WaitOutcome;
 pub use ops::claim_async::PermitFuture;
+#[cfg(feature = "schedule")]
+pub use ops::schedule::Scheduler;
 pub use state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker};
 pub use store::Store;
 
@@ -250,8 +254,11 @@ pub use tessera_audit::{Action, AuditEvent, Counter, IpHash, Outcome, Secret};
 pub use tessera_lease::{
     AttemptNumber, BriefVersion, ConcurrencyLimit, DiscardReason, Failure, FencingToken,
     IdempotencyKey, Lease, LeaseError, Namespace, PartitionKey, QueueName, Receipt, Retry,
-    Submitted, TaskId, TaskState, UniqueKey, UniqueMode, UniqueStates, Uniqueness,
+    ScheduleName, Submitted, TaskId, TaskSpec, TaskState, UniqueKey, UniqueMode, UniqueStates,
+    Uniqueness,
 };
+#[cfg(feature = "schedule")]
+pub use tessera_lease::{CronSchedule, ScheduleText};
 
 /// The limits and fixed names the store applies.
 pub mod limits {
@@ -259,6 +266,8 @@ pub mod limits {
     pub use crate::model::audit::{MAX_AUDIT_ROWS, STORE_NAMESPACE};
     pub use crate::model::claim::MAX_CLAIM_BATCH;
     pub use crate::model::health::HEALTH_SNAPSHOT_TTL;
+    #[cfg(feature = "schedule")]
+    pub use crate::model::schedule::MAX_SCHEDULES_LISTED;
     pub use crate::model::session::ANONYMOUS_ACCOUNT;
     pub use crate::model::task::{
         MAX_ENQUEUE_BATCH, MAX_SUBMIT_BATCH, MAX_TASKS_LISTED, PRACTICE_QUEUE,

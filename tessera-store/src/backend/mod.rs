@@ -71,7 +71,7 @@ use tessera_admission::DailyRowAllowance;
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
     AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
-    StateName, TaskRecord, UniqueKey, UniqueSlot, UniqueStates,
+    ScheduleName, StateName, TaskId, TaskRecord, UniqueKey, UniqueSlot, UniqueStates,
 };
 
 use crate::error::{Error, StorageError};
@@ -84,6 +84,7 @@ use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
 pub(crate) mod rows;
+pub(crate) mod schedules;
 
 /// What a backend's call returns: its value, or a classified fault.
 pub(crate) type Result<T> = std::result::Result<T, StorageError>;
@@ -375,7 +376,44 @@ pub(crate) struct LimitWindow<'a> {
     pub(crate) end: DateTime<Utc>,
 }
 
+/// A periodic schedule as stored: its cron text and zone as written, its
+/// brief encoded as a task's, its enqueue options as JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+// Only a build with the `schedule` feature reads and writes them.
+#[cfg_attr(not(feature = "schedule"), allow(dead_code))]
+pub(crate) struct ScheduleRow {
+    pub(crate) namespace: Namespace,
+    pub(crate) name: ScheduleName,
+    pub(crate) queue: QueueName,
+    pub(crate) cron: String,
+    pub(crate) zone: String,
+    pub(crate) brief: Vec<u8>,
+    pub(crate) brief_format: String,
+    pub(crate) options: String,
+    pub(crate) paused: bool,
+    /// Run-ats at or before it never fire.
+    pub(crate) active_since: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
+    /// Who put it first: its fires' tasks are enqueued as this principal.
+    pub(crate) created_by: String,
+    /// The last run-at fired, when reading (ignored when writing).
+    pub(crate) last_run_at: Option<DateTime<Utc>>,
+}
+
+/// One fire to record: the run-at of a schedule, and its task.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "schedule"), allow(dead_code))]
+pub(crate) struct NewFire<'a> {
+    pub(crate) namespace: &'a Namespace,
+    pub(crate) schedule: &'a ScheduleName,
+    pub(crate) run_at: DateTime<Utc>,
+    pub(crate) task_id: &'a TaskId,
+    pub(crate) fired_at: DateTime<Utc>,
+}
+
 /// The reads operations make.
+#[cfg_attr(not(feature = "schedule"), allow(dead_code))]
 pub(crate) trait ReadTransaction {
     /// The key with this public id, with its principal.
     fn key(&self, key_id: &KeyId) -> Result<Option<StoredKey>>;
@@ -530,9 +568,30 @@ pub(crate) trait ReadTransaction {
     /// backend that locks rows locks it, or answers `None` if another
     /// transaction holds it.
     fn task_by_handle(&self, handle: TaskHandle) -> Result<Option<LoadedTask>>;
+
+    /// A schedule, with its last fire.
+    fn schedule(&self, namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>>;
+
+    /// Up to `limit` schedules of a namespace after `after` in name order,
+    /// paused ones included, each with its last fire.
+    fn schedules_of(
+        &self,
+        namespace: &Namespace,
+        after: Option<&ScheduleName>,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRow>>;
+
+    /// Up to `limit` unpaused schedules of every namespace after `after`
+    /// in (namespace, name) order, each with its last fire.
+    fn active_schedules(
+        &self,
+        after: Option<(&Namespace, &ScheduleName)>,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRow>>;
 }
 
 /// The writes operations make, inside one transaction.
+#[cfg_attr(not(feature = "schedule"), allow(dead_code))]
 pub(crate) trait WriteTransaction: ReadTransaction {
     /// This transaction as its reads.
     fn reads(&self) -> &dyn ReadTransaction;
@@ -674,6 +733,29 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         settings: &QueueSettings,
         now: DateTime<Utc>,
     ) -> Result<()>;
+
+    /// Inserts a schedule, or replaces every column of the one with its
+    /// namespace and name but its creation time and creator.
+    fn put_schedule(&self, schedule: &ScheduleRow) -> Result<()>;
+
+    /// Deletes a schedule and its fires; `false` if there was none.
+    fn delete_schedule(&self, namespace: &Namespace, name: &ScheduleName) -> Result<bool>;
+
+    /// A schedule with its last fire, locked for the rest of the
+    /// transaction where the backend locks rows, so two fires of one
+    /// schedule take turns and each sees the other's last fire (the
+    /// default reads it, for a backend whose writes take turns anyway).
+    fn lock_schedule(
+        &self,
+        namespace: &Namespace,
+        name: &ScheduleName,
+    ) -> Result<Option<ScheduleRow>> {
+        self.schedule(namespace, name)
+    }
+
+    /// Records a fire; `false`, writing nothing, if its run-at is in the
+    /// unique index already.
+    fn insert_fire(&self, fire: &NewFire<'_>) -> Result<bool>;
 
     /// Runs `work` as the transaction's optional tail: a write it may carry
     /// but must never fail for (an observation). If it fails it alone is

@@ -5,6 +5,8 @@ pub(crate) mod audit;
 pub(crate) mod claim;
 pub(crate) mod health;
 pub(crate) mod queue;
+#[cfg(feature = "schedule")]
+pub(crate) mod schedule;
 pub(crate) mod session;
 pub(crate) mod task;
 pub(crate) mod wait;

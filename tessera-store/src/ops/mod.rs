@@ -8,6 +8,8 @@ pub(crate) mod claim;
 pub(crate) mod claim_async;
 mod health;
 mod queue;
+#[cfg(feature = "schedule")]
+pub(crate) mod schedule;
 mod session;
 mod task;
 mod wait;

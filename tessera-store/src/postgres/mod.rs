@@ -65,6 +65,7 @@ mod listener;
 mod options;
 mod pool;
 mod rows;
+mod schedules;
 mod schema;
 mod statements;
 mod transactions;

@@ -93,6 +93,21 @@ const TABLES: &[(&str, &str)] = &[
          principal TEXT NOT NULL, idempotency_key TEXT NOT NULL, artifact TEXT NOT NULL, \
          digest TEXT NOT NULL, accepted_at BIGINT NOT NULL, output BYTEA)",
     ),
+    (
+        "schedules",
+        "CREATE TABLE IF NOT EXISTS schedules (id BIGSERIAL PRIMARY KEY, \
+         namespace TEXT NOT NULL, name TEXT NOT NULL, queue TEXT NOT NULL, \
+         cron TEXT NOT NULL, zone TEXT NOT NULL, brief BYTEA NOT NULL, \
+         brief_format TEXT NOT NULL, options TEXT NOT NULL, \
+         paused BIGINT NOT NULL DEFAULT 0, active_since BIGINT NOT NULL, \
+         created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, created_by TEXT NOT NULL)",
+    ),
+    (
+        "schedule_fires",
+        "CREATE TABLE IF NOT EXISTS schedule_fires (id BIGSERIAL PRIMARY KEY, \
+         namespace TEXT NOT NULL, schedule TEXT NOT NULL, run_at BIGINT NOT NULL, \
+         task_id TEXT NOT NULL, fired_at BIGINT NOT NULL)",
+    ),
 ];
 
 /// Every index, created if missing; the same as SQLite's, for the same
@@ -175,6 +190,20 @@ const INDEXES: &[(&str, &str)] = &[
     (
         "receipts_task",
         "CREATE INDEX IF NOT EXISTS receipts_task ON receipts (task, attempt, id)",
+    ),
+    (
+        "schedules_name",
+        "CREATE UNIQUE INDEX IF NOT EXISTS schedules_name ON schedules (namespace, name)",
+    ),
+    (
+        "schedules_active",
+        "CREATE INDEX IF NOT EXISTS schedules_active ON schedules (namespace, name) \
+         WHERE paused = 0",
+    ),
+    (
+        "schedule_fires_run_at",
+        "CREATE UNIQUE INDEX IF NOT EXISTS schedule_fires_run_at \
+         ON schedule_fires (namespace, schedule, run_at)",
     ),
 ];
 

@@ -15,7 +15,7 @@ use postgres::{Row, Statement};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
     AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
-    StateName, TaskRecord,
+    ScheduleName, StateName, TaskRecord,
 };
 
 use crate::backend::rows::{
@@ -24,8 +24,9 @@ use crate::backend::rows::{
     state_counts, to_json,
 };
 use crate::backend::{
-    KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewReceipt, NewTask, Purge,
-    ReadTransaction, ReceiptKey, Result, StoredKey, TaskChange, TaskHandle, WriteTransaction,
+    KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire, NewKey, NewReceipt, NewTask, Purge,
+    ReadTransaction, ReceiptKey, Result, ScheduleRow, StoredKey, TaskChange, TaskHandle,
+    WriteTransaction,
 };
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
@@ -425,6 +426,27 @@ impl ReadTransaction for PgTransaction<'_> {
             .transpose()
     }
 
+    fn schedule(&self, namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>> {
+        self.read_schedule(namespace, name)
+    }
+
+    fn schedules_of(
+        &self,
+        namespace: &Namespace,
+        after: Option<&ScheduleName>,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRow>> {
+        self.read_schedules_of(namespace, after, limit)
+    }
+
+    fn active_schedules(
+        &self,
+        after: Option<(&Namespace, &ScheduleName)>,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRow>> {
+        self.read_active_schedules(after, limit)
+    }
+
     fn limit_count(&self, subject: &str, start: DateTime<Utc>) -> Result<u64> {
         let stored: i64 = match self.query_opt(LIMIT_COUNT, &[&subject, &millis(start)])? {
             Some(row) => row.try_get(0)?,
@@ -805,6 +827,26 @@ impl WriteTransaction for PgTransaction<'_> {
         let payload = format!("{namespace}\n{queue}");
         self.query_opt(NOTIFY, &[&self.channel, &payload])?;
         Ok(())
+    }
+
+    fn put_schedule(&self, schedule: &ScheduleRow) -> Result<()> {
+        self.write_schedule(schedule)
+    }
+
+    fn delete_schedule(&self, namespace: &Namespace, name: &ScheduleName) -> Result<bool> {
+        self.remove_schedule(namespace, name)
+    }
+
+    fn lock_schedule(
+        &self,
+        namespace: &Namespace,
+        name: &ScheduleName,
+    ) -> Result<Option<ScheduleRow>> {
+        self.lock_and_read_schedule(namespace, name)
+    }
+
+    fn insert_fire(&self, fire: &NewFire<'_>) -> Result<bool> {
+        self.record_fire(fire)
     }
 
     fn optional(&self, work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<()>) -> bool {

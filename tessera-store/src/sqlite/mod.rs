@@ -25,6 +25,7 @@ mod meter;
 mod open;
 mod quota;
 mod readers;
+mod schedules;
 mod schema;
 mod session;
 mod statements;

@@ -287,6 +287,48 @@ pub(crate) const TABLES: &[Table] = &[
         ],
         clustered_key: None,
     },
+    // Periodic schedules (version 4), one per name in a namespace.
+    Table {
+        name: "schedules",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            ("namespace", "TEXT NOT NULL"),
+            ("name", "TEXT NOT NULL"),
+            // The queue its fires enqueue into.
+            ("queue", "TEXT NOT NULL"),
+            ("cron", "TEXT NOT NULL"),
+            // An IANA time zone name.
+            ("zone", "TEXT NOT NULL"),
+            // The brief every fire enqueues, encoded as a task's.
+            ("brief", "BLOB NOT NULL"),
+            ("brief_format", "TEXT NOT NULL"),
+            // The enqueue options, as JSON: the brief's version and spec.
+            ("options", "TEXT NOT NULL"),
+            ("paused", "INTEGER NOT NULL DEFAULT 0"),
+            // Run-ats at or before it never fire: when the schedule was
+            // put, replaced or last resumed.
+            ("active_since", "INTEGER NOT NULL"),
+            ("created_at", "INTEGER NOT NULL"),
+            ("updated_at", "INTEGER NOT NULL"),
+            // The principal whose tasks its fires enqueue.
+            ("created_by", "TEXT NOT NULL"),
+        ],
+        clustered_key: None,
+    },
+    // One row per run-at fired; its unique index is what makes a run-at
+    // fire once however many schedulers race (version 4).
+    Table {
+        name: "schedule_fires",
+        columns: &[
+            ("id", "INTEGER PRIMARY KEY"),
+            ("namespace", "TEXT NOT NULL"),
+            ("schedule", "TEXT NOT NULL"),
+            ("run_at", "INTEGER NOT NULL"),
+            ("task_id", "TEXT NOT NULL"),
+            ("fired_at", "INTEGER NOT NULL"),
+        ],
+        clustered_key: None,
+    },
 ];
 
 /// Every index. The partial `*_purge` indexes hold only rows with a purge
@@ -426,6 +468,30 @@ pub(crate) const INDEXES: &[Index] = &[
         table: "receipts",
         unique: false,
         columns: &["task", "attempt"],
+        filter: None,
+    },
+    Index {
+        name: "schedules_name",
+        table: "schedules",
+        unique: true,
+        columns: &["namespace", "name"],
+        filter: None,
+    },
+    // What a scheduler's pass reads: the unpaused schedules, store-wide,
+    // a page at a time.
+    Index {
+        name: "schedules_active",
+        table: "schedules",
+        unique: false,
+        columns: &["namespace", "name"],
+        filter: Some("paused = 0"),
+    },
+    // Each run-at fires once; a schedule's last fire is its last entry.
+    Index {
+        name: "schedule_fires_run_at",
+        table: "schedule_fires",
+        unique: true,
+        columns: &["namespace", "schedule", "run_at"],
         filter: None,
     },
 ];

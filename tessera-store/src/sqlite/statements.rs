@@ -5,7 +5,7 @@
 //! statement on a request path is added there.
 
 #[cfg(test)]
-use super::{access, audit, session, tasks};
+use super::{access, audit, schedules, session, tasks};
 
 /// A statement on a request path, named for the failure message.
 #[cfg(test)]
@@ -238,6 +238,34 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         name: "count a mint",
         sql: session::BUMP_LIMIT,
     },
+    HotStatement {
+        name: "schedule by name",
+        sql: schedules::SCHEDULE_BY_NAME,
+    },
+    HotStatement {
+        name: "schedules of a namespace",
+        sql: schedules::SCHEDULES_OF,
+    },
+    HotStatement {
+        name: "active schedules",
+        sql: schedules::ACTIVE_SCHEDULES,
+    },
+    HotStatement {
+        name: "put schedule",
+        sql: schedules::PUT_SCHEDULE,
+    },
+    HotStatement {
+        name: "delete schedule fires",
+        sql: schedules::DELETE_FIRES,
+    },
+    HotStatement {
+        name: "delete schedule",
+        sql: schedules::DELETE_SCHEDULE,
+    },
+    HotStatement {
+        name: "insert fire",
+        sql: schedules::INSERT_FIRE,
+    },
 ];
 
 #[cfg(test)]
@@ -286,6 +314,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn schedule_reads_use_their_indexes() {
+        let plans = plans();
+        let plan = |name: &str| {
+            plans
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, lines)| lines.join(" | "))
+                .unwrap()
+        };
+        assert!(
+            plan("active schedules").contains("schedules_active"),
+            "{}",
+            plan("active schedules")
+        );
+        assert!(
+            plan("schedule by name").contains("schedules_name"),
+            "{}",
+            plan("schedule by name")
+        );
+        assert!(
+            plan("schedule by name").contains("schedule_fires_run_at"),
+            "{}",
+            plan("schedule by name")
+        );
     }
 
     #[test]

@@ -6,12 +6,13 @@ use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
     AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
-    StateName, TaskRecord,
+    ScheduleName, StateName, TaskRecord,
 };
 
 use super::access as keys;
 use super::audit as events;
 use super::readers::Reader;
+use super::schedules;
 use super::session as meta;
 use super::tasks::{self as sql, NewReceipt};
 use super::writer::Writer;
@@ -21,8 +22,8 @@ use crate::backend::rows::{
     state_counts, to_json,
 };
 use crate::backend::{
-    KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewKey, NewTask, Purge, ReadTransaction,
-    Result, StoredKey, TaskHandle, WriteTransaction,
+    KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire, NewKey, NewTask, Purge,
+    ReadTransaction, Result, ScheduleRow, StoredKey, TaskHandle, WriteTransaction,
 };
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
@@ -226,6 +227,31 @@ impl ReadTransaction for Reader<'_> {
         Ok(meta::meta_value(self, key)?)
     }
 
+    fn schedule(&self, namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>> {
+        schedules::schedule(self, namespace.as_str(), name.as_str())
+    }
+
+    fn schedules_of(
+        &self,
+        namespace: &Namespace,
+        after: Option<&ScheduleName>,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRow>> {
+        let after = after.map_or("", ScheduleName::as_str);
+        schedules::schedules_of(self, namespace.as_str(), after, limit)
+    }
+
+    fn active_schedules(
+        &self,
+        after: Option<(&Namespace, &ScheduleName)>,
+        limit: usize,
+    ) -> Result<Vec<ScheduleRow>> {
+        let after = after.map_or(("", ""), |(namespace, name)| {
+            (namespace.as_str(), name.as_str())
+        });
+        schedules::active_schedules(self, after, limit)
+    }
+
     fn limit_count(&self, subject: &str, start: DateTime<Utc>) -> Result<u64> {
         let stored = meta::limit_count(self, subject, millis(start))?;
         Ok(u64::try_from(stored).unwrap_or(0))
@@ -327,6 +353,9 @@ reads_through_writer! {
     leased_in_partition(namespace: &Namespace, queue: &QueueName, key: &PartitionKey) -> Result<u32>;
     claim_candidates(namespace: &Namespace, queue: &QueueName, now: DateTime<Utc>, limit: usize) -> Result<Vec<TaskHandle>>;
     task_by_handle(handle: TaskHandle) -> Result<Option<LoadedTask>>;
+    schedule(namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>>;
+    schedules_of(namespace: &Namespace, after: Option<&ScheduleName>, limit: usize) -> Result<Vec<ScheduleRow>>;
+    active_schedules(after: Option<(&Namespace, &ScheduleName)>, limit: usize) -> Result<Vec<ScheduleRow>>;
 }
 
 /// Runs `writes` on task row `handle`, each with its narrowest statement.
@@ -561,6 +590,18 @@ impl WriteTransaction for Writer<'_> {
             row.as_ref(),
             millis(now),
         )?)
+    }
+
+    fn put_schedule(&self, schedule: &ScheduleRow) -> Result<()> {
+        schedules::put_schedule(self, schedule)
+    }
+
+    fn delete_schedule(&self, namespace: &Namespace, name: &ScheduleName) -> Result<bool> {
+        schedules::delete_schedule(self, namespace.as_str(), name.as_str())
+    }
+
+    fn insert_fire(&self, fire: &NewFire<'_>) -> Result<bool> {
+        schedules::insert_fire(self, fire)
     }
 
     fn optional(&self, work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<()>) -> bool {

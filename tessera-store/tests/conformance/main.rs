@@ -86,6 +86,8 @@ mod reliability_input;
 mod reliability_processes;
 mod reliability_security;
 mod reliability_threads;
+#[cfg(feature = "schedule")]
+mod schedules;
 mod sessions;
 mod tasks;
 mod unique;
@@ -95,5 +97,7 @@ mod unique;
 #[test]
 #[ignore = "entry point of the worker child processes the other tests spawn"]
 fn child_process_entry() {
+    #[cfg(feature = "schedule")]
+    schedules::scheduler_child();
     workers::child_main();
 }

@@ -28,6 +28,8 @@ pub(crate) struct Args {
     pub(crate) new_admin_key: bool,
     /// The longest a long-poll waits here.
     pub(crate) max_long_poll: Duration,
+    /// Whether this process runs no scheduler of its own.
+    pub(crate) no_scheduler: bool,
 }
 
 /// The program's name in its messages.
@@ -48,6 +50,8 @@ usage: tessera-server [OPTIONS]
                          made and printed once, then kept while it works
   --new-admin-key        make and print another admin key (the file gets it)
   --long-poll-max SECS   the longest a long-poll waits here (default 30)
+  --no-scheduler         run no scheduler here: periodic schedules fire only from
+                         other processes' schedulers or POST /v1/schedules/fire
   --help                 this text
 
 Admission settings come from TESSERA_CLAIM_* (see AdmissionConfig::from_env).
@@ -67,6 +71,7 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
         admin_key_file: PathBuf::from("tessera-admin.key"),
         new_admin_key: false,
         max_long_poll: Duration::from_secs(30),
+        no_scheduler: false,
     };
     let mut words = words.into_iter();
     while let Some(word) = words.next() {
@@ -94,6 +99,7 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
             "--page-cap" => args.page_cap = Some(number(&word, &value()?)?),
             "--admin-key-file" => args.admin_key_file = PathBuf::from(value()?),
             "--new-admin-key" => args.new_admin_key = true,
+            "--no-scheduler" => args.no_scheduler = true,
             "--long-poll-max" => {
                 let seconds: u64 = number(&word, &value()?)?;
                 args.max_long_poll =

@@ -13,11 +13,11 @@ use serde_json::json;
 use tessera_store::lease::{IdempotencyKey, StateName};
 use tessera_store::limits::{
     MAX_ACCOUNT_LEN, MAX_ALTERNATIVES, MAX_AUDIT_ROWS, MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH,
-    MAX_ERROR_BYTES, MAX_KEYS_LISTED, MAX_LABEL_LEN, MAX_LONG_POLL, MAX_PRIORITY, MAX_SUBMIT_BATCH,
-    MAX_TASKS_LISTED, MAX_TRIES,
+    MAX_ERROR_BYTES, MAX_KEYS_LISTED, MAX_LABEL_LEN, MAX_LONG_POLL, MAX_PRIORITY,
+    MAX_SCHEDULES_LISTED, MAX_SUBMIT_BATCH, MAX_TASKS_LISTED, MAX_TRIES,
 };
 use tessera_store::{
-    Error, Grant, ListOrder, Namespace, PartitionKey, QueueName, Retry, Scope, TaskId,
+    Error, Grant, ListOrder, Namespace, PartitionKey, QueueName, Retry, ScheduleName, Scope, TaskId,
 };
 
 /// A name's rule ([`tessera_store::lease`] names): letters, digits, `-`,
@@ -256,6 +256,26 @@ pub const TIME: Input = Input {
 };
 /// A long-poll's wait, in whole seconds.
 pub const WAIT_SECONDS: Input = integer("wait", 0, MAX_LONG_POLL.as_secs() as i64);
+/// A schedule's name, in a path or a listing's `after`.
+pub const SCHEDULE: Input = name("name", ScheduleName::MAX_LEN);
+/// A schedule's cron expression (its syntax is the store's to check).
+pub const CRON: Input = Input {
+    name: "cron",
+    limit: Limit::Text {
+        min_len: 1,
+        max_len: tessera_store::CronSchedule::MAX_LEN,
+    },
+};
+/// A schedule's IANA time zone name (the store checks it is one).
+pub const ZONE: Input = Input {
+    name: "zone",
+    limit: Limit::Text {
+        min_len: 1,
+        max_len: 64,
+    },
+};
+/// The most schedules a listing returns.
+pub const SCHEDULES_LIMIT: Input = integer("limit", 1, MAX_SCHEDULES_LISTED as i64);
 /// Whether the board's keyed feed also makes its audited reads (1) or not (0).
 pub const DETAILS: Input = integer("details", 0, 1);
 
@@ -297,6 +317,10 @@ pub const ALL: &[Input] = &[
     TIME,
     WAIT_SECONDS,
     DETAILS,
+    SCHEDULE,
+    CRON,
+    ZONE,
+    SCHEDULES_LIMIT,
 ];
 
 impl Input {

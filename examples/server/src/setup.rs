@@ -103,14 +103,23 @@ async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
         None => println!("admin key: kept in {key_file}"),
     }
     let maintenance = tokio::spawn(maintain(Arc::clone(&store)));
+    // Periodic schedules fire from every server that runs a scheduler;
+    // each run-at fires once however many do.
+    let scheduler = (!args.no_scheduler).then(|| store.run_scheduler(SCHEDULER_RECHECK));
     let served = serve_until(listener, Arc::clone(&store), options, shutdown).await;
     maintenance.abort();
     let _ = maintenance.await;
+    // Stopping it waits for its pass to end: off the runtime's threads.
+    let _ = tokio::task::spawn_blocking(move || drop(scheduler)).await;
     close(store).await;
     served?;
     println!("shut down");
     Ok(())
 }
+
+/// The longest the scheduler sleeps before it reads the schedules again
+/// (schedules put through other servers are seen at the latest then).
+const SCHEDULER_RECHECK: Duration = Duration::from_secs(15);
 
 /// Drops the store on a blocking thread: the PostgreSQL pool's clients
 /// block on a runtime of their own when they close, which may not start

@@ -1089,7 +1089,8 @@ fn the_openapi_document_describes_exactly_the_routes_the_router_serves() {
             .replace("{task}", "t-1")
             .replace("{attempt}", "1")
             .replace("{principal}", "p1")
-            .replace("{key_id}", "0000000000000000");
+            .replace("{key_id}", "0000000000000000")
+            .replace("{name}", "nightly");
         for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
             let reply = service.send(method, &concrete, Some(&service.admin), &[], None);
             let fallback = reply.status == 404 && reply.text().contains("not found: route");
@@ -1192,9 +1193,100 @@ fn every_public_store_operation_has_a_route_or_a_reason() {
         "resume_queue",
         "set_queue_limits",
         "queue_settings",
+        "put_schedule",
+        "list_schedules",
+        "pause_schedule",
+        "resume_schedule",
+        "delete_schedule",
+        "fire_due_schedules",
     ] {
         assert!(routed.contains(operation), "{operation} has a route");
     }
+}
+
+#[test]
+fn schedules_are_put_read_paused_resumed_fired_and_deleted_over_http() {
+    let service = Service::start(small_window(), START);
+    let worker = service.worker("reports");
+    let path = "/v1/ns/reports/schedules/nightly";
+    let body = json!({
+        "queue": "daily",
+        "cron": "*/5 * * * *",
+        "brief": { "report": "sales" },
+        "priority": 1,
+    });
+    let reply = service.send("PUT", path, Some(&worker), &[], Some(&body));
+    assert_eq!(reply.status, 201, "{}", reply.text());
+    let view = reply.json();
+    assert_eq!(
+        view["schedule"],
+        json!({ "cron": "*/5 * * * *", "zone": "UTC" })
+    );
+    assert_eq!(view["next_run_at"], "2026-10-29T12:05:00Z");
+    assert_eq!(view["paused"], false);
+    // The same name again replaces it.
+    let body = json!({
+        "queue": "daily",
+        "cron": "0 * * * *",
+        "zone": "Europe/Stockholm",
+        "brief": { "report": "hourly" },
+    });
+    let reply = service.send("PUT", path, Some(&worker), &[], Some(&body));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["brief"]["value"]["report"], "hourly");
+    // Bad cron or zone: 400, typed.
+    for (cron, zone) in [("61 * * * *", "UTC"), ("* * * * *", "Mars/Olympus")] {
+        let bad = json!({ "queue": "daily", "cron": cron, "zone": zone, "brief": 1 });
+        let reply = service.send("PUT", path, Some(&worker), &[], Some(&bad));
+        assert_eq!(reply.status, 400, "{}", reply.text());
+        assert_eq!(reply.error_code(), "invalid_input");
+    }
+    let reply = service.send("GET", path, Some(&worker), &[], None);
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["schedule"]["zone"], "Europe/Stockholm");
+    let reply = service.send(
+        "GET",
+        "/v1/ns/reports/schedules?limit=10",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["schedules"].as_array().unwrap().len(), 1);
+    assert_eq!(reply.json()["next"], Value::Null);
+
+    let reply = service.send("POST", &format!("{path}/pause"), Some(&worker), &[], None);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["paused"], true);
+    service.clock.advance(Duration::from_secs(3600));
+    let fire = "/v1/schedules/fire";
+    let reply = service.send("POST", fire, Some(&service.admin), &[], None);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json(), json!([]), "paused: nothing fires");
+    let reply = service.send("POST", &format!("{path}/resume"), Some(&worker), &[], None);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["paused"], false);
+    service.clock.advance(Duration::from_secs(3600));
+    // A pass is an admin's.
+    let reply = service.send("POST", fire, Some(&worker), &[], None);
+    assert_eq!(reply.status, 403, "{}", reply.text());
+    let reply = service.send("POST", fire, Some(&service.admin), &[], None);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let fired = reply.json();
+    assert_eq!(fired.as_array().unwrap().len(), 1, "{fired}");
+    assert_eq!(fired[0]["run_at"], "2026-10-29T14:00:00Z");
+    let reply = service.send("POST", fire, Some(&service.admin), &[], None);
+    assert_eq!(reply.json(), json!([]), "each run-at fires once");
+    let reply = service.claim(&worker, "/v1/ns/reports/queues/daily/claims");
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["task"]["id"], fired[0]["task"]["id"]);
+
+    let reply = service.send("DELETE", path, Some(&worker), &[], None);
+    assert_eq!(reply.status, 204, "{}", reply.text());
+    let reply = service.send("GET", path, Some(&worker), &[], None);
+    assert_eq!(reply.status, 404);
+    let reply = service.send("DELETE", path, Some(&worker), &[], None);
+    assert_eq!(reply.status, 404);
 }
 
 // ---- the program ----
@@ -1218,6 +1310,7 @@ fn the_program_explains_its_flags() {
         "--daily-rows",
         "--page-cap",
         "--long-poll-max",
+        "--no-scheduler",
     ] {
         assert!(text.contains(flag), "{flag} in {text}");
     }

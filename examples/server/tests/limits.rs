@@ -12,7 +12,7 @@ use tessera_server::limits::{self, ALL, Input, Limit};
 use tessera_store::lease::{AttemptNumber, IdempotencyKey};
 use tessera_store::{
     AuditCursor, BriefVersion, FencingToken, KeyId, Namespace, PartitionKey, PrincipalId,
-    QueueName, TaskCursor, TaskId,
+    QueueName, ScheduleName, TaskCursor, TaskId,
 };
 
 /// `pattern`, compiled once.
@@ -91,7 +91,13 @@ fn enforced(input: Input, value: &Value) -> bool {
         i if i == limits::TASK_CURSOR => {
             text(&|s| input.cursor(s).is_ok() && TaskCursor::from_str(s).is_ok())
         }
-        i if i == limits::ACCOUNT || i == limits::LABEL || i == limits::ERROR_TEXT => {
+        i if i == limits::SCHEDULE => text(&|s| ScheduleName::parse(s).is_ok()),
+        i if i == limits::ACCOUNT
+            || i == limits::LABEL
+            || i == limits::ERROR_TEXT
+            || i == limits::CRON
+            || i == limits::ZONE =>
+        {
             text(&|s| input.text(s).is_ok())
         }
         i if i == limits::SCOPE => text(&|s| limits::scope(s).is_ok()),

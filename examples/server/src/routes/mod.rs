@@ -11,6 +11,7 @@ mod keys;
 mod leases;
 mod public;
 mod queues;
+mod schedules;
 mod sessions;
 pub(crate) mod tasks;
 
@@ -145,6 +146,14 @@ pub const NOT_ROUTED: &[(&str, &str)] = &[
         "the daily allowance's count, for the host",
     ),
     ("clock", "the store's clock"),
+    (
+        "run_scheduler",
+        "the server runs its scheduler thread itself (unless --no-scheduler)",
+    ),
+    (
+        "next_schedule_fire",
+        "the scheduler thread's sleep reads it",
+    ),
 ];
 
 /// Every route the server serves, in the document's order.
@@ -157,6 +166,7 @@ pub fn routes() -> Vec<Route> {
     routes.extend(claims::routes());
     routes.extend(queues::routes());
     routes.extend(leases::routes());
+    routes.extend(schedules::routes());
     routes.extend(health::routes());
     routes.extend(events::routes());
     routes.extend(public::routes());

@@ -14,6 +14,7 @@
 //! column and always exits 0.
 
 use std::net::{IpAddr, Ipv6Addr};
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::Arc;
 use std::thread;
@@ -22,9 +23,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tessera_store::limits::PRACTICE_QUEUE;
 use tessera_store::{
-    Brief, Caller, ClaimOutcome, Claimed, Clock, EnqueueOptions, Grant, IdempotencyKey, IssuedKey,
-    KeySpec, ManualClock, MeterSnapshot, MintConfig, Namespace, Output, QueueName, Scope, Secret,
-    Store, StoreConfig, TaskRef,
+    Brief, Caller, ClaimOutcome, Claimed, Clock, ConcurrencyLimit, EmptyReason, EnqueueOptions,
+    Grant, IdempotencyKey, IssuedKey, KeySpec, ManualClock, MeterSnapshot, MintConfig, Namespace,
+    Output, PartitionKey, QueueName, Scope, Secret, Store, StoreConfig, TaskRef,
 };
 
 /// What a row is held to.
@@ -257,6 +258,84 @@ fn keyed_requests(s: &mut Scenario<'_>) {
         "123",
         "99",
         Target::Written(99),
+    );
+}
+
+/// A queue paused, resumed and limited, and claims on it.
+fn queue_settings(s: &mut Scenario<'_>) {
+    let ns = namespace("settings");
+    let q = queue("frames");
+    let worker = s.worker();
+    for n in 0..4 {
+        let options = EnqueueOptions::default().with_partition_key(
+            PartitionKey::parse(&format!("customer-{}", n % 2)).expect("a key"),
+        );
+        s.store
+            .enqueue(&worker, &ns, &q, &brief(n), &options)
+            .expect("enqueued");
+    }
+    let (_, cost) = s.request(|store, caller| store.pause_queue(caller, &ns, &q).expect("paused"));
+    s.push(
+        "Pause a queue (`pause_queue`)",
+        cost,
+        "–",
+        "–",
+        Target::None,
+    );
+    let (outcome, cost) = s.request(|store, caller| store.claim(caller, &ns, &q).expect("a claim"));
+    assert_eq!(outcome.empty_reason(), Some(EmptyReason::Paused));
+    s.push(
+        "Claim on a paused queue (`204`, reason `paused`)",
+        cost,
+        "–",
+        "–",
+        Target::Written(0),
+    );
+    let (_, cost) =
+        s.request(|store, caller| store.resume_queue(caller, &ns, &q).expect("resumed"));
+    s.push(
+        "Resume a queue (`resume_queue`)",
+        cost,
+        "–",
+        "–",
+        Target::None,
+    );
+    let limit = ConcurrencyLimit {
+        queue: NonZeroU32::new(2),
+        per_partition: NonZeroU32::new(1),
+    };
+    let (_, cost) = s.request(|store, caller| {
+        store
+            .set_queue_limits(caller, &ns, &q, limit)
+            .expect("limits set")
+    });
+    s.push(
+        "Set a queue's limits (`set_queue_limits`)",
+        cost,
+        "–",
+        "–",
+        Target::None,
+    );
+    let (_, cost) =
+        s.request(|store, caller| granted(store.claim(caller, &ns, &q).expect("a claim")));
+    s.push(
+        "Granted claim in a queue limited in all and per partition key",
+        cost,
+        "13",
+        "13",
+        Target::Written(13),
+    );
+    let (_, cost) =
+        s.request(|store, caller| granted(store.claim(caller, &ns, &q).expect("a claim")));
+    let _ = cost;
+    let (outcome, cost) = s.request(|store, caller| store.claim(caller, &ns, &q).expect("a claim"));
+    assert_eq!(outcome.empty_reason(), Some(EmptyReason::Limited));
+    s.push(
+        "Claim on a queue at its limit (`204`, reason `limited`)",
+        cost,
+        "–",
+        "–",
+        Target::Written(0),
     );
 }
 
@@ -531,6 +610,7 @@ fn main() {
     );
     health(&mut s);
     crowded_read(&mut s);
+    queue_settings(&mut s);
     let (idle, purged, breakdown) = idle_day(dir.path());
     s.push(
         "Idle worker polling an empty queue, rows a simulated day written by its polls (their counter rows included)",

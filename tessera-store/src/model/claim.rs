@@ -88,8 +88,9 @@ pub enum ClaimOutcome {
     /// nothing written.
     Empty {
         /// The idle-pacing hint (`Retry-After`): 5, 10, 20, 40, then 60 s
-        /// while this key keeps finding this queue empty; `retry_after_ms`
-        /// in serde.
+        /// while this key keeps finding this queue empty or paused, and
+        /// [`LIMITED_RETRY_AFTER`](crate::limits::LIMITED_RETRY_AFTER) for a
+        /// queue at its limit; `retry_after_ms` in serde.
         #[serde(rename = "retry_after_ms", with = "crate::model::millis")]
         retry_after: Duration,
         /// How long the claim waited for admission; `waited_ms` in serde.

@@ -25,7 +25,8 @@ use tessera_store::limits::PRACTICE_QUEUE;
 use tessera_store::{
     Brief, Caller, ClaimOutcome, Claimed, Clock, ConcurrencyLimit, EmptyReason, EnqueueOptions,
     Grant, IdempotencyKey, IssuedKey, KeySpec, ManualClock, MeterSnapshot, MintConfig, Namespace,
-    Output, PartitionKey, QueueName, Scope, Secret, Store, StoreConfig, TaskRef,
+    Output, PartitionKey, QueueName, ScheduleName, ScheduleSpec, Scope, Secret, Store, StoreConfig,
+    TaskRef,
 };
 
 /// What a row is held to.
@@ -339,6 +340,68 @@ fn queue_settings(s: &mut Scenario<'_>) {
     );
 }
 
+/// Periodic schedules: putting one, a scheduler pass with nothing due (ten
+/// schedules, none due), and a pass that fires one run-at. After the
+/// crowded read, so the worker's `last_used_at` is warm; waiting counters
+/// are written before each pass, so a pass's row is its own.
+fn schedules(s: &mut Scenario<'_>) {
+    let ns = namespace("reports");
+    let spec = |cron: &str| {
+        ScheduleSpec::new(
+            queue("daily"),
+            cron,
+            "Europe/Stockholm",
+            Brief::Bytes(b"{\"report\":\"sales\"}".to_vec()),
+        )
+    };
+    let name = |n: usize| ScheduleName::parse(&format!("report-{n}")).expect("a valid name");
+    // The namespace exists already, as a keyed namespace in use does.
+    enqueue(&s.store, &s.worker(), &ns, &queue("daily"), 0);
+    let (_, cost) = s.request(|store, caller| {
+        store
+            .put_schedule(caller, &ns, &name(0), &spec("*/5 * * * *"))
+            .expect("a schedule")
+    });
+    s.push(
+        "Put a schedule (`put_schedule`)",
+        cost,
+        "–",
+        "–",
+        Target::Written(5),
+    );
+    for n in 1..10 {
+        let worker = s.worker();
+        s.store
+            .put_schedule(&worker, &ns, &name(n), &spec("0 3 * * *"))
+            .expect("a schedule");
+    }
+    s.store.flush_counters().expect("counters written");
+    let (fired, cost) = s
+        .store
+        .measure(|store| store.fire_due_schedules().expect("a pass"));
+    assert!(fired.is_empty(), "nothing is due yet");
+    s.push(
+        "Scheduler pass, ten schedules, nothing due (`fire_due_schedules`)",
+        cost,
+        "–",
+        "–",
+        Target::Written(0),
+    );
+    s.clock.advance(Duration::from_secs(5 * 60));
+    s.store.flush_counters().expect("counters written");
+    let (fired, cost) = s
+        .store
+        .measure(|store| store.fire_due_schedules().expect("a pass"));
+    assert_eq!(fired.len(), 1, "one run-at is due");
+    s.push(
+        "Scheduler pass firing one run-at: its fire row, task and audit row in one transaction",
+        cost,
+        "–",
+        "–",
+        Target::Written(11),
+    );
+}
+
 fn sessions(s: &mut Scenario<'_>) {
     let (_, cost) = s
         .store
@@ -611,6 +674,7 @@ fn main() {
     health(&mut s);
     crowded_read(&mut s);
     queue_settings(&mut s);
+    schedules(&mut s);
     let (idle, purged, breakdown) = idle_day(dir.path());
     s.push(
         "Idle worker polling an empty queue, rows a simulated day written by its polls (their counter rows included)",

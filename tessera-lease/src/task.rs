@@ -218,6 +218,46 @@ impl Task {
         self.0.attempts.iter().all(|a| a.state.is_final())
     }
 
+    /// Whether every attempt is still waiting to run (ready, scheduled, or
+    /// backing off), none leased or final: what a unique task's duplicate
+    /// may still change ([`Holder::waiting`](crate::Holder::waiting)).
+    pub fn is_waiting(&self) -> bool {
+        self.0
+            .attempts
+            .iter()
+            .all(|a| crate::UniqueStates::WAITING.contains(a.state.name()))
+    }
+
+    /// A waiting task's new not-before time, from a duplicate that
+    /// replaces or debounces it ([`Duplicate::Replace`](crate::Duplicate)):
+    /// every attempt becomes scheduled for `not_before`, or ready if
+    /// `None`. Tries, tokens and leases are kept. Returns the attempts.
+    ///
+    /// Errors: [`TaskFinished`](LeaseError::TaskFinished), changing
+    /// nothing, if an attempt is leased or final: a duplicate reschedules
+    /// only a task that [`is_waiting`](Self::is_waiting).
+    pub fn reschedule(
+        &mut self,
+        not_before: Option<DateTime<Utc>>,
+    ) -> Result<Vec<AttemptNumber>, LeaseError> {
+        if !self.is_waiting() {
+            return Err(LeaseError::TaskFinished);
+        }
+        let state = match not_before {
+            Some(at) => TaskState::Scheduled { at },
+            None => TaskState::Ready,
+        };
+        Ok(self
+            .0
+            .attempts
+            .iter_mut()
+            .map(|attempt| {
+                attempt.state = state;
+                attempt.number
+            })
+            .collect())
+    }
+
     /// When an attempt can next be claimed: `now` if one can be claimed now,
     /// the earliest backoff end or lapse otherwise, `None` once finished.
     pub fn next_claimable_at(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {

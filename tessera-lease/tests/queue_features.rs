@@ -15,6 +15,54 @@ use tessera_lease::{
     UniqueKey, UniqueMode, Uniqueness, decide_duplicate,
 };
 
+/// A task of `alternatives` attempts after `steps`: each claims (0),
+/// fails with a retry (1), submits (2) or cancels (3) at one second apart.
+fn task_after(alternatives: u16, steps: &[u8]) -> Task {
+    let spec = TaskSpec {
+        alternatives,
+        ..TaskSpec::default()
+    };
+    let mut task = Task::new(TaskId::parse("t").unwrap(), BriefVersion::FIRST, spec).unwrap();
+    let worker = Principal::parse("w").unwrap();
+    let mut leases = Vec::new();
+    for (n, step) in steps.iter().enumerate() {
+        let now = at(i64::try_from(n).unwrap());
+        match step {
+            0 => {
+                if let Ok(lease) = task.claim(&worker, now, Duration::from_secs(3_600)) {
+                    leases.push(lease);
+                }
+            }
+            1 => {
+                if let Some(lease) = leases.pop() {
+                    let _ = task.fail(
+                        &worker,
+                        lease.token(),
+                        now,
+                        tessera_lease::Retry::After(Duration::from_secs(5)),
+                        &mut tessera_lease::Jitter::seeded(1),
+                    );
+                }
+            }
+            2 => {
+                if let Some(lease) = leases.pop() {
+                    let submission = Submission {
+                        principal: worker.clone(),
+                        token: lease.token(),
+                        key: IdempotencyKey::parse("k").unwrap(),
+                        digest: Digest::from_bytes([1; 32]),
+                    };
+                    let _ = task.submit(&submission, None, now);
+                }
+            }
+            _ => {
+                let _ = task.cancel();
+            }
+        }
+    }
+    task
+}
+
 fn start() -> DateTime<Utc> {
     "2026-12-02T10:00:00Z".parse().unwrap()
 }
@@ -24,6 +72,49 @@ fn at(seconds: i64) -> DateTime<Utc> {
 }
 
 proptest! {
+    /// A duplicate reschedules a task exactly when every attempt is
+    /// waiting: then every attempt takes the new not-before time and keeps
+    /// its tries; otherwise nothing changes. A task holds a slot counted
+    /// while unfinished exactly when it is waiting or leased.
+    #[test]
+    fn only_a_waiting_task_is_rescheduled(
+        alternatives in 1_u16..4,
+        steps in prop::collection::vec(0_u8..4, 0..8),
+        later in prop::option::of(0_i64..600),
+    ) {
+        let mut task = task_after(alternatives, &steps);
+        let before = task.clone();
+        let names: Vec<StateName> = task.attempts().iter().map(|a| a.state.name()).collect();
+        let waiting = names.iter().all(|s| matches!(s, StateName::Ready | StateName::Scheduled | StateName::Backoff));
+        prop_assert_eq!(task.is_waiting(), waiting);
+        let unfinished = Uniqueness::new(UniqueKey::parse("k").unwrap());
+        prop_assert_eq!(
+            unfinished.holds(names.iter().copied()),
+            names.iter().any(|s| !matches!(s, StateName::Done | StateName::Failed | StateName::Discarded | StateName::Cancelled)),
+        );
+        let not_before = later.map(at);
+        match task.reschedule(not_before) {
+            Ok(changed) => {
+                prop_assert!(waiting);
+                prop_assert_eq!(changed.len(), task.attempts().len());
+                for (new, old) in task.attempts().iter().zip(before.attempts()) {
+                    prop_assert_eq!(new.tries, old.tries);
+                    match not_before {
+                        Some(at) => prop_assert_eq!(new.state, tessera_lease::TaskState::Scheduled { at }),
+                        None => prop_assert_eq!(new.state, tessera_lease::TaskState::Ready),
+                    }
+                }
+                // What a store writes back restores.
+                prop_assert!(Task::restore(task.record().clone()).is_ok());
+            }
+            Err(error) => {
+                prop_assert!(!waiting);
+                prop_assert_eq!(error, LeaseError::TaskFinished);
+                prop_assert_eq!(&task, &before);
+            }
+        }
+    }
+
     /// Two enqueues share a windowed slot exactly when they fall in the same
     /// period: never when a whole window apart, and the slot of one period
     /// is never the slot of another key or of no window.

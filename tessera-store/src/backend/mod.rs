@@ -220,7 +220,6 @@ pub(crate) struct LoadedTask {
     /// Its unique key, if it was enqueued unique.
     pub(crate) unique_key: Option<UniqueKey>,
     /// While it holds its unique slot: the states in which it does.
-    #[allow(dead_code)]
     pub(crate) unique_held: Option<UniqueStates>,
     /// Its attempts, leases and token counter.
     pub(crate) record: TaskRecord,
@@ -242,15 +241,17 @@ pub(crate) struct NewTask<'a> {
     pub(crate) enqueued_by: &'a str,
     /// Its partition key.
     pub(crate) partition_key: Option<&'a PartitionKey>,
-    /// Its unique key and slot, if it is unique.
+    /// Its unique key, if it is unique.
+    pub(crate) unique_key: Option<&'a UniqueKey>,
+    /// The unique slot it holds (taken already, by
+    /// [`WriteTransaction::take_unique_slot`]), if it holds one.
     pub(crate) unique: Option<NewUnique<'a>>,
 }
 
-/// What a unique task stores: its key, the slot the unique index holds,
-/// and the states in which it holds it.
+/// What a task holding a unique slot stores: the slot, and the states in
+/// which it holds it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NewUnique<'a> {
-    pub(crate) key: &'a UniqueKey,
     pub(crate) slot: &'a UniqueSlot,
     pub(crate) states: UniqueStates,
 }
@@ -646,6 +647,36 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     fn insert_tasks(&self, tasks: &[NewTask<'_>]) -> Result<Vec<bool>> {
         tasks.iter().map(|task| self.insert_task(task)).collect()
     }
+
+    /// Takes the unique `slot` of `queue` for `task`, which is about to be
+    /// inserted, unless a task holds it: then it returns the holder's
+    /// reference and writes nothing. One insert that meets the slots'
+    /// unique index, never a lock; a concurrent transaction holding the
+    /// slot is waited for where the backend has several writers.
+    fn take_unique_slot(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        slot: &UniqueSlot,
+        task: &TaskRef,
+    ) -> Result<Option<TaskRef>>;
+
+    /// Gives back the unique `slot` of `queue` taken for a task that was not
+    /// inserted after all (its reference existed).
+    fn free_unique_slot(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        slot: &UniqueSlot,
+    ) -> Result<()>;
+
+    /// Releases the unique slot the task at `handle` holds: its row in the
+    /// slots' index goes, and the task's slot columns become `NULL`. A
+    /// later enqueue with the same key creates a task.
+    fn release_unique_slot(&self, handle: TaskHandle) -> Result<()>;
+
+    /// Replaces a task's brief ([`Brief::encode`]'s bytes and format).
+    fn replace_brief(&self, handle: TaskHandle, brief: &[u8], format: &str) -> Result<()>;
 
     /// Writes what a lease rule changed between `before` and `after`.
     fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()>;

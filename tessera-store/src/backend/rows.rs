@@ -227,6 +227,15 @@ pub(crate) fn duration_millis(duration: Duration) -> i64 {
 /// The claim index's column: 0 while an attempt is ready, the earliest
 /// backoff end otherwise, `NULL` when the lease rules say none
 /// ([`TaskRecord::claimable_at`]).
+/// The reference of a task stored in `namespace` as `id` at `version`.
+pub(crate) fn task_ref(namespace: &Namespace, id: &str, version: i64) -> Result<TaskRef> {
+    Ok(TaskRef::new(
+        namespace.clone(),
+        TaskId::parse(id).map_err(|_| corrupt("task row"))?,
+        brief_version(version)?,
+    ))
+}
+
 /// A stored partition key read back.
 pub(crate) fn partition_key(value: Option<&str>) -> Result<Option<PartitionKey>> {
     value

@@ -10,7 +10,7 @@ use sha2::{Digest as _, Sha256};
 use tessera_audit::Resource;
 use tessera_lease::{
     AttemptNumber, BriefVersion, Digest, FencingToken, IdempotencyKey, Namespace, PartitionKey,
-    QueueName, Receipt, StateName, TaskId, TaskRecord, TaskSpec, TaskState, UniqueKey,
+    QueueName, Receipt, StateName, TaskId, TaskRecord, TaskSpec, TaskState, UniqueKey, Uniqueness,
     check_brief_size,
 };
 
@@ -120,6 +120,7 @@ pub struct EnqueueOptions {
     pub(crate) version: Option<BriefVersion>,
     pub(crate) spec: TaskSpec,
     pub(crate) partition_key: Option<PartitionKey>,
+    pub(crate) unique: Option<Uniqueness>,
 }
 
 impl EnqueueOptions {
@@ -193,6 +194,33 @@ impl EnqueueOptions {
     /// ```
     pub fn with_partition_key(mut self, key: PartitionKey) -> Self {
         self.partition_key = Some(key);
+        self
+    }
+
+    /// Makes the enqueue unique ([`Uniqueness`]): while a task of the same
+    /// queue holds the same slot (its key, and its window's period if it
+    /// has one), an enqueue is a duplicate. A duplicate creates nothing: it
+    /// answers with the task already there, `created: false`
+    /// ([`Store::enqueue_one`](crate::Store::enqueue_one),
+    /// [`Store::enqueue_batch`](crate::Store::enqueue_batch)), and writes
+    /// nothing unless its mode replaces or debounces a task still waiting.
+    /// A task releases its slot when its attempts leave the counted states
+    /// (by default: once none is waiting or leased); an operator's retry
+    /// does not take it back. A task whose first states are not counted
+    /// takes no slot. The window and debounce delays are checked (`400`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tessera_store::{EnqueueOptions, UniqueKey, UniqueMode, Uniqueness};
+    ///
+    /// let mut unique = Uniqueness::new(UniqueKey::parse("report-7")?);
+    /// unique.window = Some(Duration::from_secs(600));
+    /// unique.mode = UniqueMode::Replace;
+    /// let options = EnqueueOptions::default().with_unique(unique);
+    /// # Ok::<(), tessera_store::LeaseError>(())
+    /// ```
+    pub fn with_unique(mut self, unique: Uniqueness) -> Self {
+        self.unique = Some(unique);
         self
     }
 }

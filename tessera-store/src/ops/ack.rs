@@ -19,7 +19,8 @@ use chrono::{DateTime, Utc};
 use tessera_audit::{Action, Outcome};
 use tessera_lease::{
     Failure, FencingToken, Idempotency, IdempotencyKey, LeaseError, Principal, Receipt, Retry,
-    Submission, Submitted, Task, TaskRecord, TaskState, check_output_size, decide_idempotency,
+    Submission, Submitted, Task, TaskRecord, TaskState, UniqueStates, check_output_size,
+    decide_idempotency,
 };
 
 use crate::backend::{NewReceipt, ReceiptKey, TaskChange, TaskHandle, WriteTransaction};
@@ -27,6 +28,7 @@ use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::model::access::{Caller, PrincipalId, Scope};
 use crate::model::audit::ActionScope;
 use crate::model::task::{MAX_SUBMIT_BATCH, SubmitRequest, TaskRef, not_found, whole_millis};
+use crate::ops::task::leaves_slot;
 use crate::store::Store;
 
 /// One acknowledgement waiting for its commit.
@@ -66,6 +68,8 @@ struct Held {
     handle: TaskHandle,
     before: TaskRecord,
     rules: Task,
+    /// The states in which it holds a unique slot, if it holds one.
+    unique: Option<UniqueStates>,
 }
 
 /// What a batch's transaction decided, before its commit.
@@ -320,6 +324,7 @@ impl Store {
                         handle: loaded.handle,
                         before: loaded.record,
                         rules,
+                        unique: loaded.unique_held,
                     })
                     .map_err(Error::from),
             };
@@ -429,6 +434,12 @@ impl Store {
             })
             .collect();
         writer.write_acknowledged(&changes, &new_receipts, &events)?;
+        // Tasks whose attempts left the states their unique slot counts.
+        for task in held.values().filter_map(|task| task.as_ref().ok()) {
+            if leaves_slot(task.unique, task.rules.record()) {
+                writer.release_unique_slot(task.handle)?;
+            }
+        }
         Ok(Decided { answers, audited })
     }
 }

@@ -523,9 +523,13 @@ impl Store {
                         // and look again (each pass takes one lapse out of the
                         // index, so this ends). Otherwise the stored claim
                         // times were stale: correct them and look again.
-                        if apply(writer, loaded.handle, &mut rules, |rules| {
-                            Ok(rules.expire(now))
-                        })?
+                        if apply(
+                            writer,
+                            loaded.handle,
+                            loaded.unique_held,
+                            &mut rules,
+                            |rules| Ok(rules.expire(now)),
+                        )?
                         .is_empty()
                         {
                             writer.resync_task(loaded.handle, rules.record())?;
@@ -549,9 +553,13 @@ impl Store {
                             break;
                         }
                     }
-                    let lease = apply(writer, loaded.handle, &mut rules, |rules| {
-                        rules.claim(&holder, now, duration)
-                    })?;
+                    let lease = apply(
+                        writer,
+                        loaded.handle,
+                        loaded.unique_held,
+                        &mut rules,
+                        |rules| rules.claim(&holder, now, duration),
+                    )?;
                     let task = TaskRef::new(
                         namespace.clone(),
                         lease.task().clone(),
@@ -641,9 +649,13 @@ fn record_lapses(
             continue;
         }
         let mut rules = Task::restore(loaded.record)?;
-        apply(writer, loaded.handle, &mut rules, |rules| {
-            Ok(rules.expire(now))
-        })?;
+        apply(
+            writer,
+            loaded.handle,
+            loaded.unique_held,
+            &mut rules,
+            |rules| Ok(rules.expire(now)),
+        )?;
     }
     Ok(())
 }
@@ -688,6 +700,7 @@ fn grant_by_partition(
             continue;
         };
         let partition = loaded.partition_key.clone();
+        let unique_held = loaded.unique_held;
         if partition.as_ref().is_some_and(|key| full.contains(key)) {
             skipped = true;
             continue;
@@ -721,7 +734,7 @@ fn grant_by_partition(
             }
             continue;
         }
-        let lease = apply(writer, handle, &mut rules, |rules| {
+        let lease = apply(writer, handle, unique_held, &mut rules, |rules| {
             rules.claim(wanted.holder, now, wanted.duration)
         })?;
         let task = TaskRef::new(

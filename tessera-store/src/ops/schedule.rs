@@ -423,6 +423,7 @@ fn fire_in(
         created_at: now,
         enqueued_by: &row.created_by,
         partition_key: None,
+        unique_key: None,
         unique: None,
     })?;
     if created {

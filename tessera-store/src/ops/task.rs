@@ -2,19 +2,23 @@
 //! the reads of tasks, receipts and alternatives, each applying
 //! `tessera-lease`'s rules inside one transaction.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
-use tessera_audit::{Action, Resource};
+use tessera_audit::{Action, Outcome, Resource};
 use tessera_lease::{
-    AttemptNumber, BriefVersion, Failure, FencingToken, IdempotencyKey, Lease, LeaseError,
-    MAX_ALTERNATIVES, Namespace, PartitionKey, QueueName, Receipt, Submitted, Task, TaskId,
-    TaskRecord, TaskSpec, TaskState,
+    AttemptNumber, BriefVersion, Duplicate, Failure, FencingToken, IdempotencyKey, Lease,
+    LeaseError, MAX_ALTERNATIVES, Namespace, PartitionKey, QueueName, Receipt, Submitted, Task,
+    TaskId, TaskRecord, TaskSpec, TaskState, UniqueKey, UniqueMode, UniqueSlot, UniqueStates,
+    Uniqueness, decide_duplicate,
 };
 
 use crate::backend::{
-    LoadedTask, NamespaceKind, NewTask, ReadTransaction, TaskHandle, WriteTransaction,
+    LoadedTask, NamespaceKind, NewTask, NewUnique, ReadTransaction, TaskHandle, WriteTransaction,
 };
 use crate::error::{ConflictKind, Error};
 use crate::model::access::{Caller, PrincipalKind, Scope};
+use crate::model::audit::Trail;
 use crate::model::task::{
     Brief, EnqueueOptions, Enqueued, MAX_ENQUEUE_BATCH, MAX_TASKS_LISTED, Output, PRACTICE_QUEUE,
     StoredReceipt, SubmitRequest, TaskPage, TaskQuery, TaskRef, TaskView, not_found,
@@ -33,11 +37,18 @@ fn load_task(
         .ok_or_else(|| not_found(task))
 }
 
-/// A task loaded by reference: where it is, and its lease rules; `404` if
-/// none.
-fn load(reader: &dyn ReadTransaction, task: &TaskRef) -> Result<(TaskHandle, Task), Error> {
+/// A task loaded by reference: where it is, its lease rules, and the
+/// states in which it holds a unique slot if it does; `404` if none.
+fn load(
+    reader: &dyn ReadTransaction,
+    task: &TaskRef,
+) -> Result<(TaskHandle, Task, Option<UniqueStates>), Error> {
     let loaded = load_task(reader, task, false)?;
-    Ok((loaded.handle, Task::restore(loaded.record)?))
+    Ok((
+        loaded.handle,
+        Task::restore(loaded.record)?,
+        loaded.unique_held,
+    ))
 }
 
 /// Where a task is, without its attempts; `404` if none.
@@ -46,17 +57,30 @@ fn find(reader: &dyn ReadTransaction, task: &TaskRef) -> Result<TaskHandle, Erro
 }
 
 /// Applies one lease rule to `task`, stored at `handle`, and writes what it
-/// changed.
+/// changed; `held` is where it holds a unique slot ([`LoadedTask`]'s
+/// `unique_held`), released here if its attempts left those states.
 pub(crate) fn apply<T>(
     writer: &dyn WriteTransaction,
     handle: TaskHandle,
+    held: Option<UniqueStates>,
     task: &mut Task,
     rule: impl FnOnce(&mut Task) -> Result<T, LeaseError>,
 ) -> Result<T, Error> {
     let before = task.record().clone();
     let value = rule(task)?;
     writer.save_task(handle, &before, task.record())?;
+    if leaves_slot(held, task.record()) {
+        writer.release_unique_slot(handle)?;
+    }
     Ok(value)
+}
+
+/// Whether a task that holds a unique slot in the states `held` lets it go,
+/// its attempts now as `record` says ([`tessera_lease::unique::holds`]).
+pub(crate) fn leaves_slot(held: Option<UniqueStates>, record: &TaskRecord) -> bool {
+    held.is_some_and(|counted| {
+        !tessera_lease::holds(counted, record.attempts.iter().map(|a| a.state.name()))
+    })
 }
 
 /// New task ids for one enqueue call: the time in milliseconds (12 hex
@@ -103,6 +127,10 @@ impl Store {
     /// the namespace row on its first use, the task, one row per attempt and
     /// the audit row. Afterwards the queue's empty-claim pacing starts again
     /// at 5 s and long-polls on the queue wake.
+    ///
+    /// A unique enqueue ([`EnqueueOptions::with_unique`]) that duplicates a
+    /// task returns that task; [`enqueue_one`](Self::enqueue_one) also says
+    /// whether it created one.
     pub fn enqueue(
         &self,
         caller: &Caller,
@@ -111,14 +139,55 @@ impl Store {
         brief: &Brief,
         options: &EnqueueOptions,
     ) -> Result<TaskRef, Error> {
+        self.enqueue_one(caller, namespace, queue, brief, options)
+            .map(|enqueued| enqueued.task)
+    }
+
+    /// [`enqueue`](Self::enqueue), answered as
+    /// [`enqueue_batch`](Self::enqueue_batch) answers each task: its
+    /// reference, and whether this call created it.
+    ///
+    /// Only a unique enqueue ([`EnqueueOptions::with_unique`]) answers
+    /// `created: false`: its slot was held, and the answer names the task
+    /// that holds it. Such a duplicate writes nothing (no task, no audit
+    /// row; it is counted), unless its mode replaces or debounces a task
+    /// still waiting ([`decide_duplicate`]): then that task takes the new
+    /// brief and not-before time, audited as `enqueue` naming it. The slot
+    /// is taken by an insert into a unique index, never a lock, so
+    /// concurrent enqueues of one key create exactly one task.
+    pub fn enqueue_one(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+        brief: &Brief,
+        options: &EnqueueOptions,
+    ) -> Result<Enqueued, Error> {
         let scope = self.admit(caller, namespace, Scope::Enqueue, Action::Enqueue)?;
         let now = self.now_utc();
-        let prepared = prepare(namespace, brief, options, &mut NewIds::at(now))
+        let prepared = prepare(namespace, brief, options, now, &mut NewIds::at(now))
             .inspect_err(|error| self.count(&scope, error.outcome()))?;
         let principal = caller.principal().to_string();
         let task = &prepared.task;
-        self.perform(&scope, now, |writer| {
+        let (enqueued, changed) = self.perform_or_count(&scope, now, |writer| {
             self.open_namespace(writer, caller, namespace, now)?;
+            if let Some(unique) = &prepared.unique {
+                if let Some(holder) =
+                    writer.take_unique_slot(namespace, queue, &unique.slot, task)?
+                {
+                    let replaced = duplicate(writer, &prepared, unique, &holder, now)?;
+                    let trail = if replaced {
+                        Trail::Row(holder.resource(""))
+                    } else {
+                        Trail::Count(Outcome::Ok)
+                    };
+                    let enqueued = Enqueued {
+                        task: holder,
+                        created: false,
+                    };
+                    return Ok(((enqueued, replaced), trail));
+                }
+            }
             let inserted = prepared.insert(writer, queue, now, &principal)?;
             if !inserted {
                 return Err(Error::conflict(
@@ -127,12 +196,17 @@ impl Store {
                 ));
             }
             writer.signal_enqueued(namespace, queue)?;
-            let resource = task.resource("");
-            Ok((task.clone(), resource))
+            let enqueued = Enqueued {
+                task: task.clone(),
+                created: true,
+            };
+            Ok(((enqueued, true), Trail::Row(task.resource(""))))
         })?;
-        self.namespace_changed(namespace);
-        self.queue_received_work(namespace, queue);
-        Ok(prepared.task)
+        if changed {
+            self.namespace_changed(namespace);
+            self.queue_received_work(namespace, queue);
+        }
+        Ok(enqueued)
     }
 
     /// Puts up to [`MAX_ENQUEUE_BATCH`](crate::limits::MAX_ENQUEUE_BATCH)
@@ -142,11 +216,15 @@ impl Store {
     /// Idempotent per task: a task whose id and version are already in the
     /// namespace (enqueued before, or earlier in the same batch) is left as
     /// it is and reported with `created: false`, so a batch sent again
-    /// after a lost answer adds nothing twice. Each brief and spec is
-    /// checked before anything is written; one bad task, or an empty or
-    /// oversized batch, is a `400` that enqueues none. Same permissions as
-    /// [`enqueue`](Self::enqueue). One audit row, `enqueue_batch`, names
-    /// the queue and the count created.
+    /// after a lost answer adds nothing twice. A unique task whose slot is
+    /// held, by a stored task or by an earlier task of the same batch (the
+    /// first of a slot wins), is reported with `created: false` and the
+    /// holder's reference, as [`enqueue_one`](Self::enqueue_one) reports
+    /// it, replacing or debouncing the holder if its mode says so. Each
+    /// brief and spec is checked before anything is written; one bad task,
+    /// or an empty or oversized batch, is a `400` that enqueues none. Same
+    /// permissions as [`enqueue`](Self::enqueue). One audit row,
+    /// `enqueue_batch`, names the queue and the count created.
     pub fn enqueue_batch(
         &self,
         caller: &Caller,
@@ -168,33 +246,84 @@ impl Store {
             let mut ids = NewIds::at(now);
             tasks
                 .iter()
-                .map(|(brief, options)| prepare(namespace, brief, options, &mut ids))
+                .map(|(brief, options)| prepare(namespace, brief, options, now, &mut ids))
                 .collect::<Result<Vec<_>, Error>>()
         })()
         .inspect_err(|error| self.count(&scope, error.outcome()))?;
         let principal = caller.principal().to_string();
-        let enqueued = self.perform(&scope, now, |writer| {
+        let (enqueued, changed) = self.perform(&scope, now, |writer| {
             self.open_namespace(writer, caller, namespace, now)?;
+            // Each unique task takes its slot, or finds who holds it: a
+            // stored task, or the first task of the batch with that slot.
+            let mut plans = Vec::with_capacity(prepared.len());
+            let mut first_of_slot: HashMap<&UniqueSlot, usize> = HashMap::new();
+            for (place, task) in prepared.iter().enumerate() {
+                let plan = match &task.unique {
+                    None => Plan::Insert,
+                    Some(unique) => match first_of_slot.get(&unique.slot) {
+                        Some(&first) => Plan::Earlier(first),
+                        None => {
+                            first_of_slot.insert(&unique.slot, place);
+                            match writer.take_unique_slot(
+                                namespace,
+                                queue,
+                                &unique.slot,
+                                &task.task,
+                            )? {
+                                None => Plan::Insert,
+                                Some(holder) => Plan::Stored(holder),
+                            }
+                        }
+                    },
+                };
+                plans.push(plan);
+            }
             let new: Vec<NewTask<'_>> = prepared
                 .iter()
-                .map(|task| task.new_task(queue, now, &principal))
+                .zip(&plans)
+                .filter(|(_, plan)| matches!(plan, Plan::Insert))
+                .map(|(task, _)| task.new_task(queue, now, &principal))
                 .collect();
-            let enqueued: Vec<Enqueued> = prepared
-                .iter()
-                .zip(writer.insert_tasks(&new)?)
-                .map(|(task, created)| Enqueued {
-                    task: task.task.clone(),
-                    created,
-                })
-                .collect();
+            let mut inserted = writer.insert_tasks(&new)?.into_iter();
+            let mut enqueued: Vec<Enqueued> = Vec::with_capacity(prepared.len());
+            let mut replaced = false;
+            for (task, plan) in prepared.iter().zip(&plans) {
+                let answer = match plan {
+                    Plan::Insert => {
+                        let created = inserted.next().unwrap_or(false);
+                        if let (false, Some(unique)) = (created, &task.unique) {
+                            // Its reference existed: the slot goes back.
+                            writer.free_unique_slot(namespace, queue, &unique.slot)?;
+                        }
+                        Enqueued {
+                            task: task.task.clone(),
+                            created,
+                        }
+                    }
+                    Plan::Stored(holder) => Enqueued {
+                        task: holder.clone(),
+                        created: false,
+                    },
+                    Plan::Earlier(first) => Enqueued {
+                        task: enqueued[*first].task.clone(),
+                        created: false,
+                    },
+                };
+                if let (false, Some(unique)) = (answer.created, &task.unique) {
+                    if !matches!(plan, Plan::Insert) {
+                        replaced |= duplicate(writer, task, unique, &answer.task, now)?;
+                    }
+                }
+                enqueued.push(answer);
+            }
             let created = enqueued.iter().filter(|e| e.created).count();
-            if created > 0 {
+            if created > 0 || replaced {
                 writer.signal_enqueued(namespace, queue)?;
             }
             let resource = Resource::new(&format!("queue:{queue}/n{created}")).ok();
-            Ok((enqueued, resource))
+            Ok(((enqueued, created > 0 || replaced), resource))
         })?;
-        if enqueued.iter().any(|e| e.created) {
+        if changed {
             self.namespace_changed(namespace);
             self.queue_received_work(namespace, queue);
         }
@@ -238,6 +367,7 @@ impl Store {
                     created_at: now,
                     enqueued_by: &principal,
                     partition_key: None,
+                    unique_key: None,
                     unique: None,
                 })?;
             }
@@ -265,8 +395,8 @@ impl Store {
         let holder = caller.lease_principal();
         let extension = self.config.lease_duration();
         let lease = self.perform(&scope, now, |writer| {
-            let (handle, mut rules) = load(writer.reads(), task)?;
-            let lease = apply(writer, handle, &mut rules, |rules| {
+            let (handle, mut rules, held) = load(writer.reads(), task)?;
+            let lease = apply(writer, handle, held, &mut rules, |rules| {
                 rules.heartbeat(&holder, token, now, extension)
             })?;
             let resource = task.grant_resource(lease.attempt(), lease.token());
@@ -393,8 +523,8 @@ impl Store {
         let scope = self.admit(caller, &task.namespace, Scope::Enqueue, action)?;
         let now = self.now_utc();
         let changed = self.perform(&scope, now, |writer| {
-            let (handle, mut rules) = load(writer.reads(), task)?;
-            let changed = apply(writer, handle, &mut rules, rule)?;
+            let (handle, mut rules, held) = load(writer.reads(), task)?;
+            let changed = apply(writer, handle, held, &mut rules, rule)?;
             Ok((changed, task.resource("")))
         })?;
         self.namespace_changed(&task.namespace);
@@ -420,9 +550,13 @@ impl Store {
             let mut changed = Vec::new();
             for loaded in writer.lapsed_tasks(namespace, now, limit.max(1))? {
                 let mut rules = Task::restore(loaded.record)?;
-                if apply(writer, loaded.handle, &mut rules, |rules| {
-                    Ok(rules.expire(now))
-                })?
+                if apply(
+                    writer,
+                    loaded.handle,
+                    loaded.unique_held,
+                    &mut rules,
+                    |rules| Ok(rules.expire(now)),
+                )?
                 .is_empty()
                 {
                     continue;
@@ -529,7 +663,7 @@ impl Store {
     ) -> Result<Vec<StoredReceipt>, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ListAttempts)?;
         self.perform_read(&scope, |reader| {
-            let (handle, rules) = load(reader, task)?;
+            let (handle, rules, _) = load(reader, task)?;
             let stored = reader.receipts_of_task(task, handle, usize::from(MAX_ALTERNATIVES))?;
             let chosen: Vec<StoredReceipt> = {
                 let receipts: Vec<&Receipt> = stored.iter().map(|s| &s.receipt).collect();
@@ -552,30 +686,105 @@ struct Prepared<'a> {
     format: &'static str,
     record: TaskRecord,
     partition_key: Option<&'a PartitionKey>,
+    /// Its uniqueness and slot, if it takes one.
+    unique: Option<PreparedUnique<'a>>,
+    /// Its unique key, kept on the task whether or not it takes a slot.
+    unique_key: Option<&'a UniqueKey>,
+}
+
+/// A unique task's rule and the slot it takes.
+struct PreparedUnique<'a> {
+    rule: &'a Uniqueness,
+    slot: UniqueSlot,
+}
+
+/// What a batch does with one of its tasks.
+enum Plan {
+    /// Insert it (a unique one has taken its slot).
+    Insert,
+    /// A duplicate of this stored task.
+    Stored(TaskRef),
+    /// A duplicate of the batch's task at this place.
+    Earlier(usize),
 }
 
 /// Encodes the brief, picks the id and lets the lease rules check the
-/// spec, before anything is written.
+/// spec and the uniqueness, before anything is written. A unique task
+/// takes a slot only if its first states are counted ([`Uniqueness::holds`]).
 fn prepare<'a>(
     namespace: &Namespace,
     brief: &'a Brief,
     options: &'a EnqueueOptions,
+    now: DateTime<Utc>,
     ids: &mut NewIds,
 ) -> Result<Prepared<'a>, Error> {
     let (bytes, format) = brief.encode()?;
+    if let Some(unique) = &options.unique {
+        unique.validate()?;
+    }
     let id = match &options.task_id {
         Some(id) => id.clone(),
         None => ids.next()?,
     };
     let version = options.version.unwrap_or(BriefVersion::FIRST);
     let record = Task::new(id.clone(), version, options.spec)?.into_record();
+    let unique = options
+        .unique
+        .as_ref()
+        .filter(|rule| rule.holds(record.attempts.iter().map(|a| a.state.name())))
+        .map(|rule| PreparedUnique {
+            rule,
+            slot: rule.slot(now),
+        });
     Ok(Prepared {
         task: TaskRef::new(namespace.clone(), id, version),
         bytes,
         format,
         record,
         partition_key: options.partition_key.as_ref(),
+        unique,
+        unique_key: options.unique.as_ref().map(|unique| &unique.key),
     })
+}
+
+/// What a duplicate enqueue of `prepared` does to `holder`, the task that
+/// holds its slot ([`decide_duplicate`]): nothing, or a waiting holder
+/// takes its brief and not-before time. Returns whether it changed the
+/// holder.
+fn duplicate(
+    writer: &dyn WriteTransaction,
+    prepared: &Prepared<'_>,
+    unique: &PreparedUnique<'_>,
+    holder: &TaskRef,
+    now: DateTime<Utc>,
+) -> Result<bool, Error> {
+    if unique.rule.mode == UniqueMode::Keep {
+        return Ok(false);
+    }
+    let loaded = writer
+        .lock_tasks(&[holder])?
+        .pop()
+        .flatten()
+        .ok_or_else(|| not_found(holder))?;
+    let mut rules = Task::restore(loaded.record)?;
+    let seen = tessera_lease::Holder {
+        waiting: rules.is_waiting(),
+        enqueued_at: loaded.created_at,
+    };
+    match decide_duplicate(unique.rule.mode, seen, prepared.record_not_before(), now) {
+        Duplicate::Keep => Ok(false),
+        Duplicate::Replace { not_before } => {
+            writer.replace_brief(loaded.handle, &prepared.bytes, prepared.format)?;
+            apply(
+                writer,
+                loaded.handle,
+                loaded.unique_held,
+                &mut rules,
+                |rules| rules.reschedule(not_before),
+            )?;
+            Ok(true)
+        }
+    }
 }
 
 impl Prepared<'_> {
@@ -595,8 +804,23 @@ impl Prepared<'_> {
             created_at: now,
             enqueued_by,
             partition_key: self.partition_key,
-            unique: None,
+            unique_key: self.unique_key,
+            unique: self.unique.as_ref().map(|unique| NewUnique {
+                slot: &unique.slot,
+                states: unique.rule.states,
+            }),
         }
+    }
+
+    /// The not-before time the enqueue asked for: its attempts' schedule.
+    fn record_not_before(&self) -> Option<DateTime<Utc>> {
+        self.record
+            .attempts
+            .first()
+            .and_then(|attempt| match attempt.state {
+                TaskState::Scheduled { at } => Some(at),
+                _ => None,
+            })
     }
 
     /// Inserts it; `false` if its reference exists.

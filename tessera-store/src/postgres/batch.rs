@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use tessera_audit::AuditEvent;
-use tessera_lease::PartitionKey;
+use tessera_lease::{PartitionKey, UniqueKey};
 
 use super::rows::{attempt_row_at, receipt_row, task_row, version};
 use super::transactions::PgTransaction;
@@ -297,7 +297,7 @@ impl PgTransaction<'_> {
             .collect();
         let unique_key: Vec<Option<&str>> = tasks
             .iter()
-            .map(|t| t.unique.map(|u| u.key.as_str()))
+            .map(|t| t.unique_key.map(UniqueKey::as_str))
             .collect();
         let unique_slot: Vec<Option<&str>> = tasks
             .iter()

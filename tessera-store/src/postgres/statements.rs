@@ -109,6 +109,26 @@ pub(super) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_
      created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, $12, $9, $10, $13, $14, $15, $16, $17) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING RETURNING id";
+/// Takes a unique slot unless it is held; waits for a transaction that is
+/// taking it.
+pub(super) const TAKE_UNIQUE_SLOT: &str = "INSERT INTO unique_slots \
+     (namespace, queue, slot, task_id, version) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (namespace, queue, slot) DO NOTHING";
+pub(super) const UNIQUE_SLOT_HOLDER: &str = "SELECT task_id, version FROM unique_slots \
+     WHERE namespace = $1 AND queue = $2 AND slot = $3";
+pub(super) const FREE_UNIQUE_SLOT: &str =
+    "DELETE FROM unique_slots WHERE namespace = $1 AND queue = $2 AND slot = $3";
+/// A task's slot row and its slot columns, in one statement.
+/// (Every part reads the statement's snapshot, so `held` sees the slot
+/// `cleared` sets to `NULL`.)
+pub(super) const RELEASE_UNIQUE_SLOT: &str = "WITH held AS (SELECT namespace, queue, \
+     unique_slot AS slot FROM tasks WHERE id = $1 AND unique_slot IS NOT NULL), \
+     cleared AS (UPDATE tasks SET unique_slot = NULL, unique_states = NULL \
+     WHERE id = $1 AND unique_slot IS NOT NULL RETURNING 1) \
+     DELETE FROM unique_slots s USING held h \
+     WHERE s.namespace = h.namespace AND s.queue = h.queue AND s.slot = h.slot";
+pub(super) const REPLACE_BRIEF: &str =
+    "UPDATE tasks SET brief = $2, brief_format = $3 WHERE id = $1";
 pub(super) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, state, \
      until_at, tries, priority) VALUES ($1, $2, $3, $4, $5, $6, 0, $7)";
 pub(super) const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = $3, until_at = $4, tries = $5, \

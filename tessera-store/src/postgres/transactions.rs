@@ -15,7 +15,7 @@ use postgres::{Row, Statement};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
     AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
-    ScheduleName, StateName, TaskRecord,
+    ScheduleName, StateName, TaskRecord, UniqueKey, UniqueSlot,
 };
 
 use crate::backend::rows::{
@@ -28,6 +28,7 @@ use crate::backend::{
     ReadTransaction, ReceiptKey, Result, ScheduleRow, StoredKey, TaskChange, TaskHandle,
     WriteTransaction,
 };
+use crate::error::{StorageError, StorageErrorKind};
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::audit::AuditCursor;
@@ -684,7 +685,7 @@ impl WriteTransaction for PgTransaction<'_> {
                 &claimable_column(record),
                 &priority,
                 &task.partition_key.map(PartitionKey::as_str),
-                &task.unique.map(|unique| unique.key.as_str()),
+                &task.unique_key.map(UniqueKey::as_str),
                 &task.unique.map(|unique| unique.slot.as_str()),
                 &task.unique.map(|unique| i64::from(unique.states.bits())),
             ],
@@ -731,6 +732,59 @@ impl WriteTransaction for PgTransaction<'_> {
 
     fn insert_tasks(&self, tasks: &[NewTask<'_>]) -> Result<Vec<bool>> {
         self.insert_tasks_at_once(tasks)
+    }
+
+    fn take_unique_slot(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        slot: &UniqueSlot,
+        task: &TaskRef,
+    ) -> Result<Option<TaskRef>> {
+        let (ns, queue, slot) = (namespace.as_str(), queue.as_str(), slot.as_str());
+        // A holder may release the slot between the insert that met it and
+        // the read of who holds it: then the insert is tried again.
+        for _ in 0..8 {
+            let taken = self.execute(
+                TAKE_UNIQUE_SLOT,
+                &[&ns, &queue, &slot, &task.id.as_str(), &version(task)],
+            )?;
+            if taken == 1 {
+                return Ok(None);
+            }
+            if let Some(row) = self.query_opt(UNIQUE_SLOT_HOLDER, &[&ns, &queue, &slot])? {
+                let id: String = row.try_get(0)?;
+                return Ok(Some(rows::task_ref(namespace, &id, row.try_get(1)?)?));
+            }
+        }
+        Err(StorageError::new(
+            StorageErrorKind::Retryable,
+            None,
+            "a unique slot changed hands too often".to_owned(),
+        ))
+    }
+
+    fn free_unique_slot(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        slot: &UniqueSlot,
+    ) -> Result<()> {
+        self.execute(
+            FREE_UNIQUE_SLOT,
+            &[&namespace.as_str(), &queue.as_str(), &slot.as_str()],
+        )?;
+        Ok(())
+    }
+
+    fn release_unique_slot(&self, handle: TaskHandle) -> Result<()> {
+        self.execute(RELEASE_UNIQUE_SLOT, &[&handle.0])?;
+        Ok(())
+    }
+
+    fn replace_brief(&self, handle: TaskHandle, brief: &[u8], format: &str) -> Result<()> {
+        self.execute(REPLACE_BRIEF, &[&handle.0, &brief, &format])?;
+        Ok(())
     }
 
     fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()> {

@@ -41,6 +41,26 @@ pub(crate) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?11, 0, ?12, ?9, ?10, ?13, ?14, ?15, ?16, ?17) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING";
 
+pub(crate) const TAKE_UNIQUE_SLOT: &str = "INSERT INTO unique_slots \
+     (namespace, queue, slot, task_id, version) VALUES (?1, ?2, ?3, ?4, ?5) \
+     ON CONFLICT (namespace, queue, slot) DO NOTHING";
+
+pub(crate) const UNIQUE_SLOT_HOLDER: &str = "SELECT task_id, version FROM unique_slots \
+     WHERE namespace = ?1 AND queue = ?2 AND slot = ?3";
+
+pub(crate) const FREE_UNIQUE_SLOT: &str =
+    "DELETE FROM unique_slots WHERE namespace = ?1 AND queue = ?2 AND slot = ?3";
+
+/// A task's slot row, then its slot columns.
+pub(crate) const RELEASE_UNIQUE_SLOT: [&str; 2] = [
+    "DELETE FROM unique_slots WHERE (namespace, queue, slot) = \
+     (SELECT namespace, queue, unique_slot FROM tasks WHERE id = ?1)",
+    "UPDATE tasks SET unique_slot = NULL, unique_states = NULL WHERE id = ?1",
+];
+
+pub(crate) const REPLACE_BRIEF: &str =
+    "UPDATE tasks SET brief = ?2, brief_format = ?3 WHERE id = ?1";
+
 /// A task row's columns, in [`TaskRow::from_row`] order, with the brief
 /// (`$brief` is `brief`) or without it (`NULL`), followed by `$tail`.
 macro_rules! select_tasks {

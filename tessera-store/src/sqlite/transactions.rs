@@ -3,10 +3,11 @@
 //! they read turned back into domain records.
 
 use chrono::{DateTime, Utc};
+use rusqlite::params;
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
     AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
-    ScheduleName, StateName, TaskRecord,
+    ScheduleName, StateName, TaskRecord, UniqueKey, UniqueSlot,
 };
 
 use super::access as keys;
@@ -493,7 +494,7 @@ impl WriteTransaction for Writer<'_> {
                 claimable_at: claimable_column(record),
                 priority,
                 partition_key: task.partition_key.map(PartitionKey::as_str),
-                unique_key: task.unique.map(|unique| unique.key.as_str()),
+                unique_key: task.unique_key.map(UniqueKey::as_str),
                 unique_slot: task.unique.map(|unique| unique.slot.as_str()),
                 unique_states: task.unique.map(|unique| i64::from(unique.states.bits())),
             },
@@ -512,6 +513,55 @@ impl WriteTransaction for Writer<'_> {
             )?;
         }
         Ok(true)
+    }
+
+    fn take_unique_slot(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        slot: &UniqueSlot,
+        task: &TaskRef,
+    ) -> Result<Option<TaskRef>> {
+        let (ns, queue, slot) = (namespace.as_str(), queue.as_str(), slot.as_str());
+        let version = i64::from(task.version.as_u32());
+        let taken = self.execute(
+            sql::TAKE_UNIQUE_SLOT,
+            params![ns, queue, slot, task.id.as_str(), version],
+        )?;
+        if taken == 1 {
+            return Ok(None);
+        }
+        let reader: &Reader<'_> = self;
+        let holder = reader.optional(sql::UNIQUE_SLOT_HOLDER, params![ns, queue, slot], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+        })?;
+        let (id, version) = holder.ok_or_else(|| corrupt("unique slot"))?;
+        Ok(Some(rows::task_ref(namespace, &id, version)?))
+    }
+
+    fn free_unique_slot(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        slot: &UniqueSlot,
+    ) -> Result<()> {
+        self.execute(
+            sql::FREE_UNIQUE_SLOT,
+            params![namespace.as_str(), queue.as_str(), slot.as_str()],
+        )?;
+        Ok(())
+    }
+
+    fn release_unique_slot(&self, handle: TaskHandle) -> Result<()> {
+        for statement in sql::RELEASE_UNIQUE_SLOT {
+            self.execute(statement, [handle.0])?;
+        }
+        Ok(())
+    }
+
+    fn replace_brief(&self, handle: TaskHandle, brief: &[u8], format: &str) -> Result<()> {
+        self.execute(sql::REPLACE_BRIEF, params![handle.0, brief, format])?;
+        Ok(())
     }
 
     fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()> {

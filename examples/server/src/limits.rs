@@ -10,6 +10,7 @@
 
 use serde_json::Value;
 use serde_json::json;
+use tessera_store::lease::MAX_UNIQUE_WINDOW;
 use tessera_store::lease::{IdempotencyKey, StateName};
 use tessera_store::limits::{
     MAX_ACCOUNT_LEN, MAX_ALTERNATIVES, MAX_AUDIT_ROWS, MAX_CLAIM_BATCH, MAX_ENQUEUE_BATCH,
@@ -17,7 +18,8 @@ use tessera_store::limits::{
     MAX_SCHEDULES_LISTED, MAX_SUBMIT_BATCH, MAX_TASKS_LISTED, MAX_TRIES,
 };
 use tessera_store::{
-    Error, Grant, ListOrder, Namespace, PartitionKey, QueueName, Retry, ScheduleName, Scope, TaskId,
+    Error, Grant, ListOrder, Namespace, PartitionKey, QueueName, Retry, ScheduleName, Scope,
+    TaskId, UniqueKey, UniqueMode,
 };
 
 /// A name's rule ([`tessera_store::lease`] names): letters, digits, `-`,
@@ -108,6 +110,19 @@ pub const TASK: Input = name("task", TaskId::MAX_LEN);
 pub const TASK_ID: Input = name("id", TaskId::MAX_LEN);
 /// A task's partition key, set at enqueue.
 pub const PARTITION_KEY: Input = name("partition_key", PartitionKey::MAX_LEN);
+/// A unique task's key.
+pub const UNIQUE_KEY: Input = name("key", UniqueKey::MAX_LEN);
+/// What a unique task's duplicate does.
+pub const UNIQUE_MODE: Input = Input {
+    name: "mode",
+    limit: Limit::OneOf(&["keep", "replace", "debounce"]),
+};
+/// A uniqueness window, in milliseconds.
+pub const UNIQUE_WINDOW_MS: Input = integer("window_ms", 1, MAX_UNIQUE_WINDOW.as_millis() as i64);
+/// A debounce's delay after the last duplicate, in milliseconds.
+pub const DEBOUNCE_MS: Input = integer("delay_ms", 1, MAX_UNIQUE_WINDOW.as_millis() as i64);
+/// A debounce's latest run after the first enqueue, in milliseconds.
+pub const MAX_DEBOUNCE_MS: Input = integer("max_delay_ms", 1, MAX_UNIQUE_WINDOW.as_millis() as i64);
 /// The `Idempotency-Key` header of a submit.
 pub const IDEMPOTENCY_KEY: Input = name("Idempotency-Key", IdempotencyKey::MAX_LEN);
 /// A key id: 16 lowercase hex digits.
@@ -287,6 +302,11 @@ pub const ALL: &[Input] = &[
     TASK,
     TASK_ID,
     PARTITION_KEY,
+    UNIQUE_KEY,
+    UNIQUE_MODE,
+    UNIQUE_WINDOW_MS,
+    DEBOUNCE_MS,
+    MAX_DEBOUNCE_MS,
     IDEMPOTENCY_KEY,
     KEY_ID,
     PRINCIPAL,
@@ -453,6 +473,38 @@ pub fn grant(text: &str) -> Result<Grant, Error> {
             reason: "the admin grant comes with an admin key, not as a grant".to_owned(),
         }),
         grant => Ok(grant),
+    }
+}
+
+/// Parses a word of [`UNIQUE_MODE`], with a debounce's delays
+/// ([`DEBOUNCE_MS`], [`MAX_DEBOUNCE_MS`], both needed for `debounce` and
+/// refused otherwise).
+pub fn unique_mode(
+    word: &str,
+    delay_ms: Option<i64>,
+    max_delay_ms: Option<i64>,
+) -> Result<UniqueMode, Error> {
+    let millis = |input: Input, value: i64| -> Result<std::time::Duration, Error> {
+        Ok(std::time::Duration::from_millis(
+            input.integer(value)? as u64
+        ))
+    };
+    match (word, delay_ms, max_delay_ms) {
+        ("keep", None, None) => Ok(UniqueMode::Keep),
+        ("replace", None, None) => Ok(UniqueMode::Replace),
+        ("debounce", Some(delay), Some(max_delay)) => Ok(UniqueMode::Debounce {
+            delay: millis(DEBOUNCE_MS, delay)?,
+            max_delay: millis(MAX_DEBOUNCE_MS, max_delay)?,
+        }),
+        ("keep" | "replace", _, _) => Err(Error::InvalidInput {
+            reason: format!("mode {word} takes no delay_ms or max_delay_ms"),
+        }),
+        ("debounce", _, _) => Err(Error::InvalidInput {
+            reason: "mode debounce needs delay_ms and max_delay_ms".to_owned(),
+        }),
+        (other, _, _) => Err(Error::InvalidInput {
+            reason: format!("mode {other:?} is none of keep, replace, debounce"),
+        }),
     }
 }
 

@@ -432,7 +432,7 @@ fn heartbeat_extends_and_submit_is_idempotent() {
     assert_eq!(reply.status, 201, "{}", reply.text());
     assert_eq!(
         reply.json(),
-        json!({ "namespace": "renders", "id": "frame-7", "version": 2 })
+        json!({ "namespace": "renders", "id": "frame-7", "version": 2, "created": true })
     );
 
     let claimed = service.claim(&worker, CLAIMS).json();
@@ -979,6 +979,109 @@ fn a_partition_key_is_taken_at_enqueue_and_shown_by_the_task_and_listings() {
     assert_eq!(refused.status, 400, "{}", refused.text());
     let missing = service.send("GET", "/v1/ns/renders/tasks/p-2", Some(&worker), &[], None);
     assert_eq!(missing.status, 404);
+}
+
+#[test]
+fn a_unique_task_s_duplicate_answers_200_with_the_task_already_there() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let body = json!({ "brief": 1, "unique": { "key": "report-7" } });
+    let first = service.send("POST", TASKS, Some(&worker), &[], Some(&body));
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert_eq!(first.json()["created"], true);
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    let again = service.send(
+        "POST",
+        TASKS,
+        Some(&worker),
+        &[],
+        Some(&json!({ "brief": 2, "unique": { "key": "report-7" } })),
+    );
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(
+        (
+            again.json()["id"].as_str(),
+            again.json()["created"].as_bool()
+        ),
+        (Some(id.as_str()), Some(false))
+    );
+    let view = service.send(
+        "GET",
+        &format!("/v1/ns/renders/tasks/{id}"),
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(
+        (
+            view.json()["unique_key"].as_str(),
+            &view.json()["brief"]["value"]
+        ),
+        (Some("report-7"), &json!(1))
+    );
+
+    // Replace mode takes the duplicate's brief; a batch reports its
+    // in-batch duplicates with the first task.
+    let replace = json!({ "brief": 3, "unique": { "key": "report-7", "mode": "replace", "states": ["ready", "leased"] } });
+    let replaced = service.send("POST", TASKS, Some(&worker), &[], Some(&replace));
+    assert_eq!(replaced.status, 200, "{}", replaced.text());
+    let view = service.send(
+        "GET",
+        &format!("/v1/ns/renders/tasks/{id}"),
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(view.json()["brief"]["value"], json!(3));
+    let batch = json!({ "tasks": [
+        { "brief": 4, "unique": { "key": "k", "window_ms": 60000 } },
+        { "brief": 5, "unique": { "key": "k", "window_ms": 60000 } },
+        { "brief": 6, "unique": { "key": "report-7" } },
+    ] });
+    let answers = service.send(
+        "POST",
+        &format!("{TASKS}/batch"),
+        Some(&worker),
+        &[],
+        Some(&batch),
+    );
+    assert_eq!(answers.status, 201, "{}", answers.text());
+    let answers = answers.json();
+    let created: Vec<bool> = answers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["created"].as_bool().unwrap())
+        .collect();
+    assert_eq!(created, [true, false, false]);
+    assert_eq!(answers[1]["task"], answers[0]["task"]);
+    assert_eq!(answers[2]["task"]["id"], json!(id));
+
+    // Bad uniqueness is a 400 that enqueues nothing.
+    for bad in [
+        json!({ "brief": 7, "unique": { "key": "a b" } }),
+        json!({ "brief": 7, "unique": { "key": "k2", "mode": "debounce" } }),
+        json!({ "brief": 7, "unique": { "key": "k2", "mode": "keep", "delay_ms": 5 } }),
+        json!({ "brief": 7, "unique": { "key": "k2", "mode": "later" } }),
+        json!({ "brief": 7, "unique": { "key": "k2", "window_ms": 0 } }),
+        json!({ "brief": 7, "unique": { "key": "k2", "mode": "debounce", "delay_ms": 10, "max_delay_ms": 5 } }),
+        json!({ "brief": 7, "unique": { "key": "k2", "states": ["done", "nope"] } }),
+    ] {
+        let refused = service.send("POST", TASKS, Some(&worker), &[], Some(&bad));
+        assert_eq!(refused.status, 400, "{bad}: {}", refused.text());
+    }
+    let ready = service.send(
+        "GET",
+        "/v1/ns/renders/tasks?state=ready",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(
+        ready.json()["tasks"].as_array().unwrap().len(),
+        2,
+        "report-7 and k"
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@ use tessera_server::limits::{self, ALL, Input, Limit};
 use tessera_store::lease::{AttemptNumber, IdempotencyKey};
 use tessera_store::{
     AuditCursor, BriefVersion, FencingToken, KeyId, Namespace, PartitionKey, PrincipalId,
-    QueueName, ScheduleName, TaskCursor, TaskId,
+    QueueName, ScheduleName, TaskCursor, TaskId, UniqueKey,
 };
 
 /// `pattern`, compiled once.
@@ -82,6 +82,11 @@ fn enforced(input: Input, value: &Value) -> bool {
         i if i == limits::QUEUE => text(&|s| QueueName::parse(s).is_ok()),
         i if i == limits::TASK || i == limits::TASK_ID => text(&|s| TaskId::parse(s).is_ok()),
         i if i == limits::PARTITION_KEY => text(&|s| PartitionKey::parse(s).is_ok()),
+        i if i == limits::UNIQUE_KEY => text(&|s| UniqueKey::parse(s).is_ok()),
+        i if i == limits::UNIQUE_MODE => text(&|s| {
+            let delays = (s == "debounce").then_some(1);
+            limits::unique_mode(s, delays, delays).is_ok()
+        }),
         i if i == limits::IDEMPOTENCY_KEY => text(&|s| IdempotencyKey::parse(s).is_ok()),
         i if i == limits::KEY_ID => text(&|s| KeyId::parse(s).is_ok()),
         i if i == limits::PRINCIPAL => text(&|s| PrincipalId::parse(s).is_ok()),

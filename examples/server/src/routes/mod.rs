@@ -85,6 +85,10 @@ pub const NOT_ROUTED: &[(&str, &str)] = &[
         "every keyed route runs it on the bearer key",
     ),
     ("recheck", "the claim gate runs it after a wait"),
+    (
+        "enqueue_one",
+        "the enqueue route answers with it: 201 created, or 200 for a unique task's duplicate",
+    ),
     ("authorize", "every operation runs it"),
     (
         "create_admin_key",

@@ -12,17 +12,21 @@ use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::time::Duration;
 use tessera_store::lease::AttemptNumber;
+
 use tessera_store::{
-    Brief, BriefVersion, EnqueueOptions, Namespace, PartitionKey, TaskId, TaskQuery,
+    Brief, BriefVersion, EnqueueOptions, Namespace, PartitionKey, TaskId, TaskQuery, UniqueKey,
+    Uniqueness,
 };
 
 use super::{AppState, Route, object, queue_doc, queue_names, task_doc, task_ref};
 use crate::auth::Authenticated;
 use crate::errors::{ApiError, JsonBody, path, query};
 use crate::limits::{
-    self, ALTERNATIVES, ATTEMPT, ENQUEUE_BATCH, MAX_TRIES_INPUT, NAMESPACE, ORDER, PARTITION_KEY,
-    PRIORITY, STATE, TASK_CURSOR, TASK_ID, TASKS_LIMIT, TIME, VERSION, any_value,
+    self, ALTERNATIVES, ATTEMPT, DEBOUNCE_MS, ENQUEUE_BATCH, MAX_DEBOUNCE_MS, MAX_TRIES_INPUT,
+    NAMESPACE, ORDER, PARTITION_KEY, PRIORITY, STATE, TASK_CURSOR, TASK_ID, TASKS_LIMIT, TIME,
+    UNIQUE_KEY, UNIQUE_MODE, UNIQUE_WINDOW_MS, VERSION, any_value,
 };
 use crate::openapi::Doc;
 
@@ -38,14 +42,31 @@ fn new_task() -> Value {
             "max_tries": MAX_TRIES_INPUT.schema(),
             "not_before": TIME.schema(),
             "partition_key": PARTITION_KEY.schema(),
+            "unique": unique_schema(),
         }),
         &["brief"],
     )
 }
 
+/// A unique enqueue's schema: the key, a window, the states in which a
+/// duplicate counts, and what a duplicate does.
+fn unique_schema() -> Value {
+    object(
+        json!({
+            "key": UNIQUE_KEY.schema(),
+            "window_ms": UNIQUE_WINDOW_MS.schema(),
+            "states": { "type": "array", "items": STATE.schema(), "maxItems": 8 },
+            "mode": UNIQUE_MODE.schema(),
+            "delay_ms": DEBOUNCE_MS.schema(),
+            "max_delay_ms": MAX_DEBOUNCE_MS.schema(),
+        }),
+        &["key"],
+    )
+}
+
 /// The task reference every route answers with.
 fn task_ref_schema() -> Value {
-    json!({ "type": "object", "required": ["namespace", "id", "version"] })
+    json!({ "type": "object", "required": ["namespace", "id", "version", "created"] })
 }
 
 /// A version in a query, for reads of one task.
@@ -64,10 +85,11 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/queues/{queue}/tasks",
             Some("enqueue"),
-            queue_doc(Doc::new("enqueue", "enqueue a task: a JSON brief, and optionally its id, version, competing attempts, priority, tries, start and partition key"))
+            queue_doc(Doc::new("enqueue", "enqueue a task: a JSON brief, and optionally its id, version, competing attempts, priority, tries, start, partition key and uniqueness; a unique task's duplicate answers 200 with the task already there, created false"))
                 .keyed()
                 .body(new_task())
-                .answers("201", "the task's reference", Some(task_ref_schema()))
+                .answers("201", "the task's reference, created true", Some(task_ref_schema()))
+                .answers("200", "a unique task's duplicate: the task that holds its slot, created false", Some(task_ref_schema()))
                 .link("201", "read", "read_task", to_task.clone(), None)
                 .link(
                     "201",
@@ -181,6 +203,41 @@ pub(crate) struct NewTask {
     max_tries: Option<i64>,
     not_before: Option<DateTime<Utc>>,
     partition_key: Option<String>,
+    unique: Option<UniqueField>,
+}
+
+/// A new task's `unique`, as its schema says.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UniqueField {
+    key: String,
+    window_ms: Option<i64>,
+    states: Option<Vec<String>>,
+    mode: Option<String>,
+    delay_ms: Option<i64>,
+    max_delay_ms: Option<i64>,
+}
+
+impl UniqueField {
+    fn into_uniqueness(self) -> Result<Uniqueness, ApiError> {
+        let mut unique = Uniqueness::new(UniqueKey::parse(&self.key)?);
+        if let Some(window) = self.window_ms {
+            unique.window = Some(Duration::from_millis(
+                UNIQUE_WINDOW_MS.integer(window)? as u64
+            ));
+        }
+        if let Some(states) = self.states {
+            let states = limits::at_most("states", states, 8)?;
+            unique.states = states
+                .iter()
+                .map(|state| limits::state(state))
+                .collect::<Result<Vec<_>, _>>()?
+                .into();
+        }
+        let mode = self.mode.as_deref().unwrap_or("keep");
+        unique.mode = limits::unique_mode(mode, self.delay_ms, self.max_delay_ms)?;
+        Ok(unique)
+    }
 }
 
 impl NewTask {
@@ -207,6 +264,9 @@ impl NewTask {
         if let Some(key) = &self.partition_key {
             options = options.with_partition_key(PartitionKey::parse(key)?);
         }
+        if let Some(unique) = self.unique {
+            options = options.with_unique(unique.into_uniqueness()?);
+        }
         Ok((Brief::Json(self.brief), options))
     }
 }
@@ -220,10 +280,24 @@ async fn enqueue(
     let (ns, queue) = path(parts)?;
     let (ns, queue) = queue_names(&ns, &queue)?;
     let (brief, options) = request.into_parts()?;
-    let task = state
-        .call(move |store| store.enqueue(&caller, &ns, &queue, &brief, &options))
+    let enqueued = state
+        .call(move |store| store.enqueue_one(&caller, &ns, &queue, &brief, &options))
         .await?;
-    Ok((StatusCode::CREATED, Json(task)).into_response())
+    // The task's reference, and whether it was created: a unique task's
+    // duplicate answers 200 with the task already there.
+    let status = if enqueued.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let task = &enqueued.task;
+    let body = json!({
+        "namespace": task.namespace,
+        "id": task.id,
+        "version": task.version,
+        "created": enqueued.created,
+    });
+    Ok((status, Json(body)).into_response())
 }
 
 /// `POST .../tasks/batch`.

@@ -26,7 +26,7 @@ use tessera_store::{
     Brief, Caller, ClaimOutcome, Claimed, Clock, ConcurrencyLimit, EmptyReason, EnqueueOptions,
     Grant, IdempotencyKey, IssuedKey, KeySpec, ManualClock, MeterSnapshot, MintConfig, Namespace,
     Output, PartitionKey, QueueName, ScheduleName, ScheduleSpec, Scope, Secret, Store, StoreConfig,
-    TaskRef,
+    TaskRef, UniqueKey, Uniqueness,
 };
 
 /// What a row is held to.
@@ -259,6 +259,46 @@ fn keyed_requests(s: &mut Scenario<'_>) {
         "123",
         "99",
         Target::Written(99),
+    );
+}
+
+/// A unique enqueue, and its duplicate, which writes nothing.
+fn unique_tasks(s: &mut Scenario<'_>) {
+    let ns = namespace("unique");
+    let q = queue("reports");
+    let worker = s.worker();
+    // The namespace is open already.
+    s.store
+        .enqueue(&worker, &ns, &q, &brief(0), &EnqueueOptions::default())
+        .expect("enqueued");
+    let options = EnqueueOptions::default().with_unique(Uniqueness::new(
+        UniqueKey::parse("report-7").expect("a key"),
+    ));
+    let (first, cost) = s.request(|store, caller| {
+        store
+            .enqueue_one(caller, &ns, &q, &brief(1), &options)
+            .expect("enqueued")
+    });
+    assert!(first.created);
+    s.push(
+        "Unique enqueue (`with_unique`, its slot taken)",
+        cost,
+        "–",
+        "–",
+        Target::Written(13),
+    );
+    let (again, cost) = s.request(|store, caller| {
+        store
+            .enqueue_one(caller, &ns, &q, &brief(2), &options)
+            .expect("a duplicate")
+    });
+    assert!(!again.created);
+    s.push(
+        "Duplicate enqueue (writes nothing: the task holding the slot, `created: false`)",
+        cost,
+        "–",
+        "–",
+        Target::Written(0),
     );
 }
 
@@ -675,6 +715,7 @@ fn main() {
     crowded_read(&mut s);
     queue_settings(&mut s);
     schedules(&mut s);
+    unique_tasks(&mut s);
     let (idle, purged, breakdown) = idle_day(dir.path());
     s.push(
         "Idle worker polling an empty queue, rows a simulated day written by its polls (their counter rows included)",

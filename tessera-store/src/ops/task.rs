@@ -76,7 +76,7 @@ pub(crate) fn apply<T>(
 }
 
 /// Whether a task that holds a unique slot in the states `held` lets it go,
-/// its attempts now as `record` says ([`tessera_lease::unique::holds`]).
+/// its attempts now as `record` says ([`tessera_lease::holds`]).
 pub(crate) fn leaves_slot(held: Option<UniqueStates>, record: &TaskRecord) -> bool {
     held.is_some_and(|counted| {
         !tessera_lease::holds(counted, record.attempts.iter().map(|a| a.state.name()))

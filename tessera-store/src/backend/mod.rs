@@ -144,6 +144,72 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn poll_interval(&self) -> Option<Duration> {
         None
     }
+
+    /// Claims the first claimable task of a queue in one statement, its
+    /// own transaction, where the backend can and the task is of the one
+    /// shape the statement decides (see [`QuickClaim`]); [`QuickClaimed::Declined`]
+    /// (the default) leaves the claim to the general lease transaction,
+    /// with nothing written.
+    fn claim_quick(&self, _claim: &QuickClaim<'_>) -> std::result::Result<QuickClaimed, Error> {
+        Ok(QuickClaimed::Declined)
+    }
+}
+
+/// A claim of one task that a backend may make in one statement.
+///
+/// The statement takes the queue's first task of the claim index, locked
+/// or skipped as the general claim takes it, when it is of the shape
+/// whose grant needs no decision beyond the statement's: one attempt,
+/// ready, with no due lapsed lease of a higher priority before it. It
+/// writes the attempt's lease under the task's next token, the task's
+/// token counter and claim column, and the audit row, and returns the
+/// task as it was before, so the store checks the grant against the lease
+/// rules. Anything else (a lapse to record, a backoff or schedule that
+/// ended, an attempt out of step with its claim column, several
+/// attempts, a unique slot held, a queue with settings: paused or
+/// limited) it declines, writing nothing.
+#[derive(Debug, Clone)]
+// Only a backend that claims in one statement reads it.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct QuickClaim<'a> {
+    pub(crate) namespace: &'a Namespace,
+    pub(crate) queue: &'a QueueName,
+    /// The lease's holder.
+    pub(crate) holder: &'a Principal,
+    /// The grant's time.
+    pub(crate) now: DateTime<Utc>,
+    /// The lease's expiry, from the lease rules' arithmetic.
+    pub(crate) expires_at: DateTime<Utc>,
+    /// The audit row of the grant, but its resource, which names the
+    /// task the statement takes.
+    pub(crate) event: rows::EventRow,
+}
+
+/// A grant of a [`Backend::claim_quick`], as the statement made it.
+#[derive(Debug, Clone)]
+// Only a backend that claims in one statement makes one.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct QuickGrant {
+    /// The task as it was before the grant, its brief included.
+    pub(crate) before: LoadedTask,
+    /// The leased attempt's row as the statement wrote it.
+    pub(crate) after: rows::AttemptRow,
+    /// The audit row's resource as the statement wrote it.
+    pub(crate) resource: Option<String>,
+}
+
+/// What a [`Backend::claim_quick`] came to.
+#[derive(Debug, Clone)]
+// Only a backend that claims in one statement makes all of them.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum QuickClaimed {
+    /// The statement could not decide: the general lease transaction
+    /// claims. Nothing was written.
+    Declined,
+    /// Nothing in the queue was claimable (and nothing written).
+    Empty,
+    /// One grant, committed.
+    Leased(Box<QuickGrant>),
 }
 
 /// What a backend heard of.

@@ -2,16 +2,17 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use tessera_admission::{Offer, Stats, Ticket};
-use tessera_audit::{Action, Outcome};
+use tessera_audit::{Action, Outcome, Resource};
 use tessera_lease::{
-    ConcurrencyLimit, Held, Lease, Namespace, PartitionKey, QueueName, Task, TaskState,
+    ConcurrencyLimit, Held, Lease, Namespace, PartitionKey, Principal, QueueName, Task, TaskState,
 };
 
-use crate::backend::TaskHandle;
+use crate::backend::rows::{AttemptRow, EventRow, claimable_column};
+use crate::backend::{QuickClaim, QuickClaimed, QuickGrant, TaskHandle};
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::{ActionScope, Trail};
@@ -30,8 +31,8 @@ struct Leased {
     /// The leases granted, in claim order; empty for an empty queue.
     granted: Vec<Claimed>,
     /// The idle-pacing hint of an empty claim.
-    retry_after: Option<std::time::Duration>,
-    waited: std::time::Duration,
+    retry_after: Option<Duration>,
+    waited: Duration,
     limit: u32,
     /// Why nothing was granted.
     reason: EmptyReason,
@@ -51,7 +52,7 @@ const MAX_PICKS: usize = 4;
 /// The `Retry-After` of a claim that found its queue at its concurrency
 /// limit: a slot frees when a lease ends, so it is not paced like an idle
 /// queue.
-pub const LIMITED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+pub const LIMITED_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// The most lapsed leases a claim of a full queue records before it counts
 /// again.
@@ -481,6 +482,12 @@ impl Store {
         }
         let holder = caller.lease_principal();
         let duration = self.config.lease_duration();
+        if request.count == 1 && !session {
+            if let Some(result) = self.lease_quick(scope, namespace, queue, &holder, duration, now)
+            {
+                return result;
+            }
+        }
         self.perform_or_count(scope, now, |writer| {
             if session {
                 self.open_namespace(writer, caller, namespace, now)?;
@@ -593,6 +600,55 @@ impl Store {
         })
     }
 
+    /// The claim of one task in one statement, where the backend makes it
+    /// ([`Backend::claim_quick`](crate::backend::Backend::claim_quick)):
+    /// `None` when it declined, and the general lease transaction claims.
+    /// A due `last_used_at` rides with the general claim. The grant is
+    /// checked against the lease rules, applied to the task as the
+    /// statement found it.
+    fn lease_quick(
+        &self,
+        scope: &ActionScope,
+        namespace: &Namespace,
+        queue: &QueueName,
+        holder: &Principal,
+        duration: Duration,
+        now: DateTime<Utc>,
+    ) -> Option<Result<(Vec<LeaseGrant>, EmptyReason), Error>> {
+        if self.due_observation(scope, now).is_some() {
+            return None;
+        }
+        let expires_at = now.checked_add_signed(TimeDelta::from_std(duration).ok()?)?;
+        let claim = QuickClaim {
+            namespace,
+            queue,
+            holder,
+            now,
+            expires_at,
+            event: EventRow::from_event(&scope.event(now, None)),
+        };
+        let _span = crate::observe::operation(scope);
+        let result = match self.backend().claim_quick(&claim) {
+            Ok(QuickClaimed::Declined) => return None,
+            Ok(QuickClaimed::Empty) => {
+                self.count(scope, Outcome::Empty);
+                return Some(Ok((Vec::new(), EmptyReason::Empty)));
+            }
+            Ok(QuickClaimed::Leased(grant)) => checked_grant(&claim, duration, *grant),
+            Err(error) => Err(error.refusal_dated(now)),
+        };
+        Some(match result {
+            Ok(granted) => {
+                self.after_write();
+                Ok((vec![granted], EmptyReason::Empty))
+            }
+            Err(error) => {
+                self.count(scope, error.outcome());
+                Err(error)
+            }
+        })
+    }
+
     /// A queue received work: idle pacing restarts and long-polls wake.
     /// Also called when a queue is resumed or its limits change.
     pub(crate) fn queue_received_work(&self, namespace: &Namespace, queue: &QueueName) {
@@ -613,7 +669,7 @@ fn held_slots(
     queue: &QueueName,
     rules: &Task,
     partition: Option<&PartitionKey>,
-    holder: &tessera_lease::Principal,
+    holder: &Principal,
     now: DateTime<Utc>,
 ) -> Result<Held, Error> {
     let leased = writer.leased_in_queue(namespace, queue)?;
@@ -624,7 +680,7 @@ fn held_slots(
     // The attempt a grant would take, found by the rule itself on a copy.
     let mut trial = rules.clone();
     let retaken = trial
-        .claim(holder, now, std::time::Duration::from_secs(1))
+        .claim(holder, now, Duration::from_secs(1))
         .ok()
         .and_then(|lease| rules.attempt(lease.attempt()))
         .is_some_and(|attempt| attempt.state == TaskState::Leased);
@@ -664,8 +720,8 @@ fn record_lapses(
 struct Wanted<'a> {
     count: usize,
     limit: ConcurrencyLimit,
-    holder: &'a tessera_lease::Principal,
-    duration: std::time::Duration,
+    holder: &'a Principal,
+    duration: Duration,
 }
 
 /// The most candidates a claim of a partition-limited queue walks through
@@ -753,4 +809,45 @@ fn grant_by_partition(
         EmptyReason::Empty
     };
     Ok((granted, reason))
+}
+
+/// The grant of a one-statement claim, as the lease rules make it from the
+/// task the statement found; the statement's writes must be theirs.
+fn checked_grant(
+    claim: &QuickClaim<'_>,
+    duration: Duration,
+    grant: QuickGrant,
+) -> Result<LeaseGrant, Error> {
+    let QuickGrant {
+        before,
+        after,
+        resource,
+    } = grant;
+    let brief = before
+        .brief
+        .ok_or_else(|| crate::error::corrupt("task brief"))?;
+    let mut rules = Task::restore(before.record)?;
+    let lease = rules.claim(claim.holder, claim.now, duration)?;
+    let record = rules.record();
+    let task = TaskRef::new(
+        claim.namespace.clone(),
+        lease.task().clone(),
+        record.version,
+    );
+    let expected = record
+        .attempts
+        .iter()
+        .find(|attempt| attempt.number == lease.attempt())
+        .map(|attempt| AttemptRow::from_record(attempt, record.lapse_backoff));
+    let named = task.grant_resource(lease.attempt(), lease.token());
+    if lease.expires_at() != claim.expires_at
+        || expected.as_ref() != Some(&after)
+        || claimable_column(record).is_some()
+        || named.as_ref().map(Resource::as_str) != resource.as_deref()
+    {
+        return Err(crate::error::corrupt(
+            "a one-statement claim that differs from the lease rules",
+        ));
+    }
+    Ok((task, lease, brief))
 }

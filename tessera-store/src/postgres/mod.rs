@@ -38,18 +38,32 @@
 //! | --- | ---: | ---: |
 //! | enqueue | 7 (namespace, task, attempt, notify, audit row) | 1 |
 //! | enqueue batch of n | 7 (the task and attempt inserts one `unnest` each) | 1 |
-//! | claim | 7 to 8 (claim index, lapsed leases unless the ready task is of the top priority, attempts, attempt, task, audit row) | 1 |
+//! | claim of a plain ready task (one attempt, ready, no due lapse of a higher priority before it) | 1 (one statement, outside a transaction block) | 1 |
+//! | any other claim | 1 (the statement, declining) then 7 to 8 (claim index, lapsed leases unless the ready task is of the top priority, attempts, attempt, task, audit row) | 2 (the declining statement's, which writes nothing, and the lease transaction) |
 //! | claim batch of n | about 5 per task, plus 3 | 1 |
 //! | heartbeat | 6 (task, attempts, attempt, audit row) | 1 |
 //! | submit or failure report, alone | 5 (tasks locked with their attempts, receipts read, one statement writing attempt states, claim columns, receipts and audit rows) | 1 |
 //! | m of them at once (the completer, or `submit_batch`) | 5, as one | 1 for all m |
 //! | empty claim of a key that found the queue empty | 1 read | 1 read-only |
 //!
-//! A claim's statements, and a submit's (its replay check is a read of
-//! the receipt inside its write transaction, under the task's row lock),
-//! are separate statements, not one: the claim order and the lease rules
-//! are `tessera-lease`'s, applied to the rows read, never restated in
-//! SQL.
+//! A claim of one task runs as one statement first
+//! (`claim.rs`): a data-modifying CTE takes the queue's first task with
+//! `FOR UPDATE SKIP LOCKED`, as the general claim does, and when it is of
+//! the one shape whose grant needs nothing but the next token (one
+//! attempt, ready, no due lapsed lease of a higher priority), writes the
+//! lease, the task's token and claim column and the audit row, and
+//! returns the task as it was. The store then applies `tessera-lease`'s
+//! claim rule to that task and checks that the statement wrote what the
+//! rule says (an error if not). Anything else (a lapse to record, an
+//! ended backoff or schedule, several attempts, a unique slot held, a
+//! queue with settings (paused or limited), a claim column out of
+//! step, a due `last_used_at`, a session's first claim, a batch, refused
+//! writes, a day's allowance that could not take the grant) the
+//! statement declines, writing nothing, and the general lease transaction
+//! claims: its statements are separate, the claim order and the lease
+//! rules applied to the rows read. A submit's statements are separate too
+//! (its replay check is a read of the receipt inside its write
+//! transaction, under the task's row lock).
 //!
 //! Differences from SQLite, by design: rows are not metered (the
 //! [`meter`](crate::Store::meter) counts write transactions, refusals and
@@ -60,6 +74,7 @@
 //! once.
 
 mod batch;
+mod claim;
 mod error;
 mod listener;
 mod options;
@@ -82,8 +97,8 @@ use postgres::IsolationLevel;
 use tessera_admission::DailyRowAllowance;
 
 use crate::backend::{
-    Backend, Capabilities, Committed, Fit, OpenPolicy, ReadTransaction, SignalSink,
-    WriteTransaction,
+    Backend, Capabilities, Committed, Fit, OpenPolicy, QuickClaim, QuickClaimed, ReadTransaction,
+    SignalSink, WriteTransaction,
 };
 use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::meter::MeterSnapshot;
@@ -370,6 +385,10 @@ impl Backend for PostgresBackend {
         if let Some(thread) = self.listener_thread.take() {
             let _ = thread.join();
         }
+    }
+
+    fn claim_quick(&self, claim: &QuickClaim<'_>) -> Result<QuickClaimed, Error> {
+        self.claim_in_one(claim)
     }
 
     fn listen(&self, sink: SignalSink) {

@@ -7,19 +7,25 @@ use crate::backend::rows::{AttemptRow, CounterRow, EventRow, KeyRow, ReceiptRow,
 use crate::model::task::TaskRef;
 
 pub(super) fn task_row(row: &Row) -> Result<TaskRow> {
+    task_row_at(row, 0)
+}
+
+/// A task row whose columns start at column `first`, in [`task_row`]'s
+/// order.
+pub(super) fn task_row_at(row: &Row, first: usize) -> Result<TaskRow> {
     Ok(TaskRow {
-        id: row.try_get(0)?,
-        queue: row.try_get(1)?,
-        task_id: row.try_get(2)?,
-        version: row.try_get(3)?,
-        brief: row.try_get(4)?,
-        brief_format: row.try_get(5)?,
-        lapse_backoff_ms: row.try_get(6)?,
-        last_token: row.try_get(7)?,
-        claimable_at: row.try_get(8)?,
-        created_at: row.try_get(9)?,
-        max_tries: row.try_get(10)?,
-        priority: row.try_get(11)?,
+        id: row.try_get(first)?,
+        queue: row.try_get(first + 1)?,
+        task_id: row.try_get(first + 2)?,
+        version: row.try_get(first + 3)?,
+        brief: row.try_get(first + 4)?,
+        brief_format: row.try_get(first + 5)?,
+        lapse_backoff_ms: row.try_get(first + 6)?,
+        last_token: row.try_get(first + 7)?,
+        claimable_at: row.try_get(first + 8)?,
+        created_at: row.try_get(first + 9)?,
+        max_tries: row.try_get(first + 10)?,
+        priority: row.try_get(first + 11)?,
         // By name: a statement may put other columns before them.
         partition_key: row.try_get("partition_key")?,
         unique_key: row.try_get("unique_key")?,

@@ -80,6 +80,134 @@ pub(super) const NEXT_LAPSED: &str = by_priority!(
     "ORDER BY lapses_at LIMIT 1 FOR UPDATE SKIP LOCKED",
     "$4::bigint"
 );
+/// The columns of a task row, in [`task_row`](super::rows::task_row) order,
+/// of the table alias `$alias`.
+macro_rules! task_columns_of {
+    ($alias:literal) => {
+        concat!(
+            $alias,
+            ".id, ",
+            $alias,
+            ".queue, ",
+            $alias,
+            ".task_id, ",
+            $alias,
+            ".version, ",
+            $alias,
+            ".brief, ",
+            $alias,
+            ".brief_format, ",
+            $alias,
+            ".lapse_backoff_ms, ",
+            $alias,
+            ".last_token, ",
+            $alias,
+            ".claimable_at, ",
+            $alias,
+            ".created_at, ",
+            $alias,
+            ".max_tries, ",
+            $alias,
+            ".priority"
+        )
+    };
+}
+/// The columns of an attempt row, in
+/// [`attempt_row`](super::rows::attempt_row) order, of the alias `$alias`.
+macro_rules! attempt_columns_of {
+    ($alias:literal) => {
+        concat!(
+            $alias,
+            ".number, ",
+            $alias,
+            ".state, ",
+            $alias,
+            ".until_at, ",
+            $alias,
+            ".tries, ",
+            $alias,
+            ".holder, ",
+            $alias,
+            ".token, ",
+            $alias,
+            ".granted_at, ",
+            $alias,
+            ".expires_at, ",
+            $alias,
+            ".lapses_at, ",
+            $alias,
+            ".discarded, ",
+            $alias,
+            ".last_error"
+        )
+    };
+}
+/// A claim in one statement (see [`QuickClaim`](crate::backend::QuickClaim)):
+/// `$1` namespace, `$2` queue, `$3` now, `$4` holder, `$5` expiry, `$6` to
+/// `$10` the audit row's principal, namespace, action, outcome and
+/// address hash.
+///
+/// `picked` is [`NEXT_CLAIMABLE`]'s search; `attempt` locks the task's
+/// attempt, so under `READ COMMITTED` it reads the newest version, as the
+/// general claim's second statement does. `ok` is the one shape the
+/// statement decides: a single attempt, ready, its task ready in the claim
+/// column, no token counter at its end, no unique slot held (whose
+/// release is the general claim's), no due lapsed lease of a higher
+/// priority (a ready task comes before every lapse of its own), and a
+/// queue without a settings row (a pause or a concurrency limit is the
+/// general claim's to apply).
+/// The three writes run only for `ok`'s row. The answer is one row:
+/// `leased`, `declined` (a task, a due lapse or queue settings the
+/// statement leaves to the general claim) or `empty`; then the task and its attempt as they
+/// were, the attempt as written, the audit row's resource, and the task's
+/// columns read by name.
+pub(super) const CLAIM_ONE: &str = concat!(
+    "WITH picked AS (",
+    by_priority!(
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            ", alternatives FROM tasks WHERE namespace = $1 AND queue = $2 \
+             AND claimable_at IS NOT NULL AND claimable_at <= $3::bigint"
+        ),
+        "ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
+        "0"
+    ),
+    "), attempt AS (SELECT ",
+    attempt_columns_of!("a"),
+    " FROM attempts a JOIN picked p ON a.task = p.id WHERE a.number = 1 FOR UPDATE OF a), \
+     ok AS (SELECT p.id, p.last_token + 1 AS token, p.task_id, p.version, p.lapse_backoff_ms \
+     FROM picked p JOIN attempt a ON true WHERE p.alternatives = 1 AND p.claimable_at = 0 \
+     AND a.state = 'ready' AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
+     AND NOT EXISTS (SELECT 1 FROM attempts l WHERE l.namespace = $1 AND l.queue = $2 \
+     AND l.state = 'leased' AND l.lapses_at <= $3::bigint AND l.priority > p.priority) \
+     AND NOT EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2)), \
+     leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
+     tries = attempts.tries + 1, holder = $4::text, token = ok.token, granted_at = $3::bigint, \
+     expires_at = $5::bigint, lapses_at = $5::bigint + ok.lapse_backoff_ms FROM ok \
+     WHERE attempts.task = ok.id AND attempts.number = 1 RETURNING ",
+    attempt_columns_of!("attempts"),
+    "), moved AS (UPDATE tasks SET last_token = ok.token, claimable_at = NULL FROM ok \
+     WHERE tasks.id = ok.id RETURNING tasks.id), \
+     audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
+     resource, ip_hash) SELECT $3::bigint, $6::text, $7::text, $8::text, $9::text, \
+     'task:' || ok.task_id || '@' || ok.version || '/a1/t' || ok.token, $10::text FROM ok \
+     RETURNING resource) \
+     SELECT CASE WHEN l.number IS NOT NULL AND EXISTS (SELECT 1 FROM moved) THEN 'leased' \
+     WHEN p.id IS NOT NULL OR EXISTS (SELECT 1 FROM attempts x WHERE x.namespace = $1 \
+     AND x.queue = $2 AND x.state = 'leased' AND x.lapses_at <= $3::bigint) \
+     OR EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2) \
+     THEN 'declined' \
+     ELSE 'empty' END, ",
+    task_columns_of!("p"),
+    ", ",
+    attempt_columns_of!("a"),
+    ", ",
+    attempt_columns_of!("l"),
+    ", (SELECT resource FROM audited), p.partition_key, p.unique_key, p.unique_states \
+     FROM (SELECT 1) AS one LEFT JOIN picked p ON true \
+     LEFT JOIN attempt a ON true LEFT JOIN leased l ON true"
+);
 /// Index searches only, at most one per priority and index.
 pub(super) const HAS_CLAIMABLE: &str = concat!(
     "SELECT EXISTS (",

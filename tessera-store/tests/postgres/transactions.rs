@@ -82,6 +82,30 @@ impl OwnDatabase {
         Store::open_postgres(options, config).unwrap()
     }
 
+    /// Turns autovacuum off for every table of the database: the server
+    /// counts an autovacuum or autoanalyze worker's transactions as the
+    /// database's, whenever a table crosses its threshold.
+    fn quiet_autovacuum(&self) {
+        let mut client = Client::connect(&self.url, NoTls).unwrap();
+        let tables: Vec<String> = client
+            .query(
+                "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) \
+                 FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        for table in tables {
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+                ))
+                .unwrap();
+        }
+    }
+
     /// The transactions of one store's life: opened, `work`, closed.
     fn run(&mut self, clock: &ManualClock, work: impl FnOnce(&Store)) -> i64 {
         let before = self.commits();
@@ -127,7 +151,10 @@ fn claim(store: &Store, caller: &Caller, ns: &Namespace, q: &QueueName) -> Claim
 }
 
 /// One transaction per enqueue, claim, submit and failure report; one
-/// per batch however large (enqueue, claim and submit batches).
+/// per batch however large (enqueue, claim and submit batches). A claim
+/// of a plain ready task is one statement outside a transaction block;
+/// one the statement declines costs its transaction and the general
+/// claim's.
 #[test]
 fn each_operation_and_each_batch_is_one_transaction() {
     // Passes without running without a server, as this file's tests do.
@@ -159,6 +186,7 @@ fn each_operation_and_each_batch_is_one_transaction() {
         worker_key = Some(key);
     });
     let key = worker_key.unwrap();
+    db.quiet_autovacuum();
     let enqueue = |store: &Store, n: usize| {
         let worker = login(store, &key);
         for _ in 0..n {
@@ -179,17 +207,50 @@ fn each_operation_and_each_batch_is_one_transaction() {
     });
     assert_eq!(batch, one, "a batch enqueue is one transaction");
 
-    // Claims: one each; a batch of K, one.
+    // Claims: one each; a batch of K, one. A store's first claim carries
+    // its key's `last_used_at`, which the general claim writes; the next
+    // prepares the one-statement claim on its connection, which the
+    // server counts as a transaction of its own, once per connection.
+    db.run(&clock, |store| enqueue(store, 3));
     let one = db.run(&clock, |store| {
         claim(store, &login(store, &key), &ns, &q);
     });
+    let two = db.run(&clock, |store| {
+        let worker = login(store, &key);
+        claim(store, &worker, &ns, &q);
+        claim(store, &worker, &ns, &q);
+    });
+    assert_eq!(two - one, 2, "a claim, and its statement prepared");
     let many = db.run(&clock, |store| {
         let worker = login(store, &key);
-        for _ in 0..=K {
+        for _ in 0..K + 2 {
             claim(store, &worker, &ns, &q);
         }
     });
-    assert_eq!(many - one, K as i64, "one transaction per claim");
+    assert_eq!(many - two, K as i64, "one transaction per claim");
+    // A claim the one statement declines (a task of two competing
+    // attempts is the general claim's): the statement's transaction,
+    // which writes nothing, then the lease transaction; the first claim
+    // is the general one, the statement prepared once.
+    let pairs = queue("pairs");
+    db.run(&clock, |store| {
+        let worker = login(store, &key);
+        let two = EnqueueOptions::default().with_alternatives(2);
+        for _ in 0..=K {
+            store.enqueue(&worker, &ns, &pairs, &brief(), &two).unwrap();
+        }
+    });
+    let declined = db.run(&clock, |store| {
+        let worker = login(store, &key);
+        for _ in 0..=K {
+            claim(store, &worker, &ns, &pairs);
+        }
+    });
+    assert_eq!(
+        declined - one,
+        1 + 2 * K as i64,
+        "two transactions per claim the statement declines"
+    );
     let batch = db.run(&clock, |store| {
         let worker = login(store, &key);
         assert_eq!(

@@ -118,6 +118,12 @@ impl Store {
         count: usize,
     ) -> Result<ClaimedBatch, Error> {
         let permit = self.admit_blocking(caller, namespace, queue, count, None)?;
+        self.finish_claim_batch(permit)
+    }
+
+    /// Runs an admitted claim of a batch (see
+    /// [`claim_batch`](Self::claim_batch)).
+    pub(crate) fn finish_claim_batch(&self, permit: ClaimPermit) -> Result<ClaimedBatch, Error> {
         let leased = self.run_claim(permit)?;
         let leased_reason = leased.reason;
         Ok(ClaimedBatch {

@@ -61,12 +61,25 @@ impl Store {
         namespace: &Namespace,
         queue: &QueueName,
     ) -> PermitFuture<'_> {
+        self.batch_permit(caller, namespace, queue, 1)
+    }
+
+    /// [`claim_permit`](Self::claim_permit) for a batch of `count`: one
+    /// offer to admission, as [`claim_batch`](Self::claim_batch) makes.
+    pub(crate) fn batch_permit(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+        count: usize,
+    ) -> PermitFuture<'_> {
         PermitFuture {
             store: self,
             step: Step::Start {
                 caller: caller.clone(),
                 namespace: namespace.clone(),
                 queue: queue.clone(),
+                count,
             },
         }
     }
@@ -86,6 +99,7 @@ enum Step {
         caller: Caller,
         namespace: Namespace,
         queue: QueueName,
+        count: usize,
     },
     Waiting {
         ticket: Ticket,
@@ -106,12 +120,13 @@ impl Future for PermitFuture<'_> {
                     caller,
                     namespace,
                     queue,
+                    count,
                 } => {
                     let start = this.store.offer_claim(
                         &caller,
                         &namespace,
                         &queue,
-                        1,
+                        count,
                         WaitedBy::Task(None),
                     );
                     match start {

@@ -13,3 +13,4 @@ pub(crate) mod schedule;
 mod session;
 mod task;
 mod wait;
+pub(crate) mod worker;

@@ -91,6 +91,7 @@ mod schedules;
 mod sessions;
 mod tasks;
 mod unique;
+mod worker_loop;
 
 /// Run by the tests that spawn worker processes, in those processes; a
 /// no-op otherwise. At the crate root, so its `--exact` name is fixed.

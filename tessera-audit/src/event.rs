@@ -75,6 +75,12 @@ named_enum!(
     RetryTask = "retry_task",
     /// An operator cancelled a task's unfinished attempts.
     CancelTask = "cancel_task",
+    /// An operator cancelled every task a filter matches, one batch of
+    /// tasks per row.
+    CancelTasks = "cancel_tasks",
+    /// An operator retried every task a filter matches, one batch of tasks
+    /// per row.
+    RetryTasks = "retry_tasks",
     /// List a namespace's tasks by state.
     ListTasks = "list_tasks",
     /// Pause a queue: claims on it come back empty until it is resumed.

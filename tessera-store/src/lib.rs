@@ -232,6 +232,7 @@ pub use model::access::{
     Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, PrincipalId, PrincipalKind, Scope,
 };
 pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance};
+pub use model::bulk::{AttemptProgress, BulkFilter};
 pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason};
 pub use model::health::{HealthSnapshot, StateCounts};
 pub use model::queue::QueueSettings;
@@ -255,8 +256,8 @@ pub use tessera_audit::{Action, AuditEvent, Counter, IpHash, Outcome, Secret};
 pub use tessera_lease::{
     AttemptNumber, BriefVersion, ConcurrencyLimit, DiscardReason, Failure, FencingToken,
     IdempotencyKey, Lease, LeaseError, Namespace, PartitionKey, QueueName, Receipt, Retry,
-    ScheduleName, Submitted, TaskId, TaskSpec, TaskState, UniqueKey, UniqueMode, UniqueStates,
-    Uniqueness,
+    ScheduleName, StateName, Submitted, TaskId, TaskSpec, TaskState, UniqueKey, UniqueMode,
+    UniqueStates, Uniqueness,
 };
 #[cfg(feature = "schedule")]
 pub use tessera_lease::{CronSchedule, ScheduleText};
@@ -265,6 +266,7 @@ pub use tessera_lease::{CronSchedule, ScheduleText};
 pub mod limits {
     pub use crate::model::access::{MAX_ACCOUNT_LEN, MAX_KEYS_LISTED, MAX_LABEL_LEN};
     pub use crate::model::audit::{MAX_AUDIT_ROWS, STORE_NAMESPACE};
+    pub use crate::model::bulk::BULK_BATCH;
     pub use crate::model::claim::MAX_CLAIM_BATCH;
     pub use crate::model::health::HEALTH_SNAPSHOT_TTL;
     #[cfg(feature = "schedule")]
@@ -277,7 +279,7 @@ pub mod limits {
     pub use crate::ops::claim::LIMITED_RETRY_AFTER;
     pub use tessera_lease::{
         DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,
-        MAX_PRIORITY, MAX_TRIES,
+        MAX_PRIORITY, MAX_PROGRESS_BYTES, MAX_TRIES,
     };
 }
 

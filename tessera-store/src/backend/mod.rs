@@ -79,6 +79,7 @@ use crate::key::KeyId;
 use crate::meter::MeterSnapshot;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::audit::AuditCursor;
+use crate::model::bulk::{BulkFilter, BulkPosition};
 use crate::model::health::StateCounts;
 use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
@@ -339,6 +340,8 @@ pub(crate) struct TaskChange<'a> {
     pub(crate) handle: TaskHandle,
     pub(crate) before: &'a TaskRecord,
     pub(crate) after: &'a TaskRecord,
+    /// When the rules ran: the changed attempts' `changed_at`.
+    pub(crate) at: DateTime<Utc>,
 }
 
 /// An accepted receipt to store, with the output bytes if kept.
@@ -580,6 +583,24 @@ pub(crate) trait ReadTransaction {
         limit: usize,
     ) -> Result<Vec<(TaskCursor, TaskListing)>>;
 
+    /// The attempts of a namespace that match `filter` and whose state
+    /// last changed at or before `upto`, after `after` in (changed_at,
+    /// task row, number) order, at most `limit`, each with its task: one
+    /// range of an index on (namespace, changed_at, task, number), the
+    /// filter's time range its bounds.
+    fn attempts_matching(
+        &self,
+        namespace: &Namespace,
+        filter: &BulkFilter,
+        after: BulkPosition,
+        upto: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<(BulkPosition, TaskRef)>>;
+
+    /// The last progress each attempt of a task was given, as JSON text,
+    /// in attempt order; attempts without one are left out.
+    fn progress_of_task(&self, handle: TaskHandle) -> Result<Vec<(AttemptNumber, String)>>;
+
     /// Attempts per state in a namespace, and how many leases there have
     /// expired by `now`.
     fn health(&self, namespace: &Namespace, now: DateTime<Utc>) -> Result<(StateCounts, u64)>;
@@ -744,8 +765,28 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     /// Replaces a task's brief ([`Brief::encode`]'s bytes and format).
     fn replace_brief(&self, handle: TaskHandle, brief: &[u8], format: &str) -> Result<()>;
 
-    /// Writes what a lease rule changed between `before` and `after`.
-    fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()>;
+    /// Writes what a lease rule changed between `before` and `after` at
+    /// `at` (the `changed_at` of each attempt whose state it wrote).
+    fn save_task(
+        &self,
+        handle: TaskHandle,
+        before: &TaskRecord,
+        after: &TaskRecord,
+        at: DateTime<Utc>,
+    ) -> Result<()>;
+
+    /// Writes what a heartbeat changed, as [`save_task`](Self::save_task),
+    /// and the progress value (JSON text) it carried for `attempt`, in
+    /// the statement that moves the lease's expiry.
+    fn save_heartbeat(
+        &self,
+        handle: TaskHandle,
+        before: &TaskRecord,
+        after: &TaskRecord,
+        at: DateTime<Utc>,
+        attempt: AttemptNumber,
+        progress: &str,
+    ) -> Result<()>;
 
     /// Rewrites what the claim order keeps of a task from its record, for
     /// stored claim times the lease rules disagree with.
@@ -801,7 +842,7 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         events: &[AuditEvent],
     ) -> Result<()> {
         for change in changes {
-            self.save_task(change.handle, change.before, change.after)?;
+            self.save_task(change.handle, change.before, change.after, change.at)?;
         }
         for new in receipts {
             self.insert_receipt(new.handle, new.receipt, new.output)?;

@@ -18,6 +18,7 @@ use crate::error::{StorageError, StorageErrorKind};
 use crate::key::KeyId;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::audit::AuditCursor;
+use crate::model::bulk::{BulkFilter, BulkPosition};
 use crate::model::health::StateCounts;
 use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, StoredReceipt, TaskCursor, TaskListing, TaskRef};
@@ -93,6 +94,8 @@ pub(crate) struct ListingRow {
     pub(crate) task_id: String,
     pub(crate) version: i64,
     pub(crate) partition_key: Option<String>,
+    /// The attempt's last progress value, as JSON text.
+    pub(crate) progress: Option<String>,
 }
 
 impl ListingRow {
@@ -113,6 +116,7 @@ impl ListingRow {
             state: stored_state(&self.state, self.until_at, self.discarded.as_deref())?,
             tries: u32::try_from(self.tries).map_err(|_| bad())?,
             partition_key: partition_key(self.partition_key.as_deref())?,
+            progress: self.progress.as_deref().map(progress_value).transpose()?,
         };
         let cursor = TaskCursor {
             row: self.position,
@@ -122,15 +126,77 @@ impl ListingRow {
     }
 }
 
+/// The range of a bulk scan: from after `after` (or the filter's start
+/// if later) to the filter's end or `upto`, whichever is first, both
+/// inclusive; `None` when it is empty.
+pub(crate) fn bulk_range(
+    filter: &BulkFilter,
+    after: BulkPosition,
+    upto: DateTime<Utc>,
+) -> Option<(BulkPosition, i64)> {
+    let start = match filter.changed_since {
+        Some(since) => after.max(BulkPosition {
+            changed_at: millis(since),
+            task: i64::MIN,
+            number: i64::MIN,
+        }),
+        None => after,
+    };
+    let end = match filter.changed_before {
+        Some(before) => millis(before).saturating_sub(1).min(millis(upto)),
+        None => millis(upto),
+    };
+    (start.changed_at <= end).then_some((start, end))
+}
+
+/// An attempt matching a bulk filter as read: its (changed_at, task row,
+/// number), its task's id and version.
+pub(crate) type MatchingRow = ((i64, i64, i64), String, i64);
+
+/// A page of attempts matching a bulk filter in `namespace`, from their
+/// positions and their tasks' ids and versions.
+pub(crate) fn matching(
+    namespace: &Namespace,
+    rows: Vec<MatchingRow>,
+) -> Result<Vec<(BulkPosition, TaskRef)>> {
+    rows.into_iter()
+        .map(|((changed_at, task, number), task_id, version)| {
+            let position = BulkPosition {
+                changed_at,
+                task,
+                number,
+            };
+            let id = TaskId::parse(&task_id).map_err(|_| corrupt("task row"))?;
+            let reference = TaskRef::new(namespace.clone(), id, brief_version(version)?);
+            Ok((position, reference))
+        })
+        .collect()
+}
+
+/// The progress values of a task's attempts as read back.
+pub(crate) fn progress_list(rows: Vec<(i64, String)>) -> Result<Vec<(AttemptNumber, String)>> {
+    rows.into_iter()
+        .map(|(number, text)| {
+            let number = attempt_number(number).ok_or_else(|| corrupt("attempt row"))?;
+            Ok((number, text))
+        })
+        .collect()
+}
+
+/// A stored progress value.
+pub(crate) fn progress_value(text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|_| corrupt("attempt progress"))
+}
+
 /// A stored attempt number.
-fn attempt_number(value: i64) -> Option<AttemptNumber> {
+pub(crate) fn attempt_number(value: i64) -> Option<AttemptNumber> {
     u16::try_from(value)
         .ok()
         .and_then(|n| AttemptNumber::new(n).ok())
 }
 
 /// A stored brief version.
-fn brief_version(value: i64) -> Result<BriefVersion> {
+pub(crate) fn brief_version(value: i64) -> Result<BriefVersion> {
     u32::try_from(value)
         .ok()
         .and_then(|v| BriefVersion::new(v).ok())
@@ -665,12 +731,22 @@ pub(crate) struct TaskWrites {
     pub(crate) claimable_at: Option<Option<i64>>,
     /// The new number of tries, if an operator's retry raised it.
     pub(crate) max_tries: Option<i64>,
+    /// When the change was made: the `changed_at` its state and whole
+    /// attempt writes set (`None`: keep the stored one).
+    pub(crate) changed_at: Option<i64>,
+    /// A heartbeat's progress value for an attempt (its number and JSON
+    /// text), written with its lease's expiry.
+    pub(crate) progress: Option<(i64, String)>,
 }
 
 impl TaskWrites {
-    /// The writes that take a task stored as `before` to `after`.
-    pub(crate) fn between(before: &TaskRecord, after: &TaskRecord) -> Self {
-        let mut writes = Self::default();
+    /// The writes that take a task stored as `before` to `after`, made
+    /// at `at`.
+    pub(crate) fn between(before: &TaskRecord, after: &TaskRecord, at: DateTime<Utc>) -> Self {
+        let mut writes = Self {
+            changed_at: Some(millis(at)),
+            ..Self::default()
+        };
         for (old, new) in before.attempts.iter().zip(&after.attempts) {
             if old == new {
                 continue;
@@ -718,7 +794,19 @@ impl TaskWrites {
             last_token: None,
             claimable_at: Some(claimable_column(record)),
             max_tries: None,
+            changed_at: None,
+            progress: None,
         }
+    }
+
+    /// Whether there is nothing to write.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.attempts.is_empty()
+            && self.last_token.is_none()
+            && self.claimable_at.is_none()
+            && self.max_tries.is_none()
+            && self.progress.is_none()
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub(crate) mod access;
 pub(crate) mod audit;
+pub(crate) mod bulk;
 pub(crate) mod claim;
 pub(crate) mod health;
 pub(crate) mod queue;

@@ -305,6 +305,10 @@ pub struct TaskView {
     pub unique_key: Option<UniqueKey>,
     /// Its attempts, their states and leases, and the token counter.
     pub record: TaskRecord,
+    /// The last progress value a heartbeat carried, per attempt that was
+    /// given one, in attempt order.
+    #[serde(default)]
+    pub progress: Vec<crate::model::bulk::AttemptProgress>,
 }
 
 /// The most attempts one [`Store::list_tasks`](crate::Store::list_tasks)
@@ -404,6 +408,9 @@ pub struct TaskListing {
     pub tries: u32,
     /// Its task's partition key, if it has one.
     pub partition_key: Option<PartitionKey>,
+    /// The last progress value a heartbeat carried for it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<serde_json::Value>,
 }
 
 /// One page of [`Store::list_tasks`](crate::Store::list_tasks).

@@ -423,6 +423,7 @@ impl Store {
                 handle: task.handle,
                 before: &task.before,
                 after: task.rules.record(),
+                at: now,
             })
             .collect();
         let new_receipts: Vec<NewReceipt<'_>> = accepted

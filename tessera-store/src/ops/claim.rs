@@ -541,6 +541,7 @@ impl Store {
                             loaded.handle,
                             loaded.unique_held,
                             &mut rules,
+                            now,
                             |rules| Ok(rules.expire(now)),
                         )?
                         .is_empty()
@@ -571,6 +572,7 @@ impl Store {
                         loaded.handle,
                         loaded.unique_held,
                         &mut rules,
+                        now,
                         |rules| rules.claim(&holder, now, duration),
                     )?;
                     let task = TaskRef::new(
@@ -716,6 +718,7 @@ fn record_lapses(
             loaded.handle,
             loaded.unique_held,
             &mut rules,
+            now,
             |rules| Ok(rules.expire(now)),
         )?;
     }
@@ -796,7 +799,7 @@ fn grant_by_partition(
             }
             continue;
         }
-        let lease = apply(writer, handle, unique_held, &mut rules, |rules| {
+        let lease = apply(writer, handle, unique_held, &mut rules, now, |rules| {
             rules.claim(wanted.holder, now, wanted.duration)
         })?;
         let task = TaskRef::new(

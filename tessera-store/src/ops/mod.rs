@@ -4,6 +4,7 @@
 mod access;
 pub(crate) mod ack;
 mod audit;
+mod bulk;
 pub(crate) mod claim;
 pub(crate) mod claim_async;
 mod health;

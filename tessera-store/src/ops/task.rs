@@ -10,7 +10,7 @@ use tessera_lease::{
     AttemptNumber, BriefVersion, Duplicate, Failure, FencingToken, IdempotencyKey, Lease,
     LeaseError, MAX_ALTERNATIVES, Namespace, PartitionKey, QueueName, Receipt, Submitted, Task,
     TaskId, TaskRecord, TaskSpec, TaskState, UniqueKey, UniqueMode, UniqueSlot, UniqueStates,
-    Uniqueness, decide_duplicate,
+    Uniqueness, check_progress_size, decide_duplicate,
 };
 
 use crate::backend::{
@@ -19,6 +19,7 @@ use crate::backend::{
 use crate::error::{ConflictKind, Error};
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::Trail;
+use crate::model::bulk::AttemptProgress;
 use crate::model::task::{
     Brief, EnqueueOptions, Enqueued, MAX_ENQUEUE_BATCH, MAX_TASKS_LISTED, Output, PRACTICE_QUEUE,
     StoredReceipt, SubmitRequest, TaskPage, TaskQuery, TaskRef, TaskView, not_found,
@@ -64,11 +65,12 @@ pub(crate) fn apply<T>(
     handle: TaskHandle,
     held: Option<UniqueStates>,
     task: &mut Task,
+    now: DateTime<Utc>,
     rule: impl FnOnce(&mut Task) -> Result<T, LeaseError>,
 ) -> Result<T, Error> {
     let before = task.record().clone();
     let value = rule(task)?;
-    writer.save_task(handle, &before, task.record())?;
+    writer.save_task(handle, &before, task.record(), now)?;
     if leaves_slot(held, task.record()) {
         writer.release_unique_slot(handle)?;
     }
@@ -390,15 +392,67 @@ impl Store {
         task: &TaskRef,
         token: FencingToken,
     ) -> Result<Lease, Error> {
+        self.beat(caller, task, token, None)
+    }
+
+    /// A [`heartbeat`](Self::heartbeat) that also reports progress: a
+    /// small JSON value (at most
+    /// [`MAX_PROGRESS_BYTES`](tessera_lease::MAX_PROGRESS_BYTES) as compact
+    /// text) stored on the lease's attempt, in the statement that moves
+    /// its expiry. Listings and [`read_task`](Self::read_task) show the
+    /// attempt's last progress; a submission's output is kept apart, as
+    /// ever.
+    ///
+    /// A value over the cap is `400 invalid_input` before anything is
+    /// read; a stale, foreign or expired token is `409`, as for a plain
+    /// heartbeat, and its progress is not stored.
+    pub fn heartbeat_with_progress(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        token: FencingToken,
+        progress: &serde_json::Value,
+    ) -> Result<Lease, Error> {
+        self.beat(caller, task, token, Some(progress))
+    }
+
+    fn beat(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        token: FencingToken,
+        progress: Option<&serde_json::Value>,
+    ) -> Result<Lease, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Heartbeat)?;
+        let progress = progress
+            .map(|value| {
+                let text = serde_json::to_string(value).expect("a JSON value serializes");
+                check_progress_size(text.len()).map(|()| text)
+            })
+            .transpose()
+            .map_err(Error::from)
+            .inspect_err(|error| self.count(&scope, error.outcome()))?;
         let now = self.now_utc();
         let holder = caller.lease_principal();
         let extension = self.config.lease_duration();
         let lease = self.perform(&scope, now, |writer| {
             let (handle, mut rules, held) = load(writer.reads(), task)?;
-            let lease = apply(writer, handle, held, &mut rules, |rules| {
-                rules.heartbeat(&holder, token, now, extension)
-            })?;
+            let before = rules.record().clone();
+            let lease = rules.heartbeat(&holder, token, now, extension)?;
+            match &progress {
+                None => writer.save_task(handle, &before, rules.record(), now)?,
+                Some(text) => writer.save_heartbeat(
+                    handle,
+                    &before,
+                    rules.record(),
+                    now,
+                    lease.attempt(),
+                    text,
+                )?,
+            }
+            if leaves_slot(held, rules.record()) {
+                writer.release_unique_slot(handle)?;
+            }
             let resource = task.grant_resource(lease.attempt(), lease.token());
             Ok((lease, resource))
         })?;
@@ -524,7 +578,7 @@ impl Store {
         let now = self.now_utc();
         let changed = self.perform(&scope, now, |writer| {
             let (handle, mut rules, held) = load(writer.reads(), task)?;
-            let changed = apply(writer, handle, held, &mut rules, rule)?;
+            let changed = apply(writer, handle, held, &mut rules, now, rule)?;
             Ok((changed, task.resource("")))
         })?;
         self.namespace_changed(&task.namespace);
@@ -555,6 +609,7 @@ impl Store {
                     loaded.handle,
                     loaded.unique_held,
                     &mut rules,
+                    now,
                     |rules| Ok(rules.expire(now)),
                 )?
                 .is_empty()
@@ -623,6 +678,15 @@ impl Store {
                 unique_key: loaded.unique_key,
                 // Checked by the lease rules, as every record read.
                 record: Task::restore(loaded.record)?.into_record(),
+                progress: reader
+                    .progress_of_task(loaded.handle)?
+                    .into_iter()
+                    .map(|(attempt, text)| {
+                        let progress = serde_json::from_str(&text)
+                            .map_err(|_| crate::error::corrupt("attempt progress"))?;
+                        Ok(AttemptProgress { attempt, progress })
+                    })
+                    .collect::<Result<_, Error>>()?,
             };
             Ok((view, task.resource("")))
         })
@@ -780,6 +844,7 @@ fn duplicate(
                 loaded.handle,
                 loaded.unique_held,
                 &mut rules,
+                now,
                 |rules| rules.reschedule(not_before),
             )?;
             Ok(true)

@@ -48,9 +48,10 @@ const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
 /// the rows it changed.
 const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = u.state, \
      until_at = u.until_at, lapses_at = u.lapses_at, discarded = u.discarded, \
-     last_error = u.last_error \
+     last_error = u.last_error, changed_at = u.changed_at \
      FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], \
-     $6::text[], $7::text[]) AS u(task, number, state, until_at, lapses_at, discarded, last_error) \
+     $6::text[], $7::text[], $26::bigint[]) \
+     AS u(task, number, state, until_at, lapses_at, discarded, last_error, changed_at) \
      WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
      claims AS (UPDATE tasks t SET claimable_at = u.claimable_at \
      FROM unnest($8::bigint[], $9::bigint[]) AS u(id, claimable_at) WHERE t.id = u.id \
@@ -81,10 +82,11 @@ const INSERT_TASKS: &str = "INSERT INTO tasks (namespace, queue, task_id, versio
      ON CONFLICT (namespace, task_id, version) DO NOTHING \
      RETURNING id, namespace, task_id, version";
 const INSERT_ATTEMPTS: &str = "INSERT INTO attempts (task, number, namespace, queue, \
-     state, until_at, tries, priority) \
-     SELECT task, number, namespace, queue, state, until_at, 0, priority \
+     state, until_at, tries, priority, changed_at) \
+     SELECT task, number, namespace, queue, state, until_at, 0, priority, changed_at \
      FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[], \
-     $7::bigint[]) AS a(task, number, namespace, queue, state, until_at, priority)";
+     $7::bigint[], $8::bigint[]) \
+     AS a(task, number, namespace, queue, state, until_at, priority, changed_at)";
 
 /// Where a task's row is looked up by its reference.
 fn reference(task: &TaskRef) -> (String, String, i64) {
@@ -154,15 +156,15 @@ impl PgTransaction<'_> {
         receipts: &[NewReceipt<'_>],
         events: &[AuditEvent],
     ) -> Result<()> {
-        let mut states: Vec<(i64, AttemptRow)> = Vec::new();
+        let mut states: Vec<(i64, AttemptRow, i64)> = Vec::new();
         let mut claimables: Vec<(i64, Option<i64>)> = Vec::new();
         for change in changes {
-            let mut writes = TaskWrites::between(change.before, change.after);
+            let mut writes = TaskWrites::between(change.before, change.after, change.at);
             let id = change.handle.0;
             let mut rest = Vec::new();
             for write in writes.attempts.drain(..) {
                 match write {
-                    AttemptWrite::State(row) => states.push((id, row)),
+                    AttemptWrite::State(row) => states.push((id, row, millis(change.at))),
                     other => rest.push(other),
                 }
             }
@@ -171,23 +173,26 @@ impl PgTransaction<'_> {
                 claimables.push((id, claimable));
                 writes.claimable_at = None;
             }
-            if writes != TaskWrites::default() {
+            if !writes.is_empty() {
                 self.write_task(change.handle, writes)?;
             }
         }
         if states.is_empty() && claimables.is_empty() && receipts.is_empty() && events.is_empty() {
             return Ok(());
         }
-        let state_task: Vec<i64> = states.iter().map(|(id, _)| *id).collect();
-        let number: Vec<i64> = states.iter().map(|(_, r)| r.number).collect();
-        let state: Vec<&str> = states.iter().map(|(_, r)| r.state.as_str()).collect();
-        let until: Vec<Option<i64>> = states.iter().map(|(_, r)| r.until_at).collect();
-        let lapses: Vec<Option<i64>> = states.iter().map(|(_, r)| r.lapses_at).collect();
-        let discarded: Vec<Option<&str>> =
-            states.iter().map(|(_, r)| r.discarded.as_deref()).collect();
+        let state_task: Vec<i64> = states.iter().map(|(id, ..)| *id).collect();
+        let number: Vec<i64> = states.iter().map(|(_, r, _)| r.number).collect();
+        let state: Vec<&str> = states.iter().map(|(_, r, _)| r.state.as_str()).collect();
+        let until: Vec<Option<i64>> = states.iter().map(|(_, r, _)| r.until_at).collect();
+        let lapses: Vec<Option<i64>> = states.iter().map(|(_, r, _)| r.lapses_at).collect();
+        let changed_at: Vec<i64> = states.iter().map(|(.., at)| *at).collect();
+        let discarded: Vec<Option<&str>> = states
+            .iter()
+            .map(|(_, r, _)| r.discarded.as_deref())
+            .collect();
         let error: Vec<Option<&str>> = states
             .iter()
-            .map(|(_, r)| r.last_error.as_deref())
+            .map(|(_, r, _)| r.last_error.as_deref())
             .collect();
         let claim_task: Vec<i64> = claimables.iter().map(|(id, _)| *id).collect();
         let claimable: Vec<Option<i64>> = claimables.iter().map(|(_, at)| *at).collect();
@@ -254,6 +259,7 @@ impl PgTransaction<'_> {
                 &outcome,
                 &resource,
                 &ip_hash,
+                &changed_at,
             ],
         )?;
         let changed: i64 = match changed.first() {
@@ -338,6 +344,7 @@ impl PgTransaction<'_> {
             );
         }
         let mut created = Vec::with_capacity(tasks.len());
+        let mut a_changed = Vec::new();
         let (
             mut a_task,
             mut a_number,
@@ -371,6 +378,7 @@ impl PgTransaction<'_> {
                 a_state.push(row.state);
                 a_until.push(row.until_at);
                 a_priority.push(i64::from(task.record.priority));
+                a_changed.push(millis(task.created_at));
             }
         }
         if !a_task.is_empty() {
@@ -384,6 +392,7 @@ impl PgTransaction<'_> {
                     &a_state,
                     &a_until,
                     &a_priority,
+                    &a_changed,
                 ],
             )?;
         }

@@ -183,6 +183,11 @@ const INDEXES: &[(&str, &str)] = &[
          ON queue_settings (namespace, queue)",
     ),
     (
+        "attempts_changed",
+        "CREATE INDEX IF NOT EXISTS attempts_changed \
+         ON attempts (namespace, changed_at, task, number)",
+    ),
+    (
         "receipts_key",
         "CREATE UNIQUE INDEX IF NOT EXISTS receipts_key \
          ON receipts (principal, task, idempotency_key)",
@@ -233,6 +238,10 @@ const ALTERATIONS: &[&str] = &[
     "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS unique_key TEXT",
     "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS unique_slot TEXT",
     "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS unique_states BIGINT",
+    // Version 4: when an attempt's state last changed (0 for attempts
+    // older than the column), and the last progress a heartbeat carried.
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS changed_at BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS progress TEXT",
 ];
 
 /// Version 1 counted tries without a limit. On the move to version 2

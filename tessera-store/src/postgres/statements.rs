@@ -258,14 +258,35 @@ pub(super) const RELEASE_UNIQUE_SLOT: &str = "WITH held AS (SELECT namespace, qu
 pub(super) const REPLACE_BRIEF: &str =
     "UPDATE tasks SET brief = $2, brief_format = $3 WHERE id = $1";
 pub(super) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, state, \
-     until_at, tries, priority) VALUES ($1, $2, $3, $4, $5, $6, 0, $7)";
+     until_at, tries, priority, changed_at) VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8)";
 pub(super) const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = $3, until_at = $4, tries = $5, \
      holder = $6, token = $7, granted_at = $8, expires_at = $9, lapses_at = $10, \
-     discarded = $11, last_error = $12 WHERE task = $1 AND number = $2";
+     discarded = $11, last_error = $12, changed_at = coalesce($13, changed_at) \
+     WHERE task = $1 AND number = $2";
 pub(super) const UPDATE_ATTEMPT_STATE: &str = "UPDATE attempts SET state = $3, until_at = $4, \
-     lapses_at = $5, discarded = $6, last_error = $7 WHERE task = $1 AND number = $2";
+     lapses_at = $5, discarded = $6, last_error = $7, changed_at = coalesce($8, changed_at) \
+     WHERE task = $1 AND number = $2";
 pub(super) const EXTEND_ATTEMPT: &str = "UPDATE attempts SET expires_at = $3, lapses_at = $4 \
      WHERE task = $1 AND number = $2";
+/// [`EXTEND_ATTEMPT`] with the progress value a heartbeat carried.
+pub(super) const EXTEND_ATTEMPT_PROGRESS: &str = "UPDATE attempts SET expires_at = $3, \
+     lapses_at = $4, progress = $5 WHERE task = $1 AND number = $2";
+/// An attempt's progress value alone (a heartbeat that moved no expiry).
+pub(super) const UPDATE_PROGRESS: &str =
+    "UPDATE attempts SET progress = $3 WHERE task = $1 AND number = $2";
+/// The progress values of a task's attempts, in number order.
+pub(super) const PROGRESS_OF_TASK: &str = "SELECT number, progress FROM attempts \
+     WHERE task = $1 AND progress IS NOT NULL ORDER BY number";
+/// A namespace's attempts after position ($2, $3, $4) in (changed_at,
+/// task, number) order, whose state changed at or before $5, of queue $6
+/// and in state $7 where those are set, each with its task's reference:
+/// one range of `attempts_changed`.
+pub(super) const ATTEMPTS_MATCHING: &str = "SELECT a.changed_at, a.task, a.number, \
+     t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task \
+     WHERE a.namespace = $1 AND (a.changed_at, a.task, a.number) > ($2, $3, $4) \
+     AND a.changed_at <= $5 AND ($6::text IS NULL OR a.queue = $6) \
+     AND ($7::text IS NULL OR a.state = $7) \
+     ORDER BY a.changed_at, a.task, a.number LIMIT $8";
 pub(super) const UPDATE_TASK: &str =
     "UPDATE tasks SET last_token = $2, claimable_at = $3 WHERE id = $1";
 pub(super) const UPDATE_TOKEN: &str = "UPDATE tasks SET last_token = $2 WHERE id = $1";
@@ -279,7 +300,7 @@ macro_rules! select_listing {
     ($tail:literal) => {
         concat!(
             "SELECT a.task, a.number, a.state, a.until_at, a.discarded, a.tries, ",
-            "t.queue, t.task_id, t.version, t.partition_key ",
+            "t.queue, t.task_id, t.version, t.partition_key, a.progress ",
             "FROM attempts a JOIN tasks t ON t.id = a.task ",
             "WHERE a.namespace = $1 AND a.state = $2 ",
             $tail
@@ -500,7 +521,25 @@ mod tests {
         let principal = "p1";
         let mine: &[&(dyn ToSql + Sync)] = &[&principal, &zero, &limit, &big, &big];
         let all: &[&(dyn ToSql + Sync)] = &[&zero, &limit, &big];
-        let cases: [(&str, &str, Params<'_>, &str, usize); 8] = [
+        let (no_queue, some_state) = (None::<&str>, Some(state));
+        let bulk: &[&(dyn ToSql + Sync)] = &[
+            &ns,
+            &zero,
+            &zero,
+            &zero,
+            &big,
+            &no_queue,
+            &some_state,
+            &limit,
+        ];
+        let cases: [(&str, &str, Params<'_>, &str, usize); 9] = [
+            (
+                "attempts matching a bulk filter",
+                ATTEMPTS_MATCHING,
+                bulk,
+                "attempts_changed",
+                1,
+            ),
             (
                 "next claimable",
                 NEXT_CLAIMABLE,

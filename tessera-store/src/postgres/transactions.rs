@@ -32,6 +32,7 @@ use crate::error::{StorageError, StorageErrorKind};
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::audit::AuditCursor;
+use crate::model::bulk::{BulkFilter, BulkPosition};
 use crate::model::health::StateCounts;
 use crate::model::queue::QueueSettings;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
@@ -415,10 +416,59 @@ impl ReadTransaction for PgTransaction<'_> {
                 task_id: row.try_get(7)?,
                 version: row.try_get(8)?,
                 partition_key: row.try_get(9)?,
+                progress: row.try_get(10)?,
             }
             .listing(namespace)
         })
         .collect()
+    }
+
+    fn attempts_matching(
+        &self,
+        namespace: &Namespace,
+        filter: &BulkFilter,
+        after: BulkPosition,
+        upto: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<(BulkPosition, TaskRef)>> {
+        let Some((start, end)) = rows::bulk_range(filter, after, upto) else {
+            return Ok(Vec::new());
+        };
+        let queue = filter.queue.as_ref().map(QueueName::as_str);
+        let state = filter.state.map(StateName::as_str);
+        let found = self
+            .query(
+                ATTEMPTS_MATCHING,
+                &[
+                    &namespace.as_str(),
+                    &start.changed_at,
+                    &start.task,
+                    &start.number,
+                    &end,
+                    &queue,
+                    &state,
+                    &count(limit),
+                ],
+            )?
+            .iter()
+            .map(|row| {
+                Ok((
+                    (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?),
+                    row.try_get(3)?,
+                    row.try_get(4)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        rows::matching(namespace, found)
+    }
+
+    fn progress_of_task(&self, handle: TaskHandle) -> Result<Vec<(AttemptNumber, String)>> {
+        let found = self
+            .query(PROGRESS_OF_TASK, &[&handle.0])?
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<Vec<_>>>()?;
+        rows::progress_list(found)
     }
 
     fn meta(&self, key: &str) -> Result<Option<String>> {
@@ -707,6 +757,7 @@ impl WriteTransaction for PgTransaction<'_> {
                     &row.state,
                     &row.until_at,
                     &priority,
+                    &millis(task.created_at),
                 ],
             )?;
         }
@@ -787,8 +838,28 @@ impl WriteTransaction for PgTransaction<'_> {
         Ok(())
     }
 
-    fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()> {
-        self.write_task(handle, TaskWrites::between(before, after))
+    fn save_task(
+        &self,
+        handle: TaskHandle,
+        before: &TaskRecord,
+        after: &TaskRecord,
+        at: DateTime<Utc>,
+    ) -> Result<()> {
+        self.write_task(handle, TaskWrites::between(before, after, at))
+    }
+
+    fn save_heartbeat(
+        &self,
+        handle: TaskHandle,
+        before: &TaskRecord,
+        after: &TaskRecord,
+        at: DateTime<Utc>,
+        attempt: AttemptNumber,
+        progress: &str,
+    ) -> Result<()> {
+        let mut writes = TaskWrites::between(before, after, at);
+        writes.progress = Some((i64::from(attempt.as_u16()), progress.to_owned()));
+        self.write_task(handle, writes)
     }
 
     fn resync_task(&self, handle: TaskHandle, record: &TaskRecord) -> Result<()> {
@@ -926,6 +997,7 @@ impl WriteTransaction for PgTransaction<'_> {
 impl PgTransaction<'_> {
     pub(super) fn write_task(&self, handle: TaskHandle, writes: TaskWrites) -> Result<()> {
         let id = handle.0;
+        let mut progress = writes.progress.as_ref();
         for write in &writes.attempts {
             match write {
                 AttemptWrite::State(row) => self.execute(
@@ -938,12 +1010,22 @@ impl PgTransaction<'_> {
                         &row.lapses_at,
                         &row.discarded,
                         &row.last_error,
+                        &writes.changed_at,
                     ],
                 )?,
-                AttemptWrite::Expiry(row) => self.execute(
-                    EXTEND_ATTEMPT,
-                    &[&id, &row.number, &row.expires_at, &row.lapses_at],
-                )?,
+                AttemptWrite::Expiry(row) => match progress {
+                    Some((number, value)) if *number == row.number => {
+                        progress = None;
+                        self.execute(
+                            EXTEND_ATTEMPT_PROGRESS,
+                            &[&id, &row.number, &row.expires_at, &row.lapses_at, value],
+                        )?
+                    }
+                    _ => self.execute(
+                        EXTEND_ATTEMPT,
+                        &[&id, &row.number, &row.expires_at, &row.lapses_at],
+                    )?,
+                },
                 AttemptWrite::Whole(row) => self.execute(
                     UPDATE_ATTEMPT,
                     &[
@@ -959,9 +1041,13 @@ impl PgTransaction<'_> {
                         &row.lapses_at,
                         &row.discarded,
                         &row.last_error,
+                        &writes.changed_at,
                     ],
                 )?,
             };
+        }
+        if let Some((number, value)) = progress {
+            self.execute(UPDATE_PROGRESS, &[&id, number, value])?;
         }
         match (writes.last_token, writes.claimable_at) {
             (Some(token), Some(claimable)) => {

@@ -236,6 +236,13 @@ pub(crate) const TABLES: &[Table] = &[
             ("lapses_at", "INTEGER"),
             // The task's, for the lapse index (version 3).
             ("priority", "INTEGER NOT NULL DEFAULT 0"),
+            // When its state last changed: set by the enqueue and by every
+            // write of its state, never by a heartbeat (version 4; 0 for
+            // attempts older than the column).
+            ("changed_at", "INTEGER NOT NULL DEFAULT 0"),
+            // The last progress value a heartbeat carried, as JSON text
+            // (version 4).
+            ("progress", "TEXT"),
         ],
         clustered_key: None,
     },
@@ -448,6 +455,16 @@ pub(crate) const INDEXES: &[Index] = &[
             "task",
         ],
         filter: Some("state = 'leased'"),
+    },
+    // Bulk actions by filter: a namespace's attempts by when their state
+    // last changed, a time range being one range of it, paged by
+    // (changed_at, task, number).
+    Index {
+        name: "attempts_changed",
+        table: "attempts",
+        unique: false,
+        columns: &["namespace", "changed_at", "task", "number"],
+        filter: None,
     },
     Index {
         name: "queue_settings_queue",

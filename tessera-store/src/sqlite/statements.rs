@@ -195,6 +195,22 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::EXTEND_ATTEMPT,
     },
     HotStatement {
+        name: "extend attempt with progress",
+        sql: tasks::EXTEND_ATTEMPT_PROGRESS,
+    },
+    HotStatement {
+        name: "update progress",
+        sql: tasks::UPDATE_PROGRESS,
+    },
+    HotStatement {
+        name: "progress of a task",
+        sql: tasks::PROGRESS_OF_TASK,
+    },
+    HotStatement {
+        name: "attempts matching a bulk filter",
+        sql: tasks::ATTEMPTS_MATCHING,
+    },
+    HotStatement {
         name: "lapsed leases",
         sql: tasks::LAPSED_LEASES,
     },
@@ -409,6 +425,14 @@ mod tests {
             assert!(listing.contains("INTEGER PRIMARY KEY"), "{name}: {listing}");
             assert!(!listing.contains("TEMP B-TREE"), "{name}: {listing}");
         }
+        // A bulk action's page is one range of `attempts_changed`, in its
+        // order, bounded by the position and the end of the time range.
+        let bulk = plan("attempts matching a bulk filter");
+        assert!(
+            bulk.contains("INDEX attempts_changed (namespace=? AND "),
+            "{bulk}"
+        );
+        assert!(!bulk.contains("TEMP B-TREE"), "{bulk}");
     }
 
     #[test]

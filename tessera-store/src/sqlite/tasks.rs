@@ -5,7 +5,7 @@ use rusqlite::{Row, params};
 use super::readers::Reader;
 use super::writer::Writer;
 use crate::backend::by_priority;
-use crate::backend::rows::{AttemptRow, ListingRow, ReceiptRow, TaskRow};
+use crate::backend::rows::{AttemptRow, ListingRow, MatchingRow, ReceiptRow, TaskRow};
 
 pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces \
      (name, kind, created_at, purge_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING";
@@ -146,7 +146,7 @@ pub(crate) const UPDATE_TOKEN: &str = "UPDATE tasks SET last_token = ?2 WHERE id
 pub(crate) const UPDATE_MAX_TRIES: &str = "UPDATE tasks SET max_tries = ?2 WHERE id = ?1";
 
 pub(crate) const INSERT_ATTEMPT: &str = "INSERT INTO attempts (task, number, namespace, queue, \
-     state, until_at, tries, priority) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7)";
+     state, until_at, tries, priority, changed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8)";
 
 pub(crate) const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
      granted_at, expires_at, lapses_at, discarded, last_error FROM attempts WHERE task = ?1 \
@@ -154,13 +154,37 @@ pub(crate) const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries
 
 pub(crate) const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state = ?3, until_at = ?4, \
      tries = ?5, holder = ?6, token = ?7, granted_at = ?8, expires_at = ?9, lapses_at = ?10, \
-     discarded = ?11, last_error = ?12 WHERE task = ?1 AND number = ?2";
+     discarded = ?11, last_error = ?12, changed_at = coalesce(?13, changed_at) \
+     WHERE task = ?1 AND number = ?2";
 
 pub(crate) const UPDATE_ATTEMPT_STATE: &str = "UPDATE attempts SET state = ?3, until_at = ?4, \
-     lapses_at = ?5, discarded = ?6, last_error = ?7 WHERE task = ?1 AND number = ?2";
+     lapses_at = ?5, discarded = ?6, last_error = ?7, changed_at = coalesce(?8, changed_at) \
+     WHERE task = ?1 AND number = ?2";
 
 pub(crate) const EXTEND_ATTEMPT: &str = "UPDATE attempts SET expires_at = ?3, lapses_at = ?4 \
      WHERE task = ?1 AND number = ?2";
+
+/// [`EXTEND_ATTEMPT`] with the progress value a heartbeat carried.
+pub(crate) const EXTEND_ATTEMPT_PROGRESS: &str = "UPDATE attempts SET expires_at = ?3, \
+     lapses_at = ?4, progress = ?5 WHERE task = ?1 AND number = ?2";
+
+/// An attempt's progress value alone (a heartbeat that moved no expiry).
+pub(crate) const UPDATE_PROGRESS: &str =
+    "UPDATE attempts SET progress = ?3 WHERE task = ?1 AND number = ?2";
+
+/// The progress values of a task's attempts, in number order.
+pub(crate) const PROGRESS_OF_TASK: &str = "SELECT number, progress FROM attempts \
+     WHERE task = ?1 AND progress IS NOT NULL ORDER BY number";
+
+/// A namespace's attempts after position (`?2`, `?3`, `?4`) in
+/// (changed_at, task, number) order, whose state changed at or before
+/// `?5`, of queue `?6` and in state `?7` where those are set, each with
+/// its task's reference: one range of `attempts_changed`.
+pub(crate) const ATTEMPTS_MATCHING: &str = "SELECT a.changed_at, a.task, a.number, \
+     t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task \
+     WHERE a.namespace = ?1 AND (a.changed_at, a.task, a.number) > (?2, ?3, ?4) \
+     AND a.changed_at <= ?5 AND (?6 IS NULL OR a.queue = ?6) AND (?7 IS NULL OR a.state = ?7) \
+     ORDER BY a.changed_at, a.task, a.number LIMIT ?8";
 
 /// Leased attempts of a namespace whose lease expired, at most `?3`.
 pub(crate) const LAPSED_LEASES: &str = "SELECT task FROM attempts \
@@ -174,7 +198,7 @@ macro_rules! select_listing {
     ($tail:literal) => {
         concat!(
             "SELECT a.id, a.number, a.state, a.until_at, a.discarded, a.tries, ",
-            "t.queue, t.task_id, t.version, t.partition_key ",
+            "t.queue, t.task_id, t.version, t.partition_key, a.progress ",
             "FROM attempts a JOIN tasks t ON t.id = a.task ",
             "WHERE a.namespace = ?1 AND a.state = ?2 ",
             $tail
@@ -297,6 +321,7 @@ impl ListingRow {
             task_id: row.get(7)?,
             version: row.get(8)?,
             partition_key: row.get(9)?,
+            progress: row.get(10)?,
         })
     }
 }
@@ -517,6 +542,7 @@ pub(crate) fn insert_attempt(
     queue: &str,
     priority: i64,
     row: &AttemptRow,
+    changed_at: i64,
 ) -> rusqlite::Result<()> {
     writer.execute(
         INSERT_ATTEMPT,
@@ -527,7 +553,8 @@ pub(crate) fn insert_attempt(
             queue,
             row.state,
             row.until_at,
-            priority
+            priority,
+            changed_at
         ],
     )?;
     Ok(())
@@ -541,11 +568,13 @@ pub(crate) fn attempts_of_task(
     reader.all(ATTEMPTS_OF_TASK, [task], AttemptRow::from_row)
 }
 
-/// Writes every column of an attempt.
+/// Writes every column of an attempt, and when it changed (kept if
+/// `None`).
 pub(crate) fn update_attempt(
     writer: &Writer<'_>,
     task: i64,
     row: &AttemptRow,
+    changed_at: Option<i64>,
 ) -> rusqlite::Result<()> {
     writer.execute(
         UPDATE_ATTEMPT,
@@ -562,6 +591,7 @@ pub(crate) fn update_attempt(
             row.lapses_at,
             row.discarded,
             row.last_error,
+            changed_at,
         ],
     )?;
     Ok(())
@@ -573,6 +603,7 @@ pub(crate) fn update_attempt_state(
     writer: &Writer<'_>,
     task: i64,
     row: &AttemptRow,
+    changed_at: Option<i64>,
 ) -> rusqlite::Result<()> {
     writer.execute(
         UPDATE_ATTEMPT_STATE,
@@ -583,7 +614,8 @@ pub(crate) fn update_attempt_state(
             row.until_at,
             row.lapses_at,
             row.discarded,
-            row.last_error
+            row.last_error,
+            changed_at
         ],
     )?;
     Ok(())
@@ -601,6 +633,62 @@ pub(crate) fn extend_attempt(
         params![task, row.number, row.expires_at, row.lapses_at],
     )?;
     Ok(())
+}
+
+/// Writes an attempt's lease expiry and lapse time with a heartbeat's
+/// progress value, or (without an expiry, `row` `None`) the progress alone.
+pub(crate) fn save_progress(
+    writer: &Writer<'_>,
+    task: i64,
+    number: i64,
+    row: Option<&AttemptRow>,
+    progress: &str,
+) -> rusqlite::Result<()> {
+    match row {
+        Some(row) => writer.execute(
+            EXTEND_ATTEMPT_PROGRESS,
+            params![task, number, row.expires_at, row.lapses_at, progress],
+        )?,
+        None => writer.execute(UPDATE_PROGRESS, params![task, number, progress])?,
+    };
+    Ok(())
+}
+
+/// The progress values of a task's attempts.
+pub(crate) fn progress_of_task(
+    reader: &Reader<'_>,
+    task: i64,
+) -> rusqlite::Result<Vec<(i64, String)>> {
+    reader.all(PROGRESS_OF_TASK, [task], |row| {
+        Ok((row.get(0)?, row.get(1)?))
+    })
+}
+
+/// One page of attempts matching a bulk filter (see [`ATTEMPTS_MATCHING`]):
+/// each one's position, then its task's id and version.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attempts_matching(
+    reader: &Reader<'_>,
+    namespace: &str,
+    after: (i64, i64, i64),
+    upto: i64,
+    queue: Option<&str>,
+    state: Option<&str>,
+    limit: i64,
+) -> rusqlite::Result<Vec<MatchingRow>> {
+    reader.all(
+        ATTEMPTS_MATCHING,
+        params![
+            namespace, after.0, after.1, after.2, upto, queue, state, limit
+        ],
+        |row| {
+            Ok((
+                (row.get(0)?, row.get(1)?, row.get(2)?),
+                row.get(3)?,
+                row.get(4)?,
+            ))
+        },
+    )
 }
 
 /// Tasks with an expired lease in a namespace, at most `limit`.

@@ -29,6 +29,7 @@ use crate::backend::{
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::audit::AuditCursor;
+use crate::model::bulk::{BulkFilter, BulkPosition};
 use crate::model::health::StateCounts;
 use crate::model::queue::QueueSettings;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
@@ -216,6 +217,33 @@ impl ReadTransaction for Reader<'_> {
         .collect()
     }
 
+    fn attempts_matching(
+        &self,
+        namespace: &Namespace,
+        filter: &BulkFilter,
+        after: BulkPosition,
+        upto: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<(BulkPosition, TaskRef)>> {
+        let Some((start, end)) = rows::bulk_range(filter, after, upto) else {
+            return Ok(Vec::new());
+        };
+        let found = sql::attempts_matching(
+            self,
+            namespace.as_str(),
+            (start.changed_at, start.task, start.number),
+            end,
+            filter.queue.as_ref().map(QueueName::as_str),
+            filter.state.map(StateName::as_str),
+            count(limit),
+        )?;
+        rows::matching(namespace, found)
+    }
+
+    fn progress_of_task(&self, handle: TaskHandle) -> Result<Vec<(AttemptNumber, String)>> {
+        rows::progress_list(sql::progress_of_task(self, handle.0)?)
+    }
+
     /// Attempts per state from the `attempts_state` index and the expired
     /// leases from the namespace's `attempts_leased` entries.
     fn health(&self, namespace: &Namespace, now: DateTime<Utc>) -> Result<(StateCounts, u64)> {
@@ -345,6 +373,8 @@ reads_through_writer! {
     receipts_of_attempt(task: &TaskRef, handle: TaskHandle, attempt: AttemptNumber) -> Result<Vec<StoredReceipt>>;
     receipts_of_task(task: &TaskRef, handle: TaskHandle, limit: usize) -> Result<Vec<StoredReceipt>>;
     health(namespace: &Namespace, now: DateTime<Utc>) -> Result<(StateCounts, u64)>;
+    attempts_matching(namespace: &Namespace, filter: &BulkFilter, after: BulkPosition, upto: DateTime<Utc>, limit: usize) -> Result<Vec<(BulkPosition, TaskRef)>>;
+    progress_of_task(handle: TaskHandle) -> Result<Vec<(AttemptNumber, String)>>;
     tasks_by_state(namespace: &Namespace, state: StateName, order: ListOrder, after: Option<TaskCursor>, limit: usize) -> Result<Vec<(TaskCursor, TaskListing)>>;
     meta(key: &str) -> Result<Option<String>>;
     limit_count(subject: &str, start: DateTime<Utc>) -> Result<u64>;
@@ -362,12 +392,24 @@ reads_through_writer! {
 /// Runs `writes` on task row `handle`, each with its narrowest statement.
 fn write_task(writer: &Writer<'_>, handle: TaskHandle, writes: TaskWrites) -> Result<()> {
     let id = handle.0;
+    let mut progress = writes.progress.as_ref();
     for write in &writes.attempts {
         match write {
-            AttemptWrite::State(row) => sql::update_attempt_state(writer, id, row)?,
-            AttemptWrite::Expiry(row) => sql::extend_attempt(writer, id, row)?,
-            AttemptWrite::Whole(row) => sql::update_attempt(writer, id, row)?,
+            AttemptWrite::State(row) => {
+                sql::update_attempt_state(writer, id, row, writes.changed_at)?
+            }
+            AttemptWrite::Expiry(row) => match progress {
+                Some((number, value)) if *number == row.number => {
+                    sql::save_progress(writer, id, *number, Some(row), value)?;
+                    progress = None;
+                }
+                _ => sql::extend_attempt(writer, id, row)?,
+            },
+            AttemptWrite::Whole(row) => sql::update_attempt(writer, id, row, writes.changed_at)?,
         }
+    }
+    if let Some((number, value)) = progress {
+        sql::save_progress(writer, id, *number, None, value)?;
     }
     match (writes.last_token, writes.claimable_at) {
         (Some(token), Some(claimable)) => sql::update_task(writer, id, token, claimable)?,
@@ -510,6 +552,7 @@ impl WriteTransaction for Writer<'_> {
                 task.queue.as_str(),
                 priority,
                 &AttemptRow::from_record(attempt, record.lapse_backoff),
+                millis(task.created_at),
             )?;
         }
         Ok(true)
@@ -564,8 +607,28 @@ impl WriteTransaction for Writer<'_> {
         Ok(())
     }
 
-    fn save_task(&self, handle: TaskHandle, before: &TaskRecord, after: &TaskRecord) -> Result<()> {
-        write_task(self, handle, TaskWrites::between(before, after))
+    fn save_task(
+        &self,
+        handle: TaskHandle,
+        before: &TaskRecord,
+        after: &TaskRecord,
+        at: DateTime<Utc>,
+    ) -> Result<()> {
+        write_task(self, handle, TaskWrites::between(before, after, at))
+    }
+
+    fn save_heartbeat(
+        &self,
+        handle: TaskHandle,
+        before: &TaskRecord,
+        after: &TaskRecord,
+        at: DateTime<Utc>,
+        attempt: AttemptNumber,
+        progress: &str,
+    ) -> Result<()> {
+        let mut writes = TaskWrites::between(before, after, at);
+        writes.progress = Some((i64::from(attempt.as_u16()), progress.to_owned()));
+        write_task(self, handle, writes)
     }
 
     fn resync_task(&self, handle: TaskHandle, record: &TaskRecord) -> Result<()> {

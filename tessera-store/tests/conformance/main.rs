@@ -69,6 +69,7 @@ mod access;
 mod acks;
 mod attempts;
 mod audit;
+mod bulk;
 mod claim_order;
 mod claims;
 mod claims_async;

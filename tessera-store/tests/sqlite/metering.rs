@@ -158,21 +158,22 @@ fn operation_cost_table() {
     // Namespace row (+ name and purge indexes: the meter counts every
     // index of an inserted row, a partial one included) on first use, then
     // task (+ 2 indexes),
-    // attempt (+ 3 indexes), audit (+ principal index).
+    // attempt (+ 4 indexes: task, state, lapsing, changed), audit (+
+    // principal index).
     let (_, cost) = f.store.measure(enqueue);
-    row("enqueue, first in a namespace", cost, 3 + 3 + 4 + AUDIT);
+    row("enqueue, first in a namespace", cost, 3 + 3 + 5 + AUDIT);
     let (task, cost) = f.store.measure(enqueue);
-    row("enqueue", cost, 3 + 4 + AUDIT);
+    row("enqueue", cost, 3 + 5 + AUDIT);
 
-    // Task (token and claim time: row + claim index), attempt (row + state
-    // and lease indexes), audit.
+    // Task (token and claim time: row + claim index), attempt (row + state,
+    // lease and changed indexes), audit.
     let (claimed, cost) = f
         .store
         .measure(|s| match s.claim(&worker, &ns, &jobs).unwrap() {
             ClaimOutcome::Granted(claimed) => claimed,
             other => panic!("{other:?}"),
         });
-    row("claim, granted", cost, 2 + 3 + AUDIT);
+    row("claim, granted", cost, 2 + 4 + AUDIT);
     let _ = task;
 
     // Attempt expiry (row + lease index), audit; the task row is not
@@ -198,11 +199,11 @@ fn operation_cost_table() {
         )
         .unwrap()
     };
-    // Receipt (row + 2 indexes), attempt state (row + state and lease
-    // indexes), audit; the task, out of the claim index while leased,
-    // stays out.
+    // Receipt (row + 2 indexes), attempt state (row + state, lease and
+    // changed indexes), audit; the task, out of the claim index while
+    // leased, stays out.
     let (_, cost) = f.store.measure(submit);
-    row("submit", cost, 3 + 3 + AUDIT);
+    row("submit", cost, 3 + 4 + AUDIT);
     let (_, cost) = f.store.measure(submit);
     row("submit, replayed", cost, 0);
 
@@ -222,9 +223,9 @@ fn operation_cost_table() {
         )
         .unwrap()
     });
-    // Attempt state (row + state and lease indexes), the task back in the
-    // claim index at the backoff's end (row + index), audit.
-    row("fail with retry", cost, 3 + 2 + AUDIT);
+    // Attempt state (row + state, lease and changed indexes), the task
+    // back in the claim index at the backoff's end (row + index), audit.
+    row("fail with retry", cost, 4 + 2 + AUDIT);
 
     // The same however long it waits; here it times out at once.
     let (_, cost) = f.store.measure(|s| {
@@ -261,7 +262,7 @@ fn operation_cost_table() {
     row(
         "session's first claim",
         cost,
-        3 + 3 * (3 + 4) + 2 + 3 + AUDIT + 1,
+        3 + 3 * (3 + 5) + 2 + 4 + AUDIT + 1,
     );
 
     println!("| request | rows written | rows read |");

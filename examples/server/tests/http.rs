@@ -1085,6 +1085,106 @@ fn a_unique_task_s_duplicate_answers_200_with_the_task_already_there() {
 }
 
 #[test]
+fn progress_rides_on_heartbeats_and_filters_cancel_and_retry_in_bulk() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let batch = json!({ "tasks": (0..4).map(|n| json!({ "brief": n, "id": format!("b-{n}") })).collect::<Vec<_>>() });
+    let enqueued = service.send(
+        "POST",
+        &format!("{TASKS}/batch"),
+        Some(&worker),
+        &[],
+        Some(&batch),
+    );
+    assert_eq!(enqueued.status, 201, "{}", enqueued.text());
+
+    // A heartbeat with progress; the task view and the listing show it.
+    let claimed = service.claim(&worker, CLAIMS);
+    assert_eq!(claimed.status, 200, "{}", claimed.text());
+    let claimed = claimed.json();
+    let id = claimed["task"]["id"].as_str().unwrap().to_owned();
+    let token = claimed["lease"]["token"].clone();
+    let progress = json!({ "stage": "encode", "done": 2, "of": 5 });
+    let beat = json!({ "version": 1, "token": token, "progress": progress });
+    let reply = service.send(
+        "POST",
+        &format!("/v1/ns/renders/tasks/{id}/heartbeat"),
+        Some(&worker),
+        &[],
+        Some(&beat),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let read = service.send(
+        "GET",
+        &format!("/v1/ns/renders/tasks/{id}"),
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(read.json()["progress"][0]["progress"], progress);
+    let listed = service.send(
+        "GET",
+        "/v1/ns/renders/tasks?state=leased",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(listed.json()["tasks"][0]["progress"], progress);
+    let big = json!({ "version": 1, "token": token, "progress": "x".repeat(5000) });
+    let refused = service.send(
+        "POST",
+        &format!("/v1/ns/renders/tasks/{id}/heartbeat"),
+        Some(&worker),
+        &[],
+        Some(&big),
+    );
+    assert_eq!(refused.status, 400, "{}", refused.text());
+
+    // Every ready task of the queue cancelled at once; the leased one kept.
+    let filter = json!({ "queue": "frames", "state": "ready" });
+    let cancelled = service.send(
+        "POST",
+        "/v1/ns/renders/bulk/cancel",
+        Some(&worker),
+        &[],
+        Some(&filter),
+    );
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text());
+    assert_eq!(cancelled.json(), json!({ "changed": 3 }));
+    let retried = service.send(
+        "POST",
+        "/v1/ns/renders/bulk/retry",
+        Some(&worker),
+        &[],
+        Some(&json!({ "state": "cancelled", "changed_since": START })),
+    );
+    assert_eq!(retried.status, 200, "{}", retried.text());
+    assert_eq!(retried.json(), json!({ "changed": 3 }));
+    let none = service.send(
+        "POST",
+        "/v1/ns/renders/bulk/cancel",
+        Some(&worker),
+        &[],
+        Some(&json!({ "queue": "elsewhere" })),
+    );
+    assert_eq!(none.json(), json!({ "changed": 0 }));
+    for bad in [
+        json!({ "state": "asleep" }),
+        json!({ "queue": "no/slash" }),
+        json!({ "colour": "red" }),
+    ] {
+        let reply = service.send(
+            "POST",
+            "/v1/ns/renders/bulk/retry",
+            Some(&worker),
+            &[],
+            Some(&bad),
+        );
+        assert_eq!(reply.status, 400, "{bad}: {}", reply.text());
+    }
+}
+
+#[test]
 fn the_audit_is_read_a_page_at_a_time_with_before() {
     let service = Service::start(AdmissionConfig::default(), START);
     let worker = service.worker("renders");
@@ -1287,6 +1387,8 @@ fn every_public_store_operation_has_a_route_or_a_reason() {
         "list_tasks",
         "cancel_task",
         "retry_task",
+        "cancel_tasks",
+        "retry_tasks",
         "enqueue_batch",
         "claim_batch",
         "audit",

@@ -27,6 +27,8 @@ const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
 pub(super) fn routes() -> Vec<Route> {
     let held = || json!({ "version": VERSION.schema(), "token": TOKEN.schema() });
+    let mut beat = held();
+    beat["progress"] = any_value();
     let lease = json!({ "type": "object", "required": ["task", "token", "expires_at"] });
     let mut output = held();
     output["output"] = any_value();
@@ -39,9 +41,9 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/tasks/{task}/heartbeat",
             Some("heartbeat"),
-            task_doc(Doc::new("heartbeat", "extend a lease, with the task's version and the fencing token from the claim"))
+            task_doc(Doc::new("heartbeat", "extend a lease, with the task's version and the fencing token from the claim, and optionally report progress: a small JSON value (at most 4096 bytes as compact text) kept on the attempt, shown by the task view and listings"))
                 .keyed()
-                .body(object(held(), &["version", "token"]))
+                .body(object(beat, &["version", "token"]))
                 .answers("200", "the lease as it now stands", Some(lease)),
             post(heartbeat),
         ),
@@ -102,12 +104,15 @@ pub(super) fn routes() -> Vec<Route> {
     ]
 }
 
-/// The task's version and the fencing token from the claim.
+/// The task's version and the fencing token from the claim, and the
+/// progress a heartbeat may carry.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HeldLease {
     version: i64,
     token: i64,
+    #[serde(default)]
+    progress: Option<Value>,
 }
 
 async fn heartbeat(
@@ -121,7 +126,10 @@ async fn heartbeat(
     let token = FencingToken::new(TOKEN.integer(request.token)?)?;
     let reference = task.clone();
     let lease = state
-        .call(move |store| store.heartbeat(&caller, &task, token))
+        .call(move |store| match &request.progress {
+            Some(progress) => store.heartbeat_with_progress(&caller, &task, token, progress),
+            None => store.heartbeat(&caller, &task, token),
+        })
         .await?;
     Ok(Json(with_task_ref(json!(lease), &reference)).into_response())
 }

@@ -95,6 +95,10 @@ pub const NOT_ROUTED: &[(&str, &str)] = &[
         "the server makes its admin key at start",
     ),
     ("claim_async", "the claim route awaits claim_permit instead"),
+    (
+        "heartbeat_with_progress",
+        "the heartbeat route, when its body carries progress",
+    ),
     ("claim_permit", "the claim route's wait for admission"),
     (
         "finish_claim",

@@ -1,5 +1,6 @@
 //! Tasks: enqueue (one or a batch), list by state, read, receipts,
-//! alternatives, and an operator's cancel and retry.
+//! alternatives, and an operator's cancel and retry, of one task or of
+//! every task a filter matches.
 
 use std::sync::Arc;
 
@@ -16,8 +17,8 @@ use std::time::Duration;
 use tessera_store::lease::AttemptNumber;
 
 use tessera_store::{
-    Brief, BriefVersion, EnqueueOptions, Namespace, PartitionKey, TaskId, TaskQuery, UniqueKey,
-    Uniqueness,
+    Brief, BriefVersion, BulkFilter, EnqueueOptions, Namespace, PartitionKey, QueueName, TaskId,
+    TaskQuery, UniqueKey, Uniqueness,
 };
 
 use super::{AppState, Route, object, queue_doc, queue_names, task_doc, task_ref};
@@ -25,8 +26,8 @@ use crate::auth::Authenticated;
 use crate::errors::{ApiError, JsonBody, path, query};
 use crate::limits::{
     self, ALTERNATIVES, ATTEMPT, DEBOUNCE_MS, ENQUEUE_BATCH, MAX_DEBOUNCE_MS, MAX_TRIES_INPUT,
-    NAMESPACE, ORDER, PARTITION_KEY, PRIORITY, STATE, TASK_CURSOR, TASK_ID, TASKS_LIMIT, TIME,
-    UNIQUE_KEY, UNIQUE_MODE, UNIQUE_WINDOW_MS, VERSION, any_value,
+    NAMESPACE, ORDER, PARTITION_KEY, PRIORITY, QUEUE, STATE, TASK_CURSOR, TASK_ID, TASKS_LIMIT,
+    TIME, UNIQUE_KEY, UNIQUE_MODE, UNIQUE_WINDOW_MS, VERSION, any_value,
 };
 use crate::openapi::Doc;
 
@@ -67,6 +68,24 @@ fn unique_schema() -> Value {
 /// The task reference every route answers with.
 fn task_ref_schema() -> Value {
     json!({ "type": "object", "required": ["namespace", "id", "version", "created"] })
+}
+
+/// A bulk action's filter: every condition optional.
+fn filter_schema() -> Value {
+    object(
+        json!({
+            "queue": QUEUE.schema(),
+            "state": STATE.schema(),
+            "changed_since": TIME.schema(),
+            "changed_before": TIME.schema(),
+        }),
+        &[],
+    )
+}
+
+/// What a bulk action answers: how many tasks it changed.
+fn changed_schema() -> Value {
+    json!({ "type": "object", "required": ["changed"] })
 }
 
 /// A version in a query, for reads of one task.
@@ -187,6 +206,28 @@ pub(super) fn routes() -> Vec<Route> {
                 .body(object(json!({ "version": VERSION.schema() }), &["version"]))
                 .answers("200", "the attempts retried", Some(json!({ "type": "array", "items": { "type": "integer" } }))),
             post(retry_task),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/bulk/cancel",
+            Some("cancel_tasks"),
+            Doc::new("cancel_tasks", "an operator's cancel of every task with an attempt that matches a filter (queue, state, a range of when its state last changed), in batches of 200 tasks, each batch one audit row; a leased attempt's holder learns it at its next heartbeat or submit")
+                .keyed()
+                .path(NAMESPACE, "renders")
+                .body(filter_schema())
+                .answers("200", "how many tasks it cancelled", Some(changed_schema())),
+            post(cancel_tasks),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/bulk/retry",
+            Some("retry_tasks"),
+            Doc::new("retry_tasks", "an operator's retry of every task with an attempt that matches a filter (queue, state, a range of when its state last changed), in batches of 200 tasks, each batch one audit row")
+                .keyed()
+                .path(NAMESPACE, "renders")
+                .body(filter_schema())
+                .answers("200", "how many tasks it retried", Some(changed_schema())),
+            post(retry_tasks),
         ),
     ]
 }
@@ -443,4 +484,57 @@ async fn retry_task(
         .call(move |store| store.retry_task(&caller, &task))
         .await?;
     Ok(Json(retried).into_response())
+}
+
+/// A bulk action's filter, as its schema says.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterBody {
+    queue: Option<String>,
+    state: Option<String>,
+    changed_since: Option<DateTime<Utc>>,
+    changed_before: Option<DateTime<Utc>>,
+}
+
+impl FilterBody {
+    fn filter(self) -> Result<BulkFilter, ApiError> {
+        let mut filter = BulkFilter::default();
+        if let Some(queue) = &self.queue {
+            filter = filter.with_queue(QueueName::parse(queue)?);
+        }
+        if let Some(state) = &self.state {
+            filter = filter.with_state(limits::state(state)?);
+        }
+        filter.changed_since = self.changed_since;
+        filter.changed_before = self.changed_before;
+        Ok(filter)
+    }
+}
+
+async fn cancel_tasks(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    ns: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<FilterBody>,
+) -> Result<Response, ApiError> {
+    let ns = Namespace::parse(&path(ns)?)?;
+    let filter = request.filter()?;
+    let changed = state
+        .call(move |store| store.cancel_tasks(&caller, &ns, &filter))
+        .await?;
+    Ok(Json(json!({ "changed": changed })).into_response())
+}
+
+async fn retry_tasks(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    ns: Result<Path<String>, PathRejection>,
+    JsonBody(request): JsonBody<FilterBody>,
+) -> Result<Response, ApiError> {
+    let ns = Namespace::parse(&path(ns)?)?;
+    let filter = request.filter()?;
+    let changed = state
+        .call(move |store| store.retry_tasks(&caller, &ns, &filter))
+        .await?;
+    Ok(Json(json!({ "changed": changed })).into_response())
 }

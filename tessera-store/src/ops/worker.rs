@@ -463,6 +463,7 @@ impl Store {
                     handle: task.handle,
                     before: &task.before,
                     after: task.rules.record(),
+                    at: now,
                 })
                 .collect();
             writer.write_acknowledged(&changes, &[], &events)?;

@@ -184,7 +184,8 @@ pub(super) const CLAIM_ONE: &str = concat!(
      AND NOT EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2)), \
      leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
      tries = attempts.tries + 1, holder = $4::text, token = ok.token, granted_at = $3::bigint, \
-     expires_at = $5::bigint, lapses_at = $5::bigint + ok.lapse_backoff_ms FROM ok \
+     expires_at = $5::bigint, lapses_at = $5::bigint + ok.lapse_backoff_ms, \
+     changed_at = $3::bigint FROM ok \
      WHERE attempts.task = ok.id AND attempts.number = 1 RETURNING ",
     attempt_columns_of!("attempts"),
     "), moved AS (UPDATE tasks SET last_token = ok.token, claimable_at = NULL FROM ok \

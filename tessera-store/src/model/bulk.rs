@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use tessera_audit::Resource;
-use tessera_lease::{AttemptNumber, QueueName, StateName};
+use tessera_lease::{AttemptNumber, PartitionKey, QueueName, StateName};
 
 /// How many tasks one transaction of a bulk action changes at most: a
 /// [`cancel_tasks`](crate::Store::cancel_tasks) or
@@ -36,7 +36,9 @@ pub struct BulkFilter {
     /// The attempt's state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<StateName>,
-    // Slot: the task's partition key, once tasks carry one.
+    /// The task's partition key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_key: Option<PartitionKey>,
     /// The attempt's state last changed at or after this time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changed_since: Option<DateTime<Utc>>,
@@ -55,6 +57,12 @@ impl BulkFilter {
     /// Only tasks with an attempt in `state`.
     pub fn with_state(mut self, state: StateName) -> Self {
         self.state = Some(state);
+        self
+    }
+
+    /// Only tasks enqueued with partition key `key`.
+    pub fn with_partition_key(mut self, key: PartitionKey) -> Self {
+        self.partition_key = Some(key);
         self
     }
 
@@ -80,6 +88,9 @@ impl BulkFilter {
         }
         if let Some(state) = self.state {
             parts.push(format!("state={}", state.as_str()));
+        }
+        if let Some(key) = &self.partition_key {
+            parts.push(format!("partition={key}"));
         }
         let time = |at: &DateTime<Utc>| at.to_rfc3339_opts(SecondsFormat::Millis, true);
         if let Some(at) = &self.changed_since {

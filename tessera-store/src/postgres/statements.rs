@@ -279,14 +279,15 @@ pub(super) const UPDATE_PROGRESS: &str =
 pub(super) const PROGRESS_OF_TASK: &str = "SELECT number, progress FROM attempts \
      WHERE task = $1 AND progress IS NOT NULL ORDER BY number";
 /// A namespace's attempts after position ($2, $3, $4) in (changed_at,
-/// task, number) order, whose state changed at or before $5, of queue $6
-/// and in state $7 where those are set, each with its task's reference:
-/// one range of `attempts_changed`.
+/// task, number) order, whose state changed at or before $5, of queue $6,
+/// in state $7 and of partition key $9 where those are set, each with its
+/// task's reference: one range of `attempts_changed`.
 pub(super) const ATTEMPTS_MATCHING: &str = "SELECT a.changed_at, a.task, a.number, \
      t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task \
      WHERE a.namespace = $1 AND (a.changed_at, a.task, a.number) > ($2, $3, $4) \
      AND a.changed_at <= $5 AND ($6::text IS NULL OR a.queue = $6) \
      AND ($7::text IS NULL OR a.state = $7) \
+     AND ($9::text IS NULL OR t.partition_key = $9) \
      ORDER BY a.changed_at, a.task, a.number LIMIT $8";
 pub(super) const UPDATE_TASK: &str =
     "UPDATE tasks SET last_token = $2, claimable_at = $3 WHERE id = $1";
@@ -532,6 +533,7 @@ mod tests {
             &no_queue,
             &some_state,
             &limit,
+            &no_queue,
         ];
         let cases: [(&str, &str, Params<'_>, &str, usize); 9] = [
             (

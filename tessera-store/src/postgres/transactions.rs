@@ -436,6 +436,7 @@ impl ReadTransaction for PgTransaction<'_> {
         };
         let queue = filter.queue.as_ref().map(QueueName::as_str);
         let state = filter.state.map(StateName::as_str);
+        let partition = filter.partition_key.as_ref().map(PartitionKey::as_str);
         let found = self
             .query(
                 ATTEMPTS_MATCHING,
@@ -448,6 +449,7 @@ impl ReadTransaction for PgTransaction<'_> {
                     &queue,
                     &state,
                     &count(limit),
+                    &partition,
                 ],
             )?
             .iter()

@@ -178,12 +178,13 @@ pub(crate) const PROGRESS_OF_TASK: &str = "SELECT number, progress FROM attempts
 
 /// A namespace's attempts after position (`?2`, `?3`, `?4`) in
 /// (changed_at, task, number) order, whose state changed at or before
-/// `?5`, of queue `?6` and in state `?7` where those are set, each with
-/// its task's reference: one range of `attempts_changed`.
+/// `?5`, of queue `?6`, in state `?7` and of partition key `?9` where those
+/// are set, each with its task's reference: one range of `attempts_changed`.
 pub(crate) const ATTEMPTS_MATCHING: &str = "SELECT a.changed_at, a.task, a.number, \
      t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task \
      WHERE a.namespace = ?1 AND (a.changed_at, a.task, a.number) > (?2, ?3, ?4) \
      AND a.changed_at <= ?5 AND (?6 IS NULL OR a.queue = ?6) AND (?7 IS NULL OR a.state = ?7) \
+     AND (?9 IS NULL OR t.partition_key = ?9) \
      ORDER BY a.changed_at, a.task, a.number LIMIT ?8";
 
 /// Leased attempts of a namespace whose lease expired, at most `?3`.
@@ -674,12 +675,13 @@ pub(crate) fn attempts_matching(
     upto: i64,
     queue: Option<&str>,
     state: Option<&str>,
+    partition: Option<&str>,
     limit: i64,
 ) -> rusqlite::Result<Vec<MatchingRow>> {
     reader.all(
         ATTEMPTS_MATCHING,
         params![
-            namespace, after.0, after.1, after.2, upto, queue, state, limit
+            namespace, after.0, after.1, after.2, upto, queue, state, limit, partition
         ],
         |row| {
             Ok((

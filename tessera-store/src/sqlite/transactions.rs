@@ -235,6 +235,7 @@ impl ReadTransaction for Reader<'_> {
             end,
             filter.queue.as_ref().map(QueueName::as_str),
             filter.state.map(StateName::as_str),
+            filter.partition_key.as_ref().map(PartitionKey::as_str),
             count(limit),
         )?;
         rows::matching(namespace, found)

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tessera_store::limits::{BULK_BATCH, MAX_PROGRESS_BYTES};
 use tessera_store::{
-    AuditQuery, Brief, BulkFilter, Caller, Clock, EnqueueOptions, Grant, Retry, StateName,
-    TaskQuery, TaskRef, TaskState,
+    AuditQuery, Brief, BulkFilter, Caller, Clock, EnqueueOptions, Grant, PartitionKey, Retry,
+    StateName, TaskQuery, TaskRef, TaskState,
 };
 
 use crate::harness::TestDb;
@@ -107,6 +107,36 @@ fn bulk_cancel_takes_a_queue_and_state(db: &TestDb) {
             "filter:queue=jobs,state=ready/n4"
         ]
     );
+}
+
+fn bulk_cancel_takes_a_partition_key(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let ns = namespace("renders");
+    let customer =
+        |key: &str| EnqueueOptions::default().with_partition_key(PartitionKey::parse(key).unwrap());
+    let acme = enqueue(&f, &worker, "jobs", 0, 3, customer("acme"));
+    let globex = enqueue(&f, &worker, "jobs", 10, 12, customer("globex"));
+    let plain = enqueue(&f, &worker, "jobs", 20, 21, EnqueueOptions::default());
+
+    let filter = BulkFilter::default()
+        .with_queue(queue("jobs"))
+        .with_partition_key(PartitionKey::parse("acme").unwrap());
+    assert_eq!(f.store.cancel_tasks(&worker, &ns, &filter).unwrap(), 3);
+    for task in &acme {
+        assert_eq!(state(&f, task), TaskState::Cancelled);
+    }
+    for task in globex.iter().chain(&plain) {
+        assert_eq!(state(&f, task), TaskState::Ready, "another partition: kept");
+    }
+    assert_eq!(
+        audited(&f, "cancel_tasks"),
+        ["filter:queue=jobs,partition=acme/n3"]
+    );
+    assert_eq!(f.store.retry_tasks(&worker, &ns, &filter).unwrap(), 3);
+    for task in &acme {
+        assert_eq!(state(&f, task), TaskState::Ready);
+    }
 }
 
 fn bulk_retry_takes_discarded_tasks_since_a_time(db: &TestDb) {
@@ -290,6 +320,7 @@ fn heartbeat_progress_is_stored_shown_and_capped(db: &TestDb) {
 
 conformance!(
     bulk_cancel_takes_a_queue_and_state,
+    bulk_cancel_takes_a_partition_key,
     bulk_retry_takes_discarded_tasks_since_a_time,
     bulk_actions_page_in_batches_with_an_audit_row_each,
     a_filter_that_matches_nothing_changes_nothing,

@@ -76,6 +76,7 @@ fn filter_schema() -> Value {
         json!({
             "queue": QUEUE.schema(),
             "state": STATE.schema(),
+            "partition_key": PARTITION_KEY.schema(),
             "changed_since": TIME.schema(),
             "changed_before": TIME.schema(),
         }),
@@ -492,6 +493,7 @@ async fn retry_task(
 struct FilterBody {
     queue: Option<String>,
     state: Option<String>,
+    partition_key: Option<String>,
     changed_since: Option<DateTime<Utc>>,
     changed_before: Option<DateTime<Utc>>,
 }
@@ -504,6 +506,9 @@ impl FilterBody {
         }
         if let Some(state) = &self.state {
             filter = filter.with_state(limits::state(state)?);
+        }
+        if let Some(key) = &self.partition_key {
+            filter = filter.with_partition_key(PartitionKey::parse(key)?);
         }
         filter.changed_since = self.changed_since;
         filter.changed_before = self.changed_before;

@@ -23,10 +23,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tessera_store::limits::PRACTICE_QUEUE;
 use tessera_store::{
-    Brief, Caller, ClaimOutcome, Claimed, Clock, ConcurrencyLimit, EmptyReason, EnqueueOptions,
-    Grant, IdempotencyKey, IssuedKey, KeySpec, ManualClock, MeterSnapshot, MintConfig, Namespace,
-    Output, PartitionKey, QueueName, ScheduleName, ScheduleSpec, Scope, Secret, Store, StoreConfig,
-    TaskRef, UniqueKey, Uniqueness,
+    Brief, BulkFilter, Caller, ClaimOutcome, Claimed, Clock, ConcurrencyLimit, EmptyReason,
+    EnqueueOptions, Grant, IdempotencyKey, IssuedKey, KeySpec, ManualClock, MeterSnapshot,
+    MintConfig, Namespace, Output, PartitionKey, QueueName, ScheduleName, ScheduleSpec, Scope,
+    Secret, StateName, Store, StoreConfig, TaskRef, UniqueKey, Uniqueness,
 };
 
 /// What a row is held to.
@@ -438,7 +438,62 @@ fn schedules(s: &mut Scenario<'_>) {
         cost,
         "–",
         "–",
-        Target::Written(11),
+        Target::Written(12),
+    );
+}
+
+fn bulk_and_progress(s: &mut Scenario<'_>) {
+    let ns = namespace("bulk");
+    let q = queue("exports");
+    let worker = s.worker();
+    for n in 0..10 {
+        enqueue(&s.store, &worker, &ns, &q, n);
+    }
+    let filter = BulkFilter::default()
+        .with_queue(q.clone())
+        .with_state(StateName::Ready);
+    let (cancelled, cost) = s.request(|store, caller| {
+        store
+            .cancel_tasks(caller, &ns, &filter)
+            .expect("a bulk cancel")
+    });
+    assert_eq!(cancelled, 10);
+    s.push(
+        "Bulk cancel of 10 ready tasks by filter (`cancel_tasks`, one batch, one audit row)",
+        cost,
+        "–",
+        "–",
+        Target::None,
+    );
+    let cancelled_filter = BulkFilter::default()
+        .with_queue(q.clone())
+        .with_state(StateName::Cancelled);
+    let (retried, cost) = s.request(|store, caller| {
+        store
+            .retry_tasks(caller, &ns, &cancelled_filter)
+            .expect("a bulk retry")
+    });
+    assert_eq!(retried, 10);
+    s.push(
+        "Bulk retry of those 10 by filter (`retry_tasks`, one batch, one audit row)",
+        cost,
+        "–",
+        "–",
+        Target::None,
+    );
+    let claimed = granted(s.store.claim(&worker, &ns, &q).expect("a claim"));
+    let progress = serde_json::json!({"done": 40, "of": 100});
+    let (_, cost) = s.request(|store, caller| {
+        store
+            .heartbeat_with_progress(caller, &claimed.task, claimed.lease.token(), &progress)
+            .expect("a heartbeat")
+    });
+    s.push(
+        "Heartbeat carrying progress (`heartbeat_with_progress`)",
+        cost,
+        "10",
+        "10",
+        Target::Written(10),
     );
 }
 
@@ -716,6 +771,7 @@ fn main() {
     queue_settings(&mut s);
     schedules(&mut s);
     unique_tasks(&mut s);
+    bulk_and_progress(&mut s);
     let (idle, purged, breakdown) = idle_day(dir.path());
     s.push(
         "Idle worker polling an empty queue, rows a simulated day written by its polls (their counter rows included)",

@@ -68,15 +68,6 @@ impl Store {
         rule: Rule,
     ) -> Result<u64, Error> {
         let scope = self.admit(caller, namespace, Scope::Enqueue, action)?;
-        if let (Some(since), Some(before)) = (filter.changed_since, filter.changed_before) {
-            if before < since {
-                let error = Error::InvalidInput {
-                    reason: "a filter's changed_before is earlier than its changed_since".into(),
-                };
-                self.count(&scope, error.outcome());
-                return Err(error);
-            }
-        }
         let upto = self.now_utc();
         let mut after = BulkPosition::START;
         let mut total = 0_u64;

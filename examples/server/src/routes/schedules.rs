@@ -45,7 +45,7 @@ pub(super) fn routes() -> Vec<Route> {
             Some("put_schedule"),
             schedule_doc(Doc::new(
                 "put_schedule",
-                "create or replace a periodic schedule: a cron expression in a time zone, the queue and the brief each fire enqueues; a replacement's run-ats count from now",
+                "create or replace a periodic schedule: a cron expression in a time zone, the queue and the brief each fire enqueues; a replacement's run-ats count from now; a cron expression croner does not read, or a zone that is not an IANA name, is 400 invalid_input",
             ))
             .keyed()
             .body(object(

@@ -105,7 +105,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/queues/{queue}/tasks",
             Some("enqueue"),
-            queue_doc(Doc::new("enqueue", "enqueue a task: a JSON brief, and optionally its id, version, competing attempts, priority, tries, start, partition key and uniqueness; a unique task's duplicate answers 200 with the task already there, created false"))
+            queue_doc(Doc::new("enqueue", "enqueue a task: a JSON brief, and optionally its id, version, competing attempts, priority, tries, start, partition key and uniqueness; a unique task's duplicate answers 200 with the task already there, created false; a unique mode of keep or replace takes no delays, and debounce needs delay_ms at most max_delay_ms (400 invalid_input otherwise)"))
                 .keyed()
                 .body(new_task())
                 .answers("201", "the task's reference, created true", Some(task_ref_schema()))
@@ -124,7 +124,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/queues/{queue}/tasks/batch",
             Some("enqueue_batch"),
-            queue_doc(Doc::new("enqueue_batch", "enqueue tasks at once, each created or found already there; one bad task enqueues none"))
+            queue_doc(Doc::new("enqueue_batch", "enqueue tasks at once, each created or found already there (uniqueness as for enqueue: keep or replace take no delays, debounce needs delay_ms at most max_delay_ms); one bad task enqueues none"))
                 .keyed()
                 .body(object(
                     json!({ "tasks": {
@@ -212,7 +212,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/bulk/cancel",
             Some("cancel_tasks"),
-            Doc::new("cancel_tasks", "an operator's cancel of every task with an attempt that matches a filter (queue, state, a range of when its state last changed), in batches of 200 tasks, each batch one audit row; a leased attempt's holder learns it at its next heartbeat or submit")
+            Doc::new("cancel_tasks", "an operator's cancel of every task with an attempt that matches a filter (queue, state, partition key, a range of when its state last changed: since inclusive, before exclusive, so a range that ends before it starts matches nothing), in batches of 200 tasks, each batch one audit row; a leased attempt's holder learns it at its next heartbeat or submit")
                 .keyed()
                 .path(NAMESPACE, "renders")
                 .body(filter_schema())
@@ -223,7 +223,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/bulk/retry",
             Some("retry_tasks"),
-            Doc::new("retry_tasks", "an operator's retry of every task with an attempt that matches a filter (queue, state, a range of when its state last changed), in batches of 200 tasks, each batch one audit row")
+            Doc::new("retry_tasks", "an operator's retry of every task with an attempt that matches a filter (queue, state, partition key, a range of when its state last changed: since inclusive, before exclusive, so a range that ends before it starts matches nothing), in batches of 200 tasks, each batch one audit row")
                 .keyed()
                 .path(NAMESPACE, "renders")
                 .body(filter_schema())

@@ -11,7 +11,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tessera_store::ConcurrencyLimit;
+use tessera_store::{
+    Caller, ConcurrencyLimit, Error as StoreError, Namespace, QueueName, QueueSettings, Store,
+};
 
 use super::{AppState, Route, object, queue_doc, queue_names};
 use crate::auth::Authenticated;
@@ -89,17 +91,28 @@ pub(super) fn routes() -> Vec<Route> {
     ]
 }
 
+/// Runs `op` on the queue the path names and answers its settings: the
+/// shape of `pause`, `resume` and `settings`.
+async fn on_queue(
+    state: Arc<AppState>,
+    caller: Caller,
+    parts: Result<Path<(String, String)>, PathRejection>,
+    op: fn(&Store, &Caller, &Namespace, &QueueName) -> Result<QueueSettings, StoreError>,
+) -> Result<Response, ApiError> {
+    let (ns, queue) = path(parts)?;
+    let (ns, queue) = queue_names(&ns, &queue)?;
+    let settings = state
+        .call(move |store| op(store, &caller, &ns, &queue))
+        .await?;
+    Ok(Json(settings).into_response())
+}
+
 async fn pause(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
     parts: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let (ns, queue) = path(parts)?;
-    let (ns, queue) = queue_names(&ns, &queue)?;
-    let settings = state
-        .call(move |store| store.pause_queue(&caller, &ns, &queue))
-        .await?;
-    Ok(Json(settings).into_response())
+    on_queue(state, caller, parts, Store::pause_queue).await
 }
 
 async fn resume(
@@ -107,12 +120,7 @@ async fn resume(
     Authenticated(caller): Authenticated,
     parts: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let (ns, queue) = path(parts)?;
-    let (ns, queue) = queue_names(&ns, &queue)?;
-    let settings = state
-        .call(move |store| store.resume_queue(&caller, &ns, &queue))
-        .await?;
-    Ok(Json(settings).into_response())
+    on_queue(state, caller, parts, Store::resume_queue).await
 }
 
 /// `PUT .../limits`.
@@ -149,10 +157,5 @@ async fn settings(
     Authenticated(caller): Authenticated,
     parts: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let (ns, queue) = path(parts)?;
-    let (ns, queue) = queue_names(&ns, &queue)?;
-    let settings = state
-        .call(move |store| store.queue_settings(&caller, &ns, &queue))
-        .await?;
-    Ok(Json(settings).into_response())
+    on_queue(state, caller, parts, Store::queue_settings).await
 }

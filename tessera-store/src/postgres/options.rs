@@ -160,8 +160,12 @@ impl PostgresOptions {
                 )));
             }
         }
+        // Every statement is prepared once per connection and its plan
+        // kept: the server would otherwise plan a statement that takes
+        // arrays (a batch's `unnest`) anew on every call, which costs more
+        // than running it.
         let mut session = format!(
-            "-c statement_timeout={}",
+            "-c statement_timeout={} -c plan_cache_mode=force_generic_plan",
             self.statement_timeout.as_millis()
         );
         if let Some(schema) = &self.schema {

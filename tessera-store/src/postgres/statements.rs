@@ -43,6 +43,21 @@ macro_rules! claimable_tasks {
         )
     };
 }
+/// Whether the queue holds a lapsed lease at priority `$p`, above the
+/// picked task's (`p`): one search of the lapsing index, which leads with
+/// the priority, so it never walks the entries of leases that ended.
+macro_rules! lapsed_above {
+    ($p:literal) => {
+        concat!(
+            "(p.priority < ",
+            $p,
+            " AND EXISTS (SELECT 1 FROM attempts l WHERE l.namespace = $1 AND l.queue = $2 \
+             AND l.state = 'leased' AND l.priority = ",
+            $p,
+            " AND l.lapses_at <= $3::bigint))"
+        )
+    };
+}
 /// A queue's lapsed leases, as each priority's arm selects them.
 macro_rules! lapsed_leases {
     () => {
@@ -179,8 +194,13 @@ pub(super) const CLAIM_ONE: &str = concat!(
      ok AS (SELECT p.id, p.last_token + 1 AS token, p.task_id, p.version, p.lapse_backoff_ms \
      FROM picked p JOIN attempt a ON true WHERE p.alternatives = 1 AND p.claimable_at = 0 \
      AND a.state = 'ready' AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
-     AND NOT EXISTS (SELECT 1 FROM attempts l WHERE l.namespace = $1 AND l.queue = $2 \
-     AND l.state = 'leased' AND l.lapses_at <= $3::bigint AND l.priority > p.priority) \
+     AND NOT ",
+    lapsed_above!(3),
+    " AND NOT ",
+    lapsed_above!(2),
+    " AND NOT ",
+    lapsed_above!(1),
+    " \
      AND NOT EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2)), \
      leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
      tries = attempts.tries + 1, holder = $4::text, token = ok.token, granted_at = $3::bigint, \
@@ -195,9 +215,9 @@ pub(super) const CLAIM_ONE: &str = concat!(
      'task:' || ok.task_id || '@' || ok.version || '/a1/t' || ok.token, $10::text FROM ok \
      RETURNING resource) \
      SELECT CASE WHEN l.number IS NOT NULL AND EXISTS (SELECT 1 FROM moved) THEN 'leased' \
-     WHEN p.id IS NOT NULL OR EXISTS (SELECT 1 FROM attempts x WHERE x.namespace = $1 \
-     AND x.queue = $2 AND x.state = 'leased' AND x.lapses_at <= $3::bigint) \
-     OR EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2) \
+     WHEN p.id IS NOT NULL OR EXISTS (",
+    by_priority!(lapsed_leases!(), "LIMIT 1", "0"),
+    ") OR EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2) \
      THEN 'declined' \
      ELSE 'empty' END, ",
     task_columns_of!("p"),

@@ -23,9 +23,9 @@
 //! 2. for 2, 4 and 8 workers: enqueue `JOBS`, 1,000 per call
 //!    (`enqueue_batch`; `addJobs`), then process them one job per claim;
 //! 3. for each of `BATCHED_WORKERS`: enqueue `JOBS` 1,000 per call, then
-//!    process them batched (Tessera: `claim_batch` of 100 and a submit
-//!    per task; graphile-worker: a local queue of 100 and batched
-//!    completions).
+//!    process them batched (Tessera: `claim_batch` of 100 and one
+//!    `submit_batch` of what it got; graphile-worker: a local queue of
+//!    100 and batched completions).
 //!
 //! Processing is "no-op": Tessera's workers are threads of one process
 //! sharing one `Store`, each with its own key, each claiming and
@@ -68,7 +68,7 @@ use tessera_benches::{
 use tessera_store::postgres::PostgresOptions;
 use tessera_store::{
     Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, KeySpec, Namespace, Output, Scope,
-    Store, StoreConfig, Submitted,
+    Store, StoreConfig, SubmitRequest, Submitted,
 };
 
 /// Worker counts of the one-job-per-claim steps.
@@ -575,8 +575,9 @@ impl Tessera {
     }
 
     /// Processes the queue with `workers` threads until each finds it
-    /// empty: a claim (or a `claim_batch` of `CLAIM_BATCH`) and a submit
-    /// per task. Checks that `jobs` distinct tasks were processed.
+    /// empty: a claim and a submit per task, or a `claim_batch` of
+    /// `CLAIM_BATCH` and one `submit_batch`. Checks that `jobs` distinct
+    /// tasks were processed.
     fn process(&self, jobs: usize, workers: usize, batched: bool, step: u64) -> (u64, f64) {
         let store = (self.open)();
         let callers: Vec<Caller> = (0..workers).map(|w| self.caller(&store, w)).collect();
@@ -613,6 +614,28 @@ impl Tessera {
                         };
                         if claimed.is_empty() {
                             break;
+                        }
+                        if batched {
+                            // Batched completions: one `submit_batch` of
+                            // what the claim got.
+                            let requests: Vec<SubmitRequest> = claimed
+                                .iter()
+                                .enumerate()
+                                .map(|(n, one)| SubmitRequest {
+                                    task: one.task.clone(),
+                                    token: one.lease.token(),
+                                    key: idempotency_key(
+                                        worker,
+                                        step << 32 | (mine.len() + n) as u64,
+                                    ),
+                                    output: output.clone(),
+                                })
+                                .collect();
+                            for answer in store.submit_batch(caller, &requests).unwrap() {
+                                assert!(matches!(answer, Ok(Submitted::Accepted(_))));
+                            }
+                            mine.extend(claimed.iter().map(|one| one.task.id.to_string()));
+                            continue;
                         }
                         for one in &claimed {
                             submit(one, mine.len() as u64);

@@ -21,13 +21,17 @@
 /// `$select` (a statement ending in its `WHERE` conditions) once per task
 /// priority, highest first, each arm `$order` (an `ORDER BY`, `LIMIT 1` and
 /// any locking clause) and skipped when the floor parameter `$floor` is
-/// above its priority; the first row found ends the statement. The claim
+/// above its priority; the first row found (or the first `$limit`, when
+/// given) ends the statement. The claim
 /// indexes lead with the priority, so each arm is one index search and
 /// the statement at most `MAX_PRIORITY + 1` of them
 /// ([`priorities`](tessera_lease::priorities)), however many entries are
 /// not yet due.
 macro_rules! by_priority {
     ($select:expr, $order:expr, $floor:expr) => {
+        by_priority!($select, $order, $floor, "1")
+    };
+    ($select:expr, $order:expr, $floor:expr, $limit:expr) => {
         concat!(
             "SELECT * FROM (",
             $select,
@@ -53,7 +57,8 @@ macro_rules! by_priority {
             $floor,
             " <= 0 ",
             $order,
-            ") AS p0 LIMIT 1"
+            ") AS p0 LIMIT ",
+            $limit
         )
     };
 }
@@ -808,6 +813,25 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         receipt: &Receipt,
         output: Option<&[u8]>,
     ) -> Result<()>;
+
+    /// Up to `count` claimable tasks of `queue` at `now` in claim order,
+    /// with their briefs, each locked for the rest of the transaction (a
+    /// task another transaction holds is skipped): a batch claim's tasks
+    /// in one statement, where the backend can. `None` when it cannot,
+    /// when it found no claimable task, or when the queue has a due
+    /// lapsed lease, whose recording comes first in claim order; the
+    /// claim then takes its tasks one at a time with
+    /// [`next_claimable`](ReadTransaction::next_claimable). The default
+    /// is `None`.
+    fn lock_claimable(
+        &self,
+        _namespace: &Namespace,
+        _queue: &QueueName,
+        _now: DateTime<Utc>,
+        _count: usize,
+    ) -> Result<Option<Vec<LoadedTask>>> {
+        Ok(None)
+    }
 
     /// Many tasks at once, without their briefs, each locked for the
     /// rest of the transaction where the backend locks rows; `None` for

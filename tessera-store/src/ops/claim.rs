@@ -495,6 +495,7 @@ impl Store {
             }
         }
         self.perform_or_count(scope, now, |writer| {
+            let mut audited = 0;
             if session {
                 self.open_namespace(writer, caller, namespace, now)?;
             }
@@ -521,7 +522,21 @@ impl Store {
                 let mut lapses_recorded = false;
                 let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
                 let mut stale = 0;
-                while granted.len() < request.count && stale < MAX_PICKS {
+                let mut exhausted = false;
+                if request.count > 1 && !limit.is_limited() {
+                    // A batch of plain tasks: locked in one statement and
+                    // leased set-based, where the backend can.
+                    if let Some(locked) =
+                        writer.lock_claimable(namespace, queue, now, request.count)?
+                    {
+                        let found = locked.len();
+                        granted =
+                            grant_locked(writer, scope, namespace, locked, &holder, duration, now)?;
+                        audited = granted.len().saturating_sub(1);
+                        exhausted = granted.len() == found && found < request.count;
+                    }
+                }
+                while !exhausted && granted.len() < request.count && stale < MAX_PICKS {
                     let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {
                         break;
                     };
@@ -587,14 +602,12 @@ impl Store {
                 }
                 (granted, reason)
             };
-            // One audit row per lease; the last rides on the trail.
-            let resource = |(_, task, lease, _): &(TaskHandle, TaskRef, Lease, Brief)| {
-                task.grant_resource(lease.attempt(), lease.token())
-            };
+            // One audit row per lease; the last rides on the trail. The
+            // first `audited` were written with their leases.
             let trail = match granted.split_last() {
                 None => Trail::Count(Outcome::Empty),
                 Some((last, earlier)) => {
-                    for lease in earlier {
+                    for lease in earlier.get(audited..).unwrap_or_default() {
                         writer.insert_event(&scope.event(now, resource(lease)))?;
                     }
                     Trail::Row(resource(last))
@@ -859,4 +872,79 @@ fn checked_grant(
         ));
     }
     Ok((task, lease, brief))
+}
+
+/// A grant's audit resource.
+fn resource((_, task, lease, _): &(TaskHandle, TaskRef, Lease, Brief)) -> Option<Resource> {
+    task.grant_resource(lease.attempt(), lease.token())
+}
+
+/// Leases the tasks [`lock_claimable`](crate::backend::WriteTransaction::lock_claimable)
+/// locked, in claim order, each under the lease rules as the one-at-a-time
+/// claim leases it, and writes them set-based with the audit rows of all
+/// but the last grant (which rides on the claim's trail). It stops before
+/// the first task whose stored claim times are stale, which the
+/// one-at-a-time claim corrects, and after one with another attempt still
+/// claimable.
+fn grant_locked(
+    writer: &dyn crate::backend::WriteTransaction,
+    scope: &ActionScope,
+    namespace: &Namespace,
+    locked: Vec<crate::backend::LoadedTask>,
+    holder: &Principal,
+    duration: Duration,
+    now: DateTime<Utc>,
+) -> Result<Vec<(TaskHandle, TaskRef, Lease, Brief)>, Error> {
+    let mut leased = Vec::with_capacity(locked.len());
+    for loaded in locked {
+        let mut rules = Task::restore(loaded.record.clone())?;
+        if rules.next_claimable_at(now) != Some(now) {
+            break;
+        }
+        let lease = rules.claim(holder, now, duration)?;
+        let brief = loaded
+            .brief
+            .clone()
+            .ok_or_else(|| crate::error::corrupt("task brief"))?;
+        // A task with another attempt still claimable comes next in claim
+        // order, and a batch never takes two attempts of one task: the
+        // batch ends with it, as the one-at-a-time claim's does.
+        let again = rules.next_claimable_at(now) == Some(now);
+        leased.push((loaded, rules, lease, brief));
+        if again {
+            break;
+        }
+    }
+    let changes: Vec<crate::backend::TaskChange<'_>> = leased
+        .iter()
+        .map(|(loaded, rules, ..)| crate::backend::TaskChange {
+            handle: loaded.handle,
+            before: &loaded.record,
+            after: rules.record(),
+            at: now,
+        })
+        .collect();
+    let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::with_capacity(leased.len());
+    for (loaded, rules, lease, brief) in &leased {
+        let task = TaskRef::new(
+            namespace.clone(),
+            lease.task().clone(),
+            rules.record().version,
+        );
+        granted.push((loaded.handle, task, lease.clone(), brief.clone()));
+    }
+    let events: Vec<_> = granted
+        .split_last()
+        .map(|(_, earlier)| earlier)
+        .unwrap_or_default()
+        .iter()
+        .map(|grant| scope.event(now, resource(grant)))
+        .collect();
+    writer.write_acknowledged(&changes, &[], &events)?;
+    for (loaded, rules, ..) in &leased {
+        if crate::ops::task::leaves_slot(loaded.unique_held, rules.record()) {
+            writer.release_unique_slot(loaded.handle)?;
+        }
+    }
+    Ok(granted)
 }

@@ -9,6 +9,7 @@ use tessera_lease::{PartitionKey, UniqueKey};
 
 use super::rows::{attempt_row_at, receipt_row, task_row, version};
 use super::transactions::PgTransaction;
+use crate::backend::by_priority;
 use crate::backend::rows::{
     AttemptRow, AttemptWrite, EventRow, TaskRow, TaskWrites, claimable_column, corrupt,
     duration_millis, millis,
@@ -32,8 +33,43 @@ const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, 
      a.expires_at, a.lapses_at, a.discarded, a.last_error, \
      l.partition_key, l.unique_key, l.unique_states \
      FROM locked l JOIN attempts a ON a.task = l.id ORDER BY l.id, a.number";
-/// Where the attempt's columns start in [`LOCK_AND_LOAD`].
+/// Where the attempt's columns start in [`LOCK_AND_LOAD`] and
+/// [`LOCK_CLAIMABLE`].
 const ATTEMPT_COLUMNS: usize = 13;
+/// Up to `$4` claimable tasks of a queue in claim order (`NEXT_CLAIMABLE`'s
+/// search, `$4` rows an arm), with briefs, each locked or skipped, then
+/// their attempts, locked too so that they are read as the newest
+/// versions; one row per attempt, in the columns of [`LOCK_AND_LOAD`],
+/// then whether the queue has a due lapsed lease.
+const LOCK_CLAIMABLE: &str = concat!(
+    "WITH picked AS MATERIALIZED (",
+    by_priority!(
+        "SELECT id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, \
+         last_token, claimable_at, created_at, max_tries, priority, namespace, \
+         partition_key, unique_key, unique_states FROM tasks \
+         WHERE namespace = $1 AND queue = $2 AND claimable_at IS NOT NULL \
+         AND claimable_at <= $3",
+        "ORDER BY claimable_at, id LIMIT $4 FOR UPDATE SKIP LOCKED",
+        "0",
+        "$4"
+    ),
+    "), attempt AS (SELECT a.task, a.number, a.state, a.until_at, a.tries, a.holder, a.token, \
+     a.granted_at, a.expires_at, a.lapses_at, a.discarded, a.last_error \
+     FROM attempts a JOIN picked p ON a.task = p.id FOR UPDATE OF a) \
+     SELECT p.id, p.queue, p.task_id, p.version, p.brief, p.brief_format, p.lapse_backoff_ms, \
+     p.last_token, p.claimable_at, p.created_at, p.max_tries, p.priority, p.namespace, \
+     a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, a.expires_at, \
+     a.lapses_at, a.discarded, a.last_error, p.partition_key, p.unique_key, p.unique_states, \
+     EXISTS (",
+    by_priority!(
+        "SELECT task, lapses_at, priority FROM attempts \
+         WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3",
+        "LIMIT 1",
+        "0"
+    ),
+    ") AS lapse_due FROM picked p JOIN attempt a ON a.task = p.id \
+     ORDER BY p.priority DESC, p.claimable_at, p.id, a.number"
+);
 /// The receipts stored under many (principal, task, key), in the columns
 /// of `receipt_row`, then the key's place.
 const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
@@ -42,10 +78,10 @@ const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
      AS k(principal, task, idempotency_key, place) \
      JOIN receipts r ON r.principal = k.principal AND r.task = k.task \
      AND r.idempotency_key = k.idempotency_key";
-/// What a batch of acknowledgements decided, in one statement: attempts
-/// whose state alone moved (a submit, a failure report), claim columns
-/// that alone moved (a retry), the receipts and the audit rows. Returns
-/// the rows it changed.
+/// What a batch decided, in one statement: attempts whose state alone
+/// moved (a submit, a failure report), attempts written whole (a grant),
+/// task rows whose token counter or claim column moved (a grant, a
+/// retry), the receipts and the audit rows. Returns the rows it changed.
 const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = u.state, \
      until_at = u.until_at, lapses_at = u.lapses_at, discarded = u.discarded, \
      last_error = u.last_error, changed_at = u.changed_at \
@@ -53,8 +89,19 @@ const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = 
      $6::text[], $7::text[], $26::bigint[]) \
      AS u(task, number, state, until_at, lapses_at, discarded, last_error, changed_at) \
      WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
-     claims AS (UPDATE tasks t SET claimable_at = u.claimable_at \
-     FROM unnest($8::bigint[], $9::bigint[]) AS u(id, claimable_at) WHERE t.id = u.id \
+     wholes AS (UPDATE attempts a SET state = u.state, until_at = u.until_at, \
+     tries = u.tries, holder = u.holder, token = u.token, granted_at = u.granted_at, \
+     expires_at = u.expires_at, lapses_at = u.lapses_at, discarded = u.discarded, \
+     last_error = u.last_error, changed_at = u.changed_at \
+     FROM unnest($29::bigint[], $30::bigint[], $31::text[], $32::bigint[], $33::bigint[], \
+     $34::text[], $35::bigint[], $36::bigint[], $37::bigint[], $38::bigint[], $39::text[], \
+     $40::text[], $41::bigint[]) AS u(task, number, state, until_at, tries, holder, token, \
+     granted_at, expires_at, lapses_at, discarded, last_error, changed_at) \
+     WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
+     claims AS (UPDATE tasks t SET last_token = coalesce(u.last_token, t.last_token), \
+     claimable_at = CASE WHEN u.moves THEN u.claimable_at ELSE t.claimable_at END \
+     FROM unnest($8::bigint[], $9::bigint[], $27::bigint[], $28::boolean[]) \
+     AS u(id, claimable_at, last_token, moves) WHERE t.id = u.id \
      RETURNING 1), \
      receipts_added AS (INSERT INTO receipts (task, attempt, token, principal, \
      idempotency_key, artifact, digest, accepted_at, output) \
@@ -63,7 +110,8 @@ const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = 
      audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, resource, \
      ip_hash) SELECT * FROM unnest($19::bigint[], $20::text[], $21::text[], $22::text[], \
      $23::text[], $24::text[], $25::text[]) RETURNING 1) \
-     SELECT (SELECT count(*) FROM states) + (SELECT count(*) FROM claims) \
+     SELECT (SELECT count(*) FROM states) + (SELECT count(*) FROM wholes) \
+     + (SELECT count(*) FROM claims) \
      + (SELECT count(*) FROM receipts_added) + (SELECT count(*) FROM audited)";
 /// Many tasks, in order; a reference that exists (or came earlier in the
 /// call) is skipped. Returns what it inserted.
@@ -126,6 +174,40 @@ impl PgTransaction<'_> {
             .collect()
     }
 
+    /// See [`WriteTransaction::lock_claimable`]: one statement
+    /// ([`LOCK_CLAIMABLE`]).
+    pub(super) fn lock_claimable_at_once(
+        &self,
+        namespace: &str,
+        queue: &str,
+        now: i64,
+        count: i64,
+    ) -> Result<Option<Vec<LoadedTask>>> {
+        let rows = self.query(LOCK_CLAIMABLE, &[&namespace, &queue, &now, &count])?;
+        if rows.is_empty() {
+            // No claimable task: whether a lapse is due is the general
+            // claim's to find.
+            return Ok(None);
+        }
+        let mut tasks: Vec<(TaskRow, Vec<AttemptRow>)> = Vec::new();
+        for row in &rows {
+            if row.try_get::<_, bool>("lapse_due")? {
+                return Ok(None);
+            }
+            let attempt = attempt_row_at(row, ATTEMPT_COLUMNS)?;
+            let id: i64 = row.try_get(0)?;
+            match tasks.last_mut() {
+                Some((task, attempts)) if task.id == id => attempts.push(attempt),
+                _ => tasks.push((task_row(row)?, vec![attempt])),
+            }
+        }
+        tasks
+            .into_iter()
+            .map(|(task, attempts)| task.loaded(attempts))
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
     pub(super) fn receipts_at_once(
         &self,
         keys: &[ReceiptKey<'_>],
@@ -147,9 +229,9 @@ impl PgTransaction<'_> {
         Ok(answers)
     }
 
-    /// What a batch of acknowledgements decided, in one statement
-    /// ([`WRITE_ACKNOWLEDGED`]); a change of another kind (a lease or a
-    /// token moved) is written as one task's, before it.
+    /// What a batch decided, in one statement ([`WRITE_ACKNOWLEDGED`]);
+    /// a change of another kind (a lease's expiry, progress, a retry's
+    /// tries) is written as one task's, before it.
     pub(super) fn write_acknowledged_at_once(
         &self,
         changes: &[TaskChange<'_>],
@@ -157,7 +239,9 @@ impl PgTransaction<'_> {
         events: &[AuditEvent],
     ) -> Result<()> {
         let mut states: Vec<(i64, AttemptRow, i64)> = Vec::new();
-        let mut claimables: Vec<(i64, Option<i64>)> = Vec::new();
+        let mut wholes: Vec<(i64, AttemptRow, i64)> = Vec::new();
+        // A task's new token counter and claim column, each if it moved.
+        let mut claimables: Vec<(i64, Option<Option<i64>>, Option<i64>)> = Vec::new();
         for change in changes {
             let mut writes = TaskWrites::between(change.before, change.after, change.at);
             let id = change.handle.0;
@@ -165,19 +249,24 @@ impl PgTransaction<'_> {
             for write in writes.attempts.drain(..) {
                 match write {
                     AttemptWrite::State(row) => states.push((id, row, millis(change.at))),
-                    other => rest.push(other),
+                    AttemptWrite::Whole(row) => wholes.push((id, row, millis(change.at))),
+                    other @ AttemptWrite::Expiry(_) => rest.push(other),
                 }
             }
             writes.attempts = rest;
-            if let (None, Some(claimable)) = (writes.last_token, writes.claimable_at) {
-                claimables.push((id, claimable));
-                writes.claimable_at = None;
+            if writes.last_token.is_some() || writes.claimable_at.is_some() {
+                claimables.push((id, writes.claimable_at.take(), writes.last_token.take()));
             }
             if !writes.is_empty() {
                 self.write_task(change.handle, writes)?;
             }
         }
-        if states.is_empty() && claimables.is_empty() && receipts.is_empty() && events.is_empty() {
+        if states.is_empty()
+            && wholes.is_empty()
+            && claimables.is_empty()
+            && receipts.is_empty()
+            && events.is_empty()
+        {
             return Ok(());
         }
         let state_task: Vec<i64> = states.iter().map(|(id, ..)| *id).collect();
@@ -194,8 +283,31 @@ impl PgTransaction<'_> {
             .iter()
             .map(|(_, r, _)| r.last_error.as_deref())
             .collect();
-        let claim_task: Vec<i64> = claimables.iter().map(|(id, _)| *id).collect();
-        let claimable: Vec<Option<i64>> = claimables.iter().map(|(_, at)| *at).collect();
+        let claim_task: Vec<i64> = claimables.iter().map(|(id, ..)| *id).collect();
+        let claimable: Vec<Option<i64>> =
+            claimables.iter().map(|(_, at, _)| at.flatten()).collect();
+        let moves: Vec<bool> = claimables.iter().map(|(_, at, _)| at.is_some()).collect();
+        let last_token: Vec<Option<i64>> = claimables.iter().map(|(.., token)| *token).collect();
+        let w_task: Vec<i64> = wholes.iter().map(|(id, ..)| *id).collect();
+        let w_number: Vec<i64> = wholes.iter().map(|(_, r, _)| r.number).collect();
+        let w_state: Vec<&str> = wholes.iter().map(|(_, r, _)| r.state.as_str()).collect();
+        let w_until: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.until_at).collect();
+        let w_tries: Vec<i64> = wholes.iter().map(|(_, r, _)| r.tries).collect();
+        let w_holder: Vec<Option<&str>> =
+            wholes.iter().map(|(_, r, _)| r.holder.as_deref()).collect();
+        let w_token: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.token).collect();
+        let w_granted: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.granted_at).collect();
+        let w_expires: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.expires_at).collect();
+        let w_lapses: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.lapses_at).collect();
+        let w_discarded: Vec<Option<&str>> = wholes
+            .iter()
+            .map(|(_, r, _)| r.discarded.as_deref())
+            .collect();
+        let w_error: Vec<Option<&str>> = wholes
+            .iter()
+            .map(|(_, r, _)| r.last_error.as_deref())
+            .collect();
+        let w_changed: Vec<i64> = wholes.iter().map(|(.., at)| *at).collect();
         let r_task: Vec<i64> = receipts.iter().map(|r| r.handle.0).collect();
         let r_attempt: Vec<i64> = receipts
             .iter()
@@ -260,6 +372,21 @@ impl PgTransaction<'_> {
                 &resource,
                 &ip_hash,
                 &changed_at,
+                &last_token,
+                &moves,
+                &w_task,
+                &w_number,
+                &w_state,
+                &w_until,
+                &w_tries,
+                &w_holder,
+                &w_token,
+                &w_granted,
+                &w_expires,
+                &w_lapses,
+                &w_discarded,
+                &w_error,
+                &w_changed,
             ],
         )?;
         let changed: i64 = match changed.first() {

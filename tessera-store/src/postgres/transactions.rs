@@ -770,6 +770,17 @@ impl WriteTransaction for PgTransaction<'_> {
         self.lock_tasks_at_once(tasks)
     }
 
+    fn lock_claimable(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        now: DateTime<Utc>,
+        count: usize,
+    ) -> Result<Option<Vec<LoadedTask>>> {
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
+        self.lock_claimable_at_once(namespace.as_str(), queue.as_str(), millis(now), count)
+    }
+
     fn receipts_by_key(&self, keys: &[ReceiptKey<'_>]) -> Result<Vec<Option<StoredReceipt>>> {
         self.receipts_at_once(keys)
     }

@@ -113,6 +113,10 @@ enum Op {
     Claim {
         queue: usize,
     },
+    ClaimBatch {
+        queue: usize,
+        count: usize,
+    },
     Heartbeat {
         pick: usize,
     },
@@ -145,6 +149,7 @@ fn op() -> impl Strategy<Value = Op> {
             }
         ),
         4 => queue_index().prop_map(|queue| Op::Claim { queue }),
+        2 => (queue_index(), 2..=4_usize).prop_map(|(queue, count)| Op::ClaimBatch { queue, count }),
         1 => any::<usize>().prop_map(|pick| Op::Heartbeat { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Submit { pick }),
         3 => (any::<usize>(), proptest::option::weighted(0.8, 1..120_u64))
@@ -325,6 +330,36 @@ impl World {
                     }
                 }
             }
+            Op::ClaimBatch { queue, count } => {
+                let batch = self
+                    .store
+                    .claim_batch(&self.worker, &self.ns, &self.queues[queue], count)
+                    .unwrap();
+                // The model's picks, one at a time, until the queue has
+                // none or the next is a task this batch took.
+                let mut picked: Vec<usize> = Vec::new();
+                while picked.len() < count {
+                    match expected(&self.model, queue, now) {
+                        Some(n) if !picked.contains(&n) => picked.push(n),
+                        _ => break,
+                    }
+                    let n = picked[picked.len() - 1];
+                    let lease = self.model[n]
+                        .rules
+                        .claim(&holder, now, lease_duration)
+                        .unwrap();
+                    let Some(claimed) = batch.claimed.get(picked.len() - 1) else {
+                        return Err(TestCaseError::fail(format!(
+                            "batch of {count} at {now}: got {} tasks, the model wants more",
+                            batch.claimed.len()
+                        )));
+                    };
+                    prop_assert_eq!(&claimed.task, &self.model[n].task);
+                    prop_assert_eq!(&claimed.lease, &lease);
+                    self.leases.push((n, lease.token()));
+                }
+                prop_assert_eq!(batch.claimed.len(), picked.len());
+            }
             Op::Heartbeat { pick } => {
                 let Some((n, token)) = self.lease(pick) else {
                     return Ok(());
@@ -394,7 +429,7 @@ impl World {
     }
 }
 
-/// Every claim takes the task the lease rules' claimability and the
+/// Every claim, of one task or a batch, takes the tasks the lease rules' claimability and the
 /// documented order pick, whatever mix of leases, heartbeats, failures,
 /// submissions, expiry and time came before: a few cases in the default
 /// run, with every saved regression.

@@ -591,55 +591,55 @@ impl Tessera {
                 let (store, start, processed) = (&store, &start, &processed);
                 let (namespace, queue, output) = (&namespace, &queue, &output);
                 scope.spawn(move || {
-                    let mut mine = Vec::new();
-                    let submit = |claimed: &Claimed, n: u64| {
-                        let key = idempotency_key(worker, step << 32 | n);
-                        let submitted = store
-                            .submit(caller, &claimed.task, claimed.lease.token(), &key, output)
-                            .unwrap();
-                        assert!(matches!(submitted, Submitted::Accepted(_)));
+                    let mut mine: Vec<String> = Vec::new();
+                    let request = |claimed: &Claimed, n: usize| SubmitRequest {
+                        task: claimed.task.clone(),
+                        token: claimed.lease.token(),
+                        key: idempotency_key(worker, step << 32 | n as u64),
+                        output: output.clone(),
+                    };
+                    let granted = |outcome: ClaimOutcome| match outcome {
+                        ClaimOutcome::Granted(claimed) => Some(claimed),
+                        _ => None,
                     };
                     start.wait();
-                    loop {
-                        let claimed = if batched {
-                            store
+                    if batched {
+                        loop {
+                            let claimed = store
                                 .claim_batch(caller, namespace, queue, CLAIM_BATCH)
                                 .unwrap()
-                                .claimed
-                        } else {
-                            match store.claim(caller, namespace, queue).unwrap() {
-                                ClaimOutcome::Granted(claimed) => vec![claimed],
-                                _ => Vec::new(),
+                                .claimed;
+                            if claimed.is_empty() {
+                                break;
                             }
-                        };
-                        if claimed.is_empty() {
-                            break;
-                        }
-                        if batched {
                             // Batched completions: one `submit_batch` of
                             // what the claim got.
                             let requests: Vec<SubmitRequest> = claimed
                                 .iter()
                                 .enumerate()
-                                .map(|(n, one)| SubmitRequest {
-                                    task: one.task.clone(),
-                                    token: one.lease.token(),
-                                    key: idempotency_key(
-                                        worker,
-                                        step << 32 | (mine.len() + n) as u64,
-                                    ),
-                                    output: output.clone(),
-                                })
+                                .map(|(n, one)| request(one, mine.len() + n))
                                 .collect();
                             for answer in store.submit_batch(caller, &requests).unwrap() {
                                 assert!(matches!(answer, Ok(Submitted::Accepted(_))));
                             }
                             mine.extend(claimed.iter().map(|one| one.task.id.to_string()));
-                            continue;
                         }
-                        for one in &claimed {
-                            submit(one, mine.len() as u64);
-                            mine.push(one.task.id.to_string());
+                    } else {
+                        // One task at a time: each submit carries the
+                        // next claim.
+                        let mut next = granted(store.claim(caller, namespace, queue).unwrap());
+                        while let Some(claimed) = next {
+                            let (submitted, outcome) = store
+                                .submit_and_claim(
+                                    caller,
+                                    &request(&claimed, mine.len()),
+                                    namespace,
+                                    queue,
+                                )
+                                .unwrap();
+                            assert!(matches!(submitted, Submitted::Accepted(_)));
+                            mine.push(claimed.task.id.to_string());
+                            next = granted(outcome.unwrap());
                         }
                     }
                     processed.lock().unwrap().extend(mine);

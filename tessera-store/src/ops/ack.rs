@@ -34,7 +34,7 @@ use crate::store::Store;
 /// One acknowledgement waiting for its commit.
 #[derive(Debug)]
 pub(crate) struct Ack {
-    scope: ActionScope,
+    pub(crate) scope: ActionScope,
     task: TaskRef,
     kind: AckKind,
 }
@@ -73,10 +73,11 @@ struct Held {
 }
 
 /// What a batch's transaction decided, before its commit.
-struct Decided {
-    answers: Vec<Result<Acked, Error>>,
+pub(crate) struct Decided {
+    /// Each acknowledgement's answer, in order.
+    pub(crate) answers: Vec<Result<Acked, Error>>,
     /// Which acknowledgements wrote an audit row.
-    audited: Vec<bool>,
+    pub(crate) audited: Vec<bool>,
 }
 
 impl Store {
@@ -269,30 +270,10 @@ impl Store {
         });
         match result {
             Ok((decided, carried)) => {
-                let mut changed: Vec<&tessera_lease::Namespace> = Vec::new();
-                for ((ack, answer), audited) in
-                    batch.iter().zip(&decided.answers).zip(&decided.audited)
-                {
-                    match answer {
-                        _ if *audited => {
-                            if !changed.contains(&&ack.task.namespace) {
-                                changed.push(&ack.task.namespace);
-                            }
-                        }
-                        Ok(_) => self.count(&ack.scope, Outcome::Ok),
-                        Err(error) => self.count(&ack.scope, error.outcome()),
-                    }
-                }
                 for principal in &carried_for {
                     self.observed(Some(*principal), carried, now);
                 }
-                for namespace in &changed {
-                    self.namespace_changed(namespace);
-                }
-                if !changed.is_empty() {
-                    self.after_write();
-                }
-                crate::observe::acks_committed(batch.len());
+                self.acks_committed(&batch, &decided);
                 decided.answers.into_iter().map(Ok).collect()
             }
             Err(error) => {
@@ -304,8 +285,33 @@ impl Store {
         }
     }
 
+    /// What follows a batch's commit: each unaudited acknowledgement's
+    /// count (an audited one is counted by its row), the changed
+    /// namespaces' signals and the store's upkeep.
+    pub(crate) fn acks_committed(&self, batch: &[Ack], decided: &Decided) {
+        let mut changed: Vec<&tessera_lease::Namespace> = Vec::new();
+        for ((ack, answer), audited) in batch.iter().zip(&decided.answers).zip(&decided.audited) {
+            match answer {
+                _ if *audited => {
+                    if !changed.contains(&&ack.task.namespace) {
+                        changed.push(&ack.task.namespace);
+                    }
+                }
+                Ok(_) => self.count(&ack.scope, Outcome::Ok),
+                Err(error) => self.count(&ack.scope, error.outcome()),
+            }
+        }
+        for namespace in &changed {
+            self.namespace_changed(namespace);
+        }
+        if !changed.is_empty() {
+            self.after_write();
+        }
+        crate::observe::acks_committed(batch.len());
+    }
+
     /// The batch's reads, rules and writes inside its transaction.
-    fn decide(
+    pub(crate) fn decide(
         &self,
         writer: &dyn WriteTransaction,
         batch: &[Ack],

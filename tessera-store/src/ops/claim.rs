@@ -8,7 +8,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use tessera_admission::{Offer, Stats, Ticket};
 use tessera_audit::{Action, Outcome, Resource};
 use tessera_lease::{
-    ConcurrencyLimit, Held, Lease, Namespace, PartitionKey, Principal, QueueName, Task, TaskState,
+    ConcurrencyLimit, Held, Lease, Namespace, PartitionKey, Principal, QueueName, Submitted, Task,
+    TaskState,
 };
 
 use crate::backend::rows::{AttemptRow, EventRow, claimable_column};
@@ -18,13 +19,16 @@ use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::{ActionScope, Trail};
 use crate::model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason, MAX_CLAIM_BATCH};
 use crate::model::queue::QueueSettings;
+use crate::model::task::SubmitRequest;
 use crate::model::task::{Brief, TaskRef};
+use crate::ops::ack::{Ack, Acked, Checked};
 use crate::ops::task::apply;
 use crate::state::gate::{
     CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, rate_limited,
 };
 use crate::state::waiting::{ClaimRequest, Decided, QueueKey, WaitedBy};
 use crate::store::Store;
+use crate::store::compose::carry_observation;
 
 /// What an admitted claim's lease transaction came to.
 struct Leased {
@@ -40,6 +44,8 @@ struct Leased {
 
 /// One lease a claim granted: the task, the lease and the brief.
 type LeaseGrant = (TaskRef, Lease, Brief);
+/// What a lease transaction came to: its grants and, with none, why.
+type LeaseResult = Result<(Vec<LeaseGrant>, EmptyReason), Error>;
 
 /// A grant inside the lease transaction, with the task's place.
 type Placed = (TaskHandle, TaskRef, Lease, Brief);
@@ -265,9 +271,198 @@ impl Store {
         })
     }
 
+    /// Submits the output of a lease and claims the next task of
+    /// `namespace`/`queue` in one transaction: the acknowledgement that
+    /// carries the next claim, so a worker that takes one task at a time
+    /// commits once per task.
+    ///
+    /// The submission is checked as [`submit`](Self::submit) checks it
+    /// (the same answers, receipts and audit row); the claim is offered to
+    /// admission as [`claim`](Self::claim) is and takes the task a claim
+    /// would, with its own audit row. The claim is made only once the
+    /// submission is accepted or replayed, in the same transaction, so
+    /// both commit or neither does.
+    ///
+    /// The outer `Err` is the submission's (`409` for a stale token or an
+    /// idempotency conflict, `404`, `403`, or a failed commit): nothing was
+    /// written and nothing claimed. Inside `Ok`, the submission's answer
+    /// and the claim's outcome, or the claim's own error (`429` when
+    /// admission rejects it, after which the submission was committed
+    /// alone, as [`submit`](Self::submit) commits it).
+    ///
+    /// ```
+    /// # use tessera_store::*;
+    /// # let store = Store::open_in_memory(StoreConfig::default()).unwrap();
+    /// # let admin_key = store.create_admin_key("ops").unwrap();
+    /// # let admin = store.authenticate(Some(admin_key.secret.expose())).unwrap();
+    /// # let ns = Namespace::parse("farm").unwrap();
+    /// # let queue = QueueName::parse("frames").unwrap();
+    /// # let spec = KeySpec::keyed("worker").with_scopes(Scope::ALL.iter().copied()).with_grant(Grant::Namespace(ns.clone()));
+    /// # let key = store.create_key(&admin, &spec).unwrap();
+    /// # let worker = store.authenticate(Some(key.secret.expose())).unwrap();
+    /// # for n in 0..2 { store.enqueue(&worker, &ns, &queue, &Brief::Bytes(vec![n]), &EnqueueOptions::default()).unwrap(); }
+    /// let ClaimOutcome::Granted(mut claimed) = store.claim(&worker, &ns, &queue)? else { panic!() };
+    /// loop {
+    ///     let done = SubmitRequest {
+    ///         task: claimed.task.clone(),
+    ///         token: claimed.lease.token(),
+    ///         key: IdempotencyKey::parse("done")?,
+    ///         output: Output::bytes("ok"),
+    ///     };
+    ///     let (submitted, next) = store.submit_and_claim(&worker, &done, &ns, &queue)?;
+    ///     assert!(matches!(submitted, Submitted::Accepted(_)));
+    ///     match next? {
+    ///         ClaimOutcome::Granted(next) => claimed = next,
+    ///         _ => break,
+    ///     }
+    /// }
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn submit_and_claim(
+        &self,
+        caller: &Caller,
+        submission: &SubmitRequest,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<(Submitted, Result<ClaimOutcome, Error>), Error> {
+        let ack = match self.submission(caller, submission)? {
+            Checked::Ack(ack) => ack,
+            Checked::Answered(submitted) => {
+                return Ok((submitted, self.claim(caller, namespace, queue)));
+            }
+        };
+        let permit = match self.admit_blocking(caller, namespace, queue, 1, None) {
+            Ok(permit) => permit,
+            Err(error) => return Ok((self.submit_alone(ack)?, Err(error))),
+        };
+        let mut answer = None;
+        let leased = self.run_claim_with(permit, |scope, caller, request, _, now| {
+            let (acked, claimed) = self.lease_carrying(scope, caller, request, &ack, now);
+            // A refused submission made no claim: nothing to pace by.
+            let refused = acked.as_ref().err().cloned();
+            answer = Some(acked);
+            match refused {
+                Some(error) => Err(error),
+                None => claimed,
+            }
+        });
+        let submitted = match answer {
+            // The claim failed before its transaction: the submission
+            // commits alone.
+            None => self.submit_alone(ack)?,
+            Some(acked) => match acked? {
+                Acked::Submitted(submitted) => submitted,
+                Acked::Failed(_) => unreachable!("a submission is answered as one"),
+            },
+        };
+        let next = leased.map(|leased| match leased.granted.into_iter().next() {
+            Some(claimed) => ClaimOutcome::Granted(claimed),
+            None => ClaimOutcome::Empty {
+                retry_after: leased.retry_after.unwrap_or_default(),
+                waited: leased.waited,
+                concurrency_limit: leased.limit,
+                reason: leased.reason,
+            },
+        });
+        Ok((submitted, next))
+    }
+
+    /// A submission through the completer.
+    fn submit_alone(&self, ack: Ack) -> Result<Submitted, Error> {
+        match self.acknowledge(vec![ack]).pop() {
+            Some(answer) => match answer?? {
+                Acked::Submitted(submitted) => Ok(submitted),
+                Acked::Failed(_) => unreachable!("a submission is answered as one"),
+            },
+            None => unreachable!("one answer per acknowledgement"),
+        }
+    }
+
+    /// The transaction of [`submit_and_claim`](Self::submit_and_claim):
+    /// the acknowledgement under the completer's rules, then, if they
+    /// accepted or replayed it, the claim's lease work. Returns the
+    /// acknowledgement's answer and the claim's (no grant when it was not
+    /// made); a failed commit is both answers.
+    fn lease_carrying(
+        &self,
+        scope: &ActionScope,
+        caller: &Caller,
+        request: &ClaimRequest,
+        ack: &Ack,
+        now: DateTime<Utc>,
+    ) -> (Result<Acked, Error>, LeaseResult) {
+        let _span = crate::observe::operation(scope);
+        let acks = std::slice::from_ref(ack);
+        let due = self.due_observation(scope, now);
+        let result = self.write_with_tail(|writer| {
+            let decided = self.decide(writer, acks, now)?;
+            if decided.answers.iter().any(Result::is_err) {
+                return Ok((decided, None));
+            }
+            let (claimed, trail) = self.lease_in(writer, scope, caller, request, now)?;
+            if let Trail::Row(resource) = &trail {
+                writer.insert_event(&scope.event(now, resource.clone()))?;
+            }
+            if decided.audited.iter().any(|audited| *audited) || matches!(trail, Trail::Row(_)) {
+                carry_observation(writer, due, now);
+            }
+            Ok((decided, Some((claimed, trail))))
+        });
+        match result {
+            Ok(((decided, claimed), carried)) => {
+                self.acks_committed(acks, &decided);
+                let wrote = decided.audited.iter().any(|audited| *audited);
+                let claimed = match claimed {
+                    None => Ok((Vec::new(), EmptyReason::Empty)),
+                    Some((claimed, Trail::Row(_))) => {
+                        self.observed(due, carried, now);
+                        self.after_write();
+                        Ok(claimed)
+                    }
+                    Some((claimed, Trail::Count(outcome))) => {
+                        if wrote {
+                            self.observed(due, carried, now);
+                        }
+                        self.count(scope, outcome);
+                        Ok(claimed)
+                    }
+                };
+                let answer = decided
+                    .answers
+                    .into_iter()
+                    .next()
+                    .expect("one answer per acknowledgement");
+                (answer, claimed)
+            }
+            Err(error) => {
+                self.count(&ack.scope, error.outcome());
+                self.count(scope, error.outcome());
+                (Err(error.clone()), Err(error))
+            }
+        }
+    }
+
     /// Runs an admitted claim of one or a batch: see
     /// [`finish_claim`](Self::finish_claim).
     fn run_claim(&self, permit: ClaimPermit) -> Result<Leased, Error> {
+        self.run_claim_with(permit, |scope, caller, request, idle_queue, now| {
+            self.lease(scope, caller, request, idle_queue, now)
+        })
+    }
+
+    /// [`run_claim`](Self::run_claim) with `lease` as its lease
+    /// transaction; `None` from it when no claim was made.
+    fn run_claim_with(
+        &self,
+        permit: ClaimPermit,
+        lease: impl FnOnce(
+            &ActionScope,
+            &Caller,
+            &ClaimRequest,
+            &QueueKey,
+            DateTime<Utc>,
+        ) -> LeaseResult,
+    ) -> Result<Leased, Error> {
         let mut permit = permit;
         let request = Arc::clone(&permit.request);
         let scope = ActionScope::of(&request.caller, Some(&request.namespace), Action::Claim);
@@ -288,7 +483,7 @@ impl Store {
         // The queue's key in idle pacing, built before the gate is taken,
         // so the lock covers no allocation.
         let idle_queue = (request.namespace.clone(), request.queue.clone());
-        let result = self.lease(&scope, &caller, &request, &idle_queue, now);
+        let result = lease(&scope, &caller, &request, &idle_queue, now);
         let service = timer.elapsed();
         let principal = caller.principal();
         // Only an empty claim moves its queue's pacing; a claim that found
@@ -495,130 +690,144 @@ impl Store {
             }
         }
         self.perform_or_count(scope, now, |writer| {
-            let mut audited = 0;
-            if session {
-                self.open_namespace(writer, caller, namespace, now)?;
-            }
-            // A queue without a settings row (running, no limit) costs a
-            // search that finds nothing.
-            let settings = writer.queue_settings(namespace, queue)?;
-            if settings.as_ref().is_some_and(QueueSettings::is_paused) {
-                return Ok((
-                    (Vec::new(), EmptyReason::Paused),
-                    Trail::Count(Outcome::Empty),
-                ));
-            }
-            let limit = settings.map_or(ConcurrencyLimit::NONE, |settings| settings.limit);
-            let (granted, reason) = if limit.per_partition.is_some() {
-                let wanted = Wanted {
-                    count: request.count,
-                    limit,
-                    holder: &holder,
-                    duration,
-                };
-                grant_by_partition(writer, namespace, queue, &wanted, now)?
-            } else {
-                let mut reason = EmptyReason::Empty;
-                let mut lapses_recorded = false;
-                let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
-                let mut stale = 0;
-                let mut exhausted = false;
-                if request.count > 1 && !limit.is_limited() {
-                    // A batch of plain tasks: locked in one statement and
-                    // leased set-based, where the backend can.
-                    if let Some(locked) =
-                        writer.lock_claimable(namespace, queue, now, request.count)?
-                    {
-                        let found = locked.len();
-                        granted =
-                            grant_locked(writer, scope, namespace, locked, &holder, duration, now)?;
-                        audited = granted.len().saturating_sub(1);
-                        exhausted = granted.len() == found && found < request.count;
-                    }
+            self.lease_in(writer, scope, caller, request, now)
+        })
+    }
+
+    /// The lease transaction's work, in `writer`: see [`lease`](Self::lease).
+    /// Its trail is the last grant's audit row, or the empty claim's count.
+    fn lease_in(
+        &self,
+        writer: &dyn crate::backend::WriteTransaction,
+        scope: &ActionScope,
+        caller: &Caller,
+        request: &ClaimRequest,
+        now: DateTime<Utc>,
+    ) -> Result<((Vec<LeaseGrant>, EmptyReason), Trail), Error> {
+        let (namespace, queue) = (&request.namespace, &request.queue);
+        let session = caller.kind() == PrincipalKind::Anonymous;
+        let holder = caller.lease_principal();
+        let duration = self.config.lease_duration();
+        let mut audited = 0;
+        if session {
+            self.open_namespace(writer, caller, namespace, now)?;
+        }
+        // A queue without a settings row (running, no limit) costs a
+        // search that finds nothing.
+        let settings = writer.queue_settings(namespace, queue)?;
+        if settings.as_ref().is_some_and(QueueSettings::is_paused) {
+            return Ok((
+                (Vec::new(), EmptyReason::Paused),
+                Trail::Count(Outcome::Empty),
+            ));
+        }
+        let limit = settings.map_or(ConcurrencyLimit::NONE, |settings| settings.limit);
+        let (granted, reason) = if limit.per_partition.is_some() {
+            let wanted = Wanted {
+                count: request.count,
+                limit,
+                holder: &holder,
+                duration,
+            };
+            grant_by_partition(writer, namespace, queue, &wanted, now)?
+        } else {
+            let mut reason = EmptyReason::Empty;
+            let mut lapses_recorded = false;
+            let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
+            let mut stale = 0;
+            let mut exhausted = false;
+            if !limit.is_limited() {
+                // Plain tasks: locked in one statement and leased
+                // set-based, where the backend can.
+                if let Some(locked) = writer.lock_claimable(namespace, queue, now, request.count)? {
+                    let found = locked.len();
+                    granted =
+                        grant_locked(writer, scope, namespace, locked, &holder, duration, now)?;
+                    audited = granted.len().saturating_sub(1);
+                    exhausted = granted.len() == found && found < request.count;
                 }
-                while !exhausted && granted.len() < request.count && stale < MAX_PICKS {
-                    let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {
-                        break;
-                    };
-                    if granted.iter().any(|(handle, ..)| *handle == loaded.handle) {
-                        // Another attempt of a task this batch leased: no worker
-                        // holds two competing attempts of one brief at once.
-                        break;
-                    }
-                    let mut rules = Task::restore(loaded.record)?;
-                    if rules.next_claimable_at(now) != Some(now) {
-                        // A lease lapsed on its last try: discard its attempt
-                        // and look again (each pass takes one lapse out of the
-                        // index, so this ends). Otherwise the stored claim
-                        // times were stale: correct them and look again.
-                        if apply(
-                            writer,
-                            loaded.handle,
-                            loaded.unique_held,
-                            &mut rules,
-                            now,
-                            |rules| Ok(rules.expire(now)),
-                        )?
-                        .is_empty()
-                        {
-                            writer.resync_task(loaded.handle, rules.record())?;
-                            stale += 1;
-                        }
-                        continue;
-                    }
-                    if limit.is_limited() {
-                        let held =
-                            held_slots(writer, namespace, queue, &rules, None, &holder, now)?;
-                        if !limit.admits(held) {
-                            if !lapses_recorded {
-                                // The queue is full: record the lapses of its
-                                // expired leases, which frees their slots, and
-                                // look again.
-                                lapses_recorded = true;
-                                record_lapses(writer, namespace, queue, now)?;
-                                continue;
-                            }
-                            reason = EmptyReason::Limited;
-                            break;
-                        }
-                    }
-                    let lease = apply(
+            }
+            while !exhausted && granted.len() < request.count && stale < MAX_PICKS {
+                let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {
+                    break;
+                };
+                if granted.iter().any(|(handle, ..)| *handle == loaded.handle) {
+                    // Another attempt of a task this batch leased: no worker
+                    // holds two competing attempts of one brief at once.
+                    break;
+                }
+                let mut rules = Task::restore(loaded.record)?;
+                if rules.next_claimable_at(now) != Some(now) {
+                    // A lease lapsed on its last try: discard its attempt
+                    // and look again (each pass takes one lapse out of the
+                    // index, so this ends). Otherwise the stored claim
+                    // times were stale: correct them and look again.
+                    if apply(
                         writer,
                         loaded.handle,
                         loaded.unique_held,
                         &mut rules,
                         now,
-                        |rules| rules.claim(&holder, now, duration),
-                    )?;
-                    let task = TaskRef::new(
-                        namespace.clone(),
-                        lease.task().clone(),
-                        rules.record().version,
-                    );
-                    let brief = loaded
-                        .brief
-                        .ok_or_else(|| crate::error::corrupt("task brief"))?;
-                    granted.push((loaded.handle, task, lease, brief));
-                }
-                (granted, reason)
-            };
-            // One audit row per lease; the last rides on the trail. The
-            // first `audited` were written with their leases.
-            let trail = match granted.split_last() {
-                None => Trail::Count(Outcome::Empty),
-                Some((last, earlier)) => {
-                    for lease in earlier.get(audited..).unwrap_or_default() {
-                        writer.insert_event(&scope.event(now, resource(lease)))?;
+                        |rules| Ok(rules.expire(now)),
+                    )?
+                    .is_empty()
+                    {
+                        writer.resync_task(loaded.handle, rules.record())?;
+                        stale += 1;
                     }
-                    Trail::Row(resource(last))
+                    continue;
                 }
-            };
-            let granted = granted
-                .into_iter()
-                .map(|(_, task, lease, brief)| (task, lease, brief))
-                .collect();
-            Ok(((granted, reason), trail))
-        })
+                if limit.is_limited() {
+                    let held = held_slots(writer, namespace, queue, &rules, None, &holder, now)?;
+                    if !limit.admits(held) {
+                        if !lapses_recorded {
+                            // The queue is full: record the lapses of its
+                            // expired leases, which frees their slots, and
+                            // look again.
+                            lapses_recorded = true;
+                            record_lapses(writer, namespace, queue, now)?;
+                            continue;
+                        }
+                        reason = EmptyReason::Limited;
+                        break;
+                    }
+                }
+                let lease = apply(
+                    writer,
+                    loaded.handle,
+                    loaded.unique_held,
+                    &mut rules,
+                    now,
+                    |rules| rules.claim(&holder, now, duration),
+                )?;
+                let task = TaskRef::new(
+                    namespace.clone(),
+                    lease.task().clone(),
+                    rules.record().version,
+                );
+                let brief = loaded
+                    .brief
+                    .ok_or_else(|| crate::error::corrupt("task brief"))?;
+                granted.push((loaded.handle, task, lease, brief));
+            }
+            (granted, reason)
+        };
+        // One audit row per lease; the last rides on the trail. The
+        // first `audited` were written with their leases.
+        let trail = match granted.split_last() {
+            None => Trail::Count(Outcome::Empty),
+            Some((last, earlier)) => {
+                for lease in earlier.get(audited..).unwrap_or_default() {
+                    writer.insert_event(&scope.event(now, resource(lease)))?;
+                }
+                Trail::Row(resource(last))
+            }
+        };
+        let granted = granted
+            .into_iter()
+            .map(|(_, task, lease, brief)| (task, lease, brief))
+            .collect();
+        Ok(((granted, reason), trail))
     }
 
     /// The claim of one task in one statement, where the backend makes it

@@ -64,7 +64,7 @@ const LOCK_CLAIMABLE: &str = concat!(
     by_priority!(
         "SELECT task, lapses_at, priority FROM attempts \
          WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3",
-        "LIMIT 1",
+        "ORDER BY lapses_at LIMIT 1",
         "0"
     ),
     ") AS lapse_due FROM picked p JOIN attempt a ON a.task = p.id \

@@ -45,16 +45,18 @@ macro_rules! claimable_tasks {
 }
 /// Whether the queue holds a lapsed lease at priority `$p`, above the
 /// picked task's (`p`): one search of the lapsing index, which leads with
-/// the priority, so it never walks the entries of leases that ended.
+/// the priority and then the lapse time, so it never walks the entries of
+/// leases that ended or lapse later. The order by lapse time keeps a
+/// generic plan on that index.
 macro_rules! lapsed_above {
     ($p:literal) => {
         concat!(
             "(p.priority < ",
             $p,
-            " AND EXISTS (SELECT 1 FROM attempts l WHERE l.namespace = $1 AND l.queue = $2 \
+            " AND (SELECT l.lapses_at FROM attempts l WHERE l.namespace = $1 AND l.queue = $2 \
              AND l.state = 'leased' AND l.priority = ",
             $p,
-            " AND l.lapses_at <= $3::bigint))"
+            " AND l.lapses_at <= $3::bigint ORDER BY l.lapses_at LIMIT 1) IS NOT NULL)"
         )
     };
 }
@@ -216,7 +218,7 @@ pub(super) const CLAIM_ONE: &str = concat!(
      RETURNING resource) \
      SELECT CASE WHEN l.number IS NOT NULL AND EXISTS (SELECT 1 FROM moved) THEN 'leased' \
      WHEN p.id IS NOT NULL OR EXISTS (",
-    by_priority!(lapsed_leases!(), "LIMIT 1", "0"),
+    by_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "0"),
     ") OR EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2) \
      THEN 'declined' \
      ELSE 'empty' END, ",
@@ -242,7 +244,7 @@ pub(super) const HAS_CLAIMABLE: &str = concat!(
     by_priority!(
         "SELECT 1 FROM attempts WHERE namespace = $1 AND queue = $2 \
          AND state = 'leased' AND lapses_at <= $3",
-        "LIMIT 1",
+        "ORDER BY lapses_at LIMIT 1",
         "0"
     ),
     ")"

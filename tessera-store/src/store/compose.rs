@@ -13,7 +13,11 @@ use crate::store::Store;
 
 /// Writes `principal`'s due `last_used_at` as the transaction's optional
 /// tail: a refusal or failure never fails the action it rides with.
-fn carry_observation(writer: &dyn WriteTransaction, due: Option<PrincipalId>, now: DateTime<Utc>) {
+pub(crate) fn carry_observation(
+    writer: &dyn WriteTransaction,
+    due: Option<PrincipalId>,
+    now: DateTime<Utc>,
+) {
     if let Some(principal) = due {
         writer.optional(&mut |writer| writer.touch_principal(principal, now));
     }

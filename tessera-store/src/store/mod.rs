@@ -48,7 +48,7 @@ use crate::state::gate::Gate;
 use crate::state::health::HealthCache;
 use crate::state::signals::QueueSignals;
 
-mod compose;
+pub(crate) mod compose;
 
 /// A Tessera store over one database.
 ///

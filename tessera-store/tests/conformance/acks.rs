@@ -274,7 +274,109 @@ fn threads_acknowledging_at_once_each_get_their_own_answers(db: &TestDb) {
     );
 }
 
+/// A submission that carries the next claim: one transaction for both,
+/// with the receipt and audit row of each; a refused submission claims
+/// nothing; an empty queue answers empty after the submission; a replay
+/// still claims.
+fn a_submission_carries_the_next_claim_in_one_transaction(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let tasks = f.enqueue(&worker, &ns, &q, 2);
+    let first = f.claim(&worker, &ns, &q);
+    assert_eq!(first.task, tasks[0]);
+    let events_before = db.count_rows("access_audit");
+    let meter_before = f.store.meter();
+
+    let (submitted, next) = f
+        .store
+        .submit_and_claim(
+            &worker,
+            &request(&tasks[0], first.lease.token(), "k0", "zero"),
+            &ns,
+            &q,
+        )
+        .unwrap();
+    let Submitted::Accepted(receipt) = submitted else {
+        panic!("accepted, not {submitted:?}")
+    };
+    assert_eq!(receipt.token, first.lease.token());
+    let second = next.unwrap().claimed().cloned().expect("the next task");
+    assert_eq!(second.task, tasks[1]);
+    let cost = f.store.meter().since(&meter_before);
+    assert_eq!(cost.write_transactions, 1, "{cost:?}");
+    assert_eq!(
+        db.count_rows("access_audit"),
+        events_before + 2,
+        "the submission's row and the claim's"
+    );
+    assert_eq!(
+        f.store
+            .read_task(&worker, &tasks[0])
+            .unwrap()
+            .record
+            .attempts[0]
+            .state,
+        TaskState::Done
+    );
+
+    // A token the task never issued: the submission is refused and
+    // nothing is claimed.
+    f.enqueue(&worker, &ns, &q, 1);
+    let snapshot = db.table_snapshot();
+    let refused = f.store.submit_and_claim(
+        &worker,
+        &request(&tasks[1], FencingToken::new(99).unwrap(), "k1", "one"),
+        &ns,
+        &q,
+    );
+    assert_eq!(
+        conflict_kind(&refused.map(|(submitted, _)| submitted)),
+        Some(ConflictKind::UnknownToken)
+    );
+    assert_eq!(db.table_snapshot(), snapshot, "nothing written");
+
+    // The last task: the submission commits and the claim finds the
+    // queue empty once the third task is taken.
+    let third = f.claim(&worker, &ns, &q);
+    let (submitted, next) = f
+        .store
+        .submit_and_claim(
+            &worker,
+            &request(&tasks[1], second.lease.token(), "k1", "one"),
+            &ns,
+            &q,
+        )
+        .unwrap();
+    assert!(matches!(submitted, Submitted::Accepted(_)));
+    assert!(next.unwrap().claimed().is_none(), "the queue is empty");
+
+    // A replay answers the stored receipt and still claims.
+    let (replayed, next) = f
+        .store
+        .submit_and_claim(
+            &worker,
+            &request(&tasks[1], second.lease.token(), "k1", "one"),
+            &ns,
+            &q,
+        )
+        .unwrap();
+    assert!(matches!(replayed, Submitted::Replayed(_)));
+    assert!(next.unwrap().claimed().is_none());
+    let (submitted, _) = f
+        .store
+        .submit_and_claim(
+            &worker,
+            &request(&third.task, third.lease.token(), "k2", "two"),
+            &ns,
+            &q,
+        )
+        .unwrap();
+    assert!(matches!(submitted, Submitted::Accepted(_)));
+}
+
 conformance! {
+    a_submission_carries_the_next_claim_in_one_transaction,
     a_batch_answers_each_submission_on_its_own,
     a_batch_is_checked_whole_before_anything_is_written,
     a_refused_commit_acknowledges_none_of_its_batch,

@@ -29,7 +29,9 @@
 //!
 //! Processing is "no-op": Tessera's workers are threads of one process
 //! sharing one `Store`, each with its own key, each claiming and
-//! submitting until its claim finds the queue empty; graphile-worker's
+//! submitting until its claim finds the queue empty (one job per claim:
+//! a `claim`, then `submit_and_claim` for each task, whose submission
+//! carries the next claim); graphile-worker's
 //! are one `run()` with `concurrentJobs` set to the count (the script
 //! `benches/peers/graphile.js`). Each step's rate is its jobs over its own
 //! time; for graphile-worker that time runs from `run()` to the end of
@@ -47,9 +49,11 @@
 //! SQLite: in a temporary directory, the minimal commit (one row,
 //! `BEGIN IMMEDIATE` … `COMMIT`, the store's journal settings) from 1
 //! thread, then for 1, 2, 4 and 8 worker threads `JOBS` tasks enqueued
-//! 1,000 per call and processed one per claim, then batched. "Minimal
-//! commits per task" is the time of one task in minimal commits: the
-//! minimal commit rate over the task rate.
+//! 1,000 per call and processed one per claim, then batched, then by 1, 2
+//! and 4 threads sharing one `Worker` (the worker loop: it fetches 100
+//! ahead and acknowledges through the completer). "Minimal commits per
+//! task" is the time of one task in minimal commits: the minimal commit
+//! rate over the task rate.
 //!
 //! Every check that could fail is made: each step processes exactly
 //! `JOBS` jobs, no Tessera task is claimed twice, and graphile-worker's
@@ -68,13 +72,15 @@ use tessera_benches::{
 use tessera_store::postgres::PostgresOptions;
 use tessera_store::{
     Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Grant, KeySpec, Namespace, Output, Scope,
-    Store, StoreConfig, SubmitRequest, Submitted,
+    Store, StoreConfig, SubmitRequest, Submitted, Worker, WorkerNext, WorkerOptions,
 };
 
 /// Worker counts of the one-job-per-claim steps.
 const WORKERS: [usize; 4] = [1, 2, 4, 8];
 /// Worker counts of the batched steps.
 const BATCHED_WORKERS: [usize; 2] = [4, 8];
+/// Threads sharing one `Worker` in the SQLite worker-loop steps.
+const LOOP_THREADS: [usize; 3] = [1, 2, 4];
 /// Tasks per `claim_batch`, and graphile-worker's local queue size.
 const CLAIM_BATCH: usize = 100;
 /// Tasks per `enqueue_batch` and per `addJobs`.
@@ -659,6 +665,46 @@ impl Tessera {
     }
 }
 
+impl Tessera {
+    /// Processes the queue with `threads` threads sharing one [`Worker`]
+    /// (one key, fetching `CLAIM_BATCH` ahead), each taking the next task
+    /// and submitting it until the worker answers empty. Checks that
+    /// `jobs` distinct tasks were processed.
+    fn process_with_worker(&self, jobs: usize, threads: usize) -> (u64, f64) {
+        let store = (self.open)();
+        let caller = self.caller(&store, 0);
+        let options = WorkerOptions::default().with_fetch(CLAIM_BATCH);
+        let worker = Worker::new(&store, caller, namespace(), queue(QUEUE), options).unwrap();
+        let output = Output::bytes(b"done".to_vec());
+        let start = Barrier::new(threads + 1);
+        let processed = Mutex::new(Vec::with_capacity(jobs));
+        let began = thread::scope(|scope| {
+            for thread in 0..threads {
+                let (worker, start, processed, output) = (&worker, &start, &processed, &output);
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    start.wait();
+                    while let WorkerNext::Task(claimed) = worker.next().unwrap() {
+                        let key = idempotency_key(thread, mine.len() as u64);
+                        let submitted = worker.submit(&claimed, &key, output).unwrap();
+                        assert!(matches!(submitted, Submitted::Accepted(_)));
+                        mine.push(claimed.task.id.to_string());
+                    }
+                    processed.lock().unwrap().extend(mine);
+                });
+            }
+            start.wait();
+            Instant::now()
+        });
+        let seconds = began.elapsed().as_secs_f64();
+        let processed = processed.into_inner().unwrap();
+        let distinct: HashSet<&String> = processed.iter().collect();
+        assert_eq!(processed.len(), jobs, "processed != enqueued");
+        assert_eq!(distinct.len(), jobs, "a task was processed twice");
+        (jobs as u64, seconds)
+    }
+}
+
 fn sqlite(jobs: usize) {
     let dir = tempfile::tempdir().unwrap();
     let floor = {
@@ -682,6 +728,13 @@ fn sqlite(jobs: usize) {
         let kind = if batched { "batched" } else { "one per claim" };
         eprintln!("SQLite, {kind}, {workers} workers: {rate:.0} tasks/s");
         rows.push((workers, kind, rate));
+    }
+    for threads in LOOP_THREADS {
+        tessera.enqueue(jobs, ENQUEUE_BATCH);
+        let (done, seconds) = tessera.process_with_worker(jobs, threads);
+        let rate = done as f64 / seconds;
+        eprintln!("SQLite, worker loop, {threads} threads: {rate:.0} tasks/s");
+        rows.push((threads, "worker loop", rate));
     }
     println!();
     println!("SQLite, {jobs} tasks a step; minimal commit {floor:.0}/s from 1 thread");

@@ -105,6 +105,8 @@ impl ActionScope {
 pub(crate) enum Trail {
     /// Its audit row, naming this resource.
     Row(Option<Resource>),
+    /// Its audit rows, written with its work.
+    Written,
     /// Nothing written; counted with this outcome.
     Count(Outcome),
 }

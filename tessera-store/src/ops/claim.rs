@@ -403,7 +403,7 @@ impl Store {
             if let Trail::Row(resource) = &trail {
                 writer.insert_event(&scope.event(now, resource.clone()))?;
             }
-            if decided.audited.iter().any(|audited| *audited) || matches!(trail, Trail::Row(_)) {
+            if decided.audited.iter().any(|audited| *audited) || !matches!(trail, Trail::Count(_)) {
                 carry_observation(writer, due, now);
             }
             Ok((decided, Some((claimed, trail))))
@@ -414,7 +414,7 @@ impl Store {
                 let wrote = decided.audited.iter().any(|audited| *audited);
                 let claimed = match claimed {
                     None => Ok((Vec::new(), EmptyReason::Empty)),
-                    Some((claimed, Trail::Row(_))) => {
+                    Some((claimed, Trail::Row(_) | Trail::Written)) => {
                         self.observed(due, carried, now);
                         self.after_write();
                         Ok(claimed)
@@ -743,7 +743,7 @@ impl Store {
                     let found = locked.len();
                     granted =
                         grant_locked(writer, scope, namespace, locked, &holder, duration, now)?;
-                    audited = granted.len().saturating_sub(1);
+                    audited = granted.len();
                     exhausted = granted.len() == found && found < request.count;
                 }
             }
@@ -816,6 +816,7 @@ impl Store {
         // first `audited` were written with their leases.
         let trail = match granted.split_last() {
             None => Trail::Count(Outcome::Empty),
+            Some(_) if audited == granted.len() => Trail::Written,
             Some((last, earlier)) => {
                 for lease in earlier.get(audited..).unwrap_or_default() {
                     writer.insert_event(&scope.event(now, resource(lease)))?;
@@ -1090,8 +1091,8 @@ fn resource((_, task, lease, _): &(TaskHandle, TaskRef, Lease, Brief)) -> Option
 
 /// Leases the tasks [`lock_claimable`](crate::backend::WriteTransaction::lock_claimable)
 /// locked, in claim order, each under the lease rules as the one-at-a-time
-/// claim leases it, and writes them set-based with the audit rows of all
-/// but the last grant (which rides on the claim's trail). It stops before
+/// claim leases it, and writes them set-based with their audit rows. It
+/// stops before
 /// the first task whose stored claim times are stale, which the
 /// one-at-a-time claim corrects, and after one with another attempt still
 /// claimable.
@@ -1143,9 +1144,6 @@ fn grant_locked(
         granted.push((loaded.handle, task, lease.clone(), brief.clone()));
     }
     let events: Vec<_> = granted
-        .split_last()
-        .map(|(_, earlier)| earlier)
-        .unwrap_or_default()
         .iter()
         .map(|grant| scope.event(now, resource(grant)))
         .collect();

@@ -80,6 +80,7 @@ const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
      AND r.idempotency_key = k.idempotency_key";
 /// What a batch decided, in one statement: attempts whose state alone
 /// moved (a submit, a failure report), attempts written whole (a grant),
+/// leases whose expiry alone moved (a heartbeat without progress),
 /// task rows whose token counter or claim column moved (a grant, a
 /// retry), the receipts and the audit rows. Returns the rows it changed.
 const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = u.state, \
@@ -98,6 +99,10 @@ const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = 
      $40::text[], $41::bigint[]) AS u(task, number, state, until_at, tries, holder, token, \
      granted_at, expires_at, lapses_at, discarded, last_error, changed_at) \
      WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
+     expiries AS (UPDATE attempts a SET expires_at = u.expires_at, lapses_at = u.lapses_at \
+     FROM unnest($42::bigint[], $43::bigint[], $44::bigint[], $45::bigint[]) \
+     AS u(task, number, expires_at, lapses_at) \
+     WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
      claims AS (UPDATE tasks t SET last_token = coalesce(u.last_token, t.last_token), \
      claimable_at = CASE WHEN u.moves THEN u.claimable_at ELSE t.claimable_at END \
      FROM unnest($8::bigint[], $9::bigint[], $27::bigint[], $28::boolean[]) \
@@ -111,6 +116,7 @@ const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = 
      ip_hash) SELECT * FROM unnest($19::bigint[], $20::text[], $21::text[], $22::text[], \
      $23::text[], $24::text[], $25::text[]) RETURNING 1) \
      SELECT (SELECT count(*) FROM states) + (SELECT count(*) FROM wholes) \
+     + (SELECT count(*) FROM expiries) \
      + (SELECT count(*) FROM claims) \
      + (SELECT count(*) FROM receipts_added) + (SELECT count(*) FROM audited)";
 /// Many tasks, in order; a reference that exists (or came earlier in the
@@ -230,7 +236,7 @@ impl PgTransaction<'_> {
     }
 
     /// What a batch decided, in one statement ([`WRITE_ACKNOWLEDGED`]);
-    /// a change of another kind (a lease's expiry, progress, a retry's
+    /// a change of another kind (progress with its lease's expiry, a retry's
     /// tries) is written as one task's, before it.
     pub(super) fn write_acknowledged_at_once(
         &self,
@@ -240,6 +246,7 @@ impl PgTransaction<'_> {
     ) -> Result<()> {
         let mut states: Vec<(i64, AttemptRow, i64)> = Vec::new();
         let mut wholes: Vec<(i64, AttemptRow, i64)> = Vec::new();
+        let mut expiries: Vec<(i64, AttemptRow)> = Vec::new();
         // A task's new token counter and claim column, each if it moved.
         let mut claimables: Vec<(i64, Option<Option<i64>>, Option<i64>)> = Vec::new();
         for change in changes {
@@ -250,6 +257,15 @@ impl PgTransaction<'_> {
                 match write {
                     AttemptWrite::State(row) => states.push((id, row, millis(change.at))),
                     AttemptWrite::Whole(row) => wholes.push((id, row, millis(change.at))),
+                    // Progress is written with its lease's expiry.
+                    AttemptWrite::Expiry(row)
+                        if writes
+                            .progress
+                            .as_ref()
+                            .is_none_or(|(n, _)| *n != row.number) =>
+                    {
+                        expiries.push((id, row));
+                    }
                     other @ AttemptWrite::Expiry(_) => rest.push(other),
                 }
             }
@@ -263,6 +279,7 @@ impl PgTransaction<'_> {
         }
         if states.is_empty()
             && wholes.is_empty()
+            && expiries.is_empty()
             && claimables.is_empty()
             && receipts.is_empty()
             && events.is_empty()
@@ -308,6 +325,10 @@ impl PgTransaction<'_> {
             .map(|(_, r, _)| r.last_error.as_deref())
             .collect();
         let w_changed: Vec<i64> = wholes.iter().map(|(.., at)| *at).collect();
+        let e_task: Vec<i64> = expiries.iter().map(|(id, _)| *id).collect();
+        let e_number: Vec<i64> = expiries.iter().map(|(_, r)| r.number).collect();
+        let e_expires: Vec<Option<i64>> = expiries.iter().map(|(_, r)| r.expires_at).collect();
+        let e_lapses: Vec<Option<i64>> = expiries.iter().map(|(_, r)| r.lapses_at).collect();
         let r_task: Vec<i64> = receipts.iter().map(|r| r.handle.0).collect();
         let r_attempt: Vec<i64> = receipts
             .iter()
@@ -387,6 +408,10 @@ impl PgTransaction<'_> {
                 &w_discarded,
                 &w_error,
                 &w_changed,
+                &e_task,
+                &e_number,
+                &e_expires,
+                &e_lapses,
             ],
         )?;
         let changed: i64 = match changed.first() {

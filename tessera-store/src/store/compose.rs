@@ -65,7 +65,8 @@ impl Store {
 
     /// [`perform`](Self::perform) for an action that may turn out to be a
     /// no-op: `work` says whether it leaves an audit row ([`Trail::Row`],
-    /// written in the same transaction, with the principal's
+    /// written in the same transaction, or [`Trail::Written`] by the work
+    /// itself, with the principal's
     /// `last_used_at` if it is due) or is only counted ([`Trail::Count`],
     /// e.g. a replayed submission or an empty claim, which write nothing).
     pub(crate) fn perform_or_count<T>(
@@ -78,14 +79,18 @@ impl Store {
         let due = self.due_observation(scope, now);
         let result = self.write_with_tail(|writer| {
             let (value, trail) = work(writer)?;
-            if let Trail::Row(resource) = &trail {
-                writer.insert_event(&scope.event(now, resource.clone()))?;
-                carry_observation(writer, due, now);
+            match &trail {
+                Trail::Row(resource) => {
+                    writer.insert_event(&scope.event(now, resource.clone()))?;
+                    carry_observation(writer, due, now);
+                }
+                Trail::Written => carry_observation(writer, due, now),
+                Trail::Count(_) => {}
             }
             Ok((value, trail))
         });
         match result {
-            Ok(((value, Trail::Row(_)), carried)) => {
+            Ok(((value, Trail::Row(_) | Trail::Written), carried)) => {
                 self.observed(due, carried, now);
                 self.after_write();
                 Ok(value)

@@ -10,11 +10,14 @@
 //!
 //! The rule: a batch closes when N items wait, or when
 //! [`AckBatching::max_wait`] (T) has passed since its leader took the
-//! lead, whichever comes first. The leader lingers for T only when the
-//! last batch carried more than one item (others are acknowledging at
-//! the same time, so more are likely on their way, as PostgreSQL's
-//! `commit_delay` waits only with `commit_siblings` active); a lone
-//! caller is never delayed.
+//! lead, whichever comes first. The leader lingers only when the last
+//! batch carried more than one caller's items (others are acknowledging
+//! at the same time, so more are likely on their way, as PostgreSQL's
+//! `commit_delay` waits only with `commit_siblings` active), and only
+//! until as many callers wait as the last batch carried: a steady set of
+//! threads, each with one acknowledgement in flight, closes its batch as
+//! soon as the last of them arrives rather than after T. A lone caller
+//! is never delayed.
 //!
 //! No caller is answered before the commit that holds its items has
 //! ended: each gets its own answer (a receipt, a replay, its own error),
@@ -46,12 +49,32 @@ struct Queue<T, R> {
     committing: bool,
     /// How many callers' items the last batch carried.
     last_batch: usize,
+    /// While a leader lingers: the number of waiting callers it waits
+    /// for (0 when none lingers).
+    linger_for: usize,
+}
+
+impl<T, R> Queue<T, R> {
+    /// How many callers have items waiting (each hands its items in at
+    /// once, so they are contiguous).
+    fn callers(&self) -> usize {
+        let mut count = 0;
+        let mut last = None;
+        for (_, slot) in &self.waiting {
+            if last != Some(slot.caller) {
+                count += 1;
+                last = Some(slot.caller);
+            }
+        }
+        count
+    }
 }
 
 /// Coalesces items of type `T` into batches answered with `R`s.
 pub(crate) struct Completer<T, R> {
     queue: Mutex<Queue<T, R>>,
-    /// Signalled when a batch ends, and when N items wait.
+    /// Signalled when a batch ends, when N items wait, and when as many
+    /// callers wait as a lingering leader waits for.
     changed: Condvar,
     batching: AckBatching,
     /// The number the next caller gets.
@@ -73,6 +96,7 @@ impl<T, R: Clone> Completer<T, R> {
                 waiting: VecDeque::new(),
                 committing: false,
                 last_batch: 0,
+                linger_for: 0,
             }),
             changed: Condvar::new(),
             next_caller: AtomicU64::new(0),
@@ -109,7 +133,9 @@ impl<T, R: Clone> Completer<T, R> {
         for (item, slot) in items.into_iter().zip(&slots) {
             queue.waiting.push_back((item, Arc::clone(slot)));
         }
-        if queue.waiting.len() >= self.batching.max_batch {
+        if queue.waiting.len() >= self.batching.max_batch
+            || (queue.linger_for > 0 && queue.callers() >= queue.linger_for)
+        {
             self.changed.notify_all();
         }
         loop {
@@ -130,7 +156,13 @@ impl<T, R: Clone> Completer<T, R> {
                 && queue.waiting.len() < self.batching.max_batch
                 && !self.batching.max_wait.is_zero()
             {
-                self.changed.wait_for(&mut queue, self.batching.max_wait);
+                let deadline = std::time::Instant::now() + self.batching.max_wait;
+                queue.linger_for = queue.last_batch;
+                while queue.waiting.len() < self.batching.max_batch
+                    && queue.callers() < queue.linger_for
+                    && !self.changed.wait_until(&mut queue, deadline).timed_out()
+                {}
+                queue.linger_for = 0;
             }
             let take = queue.waiting.len().min(self.batching.max_batch);
             let (batch, answers): (Vec<T>, Vec<Arc<Slot<R>>>) = queue.waiting.drain(..take).unzip();

@@ -101,6 +101,11 @@ pub const NOT_ROUTED: &[(&str, &str)] = &[
     ),
     ("claim_permit", "the claim route's wait for admission"),
     (
+        "submit_and_claim",
+        "a blocking call for threads of the process that holds the store: over HTTP a \
+         submission and the next claim are two requests",
+    ),
+    (
         "finish_claim",
         "the claim route's lease transaction, after claim_permit",
     ),

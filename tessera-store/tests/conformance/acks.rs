@@ -375,8 +375,67 @@ fn a_submission_carries_the_next_claim_in_one_transaction(db: &TestDb) {
     assert!(matches!(submitted, Submitted::Accepted(_)));
 }
 
+/// Threads that each take one task at a time with `submit_and_claim`, each
+/// with its own key, until the queue is empty: every task is done once,
+/// by the thread that held its lease, with one receipt and a claim and a
+/// submission audit row each, and no task was held by two threads.
+fn threads_carrying_their_next_claims_do_each_task_once(db: &TestDb) {
+    const THREADS: usize = 4;
+    const TASKS: usize = 60;
+    let f = Fixture::new(db);
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|_| f.login(&f.full_worker(Grant::AllNamespaces)))
+        .collect();
+    let tasks = f.enqueue(&workers[0], &ns, &q, TASKS);
+    let events_before = db.count_rows("access_audit");
+    let done: Vec<Vec<TaskRef>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = workers
+            .iter()
+            .map(|worker| {
+                let (store, ns, q) = (&f.store, &ns, &q);
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    let mut next = store.claim(worker, ns, q).unwrap().claimed().cloned();
+                    while let Some(claimed) = next {
+                        let (submitted, outcome) = store
+                            .submit_and_claim(
+                                worker,
+                                &request(&claimed.task, claimed.lease.token(), "done", "ok"),
+                                ns,
+                                q,
+                            )
+                            .unwrap();
+                        assert!(matches!(submitted, Submitted::Accepted(_)));
+                        mine.push(claimed.task.clone());
+                        next = outcome.unwrap().claimed().cloned();
+                    }
+                    mine
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let all: Vec<&TaskRef> = done.iter().flatten().collect();
+    let distinct: HashSet<&TaskRef> = all.iter().copied().collect();
+    assert_eq!(all.len(), TASKS, "every task once");
+    assert_eq!(distinct.len(), TASKS, "no task twice");
+    assert_eq!(db.count_rows("receipts"), TASKS as u64);
+    assert_eq!(
+        db.count_rows("access_audit"),
+        events_before + 2 * TASKS as u64,
+        "a claim and a submission row per task"
+    );
+    for task in &tasks {
+        let view = f.store.read_task(&workers[0], task).unwrap();
+        assert_eq!(view.record.attempts[0].state, TaskState::Done);
+        assert_eq!(view.record.attempts[0].tries, 1, "leased once");
+    }
+}
+
 conformance! {
     a_submission_carries_the_next_claim_in_one_transaction,
+    threads_carrying_their_next_claims_do_each_task_once,
     a_batch_answers_each_submission_on_its_own,
     a_batch_is_checked_whole_before_anything_is_written,
     a_refused_commit_acknowledges_none_of_its_batch,

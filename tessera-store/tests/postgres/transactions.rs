@@ -63,6 +63,20 @@ impl OwnDatabase {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        // A session leaves pg_stat_activity before its exit has flushed
+        // its counts: read until the count holds still.
+        let mut last = self.xact_commit();
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = self.xact_commit();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    }
+
+    fn xact_commit(&mut self) -> i64 {
         self.admin
             .query_one(
                 "SELECT xact_commit FROM pg_stat_database WHERE datname = $1",

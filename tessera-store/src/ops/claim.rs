@@ -42,6 +42,21 @@ struct Leased {
     reason: EmptyReason,
 }
 
+impl Leased {
+    /// A claim of one task's outcome: its lease, or why there was none.
+    fn outcome(self) -> ClaimOutcome {
+        match self.granted.into_iter().next() {
+            Some(claimed) => ClaimOutcome::Granted(claimed),
+            None => ClaimOutcome::Empty {
+                retry_after: self.retry_after.unwrap_or_default(),
+                waited: self.waited,
+                concurrency_limit: self.limit,
+                reason: self.reason,
+            },
+        }
+    }
+}
+
 /// One lease a claim granted: the task, the lease and the brief.
 type LeaseGrant = (TaskRef, Lease, Brief);
 /// What a lease transaction came to: its grants and, with none, why.
@@ -259,16 +274,7 @@ impl Store {
     /// time admission measures is this call's). See [`claim`](Self::claim)
     /// for what it decides.
     pub fn finish_claim(&self, permit: ClaimPermit) -> Result<ClaimOutcome, Error> {
-        let leased = self.run_claim(permit)?;
-        Ok(match leased.granted.into_iter().next() {
-            Some(claimed) => ClaimOutcome::Granted(claimed),
-            None => ClaimOutcome::Empty {
-                retry_after: leased.retry_after.unwrap_or_default(),
-                waited: leased.waited,
-                concurrency_limit: leased.limit,
-                reason: leased.reason,
-            },
-        })
+        Ok(self.run_claim(permit)?.outcome())
     }
 
     /// Submits the output of a lease and claims the next task of
@@ -355,27 +361,7 @@ impl Store {
                 Acked::Failed(_) => unreachable!("a submission is answered as one"),
             },
         };
-        let next = leased.map(|leased| match leased.granted.into_iter().next() {
-            Some(claimed) => ClaimOutcome::Granted(claimed),
-            None => ClaimOutcome::Empty {
-                retry_after: leased.retry_after.unwrap_or_default(),
-                waited: leased.waited,
-                concurrency_limit: leased.limit,
-                reason: leased.reason,
-            },
-        });
-        Ok((submitted, next))
-    }
-
-    /// A submission through the completer.
-    fn submit_alone(&self, ack: Ack) -> Result<Submitted, Error> {
-        match self.acknowledge(vec![ack]).pop() {
-            Some(answer) => match answer?? {
-                Acked::Submitted(submitted) => Ok(submitted),
-                Acked::Failed(_) => unreachable!("a submission is answered as one"),
-            },
-            None => unreachable!("one answer per acknowledgement"),
-        }
+        Ok((submitted, leased.map(Leased::outcome)))
     }
 
     /// The transaction of [`submit_and_claim`](Self::submit_and_claim):

@@ -24,7 +24,7 @@ use crate::model::task::{
     Brief, EnqueueOptions, Enqueued, MAX_ENQUEUE_BATCH, MAX_TASKS_LISTED, Output, PRACTICE_QUEUE,
     StoredReceipt, SubmitRequest, TaskPage, TaskQuery, TaskRef, TaskView, not_found,
 };
-use crate::ops::ack::{Acked, Checked};
+use crate::ops::ack::{Ack, Acked, Checked};
 use crate::store::Store;
 
 /// A task loaded by reference, with its brief if asked; `404` if none.
@@ -492,10 +492,14 @@ impl Store {
             key: key.clone(),
             output: output.clone(),
         };
-        let ack = match self.submission(caller, &request)? {
-            Checked::Ack(ack) => ack,
-            Checked::Answered(submitted) => return Ok(submitted),
-        };
+        match self.submission(caller, &request)? {
+            Checked::Ack(ack) => self.submit_alone(ack),
+            Checked::Answered(submitted) => Ok(submitted),
+        }
+    }
+
+    /// One submission through the completer.
+    pub(crate) fn submit_alone(&self, ack: Ack) -> Result<Submitted, Error> {
         match self.acknowledge(vec![ack]).pop() {
             Some(answer) => match answer?? {
                 Acked::Submitted(submitted) => Ok(submitted),

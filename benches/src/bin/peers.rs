@@ -112,10 +112,17 @@ fn main() {
 
 /// The processing steps in order: worker count and whether batched.
 fn steps() -> impl Iterator<Item = (usize, bool)> {
+    let only: Option<Vec<String>> = std::env::var("TESSERA_PEERS_STEPS")
+        .ok()
+        .map(|steps| steps.split(',').map(str::to_owned).collect());
     WORKERS
         .iter()
         .map(|&workers| (workers, false))
         .chain(BATCHED_WORKERS.iter().map(|&workers| (workers, true)))
+        .filter(move |(workers, batched)| {
+            let name = format!("{workers}{}", if *batched { "b" } else { "" });
+            only.as_ref().is_none_or(|only| only.contains(&name))
+        })
 }
 
 /// One step's outcome: jobs, seconds, and the server's counters over it.

@@ -71,13 +71,15 @@ const LOCK_CLAIMABLE: &str = concat!(
      ORDER BY p.priority DESC, p.claimable_at, p.id, a.number"
 );
 /// The receipts stored under many (principal, task, key), in the columns
-/// of `receipt_row`, then the key's place.
+/// of `receipt_row`, then the key's place. The fenced lateral search
+/// (`OFFSET 0`) keeps a generic plan made while the table was small on
+/// the unique index, instead of a hash join over every receipt.
 const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
      r.idempotency_key, r.artifact, r.digest, r.accepted_at, r.output, k.place \
      FROM unnest($1::text[], $2::bigint[], $3::text[]) WITH ORDINALITY \
      AS k(principal, task, idempotency_key, place) \
-     JOIN receipts r ON r.principal = k.principal AND r.task = k.task \
-     AND r.idempotency_key = k.idempotency_key";
+     CROSS JOIN LATERAL (SELECT * FROM receipts r WHERE r.principal = k.principal \
+     AND r.task = k.task AND r.idempotency_key = k.idempotency_key OFFSET 0) r";
 /// What a batch decided, in one statement: attempts whose state alone
 /// moved (a submit, a failure report), attempts written whole (a grant),
 /// leases whose expiry alone moved (a heartbeat without progress),

@@ -818,8 +818,9 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     /// with their briefs, each locked for the rest of the transaction (a
     /// task another transaction holds is skipped): a batch claim's tasks
     /// in one statement, where the backend can. `None` when it cannot,
-    /// when it found no claimable task, or when the queue has a due
-    /// lapsed lease, whose recording comes first in claim order; the
+    /// when the queue has a settings row (paused or limited), when it
+    /// found no claimable task, or when the queue has a due lapsed lease,
+    /// whose recording comes first in claim order; the
     /// claim then takes its tasks one at a time with
     /// [`next_claimable`](ReadTransaction::next_claimable). The default
     /// is `None`.

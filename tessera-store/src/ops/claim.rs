@@ -698,9 +698,15 @@ impl Store {
         if session {
             self.open_namespace(writer, caller, namespace, now)?;
         }
-        // A queue without a settings row (running, no limit) costs a
-        // search that finds nothing.
-        let settings = writer.queue_settings(namespace, queue)?;
+        // A queue without a settings row (running, no limit): its
+        // claimable tasks locked in one statement, where the backend can,
+        // which also tells that the queue has no settings. Otherwise the
+        // settings are read, and the claim takes its tasks one at a time.
+        let locked = writer.lock_claimable(namespace, queue, now, request.count)?;
+        let settings = match locked {
+            Some(_) => None,
+            None => writer.queue_settings(namespace, queue)?,
+        };
         if settings.as_ref().is_some_and(QueueSettings::is_paused) {
             return Ok((
                 (Vec::new(), EmptyReason::Paused),
@@ -722,16 +728,12 @@ impl Store {
             let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
             let mut stale = 0;
             let mut exhausted = false;
-            if !limit.is_limited() {
-                // Plain tasks: locked in one statement and leased
-                // set-based, where the backend can.
-                if let Some(locked) = writer.lock_claimable(namespace, queue, now, request.count)? {
-                    let found = locked.len();
-                    granted =
-                        grant_locked(writer, scope, namespace, locked, &holder, duration, now)?;
-                    audited = granted.len();
-                    exhausted = granted.len() == found && found < request.count;
-                }
+            if let Some(locked) = locked {
+                // Plain tasks, leased set-based.
+                let found = locked.len();
+                granted = grant_locked(writer, scope, namespace, locked, &holder, duration, now)?;
+                audited = granted.len();
+                exhausted = granted.len() == found && found < request.count;
             }
             while !exhausted && granted.len() < request.count && stale < MAX_PICKS {
                 let Some(loaded) = writer.next_claimable(namespace, queue, now)? else {

@@ -36,8 +36,9 @@ const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, 
 /// Where the attempt's columns start in [`LOCK_AND_LOAD`] and
 /// [`LOCK_CLAIMABLE`].
 const ATTEMPT_COLUMNS: usize = 13;
-/// Up to `$4` claimable tasks of a queue in claim order (`NEXT_CLAIMABLE`'s
-/// search, `$4` rows an arm), with briefs, each locked or skipped, then
+/// Up to `$4` claimable tasks of a queue without a settings row (running,
+/// no limit) in claim order (`NEXT_CLAIMABLE`'s search, `$4` rows an
+/// arm), with briefs, each locked or skipped, then
 /// their attempts, locked too so that they are read as the newest
 /// versions; one row per attempt, in the columns of [`LOCK_AND_LOAD`],
 /// then whether the queue has a due lapsed lease.
@@ -48,7 +49,8 @@ const LOCK_CLAIMABLE: &str = concat!(
          last_token, claimable_at, created_at, max_tries, priority, namespace, \
          partition_key, unique_key, unique_states FROM tasks \
          WHERE namespace = $1 AND queue = $2 AND claimable_at IS NOT NULL \
-         AND claimable_at <= $3",
+         AND claimable_at <= $3 AND NOT EXISTS (SELECT 1 FROM queue_settings s \
+         WHERE s.namespace = $1 AND s.queue = $2)",
         "ORDER BY claimable_at, id LIMIT $4 FOR UPDATE SKIP LOCKED",
         "0",
         "$4"

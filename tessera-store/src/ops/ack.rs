@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use tessera_audit::{Action, Outcome};
+use tessera_audit::{Action, AuditEvent, Outcome};
 use tessera_lease::{
     Failure, FencingToken, Idempotency, IdempotencyKey, LeaseError, Principal, Receipt, Retry,
     Submission, Submitted, Task, TaskRecord, TaskState, UniqueStates, check_output_size,
@@ -78,6 +78,63 @@ pub(crate) struct Decided {
     pub(crate) answers: Vec<Result<Acked, Error>>,
     /// Which acknowledgements wrote an audit row.
     pub(crate) audited: Vec<bool>,
+}
+
+/// A batch's writes, decided and not yet made: the changed tasks (handle,
+/// record as loaded, record now), the accepted receipts with their
+/// outputs, the audit rows, and the tasks whose unique slot is released.
+/// A claim in the same transaction makes them with its own leases, in one
+/// statement ([`write_with`](Self::write_with)).
+pub(crate) struct AckWrites<'a> {
+    changes: Vec<(TaskHandle, TaskRecord, TaskRecord)>,
+    receipts: Vec<(TaskHandle, Receipt, Option<&'a [u8]>)>,
+    events: Vec<AuditEvent>,
+    released: Vec<TaskHandle>,
+    at: DateTime<Utc>,
+}
+
+impl AckWrites<'_> {
+    /// Whether the batch changed the task `handle` names.
+    pub(crate) fn changes_task(&self, handle: TaskHandle) -> bool {
+        self.changes.iter().any(|(changed, ..)| *changed == handle)
+    }
+
+    /// Makes the batch's writes, with `changes` and `events` of other
+    /// tasks after its own, in one set-based write.
+    pub(crate) fn write_with(
+        &self,
+        writer: &dyn WriteTransaction,
+        changes: &[TaskChange<'_>],
+        events: &[AuditEvent],
+    ) -> Result<(), Error> {
+        let mut all: Vec<TaskChange<'_>> = self
+            .changes
+            .iter()
+            .map(|(handle, before, after)| TaskChange {
+                handle: *handle,
+                before,
+                after,
+                at: self.at,
+            })
+            .collect();
+        all.extend_from_slice(changes);
+        let receipts: Vec<NewReceipt<'_>> = self
+            .receipts
+            .iter()
+            .map(|(handle, receipt, output)| NewReceipt {
+                handle: *handle,
+                receipt,
+                output: *output,
+            })
+            .collect();
+        let mut audit = self.events.clone();
+        audit.extend_from_slice(events);
+        writer.write_acknowledged(&all, &receipts, &audit)?;
+        for handle in &self.released {
+            writer.release_unique_slot(*handle)?;
+        }
+        Ok(())
+    }
 }
 
 impl Store {
@@ -317,6 +374,19 @@ impl Store {
         batch: &[Ack],
         now: DateTime<Utc>,
     ) -> Result<Decided, Error> {
+        let (decided, writes) = self.decide_unwritten(writer, batch, now)?;
+        writes.write_with(writer, &[], &[])?;
+        Ok(decided)
+    }
+
+    /// The batch's reads and rules inside its transaction, and the writes
+    /// they decided, not yet made.
+    pub(crate) fn decide_unwritten<'a>(
+        &self,
+        writer: &dyn WriteTransaction,
+        batch: &'a [Ack],
+        now: DateTime<Utc>,
+    ) -> Result<(Decided, AckWrites<'a>), Error> {
         let mut refs: Vec<&TaskRef> = batch.iter().map(|ack| &ack.task).collect();
         refs.sort_unstable();
         refs.dedup();
@@ -421,33 +491,25 @@ impl Store {
             answers.push(answer);
         }
 
-        let changes: Vec<TaskChange<'_>> = held
-            .values()
-            .filter_map(|task| task.as_ref().ok())
-            .filter(|task| task.before != *task.rules.record())
-            .map(|task| TaskChange {
-                handle: task.handle,
-                before: &task.before,
-                after: task.rules.record(),
-                at: now,
-            })
-            .collect();
-        let new_receipts: Vec<NewReceipt<'_>> = accepted
-            .iter()
-            .map(|(handle, receipt, output)| NewReceipt {
-                handle: *handle,
-                receipt,
-                output: *output,
-            })
-            .collect();
-        writer.write_acknowledged(&changes, &new_receipts, &events)?;
-        // Tasks whose attempts left the states their unique slot counts.
-        for task in held.values().filter_map(|task| task.as_ref().ok()) {
-            if leaves_slot(task.unique, task.rules.record()) {
-                writer.release_unique_slot(task.handle)?;
-            }
-        }
-        Ok(Decided { answers, audited })
+        let held: Vec<Held> = held.into_values().filter_map(Result::ok).collect();
+        let writes = AckWrites {
+            // Tasks whose attempts left the states their unique slot
+            // counts.
+            released: held
+                .iter()
+                .filter(|task| leaves_slot(task.unique, task.rules.record()))
+                .map(|task| task.handle)
+                .collect(),
+            changes: held
+                .into_iter()
+                .filter(|task| task.before != *task.rules.record())
+                .map(|task| (task.handle, task.before, task.rules.into_record()))
+                .collect(),
+            receipts: accepted,
+            events,
+            at: now,
+        };
+        Ok((Decided { answers, audited }, writes))
     }
 }
 

@@ -21,7 +21,7 @@ use crate::model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason, MAX_
 use crate::model::queue::QueueSettings;
 use crate::model::task::SubmitRequest;
 use crate::model::task::{Brief, TaskRef};
-use crate::ops::ack::{Ack, Acked, Checked};
+use crate::ops::ack::{Ack, AckWrites, Acked, Checked};
 use crate::ops::task::apply;
 use crate::state::gate::{
     CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, rate_limited,
@@ -381,11 +381,13 @@ impl Store {
         let acks = std::slice::from_ref(ack);
         let due = self.due_observation(scope, now);
         let result = self.write_with_tail(|writer| {
-            let decided = self.decide(writer, acks, now)?;
+            let (decided, writes) = self.decide_unwritten(writer, acks, now)?;
             if decided.answers.iter().any(Result::is_err) {
+                writes.write_with(writer, &[], &[])?;
                 return Ok((decided, None));
             }
-            let (claimed, trail) = self.lease_in(writer, scope, caller, request, now)?;
+            // The submission's writes ride with the claim's.
+            let (claimed, trail) = self.lease_in(writer, scope, caller, request, Some(writes), now)?;
             if let Trail::Row(resource) = &trail {
                 writer.insert_event(&scope.event(now, resource.clone()))?;
             }
@@ -676,18 +678,22 @@ impl Store {
             }
         }
         self.perform_or_count(scope, now, |writer| {
-            self.lease_in(writer, scope, caller, request, now)
+            self.lease_in(writer, scope, caller, request, None, now)
         })
     }
 
     /// The lease transaction's work, in `writer`: see [`lease`](Self::lease).
     /// Its trail is the last grant's audit row, or the empty claim's count.
+    /// The `carried` writes of acknowledgements decided earlier in the
+    /// transaction are made with the grants' where the claim leases
+    /// set-based, and first otherwise.
     fn lease_in(
         &self,
         writer: &dyn crate::backend::WriteTransaction,
         scope: &ActionScope,
         caller: &Caller,
         request: &ClaimRequest,
+        mut carried: Option<AckWrites<'_>>,
         now: DateTime<Utc>,
     ) -> Result<((Vec<LeaseGrant>, EmptyReason), Trail), Error> {
         let (namespace, queue) = (&request.namespace, &request.queue);
@@ -702,7 +708,22 @@ impl Store {
         // claimable tasks locked in one statement, where the backend can,
         // which also tells that the queue has no settings. Otherwise the
         // settings are read, and the claim takes its tasks one at a time.
-        let locked = writer.lock_claimable(namespace, queue, now, request.count)?;
+        let mut locked = writer.lock_claimable(namespace, queue, now, request.count)?;
+        if let (Some(writes), Some(tasks)) = (&carried, &locked)
+            && tasks.iter().any(|task| writes.changes_task(task.handle))
+        {
+            // The claim found a task the carried writes change: they are
+            // made first, and the claim looks again at the tasks as they
+            // now are.
+            writes.write_with(writer, &[], &[])?;
+            carried = None;
+            locked = writer.lock_claimable(namespace, queue, now, request.count)?;
+        }
+        if locked.is_none()
+            && let Some(writes) = carried.take()
+        {
+            writes.write_with(writer, &[], &[])?;
+        }
         let settings = match locked {
             Some(_) => None,
             None => writer.queue_settings(namespace, queue)?,
@@ -731,7 +752,12 @@ impl Store {
             if let Some(locked) = locked {
                 // Plain tasks, leased set-based.
                 let found = locked.len();
-                granted = grant_locked(writer, scope, namespace, locked, &holder, duration, now)?;
+                let terms = LeaseTerms {
+                    holder: &holder,
+                    duration,
+                    now,
+                };
+                granted = grant_locked(writer, scope, namespace, locked, &terms, carried.as_ref())?;
                 audited = granted.len();
                 exhausted = granted.len() == found && found < request.count;
             }
@@ -1077,22 +1103,34 @@ fn resource((_, task, lease, _): &(TaskHandle, TaskRef, Lease, Brief)) -> Option
     task.grant_resource(lease.attempt(), lease.token())
 }
 
+/// Whom a claim leases to, for how long, and when.
+struct LeaseTerms<'a> {
+    holder: &'a Principal,
+    duration: Duration,
+    now: DateTime<Utc>,
+}
+
 /// Leases the tasks [`lock_claimable`](crate::backend::WriteTransaction::lock_claimable)
 /// locked, in claim order, each under the lease rules as the one-at-a-time
 /// claim leases it, and writes them set-based with their audit rows. It
 /// stops before
 /// the first task whose stored claim times are stale, which the
 /// one-at-a-time claim corrects, and after one with another attempt still
-/// claimable.
+/// claimable. The `carried` writes of acknowledgements are made in the
+/// same statement.
 fn grant_locked(
     writer: &dyn crate::backend::WriteTransaction,
     scope: &ActionScope,
     namespace: &Namespace,
     locked: Vec<crate::backend::LoadedTask>,
-    holder: &Principal,
-    duration: Duration,
-    now: DateTime<Utc>,
+    terms: &LeaseTerms<'_>,
+    carried: Option<&AckWrites<'_>>,
 ) -> Result<Vec<(TaskHandle, TaskRef, Lease, Brief)>, Error> {
+    let &LeaseTerms {
+        holder,
+        duration,
+        now,
+    } = terms;
     let mut leased = Vec::with_capacity(locked.len());
     for loaded in locked {
         let mut rules = Task::restore(loaded.record.clone())?;
@@ -1135,7 +1173,10 @@ fn grant_locked(
         .iter()
         .map(|grant| scope.event(now, resource(grant)))
         .collect();
-    writer.write_acknowledged(&changes, &[], &events)?;
+    match carried {
+        Some(writes) => writes.write_with(writer, &changes, &events)?,
+        None => writer.write_acknowledged(&changes, &[], &events)?,
+    }
     for (loaded, rules, ..) in &leased {
         if crate::ops::task::leaves_slot(loaded.unique_held, rules.record()) {
             writer.release_unique_slot(loaded.handle)?;

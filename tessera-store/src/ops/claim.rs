@@ -387,7 +387,8 @@ impl Store {
                 return Ok((decided, None));
             }
             // The submission's writes ride with the claim's.
-            let (claimed, trail) = self.lease_in(writer, scope, caller, request, Some(writes), now)?;
+            let (claimed, trail) =
+                self.lease_in(writer, scope, caller, request, Some(writes), now)?;
             if let Trail::Row(resource) = &trail {
                 writer.insert_event(&scope.event(now, resource.clone()))?;
             }

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_store::{
-    AckBatching, ConflictKind, Error, FencingToken, Grant, IdempotencyKey, Output, Retry,
-    SubmitRequest, Submitted, TaskRef, TaskState,
+    AckBatching, ConflictKind, EnqueueOptions, Error, FencingToken, Grant, IdempotencyKey, Output,
+    Retry, SubmitRequest, Submitted, TaskRef, TaskState,
 };
 
-use crate::harness::{Fixture, TestDb, assert_quota, midnight, namespace, queue};
+use crate::harness::{Fixture, TestDb, assert_quota, json_brief, midnight, namespace, queue};
 
 fn key(text: &str) -> IdempotencyKey {
     IdempotencyKey::parse(text).unwrap()
@@ -375,6 +375,48 @@ fn a_submission_carries_the_next_claim_in_one_transaction(db: &TestDb) {
     assert!(matches!(submitted, Submitted::Accepted(_)));
 }
 
+/// A submission whose task still has another attempt claimable, carrying
+/// the next claim: the claim sees the task as the submission left it, its
+/// first attempt done, and leases the other attempt, which comes first in
+/// claim order.
+fn a_carried_claim_sees_the_task_its_submission_changed(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let rival = f
+        .store
+        .enqueue(
+            &worker,
+            &ns,
+            &q,
+            &json_brief(0),
+            &EnqueueOptions::default().with_alternatives(2),
+        )
+        .unwrap();
+    f.enqueue(&worker, &ns, &q, 1);
+    let first = f.claim(&worker, &ns, &q);
+    assert_eq!(first.task, rival);
+    let meter_before = f.store.meter();
+
+    let (submitted, next) = f
+        .store
+        .submit_and_claim(
+            &worker,
+            &request(&rival, first.lease.token(), "k0", "zero"),
+            &ns,
+            &q,
+        )
+        .unwrap();
+    assert!(matches!(submitted, Submitted::Accepted(_)));
+    let next = next.unwrap().claimed().cloned().expect("the next task");
+    assert_eq!(next.task, rival, "the other attempt comes first");
+    assert_ne!(next.lease.attempt(), first.lease.attempt());
+    assert_eq!(f.store.meter().since(&meter_before).write_transactions, 1);
+    let attempts = f.store.read_task(&worker, &rival).unwrap().record.attempts;
+    let states: Vec<TaskState> = attempts.iter().map(|attempt| attempt.state).collect();
+    assert_eq!(states, [TaskState::Done, TaskState::Leased]);
+}
+
 /// Threads that each take one task at a time with `submit_and_claim`, each
 /// with its own key, until the queue is empty: every task is done once,
 /// by the thread that held its lease, with one receipt and a claim and a
@@ -435,6 +477,7 @@ fn threads_carrying_their_next_claims_do_each_task_once(db: &TestDb) {
 
 conformance! {
     a_submission_carries_the_next_claim_in_one_transaction,
+    a_carried_claim_sees_the_task_its_submission_changed,
     threads_carrying_their_next_claims_do_each_task_once,
     a_batch_answers_each_submission_on_its_own,
     a_batch_is_checked_whole_before_anything_is_written,

@@ -20,7 +20,11 @@ use crate::model::task::{StoredReceipt, TaskRef};
 /// The tasks named by (namespace, id, version), without briefs, each
 /// locked (in row order, so two batches lock their rows in one order),
 /// one row per attempt: the task's columns in `task_row`'s order, its
-/// namespace, then the attempt's in `attempt_row`'s.
+/// namespace, then the attempt's in `attempt_row`'s. The attempts are
+/// locked too: under `READ COMMITTED` a task locked after waiting for a
+/// concurrent commit is its newest version, while a plain join would read
+/// its attempts as the statement's older snapshot has them (a lapse or a
+/// grant the other transaction wrote unseen, a stale token accepted).
 const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, t.task_id, \
      t.version, t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
      t.max_tries, t.priority, t.namespace, t.partition_key, t.unique_key, t.unique_states \
@@ -32,7 +36,7 @@ const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, 
      l.namespace, a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, \
      a.expires_at, a.lapses_at, a.discarded, a.last_error, \
      l.partition_key, l.unique_key, l.unique_states \
-     FROM locked l JOIN attempts a ON a.task = l.id ORDER BY l.id, a.number";
+     FROM locked l JOIN attempts a ON a.task = l.id ORDER BY l.id, a.number FOR UPDATE OF a";
 /// Where the attempt's columns start in [`LOCK_AND_LOAD`] and
 /// [`LOCK_CLAIMABLE`].
 const ATTEMPT_COLUMNS: usize = 13;

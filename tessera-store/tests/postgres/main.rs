@@ -439,6 +439,60 @@ fn broken_connections_are_replaced_and_a_statement_timeout_is_a_retryable_error(
     store.create_key(&admin, &spec).unwrap();
 }
 
+/// A submission that waits for another transaction's lock on its task
+/// decides on the task as that transaction left it. Here the other
+/// transaction granted the attempt again (a new token): the old token is
+/// stale, never accepted.
+#[test]
+fn a_submission_that_waited_for_its_task_sees_what_the_other_transaction_wrote() {
+    let db = database();
+    let f = Fixture::new(&db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    f.enqueue(&worker, &ns, &q, 1);
+    let claimed = f.claim(&worker, &ns, &q);
+
+    let (url, schema) = db.postgres_place();
+    let mut other = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let mut regrant = other.transaction().unwrap();
+    let task = format!(
+        "(SELECT id FROM \"{schema}\".tasks WHERE task_id = '{}')",
+        claimed.task.id.as_str()
+    );
+    regrant
+        .batch_execute(&format!(
+            "SELECT 1 FROM \"{schema}\".tasks WHERE id = {task} FOR UPDATE; \
+             UPDATE \"{schema}\".attempts SET token = token + 1 WHERE task = {task}; \
+             UPDATE \"{schema}\".tasks SET last_token = last_token + 1 WHERE id = {task}"
+        ))
+        .unwrap();
+    let key = tessera_store::IdempotencyKey::parse("k").unwrap();
+    let output = tessera_store::Output::bytes("out");
+    let token = claimed.lease.token();
+    let answer = std::thread::scope(|scope| {
+        let submitting =
+            scope.spawn(|| f.store.submit(&worker, &claimed.task, token, &key, &output));
+        // The submission waits for the task's lock.
+        let mut watcher = postgres::Client::connect(url, postgres::NoTls).unwrap();
+        let waiting = format!(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'tessera {schema}' AND wait_event_type = 'Lock'"
+        );
+        while watcher.query_one(&waiting, &[]).unwrap().get::<_, i64>(0) == 0 {
+            assert!(!submitting.is_finished(), "the submission did not wait");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        regrant.commit().unwrap();
+        submitting.join().unwrap()
+    });
+    match answer {
+        Err(tessera_store::Error::Conflict { kind, .. }) => {
+            assert_eq!(kind, tessera_store::ConflictKind::StaleToken)
+        }
+        other => panic!("a stale token, not {other:?}"),
+    }
+}
+
 #[test]
 fn a_server_that_cannot_be_reached_is_a_retryable_error_in_bounded_time() {
     let error = Store::open_postgres(

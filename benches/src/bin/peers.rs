@@ -11,7 +11,9 @@
 //! `JOBS` (default 10,000) no-op jobs per step. Without
 //! `TESSERA_PEER_GRAPHILE` only Tessera's side runs; without a server URL
 //! (`TESSERA_BENCH_POSTGRES_URL`, else `TESSERA_TEST_POSTGRES_URL`) only
-//! SQLite does.
+//! SQLite does. `TESSERA_PEERS_STEPS` (for example `4,8,4b`) keeps only
+//! the processing steps it names, by worker count, `b` for batched; the
+//! first step kept enqueues one per call.
 //!
 //! PostgreSQL: each system has a database of its own on the same server,
 //! `tessera_bench` and `graphile_bench` (created when missing), so

@@ -29,7 +29,9 @@ use crate::clock::{Clock, SystemClock};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AckBatching {
-    /// The most acknowledgements one commit carries (N).
+    /// The most acknowledgements one commit carries (N), but one
+    /// caller's are never split: a `submit_batch` larger than N commits
+    /// alone, in one transaction.
     pub max_batch: usize,
     /// The longest a leader waits for more before it commits (T); only
     /// while acknowledgements are arriving together.

@@ -5,7 +5,9 @@
 //! first caller to find no batch committing leads: it takes the waiting
 //! items, oldest first, up to [`AckBatching::max_batch`] (N), commits
 //! them together through the function it was given, answers every item,
-//! and hands the lead on. Items that arrive while a batch commits wait
+//! and hands the lead on. It takes whole callers' items: one caller's
+//! items are never split, so a `submit_batch` larger than N commits in
+//! one transaction, alone. Items that arrive while a batch commits wait
 //! for the next one, so a batch is what queued during the last commit.
 //!
 //! The rule: a batch closes when N items wait, or when
@@ -55,6 +57,28 @@ struct Queue<T, R> {
 }
 
 impl<T, R> Queue<T, R> {
+    /// How many of the oldest waiting items the next batch takes: whole
+    /// callers' items, oldest first, while they fit in `max`, and the
+    /// first caller's whatever their number.
+    fn batch_len(&self, max: usize) -> usize {
+        let mut end = 0;
+        while end < self.waiting.len() {
+            let caller = self.waiting[end].1.caller;
+            let next = end
+                + self
+                    .waiting
+                    .iter()
+                    .skip(end)
+                    .take_while(|(_, slot)| slot.caller == caller)
+                    .count();
+            if end > 0 && next > max {
+                break;
+            }
+            end = next;
+        }
+        end
+    }
+
     /// How many callers have items waiting (each hands its items in at
     /// once, so they are contiguous).
     fn callers(&self) -> usize {
@@ -164,7 +188,7 @@ impl<T, R: Clone> Completer<T, R> {
                 {}
                 queue.linger_for = 0;
             }
-            let take = queue.waiting.len().min(self.batching.max_batch);
+            let take = queue.batch_len(self.batching.max_batch);
             let (batch, answers): (Vec<T>, Vec<Arc<Slot<R>>>) = queue.waiting.drain(..take).unzip();
             drop(queue);
             let mut callers: Vec<u64> = answers.iter().map(|slot| slot.caller).collect();
@@ -240,8 +264,11 @@ mod tests {
         assert_eq!(commits.load(Ordering::SeqCst), 1);
     }
 
+    /// One caller's items commit together even beyond N (a
+    /// `submit_batch` is one transaction); the proptest below checks that
+    /// other callers' items are added only while they fit in N.
     #[test]
-    fn a_batch_carries_at_most_n() {
+    fn a_callers_items_are_never_split() {
         let completer = Completer::<u32, usize>::new(batching(2));
         let sizes = Mutex::new(Vec::new());
         let answers = completer.complete(
@@ -252,8 +279,8 @@ mod tests {
             },
             &|| 0,
         );
-        assert_eq!(answers, vec![2, 2, 2, 2, 1]);
-        assert_eq!(*sizes.lock(), vec![2, 2, 1]);
+        assert_eq!(answers, vec![5; 5]);
+        assert_eq!(*sizes.lock(), vec![5]);
     }
 
     /// While one batch commits, the others' items queue and go together
@@ -325,8 +352,9 @@ mod tests {
 
         /// Whatever N and however many threads hand in however many
         /// items: every item is committed exactly once, in a batch of at
-        /// most N that keeps each caller's items in order, and its caller
-        /// gets that item's own answer.
+        /// most N (or of one caller's items alone) that keeps each
+        /// caller's items together and in order, and its caller gets that
+        /// item's own answer.
         #[test]
         fn every_item_is_committed_once_and_answered_to_its_caller(
             max_batch in 1_usize..8,
@@ -370,10 +398,17 @@ mod tests {
             }
             let batches = batches.lock();
             let mut seen = std::collections::HashSet::new();
-            for batch in batches.iter() {
-                proptest::prop_assert!(!batch.is_empty() && batch.len() <= max_batch);
+            let mut batch_of = std::collections::HashMap::new();
+            for (at, batch) in batches.iter().enumerate() {
+                proptest::prop_assert!(!batch.is_empty());
+                proptest::prop_assert!(
+                    batch.len() <= max_batch || batch.iter().all(|item| item.0 == batch[0].0),
+                    "more than N items from more than one caller"
+                );
                 for item in batch {
                     proptest::prop_assert!(seen.insert((item.0, item.1)), "committed twice");
+                    let first = *batch_of.entry(item.0).or_insert(at);
+                    proptest::prop_assert_eq!(first, at, "a caller's items split");
                 }
                 for caller in 0..callers.len() {
                     let places: Vec<usize> =

@@ -39,8 +39,10 @@
 //! | enqueue | 7 (namespace, task, attempt, notify, audit row) | 1 |
 //! | enqueue batch of n | 7 (the task and attempt inserts one `unnest` each) | 1 |
 //! | claim of a plain ready task (one attempt, ready, no due lapse of a higher priority before it) | 1 (one statement, outside a transaction block) | 1 |
-//! | any other claim | 1 (the statement, declining) then 7 to 8 (claim index, lapsed leases unless the ready task is of the top priority, attempts, attempt, task, audit row) | 2 (the declining statement's, which writes nothing, and the lease transaction) |
-//! | claim batch of n | about 5 per task, plus 3 | 1 |
+//! | any other claim, on a queue without settings | 1 (the statement, declining) then 4 (`BEGIN`, the claimable tasks locked with their attempts in one statement, one statement writing the leases, token counters and audit rows, `COMMIT`) | 2 (the declining statement's, which writes nothing, and the lease transaction) |
+//! | any other claim (a queue with settings, a due lapse, a stale claim time) | as above, then the settings read and a statement per pick and per write (claim index, lapsed leases, attempts, attempt, task, audit row) | 2 |
+//! | claim batch of n, on a queue without settings | 4, as the claim above | 1 |
+//! | submit and claim (`submit_and_claim`) | 6 (`BEGIN`, the submitted task locked with its attempts, its receipt read, the claim's tasks locked, one statement writing both, `COMMIT`) | 1 |
 //! | heartbeat | 6 (task, attempts, attempt, audit row) | 1 |
 //! | submit or failure report, alone | 5 (tasks locked with their attempts, receipts read, one statement writing attempt states, claim columns, receipts and audit rows) | 1 |
 //! | m of them at once (the completer, or `submit_batch`) | 5, as one | 1 for all m |

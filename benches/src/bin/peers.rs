@@ -46,7 +46,10 @@
 //! server at the time is counted too. The floor is one-row commits
 //! (`MinimalCommit`) from 1 and from 8 clients, measured before the first
 //! step and after the last, so a change in the machine's load during the
-//! run shows.
+//! run shows. Last, the floor of a job's own rows: the six rows one job
+//! per claim changes, at random tasks of Tessera's tables, written in one
+//! data-modifying statement a job (one round trip, one commit, no reads),
+//! from 1, 4 and 8 clients.
 //!
 //! SQLite: in a temporary directory, the minimal commit (one row,
 //! `BEGIN IMMEDIATE` … `COMMIT`, the store's journal settings) from 1
@@ -91,6 +94,10 @@ const ENQUEUE_BATCH: usize = 1_000;
 const FLOOR_CLIENTS: [usize; 2] = [1, 8];
 /// Minimal commits per floor measurement.
 const FLOOR_COMMITS: usize = 2_000;
+/// Jobs per measurement of the floor of a job's own rows.
+const SAME_ROWS_JOBS: usize = 4_000;
+/// Client counts of the floor of a job's own rows.
+const SAME_ROWS_CLIENTS: [usize; 3] = [1, 4, 8];
 const QUEUE: &str = "peers";
 const TESSERA_DATABASE: &str = "tessera_bench";
 const GRAPHILE_DATABASE: &str = "graphile_bench";
@@ -348,6 +355,10 @@ fn postgres(url: &str, jobs: usize) {
         });
     }
     drop(tessera);
+    let same_rows: Vec<f64> = SAME_ROWS_CLIENTS
+        .iter()
+        .map(|&clients| same_rows_floor(&tessera_url, schema.name(), clients))
+        .collect();
 
     let floor = MinimalCommit::attach(&tessera_url, floor_schema.name(), 8);
     let floor_after: Vec<f64> = FLOOR_CLIENTS
@@ -425,6 +436,110 @@ fn postgres(url: &str, jobs: usize) {
             floor_before[at], floor_after[at]
         );
     }
+    println!();
+    println!(
+        "The floor of a job's own rows: the six rows one job per claim changes, \
+         written in one statement a job (jobs/s)"
+    );
+    println!();
+    println!(
+        "| clients | the same rows, one statement | Tessera, one per claim | graphile-worker |"
+    );
+    println!("| ---: | ---: | ---: | ---: |");
+    for (clients, rate) in SAME_ROWS_CLIENTS.iter().zip(&same_rows) {
+        let step = steps()
+            .zip(&processing)
+            .find(|((workers, batched), _)| workers == clients && !batched)
+            .map(|(_, row)| row);
+        let tessera = step.map_or("–".to_owned(), |row| format!("{:.0}", row.tessera.rate()));
+        let graphile = step
+            .and_then(|row| row.graphile)
+            .map_or("–".to_owned(), |g| format!("{:.0}", g.rate()));
+        println!("| {clients} | {rate:.0} | {tessera} | {graphile} |");
+    }
+}
+
+/// The floor of a job's own writes: the six rows one job per claim
+/// changes (the submitted attempt, its receipt and audit row; the claimed
+/// attempt, its task's token and claim column, and its audit row), on
+/// Tessera's tables in `schema`, at random rows of its tasks, in one
+/// data-modifying statement a job (one round trip, one commit, no reads,
+/// no lock waited for), `SAME_ROWS_JOBS` jobs shared by `clients` threads
+/// with a connection each; returns jobs per second.
+fn same_rows_floor(url: &str, schema: &str, clients: usize) -> f64 {
+    let statement = format!(
+        "WITH submitted AS (UPDATE \"{schema}\".attempts SET state = CASE WHEN state = 'done' \
+         THEN 'leased' ELSE 'done' END, until_at = NULL, lapses_at = NULL, changed_at = $3 \
+         WHERE task = $1 AND number = 1 RETURNING 1), \
+         receipt AS (INSERT INTO \"{schema}\".receipts (task, attempt, token, principal, \
+         idempotency_key, artifact, digest, accepted_at, output) VALUES ($1, 1, 1, 'p2', \
+         'k' || $3, 't-01a23cc863e77c254d21b955aaa0.a1.t1', \
+         '762069bc07a6e1b5df123a5ae7bd91c10daa04694fbaa17fba0cd6a8dcce8f22', $3, 'done') \
+         RETURNING 1), \
+         audited AS (INSERT INTO \"{schema}\".access_audit (at, principal, namespace, action, \
+         outcome, resource, ip_hash) VALUES \
+         ($3, 'p2', 'bench', 'submit', 'ok', 'task:t-01a23cc863e77c254d21b955aaa0@1/a1/t1', ''), \
+         ($3, 'p2', 'bench', 'claim', 'ok', 'task:t-01a23cc863e77c254d21b955aaa0@1/a1/t2', '') \
+         RETURNING 1), \
+         leased AS (UPDATE \"{schema}\".attempts SET state = CASE WHEN state = 'leased' \
+         THEN 'ready' ELSE 'leased' END, tries = tries + 1, holder = 'p2', token = $3, \
+         granted_at = $3, expires_at = $3, lapses_at = $3, changed_at = $3 \
+         WHERE task = $2 AND number = 1 RETURNING 1), \
+         moved AS (UPDATE \"{schema}\".tasks SET last_token = last_token + 1, \
+         claimable_at = CASE WHEN claimable_at IS NULL THEN $3 ELSE NULL END \
+         WHERE id = $2 RETURNING 1) \
+         SELECT (SELECT count(*) FROM submitted) + (SELECT count(*) FROM receipt) \
+         + (SELECT count(*) FROM audited) + (SELECT count(*) FROM leased) \
+         + (SELECT count(*) FROM moved)"
+    );
+    let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    let (first, last): (i64, i64) = {
+        let row = client
+            .query_one(
+                &format!("SELECT min(id), max(id) FROM \"{schema}\".tasks"),
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let span = u64::try_from(last - first + 1).unwrap();
+    let per_client = SAME_ROWS_JOBS / clients;
+    let elapsed = tessera_benches::on_threads(
+        clients,
+        per_client as u64,
+        |_, n| {
+            let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+            let prepared = client.prepare(&statement).unwrap();
+            (client, prepared, n)
+        },
+        |thread, (mut client, prepared, n)| {
+            // A xorshift stream per thread picks the rows.
+            let mut state = 0x9E37_79B9_7F4A_7C15_u64 ^ (thread as u64 + 1);
+            let mut pick = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                first + i64::try_from(state % span).unwrap()
+            };
+            for job in 0..n {
+                // Two tasks: a row changed twice in one statement is
+                // changed once.
+                let submitted = pick();
+                let claimed = std::iter::repeat_with(&mut pick)
+                    .find(|&task| task != submitted)
+                    .unwrap();
+                // Unique per job and measurement, so each receipt's key
+                // is new.
+                let stamp = (clients as i64) << 48 | (thread as i64) << 40 | job as i64;
+                let written: i64 = client
+                    .query_one(&prepared, &[&submitted, &claimed, &stamp])
+                    .unwrap()
+                    .get(0);
+                assert_eq!(written, 6, "a job's six rows");
+            }
+        },
+    );
+    (per_client * clients) as f64 / elapsed.as_secs_f64()
 }
 
 fn report_progress(figure: &str, tessera: &Measured, graphile: Option<&Measured>) {

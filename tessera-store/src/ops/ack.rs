@@ -13,6 +13,7 @@
 //! answers every caller of the batch with its error, and none is
 //! acknowledged.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -127,8 +128,13 @@ impl AckWrites<'_> {
                 output: *output,
             })
             .collect();
-        let mut audit = self.events.clone();
-        audit.extend_from_slice(events);
+        // The batch's own audit rows are copied only when others join
+        // them: an acknowledgement alone writes them as they are.
+        let audit: Cow<'_, [AuditEvent]> = if events.is_empty() {
+            Cow::Borrowed(&self.events)
+        } else {
+            Cow::Owned([self.events.as_slice(), events].concat())
+        };
         writer.write_acknowledged(&all, &receipts, &audit)?;
         for handle in &self.released {
             writer.release_unique_slot(*handle)?;

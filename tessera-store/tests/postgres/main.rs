@@ -444,6 +444,10 @@ fn broken_connections_are_replaced_and_a_statement_timeout_is_a_retryable_error(
 /// transaction granted the attempt again (a new token): the old token is
 /// stale, never accepted.
 #[test]
+#[cfg_attr(
+    tessera_no_test_postgres,
+    ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+)]
 fn a_submission_that_waited_for_its_task_sees_what_the_other_transaction_wrote() {
     let db = database();
     let f = Fixture::new(&db);

@@ -174,14 +174,43 @@ fn claim(store: &Store, caller: &Caller, ns: &Namespace, q: &QueueName) -> Claim
 /// of a plain ready task is one statement outside a transaction block;
 /// one the statement declines costs its transaction and the general
 /// claim's.
+///
+/// The server's autovacuum launcher sends a worker to every database
+/// once per `autovacuum_naptime` (a minute by default), whether or not a
+/// table needs it, and the worker's own transactions count as the
+/// database's. One landing inside a count adds to it, so the scenario
+/// runs again on a fresh database, up to three times in all; a count
+/// that is wrong every time fails. (With `autovacuum_naptime = 1` every
+/// attempt is hit, and the test fails.)
 #[test]
+#[cfg_attr(
+    tessera_no_test_postgres,
+    ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+)]
 fn each_operation_and_each_batch_is_one_transaction() {
-    // Passes without running without a server, as this file's tests do.
-    let Ok(server) = std::env::var("TESSERA_TEST_POSTGRES_URL") else {
-        return;
-    };
+    let server = std::env::var("TESSERA_TEST_POSTGRES_URL").expect("TESSERA_TEST_POSTGRES_URL");
+    let mut misses = Vec::new();
+    for _ in 0..3 {
+        match counts_per_operation(&server) {
+            Ok(()) => return,
+            Err(miss) => misses.push(miss),
+        }
+    }
+    panic!("every attempt counted wrong: {misses:#?}");
+}
+
+/// `Err` names the first count that differs from the expected one.
+fn same(counted: i64, expected: i64, what: &str) -> Result<(), String> {
+    if counted == expected {
+        Ok(())
+    } else {
+        Err(format!("{what}: counted {counted}, expected {expected}"))
+    }
+}
+
+fn counts_per_operation(server: &str) -> Result<(), String> {
     const K: usize = 20;
-    let mut db = OwnDatabase::create(&server);
+    let mut db = OwnDatabase::create(server);
     let clock = ManualClock::new(noon());
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let brief = || Brief::Bytes(b"frame".to_vec());
@@ -218,13 +247,13 @@ fn each_operation_and_each_batch_is_one_transaction() {
     // Enqueues: one transaction each; a batch of K, one.
     let one = db.run(&clock, |store| enqueue(store, 1));
     let many = db.run(&clock, |store| enqueue(store, 1 + K));
-    assert_eq!(many - one, K as i64, "one transaction per enqueue");
+    same(many - one, K as i64, "one transaction per enqueue")?;
     let batch = db.run(&clock, |store| {
         let worker = login(store, &key);
         let tasks = vec![(brief(), EnqueueOptions::default()); K];
         store.enqueue_batch(&worker, &ns, &q, &tasks).unwrap();
     });
-    assert_eq!(batch, one, "a batch enqueue is one transaction");
+    same(batch, one, "a batch enqueue is one transaction")?;
 
     // Claims: one each; a batch of K, one. A store's first claim carries
     // its key's `last_used_at`, which the general claim writes; the next
@@ -239,14 +268,14 @@ fn each_operation_and_each_batch_is_one_transaction() {
         claim(store, &worker, &ns, &q);
         claim(store, &worker, &ns, &q);
     });
-    assert_eq!(two - one, 2, "a claim, and its statement prepared");
+    same(two - one, 2, "a claim, and its statement prepared")?;
     let many = db.run(&clock, |store| {
         let worker = login(store, &key);
         for _ in 0..K + 2 {
             claim(store, &worker, &ns, &q);
         }
     });
-    assert_eq!(many - two, K as i64, "one transaction per claim");
+    same(many - two, K as i64, "one transaction per claim")?;
     // A claim the one statement declines (a task of two competing
     // attempts is the general claim's): the statement's transaction,
     // which writes nothing, then the lease transaction; the first claim
@@ -265,11 +294,11 @@ fn each_operation_and_each_batch_is_one_transaction() {
             claim(store, &worker, &ns, &pairs);
         }
     });
-    assert_eq!(
+    same(
         declined - one,
         1 + 2 * K as i64,
-        "two transactions per claim the statement declines"
-    );
+        "two transactions per claim the statement declines",
+    )?;
     let batch = db.run(&clock, |store| {
         let worker = login(store, &key);
         assert_eq!(
@@ -281,7 +310,7 @@ fn each_operation_and_each_batch_is_one_transaction() {
             K
         );
     });
-    assert_eq!(batch, one, "a batch claim is one transaction");
+    same(batch, one, "a batch claim is one transaction")?;
 
     // Submits: one each; a batch of K, one. Leases for them first.
     let mut leases = Vec::new();
@@ -302,7 +331,7 @@ fn each_operation_and_each_batch_is_one_transaction() {
             submit(store, &worker, lease);
         }
     });
-    assert_eq!(many - one, K as i64, "one transaction per submit");
+    same(many - one, K as i64, "one transaction per submit")?;
     let batch = db.run(&clock, |store| {
         let worker = login(store, &key);
         let requests: Vec<SubmitRequest> = batched
@@ -321,5 +350,5 @@ fn each_operation_and_each_batch_is_one_transaction() {
                 .all(|a| matches!(a, Ok(Submitted::Accepted(_))))
         );
     });
-    assert_eq!(batch, one, "a batch of submissions is one transaction");
+    same(batch, one, "a batch of submissions is one transaction")
 }

@@ -159,6 +159,74 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     fn claim_quick(&self, _claim: &QuickClaim<'_>) -> std::result::Result<QuickClaimed, Error> {
         Ok(QuickClaimed::Declined)
     }
+
+    /// Accepts a submission and makes the next claim in one statement,
+    /// its own transaction, where the backend can and both are of the
+    /// shapes the statement decides (see [`QuickSubmit`] and
+    /// [`QuickClaim`]); [`QuickSubmitted::Declined`] (the default) leaves
+    /// both to the general transaction, with nothing written.
+    fn submit_and_claim_quick(
+        &self,
+        _submit: &QuickSubmit<'_>,
+        _claim: &QuickClaim<'_>,
+    ) -> std::result::Result<QuickSubmitted, Error> {
+        Ok(QuickSubmitted::Declined)
+    }
+}
+
+/// A submission that a backend may accept in one statement, with the
+/// next claim ([`Backend::submit_and_claim_quick`]).
+///
+/// The statement accepts it when it needs no decision beyond the
+/// statement's: the task's single attempt, leased under the token to
+/// the submitting principal and not expired, no unique slot held, and no
+/// receipt under the key. It writes the attempt done, the receipt and the
+/// audit row, and returns the task as it was before, so the store checks
+/// the acceptance against the lease rules. Anything else (a replay, a
+/// stale token, several attempts, a slot to release) it declines.
+#[derive(Debug, Clone)]
+// Only a backend that submits in one statement reads it.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct QuickSubmit<'a> {
+    pub(crate) task: &'a TaskRef,
+    pub(crate) submission: &'a tessera_lease::Submission,
+    pub(crate) output: Option<&'a [u8]>,
+    /// The receipt's artifact, for the first attempt under the token.
+    pub(crate) artifact: String,
+    /// The acceptance's audit row, its resource included.
+    pub(crate) event: rows::EventRow,
+}
+
+/// What a [`Backend::submit_and_claim_quick`] came to.
+#[derive(Debug, Clone)]
+// Only a backend that submits in one statement makes all of them.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum QuickSubmitted {
+    /// The statement could not decide the submission or the claim:
+    /// nothing was written.
+    Declined,
+    /// The submission was accepted and the claim made
+    /// ([`QuickClaimed::Leased`]) or found the queue empty
+    /// ([`QuickClaimed::Empty`]), committed together.
+    Accepted(Box<QuickAcceptance>),
+}
+
+/// A submission a [`Backend::submit_and_claim_quick`] accepted, as the
+/// statement wrote it, and its claim.
+#[derive(Debug, Clone)]
+// Only a backend that submits in one statement makes one.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct QuickAcceptance {
+    /// The submitted task as it was before, without its brief.
+    pub(crate) before: LoadedTask,
+    /// The submitted attempt's row as the statement wrote it.
+    pub(crate) after: rows::AttemptRow,
+    /// The receipt's acceptance time as written.
+    pub(crate) accepted_at: DateTime<Utc>,
+    /// The audit row's resource as written.
+    pub(crate) resource: Option<String>,
+    /// The claim: [`QuickClaimed::Leased`] or [`QuickClaimed::Empty`].
+    pub(crate) claimed: QuickClaimed,
 }
 
 /// A claim of one task that a backend may make in one statement.

@@ -19,12 +19,15 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use tessera_audit::{Action, AuditEvent, Outcome};
 use tessera_lease::{
-    Failure, FencingToken, Idempotency, IdempotencyKey, LeaseError, Principal, Receipt, Retry,
-    Submission, Submitted, Task, TaskRecord, TaskState, UniqueStates, check_output_size,
-    decide_idempotency,
+    ArtifactKey, AttemptNumber, Failure, FencingToken, Idempotency, IdempotencyKey, LeaseError,
+    Principal, Receipt, Retry, Submission, Submitted, Task, TaskRecord, TaskState, UniqueStates,
+    check_output_size, decide_idempotency,
 };
 
-use crate::backend::{NewReceipt, ReceiptKey, TaskChange, TaskHandle, WriteTransaction};
+use crate::backend::rows::{AttemptRow, EventRow, claimable_column};
+use crate::backend::{
+    NewReceipt, QuickAcceptance, QuickSubmit, ReceiptKey, TaskChange, TaskHandle, WriteTransaction,
+};
 use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::model::access::{Caller, PrincipalId, Scope};
 use crate::model::audit::ActionScope;
@@ -516,6 +519,81 @@ impl Store {
             at: now,
         };
         Ok((Decided { answers, audited }, writes))
+    }
+}
+
+impl Ack {
+    /// This submission as a backend may accept it in one statement, with
+    /// the next claim: its receipt's artifact and its audit row as an
+    /// acceptance of the task's first attempt would write them. `None`
+    /// for a failure report.
+    pub(crate) fn quick_submit(&self, now: DateTime<Utc>) -> Option<QuickSubmit<'_>> {
+        let AckKind::Submit { submission, output } = &self.kind else {
+            return None;
+        };
+        let first = AttemptNumber::FIRST;
+        let resource = self.task.grant_resource(first, submission.token);
+        Some(QuickSubmit {
+            task: &self.task,
+            submission,
+            output: output.as_deref(),
+            artifact: ArtifactKey::for_grant(&self.task.id, first, submission.token).to_string(),
+            event: EventRow::from_event(&self.scope.event(now, resource)),
+        })
+    }
+
+    /// The answer to this submission accepted in one statement, as the
+    /// lease rules give it from the task the statement found: an error
+    /// if the statement's writes are not theirs.
+    pub(crate) fn checked_acceptance(
+        &self,
+        acceptance: &QuickAcceptance,
+        now: DateTime<Utc>,
+    ) -> Result<Submitted, Error> {
+        let differs = || {
+            crate::error::corrupt("a one-statement submission that differs from the lease rules")
+        };
+        let Some(QuickSubmit {
+            submission,
+            artifact,
+            event,
+            ..
+        }) = self.quick_submit(now)
+        else {
+            return Err(differs());
+        };
+        let before = &acceptance.before;
+        let mut rules = Task::restore(before.record.clone())?;
+        let Submitted::Accepted(receipt) = rules.submit(submission, None, now)? else {
+            return Err(differs());
+        };
+        let after = rules.record();
+        let expected = after
+            .attempts
+            .iter()
+            .find(|attempt| attempt.number == receipt.attempt)
+            .map(|attempt| AttemptRow::from_record(attempt, after.lapse_backoff));
+        if expected.as_ref() != Some(&acceptance.after)
+            || receipt.accepted_at != acceptance.accepted_at
+            || receipt.artifact.as_str() != artifact
+            || event.resource != acceptance.resource
+            || claimable_column(&before.record) != claimable_column(after)
+            || before.record.last_token != after.last_token
+            || leaves_slot(before.unique_held, after)
+        {
+            return Err(differs());
+        }
+        Ok(Submitted::Accepted(receipt))
+    }
+}
+
+impl Decided {
+    /// One acknowledgement's: `answer`, audited if it is `Ok`.
+    pub(crate) fn one(answer: Result<Acked, Error>) -> Self {
+        Self {
+            audited: vec![answer.is_ok()],
+            answers: vec![answer],
+        }
     }
 }
 

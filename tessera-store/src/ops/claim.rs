@@ -13,7 +13,7 @@ use tessera_lease::{
 };
 
 use crate::backend::rows::{AttemptRow, EventRow, claimable_column};
-use crate::backend::{QuickClaim, QuickClaimed, QuickGrant, TaskHandle};
+use crate::backend::{QuickClaim, QuickClaimed, QuickGrant, QuickSubmitted, TaskHandle};
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::{ActionScope, Trail};
@@ -378,6 +378,9 @@ impl Store {
         now: DateTime<Utc>,
     ) -> (Result<Acked, Error>, LeaseResult) {
         let _span = crate::observe::operation(scope);
+        if let Some(answers) = self.lease_carrying_quick(scope, caller, request, ack, now) {
+            return answers;
+        }
         let acks = std::slice::from_ref(ack);
         let due = self.due_observation(scope, now);
         let result = self.write_with_tail(|writer| {
@@ -429,6 +432,73 @@ impl Store {
                 (Err(error.clone()), Err(error))
             }
         }
+    }
+
+    /// [`lease_carrying`](Self::lease_carrying) in one statement, where
+    /// the backend makes it
+    /// ([`Backend::submit_and_claim_quick`](crate::backend::Backend::submit_and_claim_quick)):
+    /// `None` when it declined, and the general transaction runs. A due
+    /// `last_used_at` and a session's claim (which may create its
+    /// namespace) ride with the general one. The acceptance and the grant
+    /// are checked against the lease rules, applied to the tasks as the
+    /// statement found them.
+    fn lease_carrying_quick(
+        &self,
+        scope: &ActionScope,
+        caller: &Caller,
+        request: &ClaimRequest,
+        ack: &Ack,
+        now: DateTime<Utc>,
+    ) -> Option<(Result<Acked, Error>, LeaseResult)> {
+        if request.count != 1
+            || caller.kind() == PrincipalKind::Anonymous
+            || self.due_observation(scope, now).is_some()
+            || self.due_observation(&ack.scope, now).is_some()
+        {
+            return None;
+        }
+        let submit = ack.quick_submit(now)?;
+        let holder = caller.lease_principal();
+        let duration = self.config.lease_duration();
+        let expires_at = now.checked_add_signed(TimeDelta::from_std(duration).ok()?)?;
+        let claim = QuickClaim {
+            namespace: &request.namespace,
+            queue: &request.queue,
+            holder: &holder,
+            now,
+            expires_at,
+            event: EventRow::from_event(&scope.event(now, None)),
+        };
+        let acceptance = match self.backend().submit_and_claim_quick(&submit, &claim) {
+            Ok(QuickSubmitted::Declined) => return None,
+            Ok(QuickSubmitted::Accepted(acceptance)) => acceptance,
+            Err(error) => {
+                let error = error.refusal_dated(now);
+                self.count(&ack.scope, error.outcome());
+                self.count(scope, error.outcome());
+                return Some((Err(error.clone()), Err(error)));
+            }
+        };
+        let submitted = ack.checked_acceptance(&acceptance, now);
+        let decided = crate::ops::ack::Decided::one(submitted.map(Acked::Submitted));
+        self.acks_committed(std::slice::from_ref(ack), &decided);
+        let claimed = match acceptance.claimed {
+            QuickClaimed::Leased(grant) => checked_grant(&claim, duration, *grant)
+                .map(|granted| (vec![granted], EmptyReason::Empty)),
+            QuickClaimed::Empty => {
+                self.count(scope, Outcome::Empty);
+                Ok((Vec::new(), EmptyReason::Empty))
+            }
+            QuickClaimed::Declined => Err(crate::error::corrupt(
+                "a one-statement submission with a declined claim",
+            )),
+        };
+        let answer = decided
+            .answers
+            .into_iter()
+            .next()
+            .expect("one answer per acknowledgement");
+        Some((answer, claimed))
     }
 
     /// Runs an admitted claim of one or a batch: see

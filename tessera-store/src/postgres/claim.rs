@@ -3,17 +3,26 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::backend::rows::millis;
-use crate::backend::{QuickClaim, QuickClaimed, QuickGrant};
+use chrono::{DateTime, Utc};
+use postgres::Row;
+use postgres::types::ToSql;
+
+use crate::backend::rows::{EventRow, corrupt, from_millis, millis};
+use crate::backend::{
+    QuickAcceptance, QuickClaim, QuickClaimed, QuickGrant, QuickSubmit, QuickSubmitted,
+};
 use crate::error::Error;
 
 use super::PostgresBackend;
 use super::error::is_transient;
-use super::rows::{attempt_row_at, task_row_at};
-use super::statements::CLAIM_ONE;
+use super::rows::{attempt_row_at, task_row_at, version};
+use super::statements::{CLAIM_ONE, SUBMIT_AND_CLAIM_ONE};
 
 /// The table rows a grant changes: the attempt, the task, the audit row.
 const GRANT_ROWS: u64 = 3;
+/// The table rows an accepted submission writes: the attempt, the
+/// receipt, the audit row.
+const SUBMIT_ROWS: u64 = 3;
 
 /// Where the statement's answer puts the task's columns, the attempt's
 /// as they were and as written, and the audit row's resource.
@@ -24,70 +33,191 @@ const RESOURCE_AT: usize = 35;
 
 impl PostgresBackend {
     pub(super) fn claim_in_one(&self, claim: &QuickClaim<'_>) -> Result<QuickClaimed, Error> {
-        // Refused writes, and a day whose allowance could not take the
-        // grant, are the general claim's to answer.
-        if self.refusing.load(Ordering::SeqCst)
-            || !self.allowance.lock().admits(claim.now, GRANT_ROWS)
-        {
+        let args = ClaimArgs::of(claim);
+        let rows = self.one_statement(CLAIM_ONE, &args.params(), claim.now, GRANT_ROWS)?;
+        let Some(row) = rows.as_ref().and_then(|rows| rows.first()) else {
             return Ok(QuickClaimed::Declined);
+        };
+        let claimed = claimed(row)?;
+        self.wrote(claim.now, &claimed, 0);
+        Ok(claimed)
+    }
+
+    pub(super) fn submit_and_claim_in_one(
+        &self,
+        submit: &QuickSubmit<'_>,
+        claim: &QuickClaim<'_>,
+    ) -> Result<QuickSubmitted, Error> {
+        let (task, submission, event) = (submit.task, submit.submission, &submit.event);
+        let (namespace, id) = (task.namespace.as_str(), task.id.as_str());
+        let (version, token) = (version(task), submission.token.as_i64());
+        let (principal, key) = (submission.principal.as_str(), submission.key.as_str());
+        let digest = submission.digest.to_string();
+        let args = ClaimArgs::of(claim);
+        let mut params = args.params();
+        params.extend_from_slice(&[
+            &namespace as &(dyn ToSql + Sync),
+            &id,
+            &version,
+            &token,
+            &principal,
+            &key,
+            &digest,
+            &submit.output,
+            &submit.artifact,
+            &event.principal,
+            &event.namespace,
+            &event.action,
+            &event.outcome,
+            &event.resource,
+            &event.ip_hash,
+        ]);
+        let rows = self.one_statement(
+            SUBMIT_AND_CLAIM_ONE,
+            &params,
+            claim.now,
+            SUBMIT_ROWS + GRANT_ROWS,
+        )?;
+        let Some(rows) = rows else {
+            return Ok(QuickSubmitted::Declined);
+        };
+        let role = |role: &str| {
+            rows.iter()
+                .find(|row| row.try_get::<_, &str>("role").ok() == Some(role))
+                .ok_or_else(|| corrupt("a one-statement submission's answer"))
+        };
+        let submitted = role("s")?;
+        let outcome: &str = submitted.try_get(0).map_err(Error::from)?;
+        if outcome != "submitted" {
+            return Ok(QuickSubmitted::Declined);
+        }
+        let claimed = claimed(role("c")?)?;
+        self.wrote(claim.now, &claimed, SUBMIT_ROWS);
+        let task_row = task_row_at(submitted, TASK_AT)?;
+        let before = attempt_row_at(submitted, BEFORE_AT)?;
+        let accepted_at: i64 = submitted.try_get("accepted_at").map_err(Error::from)?;
+        Ok(QuickSubmitted::Accepted(Box::new(QuickAcceptance {
+            before: task_row.loaded(vec![before])?,
+            after: attempt_row_at(submitted, AFTER_AT)?,
+            accepted_at: from_millis(accepted_at),
+            resource: submitted.try_get(RESOURCE_AT).map_err(Error::from)?,
+            claimed,
+        })))
+    }
+
+    /// Runs `statement` outside a transaction block, so it is its own
+    /// transaction and commits with its answer, in one round trip; `None`
+    /// when it was not run or rolled back: writes are refused, the day's
+    /// allowance could not take `rows`, or a lost race (the general
+    /// transaction then decides, and retries).
+    fn one_statement(
+        &self,
+        statement: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        now: DateTime<Utc>,
+        rows: u64,
+    ) -> Result<Option<Vec<Row>>, Error> {
+        if self.refusing.load(Ordering::SeqCst) || !self.allowance.lock().admits(now, rows) {
+            return Ok(None);
         }
         let mut connection = self.connection()?;
         if connection.client.is_closed() {
             connection = self.connection()?;
         }
         let connection = &mut *connection;
-        let statement = match connection.prepared.get(CLAIM_ONE) {
-            Some(statement) => statement.clone(),
+        let prepared = match connection.prepared.get(statement) {
+            Some(prepared) => prepared.clone(),
             None => {
-                let statement = connection.client.prepare(CLAIM_ONE)?;
-                connection.prepared.insert(CLAIM_ONE, statement.clone());
-                statement
+                let prepared = connection.client.prepare(statement)?;
+                connection.prepared.insert(statement, prepared.clone());
+                prepared
             }
         };
-        let event = &claim.event;
-        // Outside a transaction block the statement is its own
-        // transaction: it commits with its answer, in one round trip.
-        let row = connection.client.query_one(
-            &statement,
-            &[
-                &claim.namespace.as_str(),
-                &claim.queue.as_str(),
-                &millis(claim.now),
-                &claim.holder.as_str(),
-                &millis(claim.expires_at),
-                &event.principal,
-                &event.namespace,
-                &event.action,
-                &event.outcome,
-                &event.ip_hash,
-            ],
-        );
-        let row = match row.map_err(Error::from) {
-            Ok(row) => row,
-            // A lost race rolled the statement back: the general claim
-            // runs, and retries.
-            Err(error) if is_transient(&error) => return Ok(QuickClaimed::Declined),
-            Err(error) => return Err(self.classify(error, false)),
-        };
-        let outcome: &str = row.try_get(0).map_err(Error::from)?;
-        match outcome {
-            "leased" => {}
-            "empty" => return Ok(QuickClaimed::Empty),
-            _ => return Ok(QuickClaimed::Declined),
+        match connection
+            .client
+            .query(&prepared, params)
+            .map_err(Error::from)
+        {
+            Ok(rows) => Ok(Some(rows)),
+            Err(error) if is_transient(&error) => Ok(None),
+            Err(error) => Err(self.classify(error, false)),
         }
-        self.allowance.lock().record(claim.now, GRANT_ROWS);
-        self.rows_written.fetch_add(GRANT_ROWS, Ordering::Relaxed);
-        self.write_transactions.fetch_add(1, Ordering::Relaxed);
-        let task = task_row_at(&row, TASK_AT)?;
-        let before = attempt_row_at(&row, BEFORE_AT)?;
-        let after = attempt_row_at(&row, AFTER_AT)?;
-        let resource = row.try_get(RESOURCE_AT).map_err(Error::from)?;
-        Ok(QuickClaimed::Leased(Box::new(QuickGrant {
-            before: task.loaded(vec![before])?,
-            after,
-            resource,
-        })))
     }
+
+    /// Counts what a one-statement claim wrote, with `more` rows of its
+    /// own beside the claim's.
+    fn wrote(&self, now: DateTime<Utc>, claimed: &QuickClaimed, more: u64) {
+        let rows = more
+            + if matches!(claimed, QuickClaimed::Leased(_)) {
+                GRANT_ROWS
+            } else {
+                0
+            };
+        if rows == 0 {
+            return;
+        }
+        self.allowance.lock().record(now, rows);
+        self.rows_written.fetch_add(rows, Ordering::Relaxed);
+        self.write_transactions.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// [`CLAIM_ONE`]'s parameters, held for the statement's life.
+struct ClaimArgs<'a> {
+    namespace: &'a str,
+    queue: &'a str,
+    now: i64,
+    holder: &'a str,
+    expires_at: i64,
+    event: &'a EventRow,
+}
+
+impl<'a> ClaimArgs<'a> {
+    fn of(claim: &'a QuickClaim<'a>) -> Self {
+        Self {
+            namespace: claim.namespace.as_str(),
+            queue: claim.queue.as_str(),
+            now: millis(claim.now),
+            holder: claim.holder.as_str(),
+            expires_at: millis(claim.expires_at),
+            event: &claim.event,
+        }
+    }
+
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let event = self.event;
+        vec![
+            &self.namespace,
+            &self.queue,
+            &self.now,
+            &self.holder,
+            &self.expires_at,
+            &event.principal,
+            &event.namespace,
+            &event.action,
+            &event.outcome,
+            &event.ip_hash,
+        ]
+    }
+}
+
+/// A claim's answer in [`CLAIM_ONE`]'s columns.
+fn claimed(row: &Row) -> Result<QuickClaimed, Error> {
+    let outcome: &str = row.try_get(0).map_err(Error::from)?;
+    match outcome {
+        "leased" => {}
+        "empty" => return Ok(QuickClaimed::Empty),
+        _ => return Ok(QuickClaimed::Declined),
+    }
+    let task = task_row_at(row, TASK_AT)?;
+    let before = attempt_row_at(row, BEFORE_AT)?;
+    let after = attempt_row_at(row, AFTER_AT)?;
+    let resource = row.try_get(RESOURCE_AT).map_err(Error::from)?;
+    Ok(QuickClaimed::Leased(Box::new(QuickGrant {
+        before: task.loaded(vec![before])?,
+        after,
+        resource,
+    })))
 }
 
 #[cfg(test)]
@@ -99,7 +229,7 @@ mod tests {
     use tessera_lease::{Namespace, Principal, QueueName};
 
     use crate::backend::rows::EventRow;
-    use crate::backend::{QuickClaim, QuickClaimed, QuickGrant};
+    use crate::backend::{QuickClaim, QuickClaimed, QuickGrant, QuickSubmitted};
     use crate::postgres::PostgresOptions;
     use crate::{Brief, EnqueueOptions, Grant, KeySpec, ManualClock, Scope, Store, StoreConfig};
 
@@ -249,6 +379,201 @@ mod tests {
         ));
         drop(store);
         let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        client
+            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .unwrap();
+    }
+
+    /// The statement accepts a submission of the plain shape with the
+    /// next claim, checked against the lease rules, and declines, writing
+    /// nothing, a stale token, a replay, and a claim it leaves to the
+    /// general transaction; an empty queue still takes the submission.
+    #[test]
+    #[cfg_attr(
+        tessera_no_test_postgres,
+        ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+    )]
+    fn one_statement_submits_and_claims_the_plain_shape_and_declines_the_rest() {
+        use crate::ops::ack::Checked;
+        use crate::{ClaimOutcome, IdempotencyKey, Output, SubmitRequest, Submitted};
+
+        let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
+            .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
+        let schema = format!("quick_submit_{}", std::process::id());
+        let clock = ManualClock::new("2026-10-29T12:00:00Z".parse().unwrap());
+        let store = Store::open_postgres(
+            PostgresOptions::new(url.as_str())
+                .with_schema(schema.as_str())
+                .with_listen(false),
+            StoreConfig::default()
+                .with_clock(Arc::new(clock.clone()))
+                .with_lease_duration(Duration::from_secs(30)),
+        )
+        .unwrap();
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let mut rows = |table: &str| -> i64 {
+            client
+                .query_one(&format!("SELECT count(*) FROM \"{schema}\".{table}"), &[])
+                .unwrap()
+                .get(0)
+        };
+        let ns = Namespace::parse("renders").unwrap();
+        let (q, empty) = (
+            QueueName::parse("jobs").unwrap(),
+            QueueName::parse("none").unwrap(),
+        );
+        let admin = store
+            .authenticate(Some(store.create_admin_key("ops").unwrap().secret.expose()))
+            .unwrap();
+        let key = store
+            .create_key(
+                &admin,
+                &KeySpec::keyed("acme")
+                    .with_scopes(Scope::ALL.iter().copied())
+                    .with_grant(Grant::Namespace(ns.clone())),
+            )
+            .unwrap();
+        let worker = store.authenticate(Some(key.secret.expose())).unwrap();
+        let holder = worker.lease_principal();
+        let backend = store.backend();
+        for _ in 0..3 {
+            store
+                .enqueue(
+                    &worker,
+                    &ns,
+                    &q,
+                    &Brief::Bytes(b"frame".to_vec()),
+                    &EnqueueOptions::default(),
+                )
+                .unwrap();
+        }
+        let ClaimOutcome::Granted(first) = store.claim(&worker, &ns, &q).unwrap() else {
+            panic!("a ready task is granted");
+        };
+        let request = |token, key: &str| SubmitRequest {
+            task: first.task.clone(),
+            token,
+            key: IdempotencyKey::parse(key).unwrap(),
+            output: Output::bytes(b"done".to_vec()),
+        };
+        let ack = |request: &SubmitRequest| match store.submission(&worker, request).unwrap() {
+            Checked::Ack(ack) => ack,
+            Checked::Answered(_) => panic!("a submission for the completer"),
+        };
+        let written = |rows: &mut dyn FnMut(&str) -> i64| (rows("receipts"), rows("access_audit"));
+        let now = store.now_utc();
+
+        // A stale token: declined, nothing written.
+        let before = written(&mut rows);
+        let stale = ack(&request(tessera_lease::FencingToken::new(7).unwrap(), "k"));
+        assert!(matches!(
+            backend
+                .submit_and_claim_quick(
+                    &stale.quick_submit(now).unwrap(),
+                    &claim(&ns, &q, &holder, now)
+                )
+                .unwrap(),
+            QuickSubmitted::Declined
+        ));
+        assert_eq!(written(&mut rows), before);
+
+        // A claim the statement leaves to the general one (the queue is
+        // paused): declined whole, the submission not made either.
+        store.pause_queue(&worker, &ns, &q).unwrap();
+        let paused = written(&mut rows);
+        let good = ack(&request(first.lease.token(), "k"));
+        assert!(matches!(
+            backend
+                .submit_and_claim_quick(
+                    &good.quick_submit(now).unwrap(),
+                    &claim(&ns, &q, &holder, now)
+                )
+                .unwrap(),
+            QuickSubmitted::Declined
+        ));
+        assert_eq!(written(&mut rows), paused);
+        store.resume_queue(&worker, &ns, &q).unwrap();
+        let before = written(&mut rows);
+
+        // The plain shape: accepted, and the next task leased, each as the
+        // lease rules make them.
+        let QuickSubmitted::Accepted(acceptance) = backend
+            .submit_and_claim_quick(
+                &good.quick_submit(now).unwrap(),
+                &claim(&ns, &q, &holder, now),
+            )
+            .unwrap()
+        else {
+            panic!("a live lease's submission, with a ready task next, is the statement's");
+        };
+        let Ok(Submitted::Accepted(receipt)) = good.checked_acceptance(&acceptance, now) else {
+            panic!("the statement's acceptance is the lease rules'");
+        };
+        assert_eq!(receipt.token, first.lease.token());
+        // Writes other than the rules' are an error.
+        let mut other = (*acceptance).clone();
+        other.accepted_at += TimeDelta::milliseconds(1);
+        assert!(good.checked_acceptance(&other, now).is_err());
+        let mut other = (*acceptance).clone();
+        other.after.state = "ready".to_owned();
+        assert!(good.checked_acceptance(&other, now).is_err());
+        let QuickClaimed::Leased(grant) = &acceptance.claimed else {
+            panic!("the next task is leased");
+        };
+        assert_ne!(grant.before.record.id, first.task.id);
+        assert_eq!(written(&mut rows), (before.0 + 1, before.1 + 2));
+        // The store answers the same submission as a replay.
+        assert!(matches!(
+            store
+                .submit(
+                    &worker,
+                    &first.task,
+                    first.lease.token(),
+                    &IdempotencyKey::parse("k").unwrap(),
+                    &Output::bytes(b"done".to_vec())
+                )
+                .unwrap(),
+            Submitted::Replayed(_)
+        ));
+
+        // A replay: declined (the attempt is done), nothing written.
+        let before = written(&mut rows);
+        assert!(matches!(
+            backend
+                .submit_and_claim_quick(
+                    &good.quick_submit(now).unwrap(),
+                    &claim(&ns, &q, &holder, now)
+                )
+                .unwrap(),
+            QuickSubmitted::Declined
+        ));
+        assert_eq!(written(&mut rows), before);
+
+        // An empty queue: the submission alone.
+        let ClaimOutcome::Granted(third) = store.claim(&worker, &ns, &q).unwrap() else {
+            panic!("the third task is granted");
+        };
+        let before = written(&mut rows);
+        let last = ack(&SubmitRequest {
+            task: third.task.clone(),
+            token: third.lease.token(),
+            key: IdempotencyKey::parse("k").unwrap(),
+            output: Output::bytes(b"done".to_vec()),
+        });
+        let QuickSubmitted::Accepted(acceptance) = backend
+            .submit_and_claim_quick(
+                &last.quick_submit(now).unwrap(),
+                &claim(&ns, &empty, &holder, now),
+            )
+            .unwrap()
+        else {
+            panic!("a submission with an empty queue next is the statement's");
+        };
+        assert!(matches!(acceptance.claimed, QuickClaimed::Empty));
+        assert!(last.checked_acceptance(&acceptance, now).is_ok());
+        assert_eq!(written(&mut rows), (before.0 + 1, before.1 + 1));
+
+        drop(store);
         client
             .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
             .unwrap();

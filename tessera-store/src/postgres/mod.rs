@@ -99,8 +99,8 @@ use postgres::IsolationLevel;
 use tessera_admission::DailyRowAllowance;
 
 use crate::backend::{
-    Backend, Capabilities, Committed, Fit, OpenPolicy, QuickClaim, QuickClaimed, ReadTransaction,
-    SignalSink, WriteTransaction,
+    Backend, Capabilities, Committed, Fit, OpenPolicy, QuickClaim, QuickClaimed, QuickSubmit,
+    QuickSubmitted, ReadTransaction, SignalSink, WriteTransaction,
 };
 use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::meter::MeterSnapshot;
@@ -391,6 +391,14 @@ impl Backend for PostgresBackend {
 
     fn claim_quick(&self, claim: &QuickClaim<'_>) -> Result<QuickClaimed, Error> {
         self.claim_in_one(claim)
+    }
+
+    fn submit_and_claim_quick(
+        &self,
+        submit: &QuickSubmit<'_>,
+        claim: &QuickClaim<'_>,
+    ) -> Result<QuickSubmitted, Error> {
+        self.submit_and_claim_in_one(submit, claim)
     }
 
     fn listen(&self, sink: SignalSink) {

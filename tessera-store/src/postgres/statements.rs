@@ -159,6 +159,86 @@ macro_rules! attempt_columns_of {
         )
     };
 }
+/// The common table expressions of [`CLAIM_ONE`], its writes made only
+/// when `ok` finds its row; `$gate` adds to `ok`'s conditions.
+macro_rules! claim_one_ctes {
+    ($gate:literal) => {
+        concat!(
+            "picked AS (",
+            by_priority!(
+                concat!(
+                    "SELECT ",
+                    task_columns!(),
+                    ", alternatives FROM tasks WHERE namespace = $1 AND queue = $2 \
+                     AND claimable_at IS NOT NULL AND claimable_at <= $3::bigint"
+                ),
+                "ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
+                "0"
+            ),
+            "), attempt AS (SELECT ",
+            attempt_columns_of!("a"),
+            " FROM attempts a JOIN picked p ON a.task = p.id WHERE a.number = 1 FOR UPDATE OF a), \
+             ok AS (SELECT p.id, p.last_token + 1 AS token, p.task_id, p.version, p.lapse_backoff_ms \
+             FROM picked p JOIN attempt a ON true WHERE p.alternatives = 1 AND p.claimable_at = 0 \
+             AND a.state = 'ready' AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
+             AND NOT ",
+            lapsed_above!(3),
+            " AND NOT ",
+            lapsed_above!(2),
+            " AND NOT ",
+            lapsed_above!(1),
+            " \
+             AND NOT EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2)",
+            $gate,
+            "), leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
+             tries = attempts.tries + 1, holder = $4::text, token = ok.token, granted_at = $3::bigint, \
+             expires_at = $5::bigint, lapses_at = $5::bigint + ok.lapse_backoff_ms, \
+             changed_at = $3::bigint FROM ok \
+             WHERE attempts.task = ok.id AND attempts.number = 1 RETURNING ",
+            attempt_columns_of!("attempts"),
+            "), moved AS (UPDATE tasks SET last_token = ok.token, claimable_at = NULL FROM ok \
+             WHERE tasks.id = ok.id RETURNING tasks.id), \
+             audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
+             resource, ip_hash) SELECT $3::bigint, $6::text, $7::text, $8::text, $9::text, \
+             'task:' || ok.task_id || '@' || ok.version || '/a1/t' || ok.token, $10::text FROM ok \
+             RETURNING resource)"
+        )
+    };
+}
+/// Whether [`CLAIM_ONE`]'s search left the claim to the general one: a
+/// task it would not grant, a due lapsed lease, or queue settings.
+macro_rules! claim_one_declines {
+    () => {
+        concat!(
+            "(p.id IS NOT NULL OR EXISTS (",
+            by_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "0"),
+            ") OR EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2))"
+        )
+    };
+}
+/// [`CLAIM_ONE`]'s answer's columns, after `SELECT`.
+macro_rules! claim_one_answer {
+    () => {
+        concat!(
+            "CASE WHEN l.number IS NOT NULL AND EXISTS (SELECT 1 FROM moved) THEN 'leased' WHEN ",
+            claim_one_declines!(),
+            " THEN 'declined' ELSE 'empty' END, ",
+            task_columns_of!("p"),
+            ", ",
+            attempt_columns_of!("a"),
+            ", ",
+            attempt_columns_of!("l"),
+            ", (SELECT resource FROM audited), p.partition_key, p.unique_key, p.unique_states"
+        )
+    };
+}
+/// What [`claim_one_answer`]'s columns are read from.
+macro_rules! claim_one_from {
+    () => {
+        " FROM (SELECT 1) AS one LEFT JOIN picked p ON true \
+         LEFT JOIN attempt a ON true LEFT JOIN leased l ON true"
+    };
+}
 /// A claim in one statement (see [`QuickClaim`](crate::backend::QuickClaim)):
 /// `$1` namespace, `$2` queue, `$3` now, `$4` holder, `$5` expiry, `$6` to
 /// `$10` the audit row's principal, namespace, action, outcome and
@@ -179,57 +259,74 @@ macro_rules! attempt_columns_of {
 /// were, the attempt as written, the audit row's resource, and the task's
 /// columns read by name.
 pub(super) const CLAIM_ONE: &str = concat!(
-    "WITH picked AS (",
-    by_priority!(
-        concat!(
-            "SELECT ",
-            task_columns!(),
-            ", alternatives FROM tasks WHERE namespace = $1 AND queue = $2 \
-             AND claimable_at IS NOT NULL AND claimable_at <= $3::bigint"
-        ),
-        "ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
-        "0"
-    ),
-    "), attempt AS (SELECT ",
+    "WITH ",
+    claim_one_ctes!(""),
+    " SELECT ",
+    claim_one_answer!(),
+    claim_one_from!()
+);
+/// A submission and the next claim in one statement: the submission of
+/// the one shape it decides, accepted, and [`CLAIM_ONE`]'s claim, or
+/// nothing at all. `$1` to `$10` are [`CLAIM_ONE`]'s; `$11` to `$13` the
+/// submitted task's namespace, id and version, `$14` the token, `$15` the
+/// submitting principal, `$16` the idempotency key, `$17` the output's
+/// digest, `$18` the output, `$19` the receipt's artifact, `$20` to `$25`
+/// the submission's audit row.
+///
+/// `st` and `sa` lock the submitted task and its attempt (the attempt
+/// too, so it is read as its newest version, as `LOCK_AND_LOAD` reads
+/// it). `sok` is the one shape decided here: a single attempt, leased
+/// under the token to the principal and not expired, no unique slot,
+/// no receipt under the key. The claim is made only with it (`ok`'s
+/// gate), and the submission is written only when the claim is made or
+/// the queue is empty (`go`): a claim the statement declines leaves both
+/// to the general transaction. Two rows: the claim's, in [`CLAIM_ONE`]'s
+/// columns, and the submission's in the same places (`submitted` or
+/// `declined`, the task and its attempt as they were, the attempt as
+/// written, the audit row's resource), each then with the receipt's
+/// acceptance time and its role (`c` or `s`).
+pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
+    "WITH st AS MATERIALIZED (SELECT id, queue, task_id, version, NULL::bytea AS brief, \
+     brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries, priority, \
+     partition_key, unique_key, unique_states, alternatives FROM tasks \
+     WHERE namespace = $11 AND task_id = $12 AND version = $13 FOR UPDATE), \
+     sa AS MATERIALIZED (SELECT ",
     attempt_columns_of!("a"),
-    " FROM attempts a JOIN picked p ON a.task = p.id WHERE a.number = 1 FOR UPDATE OF a), \
-     ok AS (SELECT p.id, p.last_token + 1 AS token, p.task_id, p.version, p.lapse_backoff_ms \
-     FROM picked p JOIN attempt a ON true WHERE p.alternatives = 1 AND p.claimable_at = 0 \
-     AND a.state = 'ready' AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
-     AND NOT ",
-    lapsed_above!(3),
-    " AND NOT ",
-    lapsed_above!(2),
-    " AND NOT ",
-    lapsed_above!(1),
-    " \
-     AND NOT EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2)), \
-     leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
-     tries = attempts.tries + 1, holder = $4::text, token = ok.token, granted_at = $3::bigint, \
-     expires_at = $5::bigint, lapses_at = $5::bigint + ok.lapse_backoff_ms, \
-     changed_at = $3::bigint FROM ok \
-     WHERE attempts.task = ok.id AND attempts.number = 1 RETURNING ",
+    " FROM attempts a JOIN st ON a.task = st.id WHERE a.number = 1 FOR UPDATE OF a), \
+     sok AS (SELECT st.id, GREATEST($3::bigint, sa.granted_at) AS accepted_at FROM st \
+     JOIN sa ON true WHERE st.alternatives = 1 AND st.unique_states IS NULL \
+     AND sa.state = 'leased' AND sa.token = $14::bigint AND sa.holder = $15::text \
+     AND sa.expires_at > $3::bigint AND NOT EXISTS (SELECT 1 FROM receipts r \
+     WHERE r.principal = $15::text AND r.task = st.id AND r.idempotency_key = $16::text)), ",
+    claim_one_ctes!(" AND EXISTS (SELECT 1 FROM sok)"),
+    ", go AS (SELECT sok.id, sok.accepted_at FROM sok LEFT JOIN picked p ON true \
+     WHERE EXISTS (SELECT 1 FROM ok) OR NOT ",
+    claim_one_declines!(),
+    "), done AS (UPDATE attempts SET state = 'done', until_at = NULL, lapses_at = NULL, \
+     discarded = NULL, changed_at = $3::bigint FROM go \
+     WHERE attempts.task = go.id AND attempts.number = 1 RETURNING ",
     attempt_columns_of!("attempts"),
-    "), moved AS (UPDATE tasks SET last_token = ok.token, claimable_at = NULL FROM ok \
-     WHERE tasks.id = ok.id RETURNING tasks.id), \
-     audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
-     resource, ip_hash) SELECT $3::bigint, $6::text, $7::text, $8::text, $9::text, \
-     'task:' || ok.task_id || '@' || ok.version || '/a1/t' || ok.token, $10::text FROM ok \
-     RETURNING resource) \
-     SELECT CASE WHEN l.number IS NOT NULL AND EXISTS (SELECT 1 FROM moved) THEN 'leased' \
-     WHEN p.id IS NOT NULL OR EXISTS (",
-    by_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "0"),
-    ") OR EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2) \
-     THEN 'declined' \
-     ELSE 'empty' END, ",
-    task_columns_of!("p"),
+    "), receipted AS (INSERT INTO receipts (task, attempt, token, principal, idempotency_key, \
+     artifact, digest, accepted_at, output) SELECT go.id, 1, $14::bigint, $15::text, $16::text, \
+     $19::text, $17::text, go.accepted_at, $18::bytea FROM go RETURNING accepted_at), \
+     submit_audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
+     resource, ip_hash) SELECT $3::bigint, $20::text, $21::text, $22::text, $23::text, \
+     $24::text, $25::text FROM go RETURNING resource) \
+     SELECT ",
+    claim_one_answer!(),
+    ", NULL::bigint AS accepted_at, 'c' AS role",
+    claim_one_from!(),
+    " UNION ALL SELECT CASE WHEN EXISTS \
+     (SELECT 1 FROM done) AND EXISTS (SELECT 1 FROM receipted) \
+     AND EXISTS (SELECT 1 FROM submit_audited) THEN 'submitted' ELSE 'declined' END, ",
+    task_columns_of!("st"),
     ", ",
-    attempt_columns_of!("a"),
+    attempt_columns_of!("sa"),
     ", ",
-    attempt_columns_of!("l"),
-    ", (SELECT resource FROM audited), p.partition_key, p.unique_key, p.unique_states \
-     FROM (SELECT 1) AS one LEFT JOIN picked p ON true \
-     LEFT JOIN attempt a ON true LEFT JOIN leased l ON true"
+    attempt_columns_of!("d"),
+    ", (SELECT resource FROM submit_audited), st.partition_key, st.unique_key, \
+     st.unique_states, (SELECT accepted_at FROM receipted), 's' \
+     FROM (SELECT 1) AS one LEFT JOIN st ON true LEFT JOIN sa ON true LEFT JOIN done d ON true"
 );
 /// Index searches only, at most one per priority and index.
 pub(super) const HAS_CLAIMABLE: &str = concat!(

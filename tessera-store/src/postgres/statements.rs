@@ -280,11 +280,12 @@ pub(super) const CLAIM_ONE: &str = concat!(
 /// no receipt under the key. The claim is made only with it (`ok`'s
 /// gate), and the submission is written only when the claim is made or
 /// the queue is empty (`go`): a claim the statement declines leaves both
-/// to the general transaction. Two rows: the claim's, in [`CLAIM_ONE`]'s
-/// columns, and the submission's in the same places (`submitted` or
-/// `declined`, the task and its attempt as they were, the attempt as
-/// written, the audit row's resource), each then with the receipt's
-/// acceptance time and its role (`c` or `s`).
+/// to the general transaction. Two rows: the submission's (`submitted`
+/// or `declined`, the task and its attempt as they were, the attempt as
+/// written, the audit row's resource, in [`CLAIM_ONE`]'s places), first,
+/// so that the plan locks the submitted task before it picks the next,
+/// and the claim's, in [`CLAIM_ONE`]'s columns; each then with the
+/// receipt's acceptance time and its role (`s` or `c`).
 pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
     "WITH st AS MATERIALIZED (SELECT id, queue, task_id, version, NULL::bytea AS brief, \
      brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries, priority, \
@@ -312,12 +313,7 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
      submit_audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
      resource, ip_hash) SELECT $3::bigint, $20::text, $21::text, $22::text, $23::text, \
      $24::text, $25::text FROM go RETURNING resource) \
-     SELECT ",
-    claim_one_answer!(),
-    ", NULL::bigint AS accepted_at, 'c' AS role",
-    claim_one_from!(),
-    " UNION ALL SELECT CASE WHEN EXISTS \
-     (SELECT 1 FROM done) AND EXISTS (SELECT 1 FROM receipted) \
+     SELECT CASE WHEN EXISTS (SELECT 1 FROM done) AND EXISTS (SELECT 1 FROM receipted) \
      AND EXISTS (SELECT 1 FROM submit_audited) THEN 'submitted' ELSE 'declined' END, ",
     task_columns_of!("st"),
     ", ",
@@ -325,8 +321,12 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
     ", ",
     attempt_columns_of!("d"),
     ", (SELECT resource FROM submit_audited), st.partition_key, st.unique_key, \
-     st.unique_states, (SELECT accepted_at FROM receipted), 's' \
-     FROM (SELECT 1) AS one LEFT JOIN st ON true LEFT JOIN sa ON true LEFT JOIN done d ON true"
+     st.unique_states, (SELECT accepted_at FROM receipted) AS accepted_at, 's' AS role \
+     FROM (SELECT 1) AS one LEFT JOIN st ON true LEFT JOIN sa ON true LEFT JOIN done d ON true \
+     UNION ALL SELECT ",
+    claim_one_answer!(),
+    ", NULL::bigint, 'c'",
+    claim_one_from!()
 );
 /// Index searches only, at most one per priority and index.
 pub(super) const HAS_CLAIMABLE: &str = concat!(

@@ -42,7 +42,8 @@
 //! | any other claim, on a queue without settings | 1 (the statement, declining) then 4 (`BEGIN`, the claimable tasks locked with their attempts in one statement, one statement writing the leases, token counters and audit rows, `COMMIT`) | 2 (the declining statement's, which writes nothing, and the lease transaction) |
 //! | any other claim (a queue with settings, a due lapse, a stale claim time) | as above, then the settings read and a statement per pick and per write (claim index, lapsed leases, attempts, attempt, task, audit row) | 2 |
 //! | claim batch of n, on a queue without settings | 4, as the claim above | 1 |
-//! | submit and claim (`submit_and_claim`) | 6 (`BEGIN`, the submitted task locked with its attempts, its receipt read, the claim's tasks locked, one statement writing both, `COMMIT`) | 1 |
+//! | submit and claim (`submit_and_claim`) of a plain submission (the task's one attempt, leased under the token and not expired, no unique slot, no receipt under the key) and a plain claim or an empty queue | 1 (one statement, outside a transaction block) | 1 |
+//! | any other submit and claim | 1 (the statement, declining) then 6 (`BEGIN`, the submitted task locked with its attempts, its receipt read, the claim's tasks locked, one statement writing both, `COMMIT`) | 2 (the declining statement's, which writes nothing, and the general one) |
 //! | heartbeat | 6 (task, attempts, attempt, audit row) | 1 |
 //! | submit or failure report, alone | 5 (tasks locked with their attempts, receipts read, one statement writing attempt states, claim columns, receipts and audit rows) | 1 |
 //! | m of them at once (the completer, or `submit_batch`) | 5, as one | 1 for all m |
@@ -63,9 +64,22 @@
 //! writes, a day's allowance that could not take the grant) the
 //! statement declines, writing nothing, and the general lease transaction
 //! claims: its statements are separate, the claim order and the lease
-//! rules applied to the rows read. A submit's statements are separate too
-//! (its replay check is a read of the receipt inside its write
-//! transaction, under the task's row lock).
+//! rules applied to the rows read.
+//!
+//! `submit_and_claim` runs as one statement first in the same way: it
+//! locks the submitted task and its attempt, and when the submission is
+//! of the one shape accepted without a decision beyond the statement's
+//! (the task's one attempt, leased under the token to the submitter and
+//! not expired, no unique slot to release, no receipt under the key)
+//! and the claim is the one-statement claim's (or the queue is empty),
+//! writes the attempt done, the receipt and the audit row with the
+//! claim's writes, and returns the submitted task as it was. The store
+//! applies the submit rule to it and checks the acceptance as it checks
+//! the grant. Anything else (a replay, a stale token, a claim the
+//! statement declines) writes nothing, and the general transaction runs.
+//! A submit alone, and a batch, keep separate statements (the replay
+//! check is a read of the receipts inside the write transaction, under
+//! the tasks' row locks).
 //!
 //! Differences from SQLite, by design: rows are not metered (the
 //! [`meter`](crate::Store::meter) counts write transactions, refusals and

@@ -169,8 +169,9 @@ fn claim(store: &Store, caller: &Caller, ns: &Namespace, q: &QueueName) -> Claim
     }
 }
 
-/// One transaction per enqueue, claim, submit and failure report; one
-/// per batch however large (enqueue, claim and submit batches). A claim
+/// One transaction per enqueue, claim, submit, failure report and
+/// submission carrying a claim; one per batch however large (enqueue,
+/// claim and submit batches). A claim
 /// of a plain ready task is one statement outside a transaction block;
 /// one the statement declines costs its transaction and the general
 /// claim's.
@@ -350,5 +351,53 @@ fn counts_per_operation(server: &str) -> Result<(), String> {
                 .all(|a| matches!(a, Ok(Submitted::Accepted(_))))
         );
     });
-    same(batch, one, "a batch of submissions is one transaction")
+    same(batch, one, "a batch of submissions is one transaction")?;
+
+    // Submissions that carry the next claim: one transaction each. A
+    // store's first one is the general transaction (it carries the key's
+    // `last_used_at`); the next prepares the one statement, once per
+    // connection, as the claim's does.
+    let carried = queue("carried");
+    let mut held = Vec::new();
+    db.run(&clock, |store| {
+        let worker = login(store, &key);
+        let tasks = vec![(brief(), EnqueueOptions::default()); 2 * K + 10];
+        store.enqueue_batch(&worker, &ns, &carried, &tasks).unwrap();
+        for _ in 0..3 {
+            held.push(claim(store, &worker, &ns, &carried));
+        }
+    });
+    let chain = |store: &Store, first: &Claimed, n: usize| {
+        let worker = login(store, &key);
+        let mut lease = first.clone();
+        for _ in 0..n {
+            let request = SubmitRequest {
+                task: lease.task.clone(),
+                token: lease.lease.token(),
+                key: IdempotencyKey::parse("k").unwrap(),
+                output: Output::bytes(lease.task.id.as_str()),
+            };
+            let (submitted, next) = store
+                .submit_and_claim(&worker, &request, &ns, &carried)
+                .unwrap();
+            assert!(matches!(submitted, Submitted::Accepted(_)));
+            lease = match next.unwrap() {
+                tessera_store::ClaimOutcome::Granted(next) => next,
+                other => panic!("expected a lease, got {other:?}"),
+            };
+        }
+    };
+    let one = db.run(&clock, |store| chain(store, &held[0], 1));
+    let two = db.run(&clock, |store| chain(store, &held[1], 2));
+    same(
+        two - one,
+        2,
+        "a submission carrying a claim, and its statement prepared",
+    )?;
+    let many = db.run(&clock, |store| chain(store, &held[2], K + 2));
+    same(
+        many - two,
+        K as i64,
+        "one transaction per submission carrying a claim",
+    )
 }

@@ -13,8 +13,8 @@ use tessera_chaos::{Recorder, Rng, SkewedClock, pause};
 use tessera_check::{Completion, Operation, Outcome, Receipt};
 use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
-    Caller, ClaimOutcome, Clock, Error, IdempotencyKey, Output, Retry, Store, StoreConfig,
-    Submitted, TaskRef,
+    Caller, ClaimOutcome, Claimed, Clock, Error, IdempotencyKey, Output, Retry, Store, StoreConfig,
+    SubmitRequest, Submitted, TaskRef,
 };
 
 use crate::harness::{BackendKind, TestDb};
@@ -206,32 +206,28 @@ impl Worker {
         result.map_err(|_| completion)
     }
 
-    /// Claims and works leases until told to stop.
+    /// Claims and works leases until told to stop; a lease claimed with a
+    /// submission (`submit_and_claim`) is worked next.
     fn work(&self, mut rng: Rng) {
         let stop = stop_file(&self.dir);
         let (ns, q) = (work_namespace(), work_queue());
+        let mut carried: Option<Claimed> = None;
         while !stop.exists() {
-            let (store, caller) = self.store();
-            let claimed = self.record(
-                Operation::Claim {
-                    queue: q.to_string(),
-                },
-                || store.claim(&caller, &ns, &q),
-                |outcome| match outcome {
-                    ClaimOutcome::Granted(claimed) => Outcome::Granted {
-                        task: claimed.task.id.as_str().to_owned(),
-                        attempt: u32::from(claimed.lease.attempt().as_u16()),
-                        token: claimed.lease.token().as_i64(),
-                        granted_at: claimed.lease.granted_at(),
-                        expires_at: claimed.lease.expires_at(),
-                    },
-                    _ => Outcome::Empty,
-                },
-            );
+            let claimed = match carried.take() {
+                Some(claimed) => Ok(ClaimOutcome::Granted(claimed)),
+                None => {
+                    let (store, caller) = self.store();
+                    self.record(
+                        claim_operation(),
+                        || store.claim(&caller, &ns, &q),
+                        claim_outcome,
+                    )
+                }
+            };
             match claimed {
                 Ok(ClaimOutcome::Granted(claimed)) => {
-                    let lease = claimed.lease;
-                    self.hold(
+                    let lease = &claimed.lease;
+                    carried = self.hold(
                         &mut rng,
                         &claimed.task,
                         u32::from(lease.attempt().as_u16()),
@@ -244,16 +240,64 @@ impl Worker {
         }
     }
 
+    /// A submission that carries the next claim, recorded as two
+    /// operations, invoked together and completed together: the claim is
+    /// made in the submission's transaction, and a refused submission
+    /// claims nothing.
+    fn submit_and_claim(
+        &self,
+        submit: Operation,
+        run: impl FnOnce() -> Result<(Submitted, Result<ClaimOutcome, Error>), Error>,
+    ) -> (Result<Submitted, Completion>, Option<Claimed>) {
+        let submit_id = self.recorder.invoke(self.now(), submit).unwrap();
+        let claim_id = self.recorder.invoke(self.now(), claim_operation()).unwrap();
+        let result = run();
+        let now = self.now();
+        match result {
+            Ok((submitted, claimed)) => {
+                let outcome = submitted_outcome(&submitted);
+                self.recorder
+                    .complete(submit_id, now, Completion::Ok { outcome })
+                    .unwrap();
+                let (completion, next) = match claimed {
+                    Ok(outcome) => (
+                        Completion::Ok {
+                            outcome: claim_outcome(&outcome),
+                        },
+                        match outcome {
+                            ClaimOutcome::Granted(claimed) => Some(claimed),
+                            _ => None,
+                        },
+                    ),
+                    Err(error) => (completion_of(&error), None),
+                };
+                self.recorder.complete(claim_id, now, completion).unwrap();
+                (Ok(submitted), next)
+            }
+            Err(error) => {
+                let completion = completion_of(&error);
+                self.recorder
+                    .complete(submit_id, now, completion.clone())
+                    .unwrap();
+                self.recorder
+                    .complete(claim_id, now, completion.clone())
+                    .unwrap();
+                (Err(completion), None)
+            }
+        }
+    }
+
     /// Works one lease: heartbeats it a few times now and then, fails it
     /// for a retry now and then, and otherwise submits, asking again with
-    /// the same key while the answer is unknown.
+    /// the same key while the answer is unknown. Half the last asks carry
+    /// the next claim; its lease, if one was granted, is returned.
     fn hold(
         &self,
         rng: &mut Rng,
         task: &TaskRef,
         attempt: u32,
         token: tessera_store::FencingToken,
-    ) {
+    ) -> Option<Claimed> {
         let id = task.id.as_str().to_owned();
         let t = token.as_i64();
         // The work itself: a kill often lands here, holding the lease.
@@ -274,7 +318,7 @@ impl Worker {
                     },
                 );
                 if matches!(beat, Err(Completion::Fail { .. })) {
-                    return;
+                    return None;
                 }
             }
         }
@@ -290,7 +334,7 @@ impl Worker {
                 || store.fail(&caller, task, token, Retry::After(Duration::ZERO)),
                 |_| Outcome::Failed,
             );
-            return;
+            return None;
         }
         let key = IdempotencyKey::parse(&format!("k{t}-{}", rng.between(0, 999))).unwrap();
         let output = Output::bytes(format!("{id} under token {t}"));
@@ -301,30 +345,75 @@ impl Worker {
         while asks > 0 && tries < 20 {
             tries += 1;
             let (store, caller) = self.store();
-            let submitted = self.record(
-                Operation::Submit {
-                    task: id.clone(),
-                    attempt,
-                    token: t,
-                    key: key.as_str().to_owned(),
-                    digest: output.payload_digest().to_string(),
-                },
-                || store.submit(&caller, task, token, &key, &output),
-                |submitted| match submitted {
-                    Submitted::Accepted(receipt) => Outcome::Accepted {
-                        receipt: receipt_of(receipt),
-                    },
-                    Submitted::Replayed(receipt) => Outcome::Replayed {
-                        receipt: receipt_of(receipt),
-                    },
-                },
-            );
+            let operation = Operation::Submit {
+                task: id.clone(),
+                attempt,
+                token: t,
+                key: key.as_str().to_owned(),
+                digest: output.payload_digest().to_string(),
+            };
+            let submitted = if asks == 1 && rng.percent(50) {
+                let (ns, q) = (work_namespace(), work_queue());
+                let request = SubmitRequest {
+                    task: task.clone(),
+                    token,
+                    key: key.clone(),
+                    output: output.clone(),
+                };
+                let (submitted, next) = self.submit_and_claim(operation, || {
+                    store.submit_and_claim(&caller, &request, &ns, &q)
+                });
+                if next.is_some() {
+                    return next;
+                }
+                submitted
+            } else {
+                self.record(
+                    operation,
+                    || store.submit(&caller, task, token, &key, &output),
+                    submitted_outcome,
+                )
+            };
             match submitted {
                 Ok(_) => asks -= 1,
                 Err(Completion::Unknown { .. }) => pause(rng.between(20, 200)),
-                Err(_) => return,
+                Err(_) => return None,
             }
         }
+        None
+    }
+}
+
+/// A claim of the run's queue, as recorded.
+fn claim_operation() -> Operation {
+    Operation::Claim {
+        queue: work_queue().to_string(),
+    }
+}
+
+/// A claim's outcome, as recorded.
+fn claim_outcome(outcome: &ClaimOutcome) -> Outcome {
+    match outcome {
+        ClaimOutcome::Granted(claimed) => Outcome::Granted {
+            task: claimed.task.id.as_str().to_owned(),
+            attempt: u32::from(claimed.lease.attempt().as_u16()),
+            token: claimed.lease.token().as_i64(),
+            granted_at: claimed.lease.granted_at(),
+            expires_at: claimed.lease.expires_at(),
+        },
+        _ => Outcome::Empty,
+    }
+}
+
+/// A submission's outcome, as recorded.
+fn submitted_outcome(submitted: &Submitted) -> Outcome {
+    match submitted {
+        Submitted::Accepted(receipt) => Outcome::Accepted {
+            receipt: receipt_of(receipt),
+        },
+        Submitted::Replayed(receipt) => Outcome::Replayed {
+            receipt: receipt_of(receipt),
+        },
     }
 }
 

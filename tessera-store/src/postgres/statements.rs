@@ -172,7 +172,7 @@ macro_rules! claim_one_ctes {
                     ", alternatives FROM tasks WHERE namespace = $1 AND queue = $2 \
                      AND claimable_at IS NOT NULL AND claimable_at <= $3::bigint"
                 ),
-                "ORDER BY claimable_at, id LIMIT 1 FOR UPDATE SKIP LOCKED",
+                "ORDER BY claimable_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
                 "0"
             ),
             "), attempt AS (SELECT ",
@@ -244,9 +244,16 @@ macro_rules! claim_one_from {
 /// `$10` the audit row's principal, namespace, action, outcome and
 /// address hash.
 ///
-/// `picked` is [`NEXT_CLAIMABLE`]'s search; `attempt` locks the task's
-/// attempt, so under `READ COMMITTED` it reads the newest version, as the
-/// general claim's second statement does. `ok` is the one shape the
+/// `picked` is [`NEXT_CLAIMABLE`]'s search, its lock `FOR NO KEY UPDATE`
+/// (it changes no key of the task): that excludes every other claim and
+/// every transaction that locks the task `FOR UPDATE`, but not
+/// [`SUBMIT_AND_CLAIM_ONE`]'s key-share lock of the task it submits. A
+/// claim whose snapshot predates the commit that leased a task still
+/// locks that task (PostgreSQL locks the newest version, finds it no
+/// longer claimable, and keeps the lock to the end of the statement), and
+/// the task's holder submitting it then need not wait for that claim.
+/// `attempt` locks the task's attempt, so under `READ COMMITTED` it reads
+/// the newest version, as the general claim's second statement does. `ok` is the one shape the
 /// statement decides: a single attempt, ready, its task ready in the claim
 /// column, no token counter at its end, no unique slot held (whose
 /// release is the general claim's), no due lapsed lease of a higher
@@ -273,9 +280,14 @@ pub(super) const CLAIM_ONE: &str = concat!(
 /// digest, `$18` the output, `$19` the receipt's artifact, `$20` to `$25`
 /// the submission's audit row.
 ///
-/// `st` and `sa` lock the submitted task and its attempt (the attempt
-/// too, so it is read as its newest version, as `LOCK_AND_LOAD` reads
-/// it). `sok` is the one shape decided here: a single attempt, leased
+/// `st` takes the submitted task's key-share lock: it conflicts with
+/// every transaction that locks the task `FOR UPDATE` (a cancel, the
+/// general submission and claims), but not with a claim's `FOR NO KEY
+/// UPDATE` (see [`CLAIM_ONE`]), which can only grant the task by changing
+/// its attempt. `sa` locks that attempt, so it is read as its newest
+/// version (as `LOCK_AND_LOAD` reads it): whatever changes the attempt
+/// (a grant, a lapse, a cancel, another submission) locks it too, so the
+/// two are ordered there. `sok` is the one shape decided here: a single attempt, leased
 /// under the token to the principal and not expired, no unique slot,
 /// no receipt under the key. The claim is made only with it (`ok`'s
 /// gate), and the submission is written only when the claim is made or
@@ -290,7 +302,7 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
     "WITH st AS MATERIALIZED (SELECT id, queue, task_id, version, NULL::bytea AS brief, \
      brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries, priority, \
      partition_key, unique_key, unique_states, alternatives FROM tasks \
-     WHERE namespace = $11 AND task_id = $12 AND version = $13 FOR UPDATE), \
+     WHERE namespace = $11 AND task_id = $12 AND version = $13 FOR KEY SHARE), \
      sa AS MATERIALIZED (SELECT ",
     attempt_columns_of!("a"),
     " FROM attempts a JOIN st ON a.task = st.id WHERE a.number = 1 FOR UPDATE OF a), \

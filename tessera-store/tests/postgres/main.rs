@@ -442,13 +442,51 @@ fn broken_connections_are_replaced_and_a_statement_timeout_is_a_retryable_error(
 /// A submission that waits for another transaction's lock on its task
 /// decides on the task as that transaction left it. Here the other
 /// transaction granted the attempt again (a new token): the old token is
-/// stale, never accepted.
+/// stale, never accepted, whether the submission is alone or carries
+/// the next claim.
 #[test]
 #[cfg_attr(
     tessera_no_test_postgres,
     ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
 )]
 fn a_submission_that_waited_for_its_task_sees_what_the_other_transaction_wrote() {
+    for carrying in [false, true] {
+        let answer = submitted_while_the_task_is_locked("FOR UPDATE", true, carrying);
+        match answer {
+            Err(tessera_store::Error::Conflict { kind, .. }) => {
+                assert_eq!(kind, tessera_store::ConflictKind::StaleToken, "{carrying}")
+            }
+            other => panic!("a stale token, not {other:?} (carrying a claim: {carrying})"),
+        }
+    }
+}
+
+/// A claim's lock on a task (`FOR NO KEY UPDATE`, as a claim whose
+/// snapshot predates the task's grant keeps it) does not hold up the
+/// task's holder submitting it with the next claim: the submission
+/// commits while the lock is still held.
+#[test]
+#[cfg_attr(
+    tessera_no_test_postgres,
+    ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+)]
+fn a_claims_lock_on_a_task_does_not_hold_up_its_submission() {
+    let answer = submitted_while_the_task_is_locked("FOR NO KEY UPDATE", false, true);
+    assert!(
+        matches!(answer, Ok(tessera_store::Submitted::Accepted(_))),
+        "{answer:?}"
+    );
+}
+
+/// Claims a task, locks it in another connection (`lock`, then grants
+/// its attempt again there if `regrant`), and submits it, alone or
+/// `carrying` the next claim; when `regrant`, the lock is held until the
+/// submission waits for it, else until the submission has answered.
+fn submitted_while_the_task_is_locked(
+    lock: &str,
+    regrant: bool,
+    carrying: bool,
+) -> Result<tessera_store::Submitted, tessera_store::Error> {
     let db = database();
     let f = Fixture::new(&db);
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
@@ -458,43 +496,66 @@ fn a_submission_that_waited_for_its_task_sees_what_the_other_transaction_wrote()
 
     let (url, schema) = db.postgres_place();
     let mut other = postgres::Client::connect(url, postgres::NoTls).unwrap();
-    let mut regrant = other.transaction().unwrap();
+    let mut holding = other.transaction().unwrap();
     let task = format!(
         "(SELECT id FROM \"{schema}\".tasks WHERE task_id = '{}')",
         claimed.task.id.as_str()
     );
-    regrant
+    holding
         .batch_execute(&format!(
-            "SELECT 1 FROM \"{schema}\".tasks WHERE id = {task} FOR UPDATE; \
-             UPDATE \"{schema}\".attempts SET token = token + 1 WHERE task = {task}; \
-             UPDATE \"{schema}\".tasks SET last_token = last_token + 1 WHERE id = {task}"
+            "SELECT 1 FROM \"{schema}\".tasks WHERE id = {task} {lock}"
         ))
         .unwrap();
-    let key = tessera_store::IdempotencyKey::parse("k").unwrap();
-    let output = tessera_store::Output::bytes("out");
-    let token = claimed.lease.token();
-    let answer = std::thread::scope(|scope| {
-        let submitting =
-            scope.spawn(|| f.store.submit(&worker, &claimed.task, token, &key, &output));
-        // The submission waits for the task's lock.
-        let mut watcher = postgres::Client::connect(url, postgres::NoTls).unwrap();
-        let waiting = format!(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE application_name = 'tessera {schema}' AND wait_event_type = 'Lock'"
-        );
-        while watcher.query_one(&waiting, &[]).unwrap().get::<_, i64>(0) == 0 {
-            assert!(!submitting.is_finished(), "the submission did not wait");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        regrant.commit().unwrap();
-        submitting.join().unwrap()
-    });
-    match answer {
-        Err(tessera_store::Error::Conflict { kind, .. }) => {
-            assert_eq!(kind, tessera_store::ConflictKind::StaleToken)
-        }
-        other => panic!("a stale token, not {other:?}"),
+    if regrant {
+        holding
+            .batch_execute(&format!(
+                "UPDATE \"{schema}\".attempts SET token = token + 1 WHERE task = {task}; \
+                 UPDATE \"{schema}\".tasks SET last_token = last_token + 1 WHERE id = {task}"
+            ))
+            .unwrap();
     }
+    let request = tessera_store::SubmitRequest {
+        task: claimed.task.clone(),
+        token: claimed.lease.token(),
+        key: tessera_store::IdempotencyKey::parse("k").unwrap(),
+        output: tessera_store::Output::bytes("out"),
+    };
+    let submit = || {
+        if carrying {
+            f.store
+                .submit_and_claim(&worker, &request, &ns, &q)
+                .map(|(submitted, _)| submitted)
+        } else {
+            f.store.submit(
+                &worker,
+                &request.task,
+                request.token,
+                &request.key,
+                &request.output,
+            )
+        }
+    };
+    std::thread::scope(|scope| {
+        let submitting = scope.spawn(submit);
+        if regrant {
+            // The submission waits for the task's lock.
+            let mut watcher = postgres::Client::connect(url, postgres::NoTls).unwrap();
+            let waiting = format!(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'tessera {schema}' AND wait_event_type = 'Lock'"
+            );
+            while watcher.query_one(&waiting, &[]).unwrap().get::<_, i64>(0) == 0 {
+                assert!(!submitting.is_finished(), "the submission did not wait");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            holding.commit().unwrap();
+            submitting.join().unwrap()
+        } else {
+            let answer = submitting.join().unwrap();
+            holding.commit().unwrap();
+            answer
+        }
+    })
 }
 
 #[test]

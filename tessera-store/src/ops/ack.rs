@@ -541,50 +541,41 @@ impl Ack {
             event: EventRow::from_event(&self.scope.event(now, resource)),
         })
     }
+}
 
-    /// The answer to this submission accepted in one statement, as the
-    /// lease rules give it from the task the statement found: an error
-    /// if the statement's writes are not theirs.
-    pub(crate) fn checked_acceptance(
-        &self,
-        acceptance: &QuickAcceptance,
-        now: DateTime<Utc>,
-    ) -> Result<Submitted, Error> {
-        let differs = || {
-            crate::error::corrupt("a one-statement submission that differs from the lease rules")
-        };
-        let Some(QuickSubmit {
-            submission,
-            artifact,
-            event,
-            ..
-        }) = self.quick_submit(now)
-        else {
-            return Err(differs());
-        };
-        let before = &acceptance.before;
-        let mut rules = Task::restore(before.record.clone())?;
-        let Submitted::Accepted(receipt) = rules.submit(submission, None, now)? else {
-            return Err(differs());
-        };
-        let after = rules.record();
-        let expected = after
-            .attempts
-            .iter()
-            .find(|attempt| attempt.number == receipt.attempt)
-            .map(|attempt| AttemptRow::from_record(attempt, after.lapse_backoff));
-        if expected.as_ref() != Some(&acceptance.after)
-            || receipt.accepted_at != acceptance.accepted_at
-            || receipt.artifact.as_str() != artifact
-            || event.resource != acceptance.resource
-            || claimable_column(&before.record) != claimable_column(after)
-            || before.record.last_token != after.last_token
-            || leaves_slot(before.unique_held, after)
-        {
-            return Err(differs());
-        }
-        Ok(Submitted::Accepted(receipt))
+/// The answer to a submission that `submit` (an [`Ack::quick_submit`])
+/// put to a statement that accepted it, as the lease rules give it from
+/// the task the statement found: an error if the statement's writes are
+/// not theirs.
+pub(crate) fn checked_acceptance(
+    submit: &QuickSubmit<'_>,
+    acceptance: &QuickAcceptance,
+    now: DateTime<Utc>,
+) -> Result<Submitted, Error> {
+    let differs =
+        || crate::error::corrupt("a one-statement submission that differs from the lease rules");
+    let before = &acceptance.before;
+    let mut rules = Task::restore(before.record.clone())?;
+    let Submitted::Accepted(receipt) = rules.submit(submit.submission, None, now)? else {
+        return Err(differs());
+    };
+    let after = rules.record();
+    let expected = after
+        .attempts
+        .iter()
+        .find(|attempt| attempt.number == receipt.attempt)
+        .map(|attempt| AttemptRow::from_record(attempt, after.lapse_backoff));
+    if expected.as_ref() != Some(&acceptance.after)
+        || receipt.accepted_at != acceptance.accepted_at
+        || receipt.artifact.as_str() != submit.artifact
+        || submit.event.resource != acceptance.resource
+        || claimable_column(&before.record) != claimable_column(after)
+        || before.record.last_token != after.last_token
+        || leaves_slot(before.unique_held, after)
+    {
+        return Err(differs());
     }
+    Ok(Submitted::Accepted(receipt))
 }
 
 impl Decided {

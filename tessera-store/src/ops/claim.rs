@@ -21,7 +21,7 @@ use crate::model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason, MAX_
 use crate::model::queue::QueueSettings;
 use crate::model::task::SubmitRequest;
 use crate::model::task::{Brief, TaskRef};
-use crate::ops::ack::{Ack, AckWrites, Acked, Checked};
+use crate::ops::ack::{Ack, AckWrites, Acked, Checked, checked_acceptance};
 use crate::ops::task::apply;
 use crate::state::gate::{
     CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, rate_limited,
@@ -479,7 +479,7 @@ impl Store {
                 return Some((Err(error.clone()), Err(error)));
             }
         };
-        let submitted = ack.checked_acceptance(&acceptance, now);
+        let submitted = checked_acceptance(&submit, &acceptance, now);
         let decided = crate::ops::ack::Decided::one(submitted.map(Acked::Submitted));
         self.acks_committed(std::slice::from_ref(ack), &decided);
         let claimed = match acceptance.claimed {

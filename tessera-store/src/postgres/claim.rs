@@ -258,6 +258,68 @@ mod tests {
         }
     }
 
+    /// A store on a schema of its own on the test server, its clock, and
+    /// a worker keyed for the namespace `renders`.
+    struct Quick {
+        url: String,
+        schema: String,
+        clock: ManualClock,
+        store: Store,
+        worker: crate::Caller,
+        ns: Namespace,
+    }
+
+    impl Quick {
+        fn open(prefix: &str) -> Self {
+            let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
+                .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
+            let schema = format!("{prefix}_{}", std::process::id());
+            let clock = ManualClock::new("2026-10-29T12:00:00Z".parse().unwrap());
+            let store = Store::open_postgres(
+                PostgresOptions::new(url.as_str())
+                    .with_schema(schema.as_str())
+                    .with_listen(false),
+                StoreConfig::default()
+                    .with_clock(Arc::new(clock.clone()))
+                    .with_lease_duration(Duration::from_secs(30)),
+            )
+            .unwrap();
+            let ns = Namespace::parse("renders").unwrap();
+            let admin = store
+                .authenticate(Some(store.create_admin_key("ops").unwrap().secret.expose()))
+                .unwrap();
+            let key = store
+                .create_key(
+                    &admin,
+                    &KeySpec::keyed("acme")
+                        .with_scopes(Scope::ALL.iter().copied())
+                        .with_grant(Grant::Namespace(ns.clone())),
+                )
+                .unwrap();
+            let worker = store.authenticate(Some(key.secret.expose())).unwrap();
+            Self {
+                url,
+                schema,
+                clock,
+                store,
+                worker,
+                ns,
+            }
+        }
+
+        /// Closes the store and drops its schema.
+        fn finish(self) {
+            let Self {
+                url, schema, store, ..
+            } = self;
+            drop(store);
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            client
+                .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+                .unwrap();
+        }
+    }
+
     /// The statement grants a plain ready task, answers an empty queue,
     /// and declines what the general claim decides: several attempts, a
     /// lapsed lease to record, a queue with settings.
@@ -267,50 +329,29 @@ mod tests {
         ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
     )]
     fn one_statement_grants_plain_tasks_and_declines_the_rest() {
-        let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
-            .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
-        let schema = format!("quick_{}", std::process::id());
-        let start = "2026-10-29T12:00:00Z".parse().unwrap();
-        let clock = ManualClock::new(start);
-        let store = Store::open_postgres(
-            PostgresOptions::new(url.as_str())
-                .with_schema(schema.as_str())
-                .with_listen(false),
-            StoreConfig::default()
-                .with_clock(Arc::new(clock.clone()))
-                .with_lease_duration(Duration::from_secs(30)),
-        )
-        .unwrap();
-        let (ns, q) = (
-            Namespace::parse("renders").unwrap(),
-            QueueName::parse("jobs").unwrap(),
-        );
-        let admin = store
-            .authenticate(Some(store.create_admin_key("ops").unwrap().secret.expose()))
-            .unwrap();
-        let key = store
-            .create_key(
-                &admin,
-                &KeySpec::keyed("acme")
-                    .with_scopes(Scope::ALL.iter().copied())
-                    .with_grant(Grant::Namespace(ns.clone())),
-            )
-            .unwrap();
-        let worker = store.authenticate(Some(key.secret.expose())).unwrap();
+        let quick = Quick::open("quick");
+        let Quick {
+            clock,
+            store,
+            worker,
+            ns,
+            ..
+        } = &quick;
+        let q = QueueName::parse("jobs").unwrap();
         let holder = worker.lease_principal();
         let brief = Brief::Bytes(b"frame".to_vec());
         let backend = store.backend();
         let now = store.now_utc();
 
         assert!(matches!(
-            backend.claim_quick(&claim(&ns, &q, &holder, now)).unwrap(),
+            backend.claim_quick(&claim(ns, &q, &holder, now)).unwrap(),
             QuickClaimed::Empty
         ));
         store
-            .enqueue(&worker, &ns, &q, &brief, &EnqueueOptions::default())
+            .enqueue(worker, ns, &q, &brief, &EnqueueOptions::default())
             .unwrap();
         let QuickClaimed::Leased(grant) =
-            backend.claim_quick(&claim(&ns, &q, &holder, now)).unwrap()
+            backend.claim_quick(&claim(ns, &q, &holder, now)).unwrap()
         else {
             panic!("a plain ready task is granted by the statement");
         };
@@ -328,13 +369,11 @@ mod tests {
         clock.advance(Duration::from_secs(60));
         let later = store.now_utc();
         assert!(matches!(
-            backend
-                .claim_quick(&claim(&ns, &q, &holder, later))
-                .unwrap(),
+            backend.claim_quick(&claim(ns, &q, &holder, later)).unwrap(),
             QuickClaimed::Declined
         ));
         assert!(matches!(
-            store.claim(&worker, &ns, &q).unwrap(),
+            store.claim(worker, ns, &q).unwrap(),
             crate::ClaimOutcome::Granted(_)
         ));
 
@@ -342,8 +381,8 @@ mod tests {
         let other = QueueName::parse("pairs").unwrap();
         store
             .enqueue(
-                &worker,
-                &ns,
+                worker,
+                ns,
                 &other,
                 &brief,
                 &EnqueueOptions::default().with_alternatives(2),
@@ -351,7 +390,7 @@ mod tests {
             .unwrap();
         assert!(matches!(
             backend
-                .claim_quick(&claim(&ns, &other, &holder, later))
+                .claim_quick(&claim(ns, &other, &holder, later))
                 .unwrap(),
             QuickClaimed::Declined
         ));
@@ -360,28 +399,24 @@ mod tests {
         // applies them.
         let set = QueueName::parse("settings").unwrap();
         store
-            .enqueue(&worker, &ns, &set, &brief, &EnqueueOptions::default())
+            .enqueue(worker, ns, &set, &brief, &EnqueueOptions::default())
             .unwrap();
-        store.pause_queue(&worker, &ns, &set).unwrap();
+        store.pause_queue(worker, ns, &set).unwrap();
         assert!(matches!(
             backend
-                .claim_quick(&claim(&ns, &set, &holder, later))
+                .claim_quick(&claim(ns, &set, &holder, later))
                 .unwrap(),
             QuickClaimed::Declined
         ));
         // Resumed, the queue has no settings row again: the statement's.
-        store.resume_queue(&worker, &ns, &set).unwrap();
+        store.resume_queue(worker, ns, &set).unwrap();
         assert!(matches!(
             backend
-                .claim_quick(&claim(&ns, &set, &holder, later))
+                .claim_quick(&claim(ns, &set, &holder, later))
                 .unwrap(),
             QuickClaimed::Leased(_)
         ));
-        drop(store);
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-        client
-            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-            .unwrap();
+        quick.finish();
     }
 
     /// The statement accepts a submission of the plain shape with the
@@ -394,60 +429,43 @@ mod tests {
         ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
     )]
     fn one_statement_submits_and_claims_the_plain_shape_and_declines_the_rest() {
-        use crate::ops::ack::Checked;
+        use crate::ops::ack::{Checked, checked_acceptance};
         use crate::{ClaimOutcome, IdempotencyKey, Output, SubmitRequest, Submitted};
 
-        let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
-            .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
-        let schema = format!("quick_submit_{}", std::process::id());
-        let clock = ManualClock::new("2026-10-29T12:00:00Z".parse().unwrap());
-        let store = Store::open_postgres(
-            PostgresOptions::new(url.as_str())
-                .with_schema(schema.as_str())
-                .with_listen(false),
-            StoreConfig::default()
-                .with_clock(Arc::new(clock.clone()))
-                .with_lease_duration(Duration::from_secs(30)),
-        )
-        .unwrap();
-        let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let quick = Quick::open("quick_submit");
+        let Quick {
+            url,
+            schema,
+            store,
+            worker,
+            ns,
+            ..
+        } = &quick;
+        let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
         let mut rows = |table: &str| -> i64 {
             client
                 .query_one(&format!("SELECT count(*) FROM \"{schema}\".{table}"), &[])
                 .unwrap()
                 .get(0)
         };
-        let ns = Namespace::parse("renders").unwrap();
         let (q, empty) = (
             QueueName::parse("jobs").unwrap(),
             QueueName::parse("none").unwrap(),
         );
-        let admin = store
-            .authenticate(Some(store.create_admin_key("ops").unwrap().secret.expose()))
-            .unwrap();
-        let key = store
-            .create_key(
-                &admin,
-                &KeySpec::keyed("acme")
-                    .with_scopes(Scope::ALL.iter().copied())
-                    .with_grant(Grant::Namespace(ns.clone())),
-            )
-            .unwrap();
-        let worker = store.authenticate(Some(key.secret.expose())).unwrap();
         let holder = worker.lease_principal();
         let backend = store.backend();
         for _ in 0..3 {
             store
                 .enqueue(
-                    &worker,
-                    &ns,
+                    worker,
+                    ns,
                     &q,
                     &Brief::Bytes(b"frame".to_vec()),
                     &EnqueueOptions::default(),
                 )
                 .unwrap();
         }
-        let ClaimOutcome::Granted(first) = store.claim(&worker, &ns, &q).unwrap() else {
+        let ClaimOutcome::Granted(first) = store.claim(worker, ns, &q).unwrap() else {
             panic!("a ready task is granted");
         };
         let request = |token, key: &str| SubmitRequest {
@@ -456,7 +474,7 @@ mod tests {
             key: IdempotencyKey::parse(key).unwrap(),
             output: Output::bytes(b"done".to_vec()),
         };
-        let ack = |request: &SubmitRequest| match store.submission(&worker, request).unwrap() {
+        let ack = |request: &SubmitRequest| match store.submission(worker, request).unwrap() {
             Checked::Ack(ack) => ack,
             Checked::Answered(_) => panic!("a submission for the completer"),
         };
@@ -470,7 +488,7 @@ mod tests {
             backend
                 .submit_and_claim_quick(
                     &stale.quick_submit(now).unwrap(),
-                    &claim(&ns, &q, &holder, now)
+                    &claim(ns, &q, &holder, now)
                 )
                 .unwrap(),
             QuickSubmitted::Declined
@@ -479,20 +497,20 @@ mod tests {
 
         // A claim the statement leaves to the general one (the queue is
         // paused): declined whole, the submission not made either.
-        store.pause_queue(&worker, &ns, &q).unwrap();
+        store.pause_queue(worker, ns, &q).unwrap();
         let paused = written(&mut rows);
         let good = ack(&request(first.lease.token(), "k"));
         assert!(matches!(
             backend
                 .submit_and_claim_quick(
                     &good.quick_submit(now).unwrap(),
-                    &claim(&ns, &q, &holder, now)
+                    &claim(ns, &q, &holder, now)
                 )
                 .unwrap(),
             QuickSubmitted::Declined
         ));
         assert_eq!(written(&mut rows), paused);
-        store.resume_queue(&worker, &ns, &q).unwrap();
+        store.resume_queue(worker, ns, &q).unwrap();
         let before = written(&mut rows);
 
         // The plain shape: accepted, and the next task leased, each as the
@@ -500,23 +518,25 @@ mod tests {
         let QuickSubmitted::Accepted(acceptance) = backend
             .submit_and_claim_quick(
                 &good.quick_submit(now).unwrap(),
-                &claim(&ns, &q, &holder, now),
+                &claim(ns, &q, &holder, now),
             )
             .unwrap()
         else {
             panic!("a live lease's submission, with a ready task next, is the statement's");
         };
-        let Ok(Submitted::Accepted(receipt)) = good.checked_acceptance(&acceptance, now) else {
+        let good_submit = good.quick_submit(now).unwrap();
+        let Ok(Submitted::Accepted(receipt)) = checked_acceptance(&good_submit, &acceptance, now)
+        else {
             panic!("the statement's acceptance is the lease rules'");
         };
         assert_eq!(receipt.token, first.lease.token());
         // Writes other than the rules' are an error.
         let mut other = (*acceptance).clone();
         other.accepted_at += TimeDelta::milliseconds(1);
-        assert!(good.checked_acceptance(&other, now).is_err());
+        assert!(checked_acceptance(&good_submit, &other, now).is_err());
         let mut other = (*acceptance).clone();
         other.after.state = "ready".to_owned();
-        assert!(good.checked_acceptance(&other, now).is_err());
+        assert!(checked_acceptance(&good_submit, &other, now).is_err());
         let QuickClaimed::Leased(grant) = &acceptance.claimed else {
             panic!("the next task is leased");
         };
@@ -526,7 +546,7 @@ mod tests {
         assert!(matches!(
             store
                 .submit(
-                    &worker,
+                    worker,
                     &first.task,
                     first.lease.token(),
                     &IdempotencyKey::parse("k").unwrap(),
@@ -542,7 +562,7 @@ mod tests {
             backend
                 .submit_and_claim_quick(
                     &good.quick_submit(now).unwrap(),
-                    &claim(&ns, &q, &holder, now)
+                    &claim(ns, &q, &holder, now)
                 )
                 .unwrap(),
             QuickSubmitted::Declined
@@ -550,7 +570,7 @@ mod tests {
         assert_eq!(written(&mut rows), before);
 
         // An empty queue: the submission alone.
-        let ClaimOutcome::Granted(third) = store.claim(&worker, &ns, &q).unwrap() else {
+        let ClaimOutcome::Granted(third) = store.claim(worker, ns, &q).unwrap() else {
             panic!("the third task is granted");
         };
         let before = written(&mut rows);
@@ -563,19 +583,16 @@ mod tests {
         let QuickSubmitted::Accepted(acceptance) = backend
             .submit_and_claim_quick(
                 &last.quick_submit(now).unwrap(),
-                &claim(&ns, &empty, &holder, now),
+                &claim(ns, &empty, &holder, now),
             )
             .unwrap()
         else {
             panic!("a submission with an empty queue next is the statement's");
         };
         assert!(matches!(acceptance.claimed, QuickClaimed::Empty));
-        assert!(last.checked_acceptance(&acceptance, now).is_ok());
+        assert!(checked_acceptance(&last.quick_submit(now).unwrap(), &acceptance, now).is_ok());
         assert_eq!(written(&mut rows), (before.0 + 1, before.1 + 1));
 
-        drop(store);
-        client
-            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-            .unwrap();
+        quick.finish();
     }
 }

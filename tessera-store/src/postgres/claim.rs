@@ -416,6 +416,37 @@ mod tests {
                 .unwrap(),
             QuickClaimed::Leased(_)
         ));
+
+        // A due lapse above the ready task's priority comes first: the
+        // general claim's. One below it does not: the statement's.
+        for (lapsed, ready, quick_grants) in [(2, 1, false), (0, 1, true)] {
+            let ranked = QueueName::parse(&format!("ranked{lapsed}")).unwrap();
+            let at = |priority| EnqueueOptions::default().with_priority(priority);
+            store
+                .enqueue(worker, ns, &ranked, &brief, &at(lapsed))
+                .unwrap();
+            let now = store.now_utc();
+            assert!(matches!(
+                backend
+                    .claim_quick(&claim(ns, &ranked, &holder, now))
+                    .unwrap(),
+                QuickClaimed::Leased(_)
+            ));
+            clock.advance(Duration::from_secs(60));
+            store
+                .enqueue(worker, ns, &ranked, &brief, &at(ready))
+                .unwrap();
+            let later = store.now_utc();
+            let answer = backend.claim_quick(&claim(ns, &ranked, &holder, later));
+            match answer.unwrap() {
+                QuickClaimed::Leased(grant) => {
+                    assert!(quick_grants, "a lapse at {lapsed} comes before {ready}");
+                    assert_eq!(grant.before.record.priority, ready);
+                }
+                QuickClaimed::Declined => assert!(!quick_grants, "declined below {ready}"),
+                QuickClaimed::Empty => panic!("a ready task and a due lapse are not empty"),
+            }
+        }
         quick.finish();
     }
 

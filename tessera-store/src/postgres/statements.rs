@@ -43,23 +43,6 @@ macro_rules! claimable_tasks {
         )
     };
 }
-/// Whether the queue holds a lapsed lease at priority `$p`, above the
-/// picked task's (`p`): one search of the lapsing index, which leads with
-/// the priority and then the lapse time, so it never walks the entries of
-/// leases that ended or lapse later. The order by lapse time keeps a
-/// generic plan on that index.
-macro_rules! lapsed_above {
-    ($p:literal) => {
-        concat!(
-            "(p.priority < ",
-            $p,
-            " AND (SELECT l.lapses_at FROM attempts l WHERE l.namespace = $1 AND l.queue = $2 \
-             AND l.state = 'leased' AND l.priority = ",
-            $p,
-            " AND l.lapses_at <= $3::bigint ORDER BY l.lapses_at LIMIT 1) IS NOT NULL)"
-        )
-    };
-}
 /// A queue's lapsed leases, as each priority's arm selects them.
 macro_rules! lapsed_leases {
     () => {
@@ -175,20 +158,17 @@ macro_rules! claim_one_ctes {
                 "ORDER BY claimable_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
                 "0"
             ),
-            "), attempt AS (SELECT ",
+            "), lapse AS MATERIALIZED (",
+            by_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "0"),
+            "), settings AS MATERIALIZED (SELECT 1 FROM queue_settings s \
+             WHERE s.namespace = $1 AND s.queue = $2), attempt AS (SELECT ",
             attempt_columns_of!("a"),
             " FROM attempts a JOIN picked p ON a.task = p.id WHERE a.number = 1 FOR UPDATE OF a), \
              ok AS (SELECT p.id, p.last_token + 1 AS token, p.task_id, p.version, p.lapse_backoff_ms \
              FROM picked p JOIN attempt a ON true WHERE p.alternatives = 1 AND p.claimable_at = 0 \
              AND a.state = 'ready' AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
-             AND NOT ",
-            lapsed_above!(3),
-            " AND NOT ",
-            lapsed_above!(2),
-            " AND NOT ",
-            lapsed_above!(1),
-            " \
-             AND NOT EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2)",
+             AND NOT EXISTS (SELECT 1 FROM lapse WHERE lapse.priority > p.priority) \
+             AND NOT EXISTS (SELECT 1 FROM settings)",
             $gate,
             "), leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
              tries = attempts.tries + 1, holder = $4::text, token = ok.token, granted_at = $3::bigint, \
@@ -209,11 +189,7 @@ macro_rules! claim_one_ctes {
 /// task it would not grant, a due lapsed lease, or queue settings.
 macro_rules! claim_one_declines {
     () => {
-        concat!(
-            "(p.id IS NOT NULL OR EXISTS (",
-            by_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "0"),
-            ") OR EXISTS (SELECT 1 FROM queue_settings s WHERE s.namespace = $1 AND s.queue = $2))"
-        )
+        "(p.id IS NOT NULL OR EXISTS (SELECT 1 FROM lapse) OR EXISTS (SELECT 1 FROM settings))"
     };
 }
 /// [`CLAIM_ONE`]'s answer's columns, after `SELECT`.
@@ -253,8 +229,10 @@ macro_rules! claim_one_from {
 /// longer claimable, and keeps the lock to the end of the statement), and
 /// the task's holder submitting it then need not wait for that claim.
 /// `attempt` locks the task's attempt, so under `READ COMMITTED` it reads
-/// the newest version, as the general claim's second statement does. `ok` is the one shape the
-/// statement decides: a single attempt, ready, its task ready in the claim
+/// the newest version, as the general claim's second statement does.
+/// `lapse` (the queue's first due lapsed lease, from the highest priority
+/// down) and `settings` (the queue's settings row) are each read once, for
+/// `ok` and for the answer. `ok` is the one shape the statement decides: a single attempt, ready, its task ready in the claim
 /// column, no token counter at its end, no unique slot held (whose
 /// release is the general claim's), no due lapsed lease of a higher
 /// priority (a ready task comes before every lapse of its own), and a

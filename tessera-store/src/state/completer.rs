@@ -12,14 +12,17 @@
 //!
 //! The rule: a batch closes when N items wait, or when
 //! [`AckBatching::max_wait`] (T) has passed since its leader took the
-//! lead, whichever comes first. The leader lingers only when the last
-//! batch carried more than one caller's items (others are acknowledging
-//! at the same time, so more are likely on their way, as PostgreSQL's
-//! `commit_delay` waits only with `commit_siblings` active), and only
-//! until as many callers wait as the last batch carried: a steady set of
-//! threads, each with one acknowledgement in flight, closes its batch as
-//! soon as the last of them arrives rather than after T. A lone caller
-//! is never delayed.
+//! lead, whichever comes first. The leader lingers only when more than
+//! one caller was acknowledging as the last batch ended (the callers it
+//! carried and those waiting for the next): others acknowledge at the
+//! same time, so more are likely on their way, as PostgreSQL's
+//! `commit_delay` waits only with `commit_siblings` active. It lingers
+//! only until that many callers wait: a steady set of threads, each with
+//! one acknowledgement in flight, closes its batch as soon as the last of
+//! them arrives rather than after T, and two threads that would take
+//! turns committing one acknowledgement each (one waiting while the
+//! other commits) are gathered into one batch. A lone caller is never
+//! delayed.
 //!
 //! No caller is answered before the commit that holds its items has
 //! ended: each gets its own answer (a receipt, a replay, its own error),
@@ -49,7 +52,8 @@ struct Slot<R> {
 struct Queue<T, R> {
     waiting: VecDeque<(T, Arc<Slot<R>>)>,
     committing: bool,
-    /// How many callers' items the last batch carried.
+    /// How many callers were acknowledging when the last batch ended:
+    /// those whose items it carried, and those waiting for the next.
     last_batch: usize,
     /// While a leader lingers: the number of waiting callers it waits
     /// for (0 when none lingers).
@@ -227,7 +231,7 @@ impl<T, R> Drop for Lead<'_, T, R> {
         }
         let mut queue = self.completer.queue.lock();
         queue.committing = false;
-        queue.last_batch = self.count;
+        queue.last_batch = self.count + queue.callers();
         self.completer.changed.notify_all();
     }
 }
@@ -330,6 +334,40 @@ mod tests {
         let batches = batches.lock();
         assert_eq!(batches.len(), 2, "{batches:?}");
         assert_eq!(batches[1].len(), 6);
+    }
+
+    /// Two callers that would take turns (one waits while the other
+    /// commits alone) are gathered: the one that leads next waits for the
+    /// other's next acknowledgement, and they commit together.
+    #[test]
+    fn two_callers_taking_turns_are_gathered_into_one_batch() {
+        let completer = Completer::<u32, u32>::new(AckBatching {
+            max_batch: 64,
+            max_wait: Duration::from_secs(60),
+        });
+        let batches = Mutex::new(Vec::new());
+        let commit = |batch: Vec<u32>| {
+            if batch == [1] {
+                // The first commit ends only once the other caller waits.
+                while completer.queue.lock().waiting.is_empty() {
+                    std::thread::yield_now();
+                }
+            }
+            batches.lock().push(batch.clone());
+            batch
+        };
+        std::thread::scope(|scope| {
+            let turns = scope.spawn(|| {
+                let first = completer.complete(vec![1], &commit, &|| 0);
+                (first, completer.complete(vec![3], &commit, &|| 0))
+            });
+            while !completer.queue.lock().committing {
+                std::thread::yield_now();
+            }
+            assert_eq!(completer.complete(vec![2], &commit, &|| 0), vec![2]);
+            assert_eq!(turns.join().unwrap(), (vec![1], vec![3]));
+        });
+        assert_eq!(*batches.lock(), vec![vec![1], vec![2, 3]]);
     }
 
     #[test]

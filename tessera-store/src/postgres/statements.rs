@@ -267,7 +267,9 @@ pub(super) const CLAIM_ONE: &str = concat!(
 /// (a grant, a lapse, a cancel, another submission) locks it too, so the
 /// two are ordered there. `sok` is the one shape decided here: a single attempt, leased
 /// under the token to the principal and not expired, no unique slot,
-/// no receipt under the key. The claim is made only with it (`ok`'s
+/// no receipt under the key (the task's id comes in as a scalar, so the
+/// search is one descent of `receipts_key` on all three columns, not a
+/// walk through every receipt of the principal). The claim is made only with it (`ok`'s
 /// gate), and the submission is written only when the claim is made or
 /// the queue is empty (`go`): a claim the statement declines leaves both
 /// to the general transaction. Two rows: the submission's (`submitted`
@@ -288,7 +290,8 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
      JOIN sa ON true WHERE st.alternatives = 1 AND st.unique_states IS NULL \
      AND sa.state = 'leased' AND sa.token = $14::bigint AND sa.holder = $15::text \
      AND sa.expires_at > $3::bigint AND NOT EXISTS (SELECT 1 FROM receipts r \
-     WHERE r.principal = $15::text AND r.task = st.id AND r.idempotency_key = $16::text)), ",
+     WHERE r.principal = $15::text AND r.task = (SELECT id FROM st) \
+     AND r.idempotency_key = $16::text)), ",
     claim_one_ctes!(" AND EXISTS (SELECT 1 FROM sok)"),
     ", go AS (SELECT sok.id, sok.accepted_at FROM sok LEFT JOIN picked p ON true \
      WHERE EXISTS (SELECT 1 FROM ok) OR NOT ",

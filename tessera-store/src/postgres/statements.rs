@@ -43,6 +43,26 @@ macro_rules! claimable_tasks {
         )
     };
 }
+/// `$select` (a statement ending in its `WHERE` conditions) once per task
+/// priority, highest first, from the floor `$floor` up, each turn `$order`
+/// (an `ORDER BY`, a `LIMIT` and any locking clause); the first row found
+/// ends the statement. One lateral subquery the plan runs again for each
+/// priority, so the plan holds one index search, not one an arm: the
+/// executor's start-up, paid on every run, is a quarter of
+/// [`by_priority!`]'s.
+macro_rules! each_priority {
+    ($select:expr, $order:expr, $floor:expr) => {
+        concat!(
+            "SELECT turn.* FROM (VALUES (3), (2), (1), (0)) AS each(level) CROSS JOIN LATERAL (",
+            $select,
+            " AND priority = each.level ",
+            $order,
+            ") AS turn WHERE each.level >= ",
+            $floor,
+            " LIMIT 1"
+        )
+    };
+}
 /// A queue's lapsed leases, as each priority's arm selects them.
 macro_rules! lapsed_leases {
     () => {
@@ -148,7 +168,7 @@ macro_rules! claim_one_ctes {
     ($gate:literal) => {
         concat!(
             "picked AS (",
-            by_priority!(
+            each_priority!(
                 concat!(
                     "SELECT ",
                     task_columns!(),
@@ -159,7 +179,7 @@ macro_rules! claim_one_ctes {
                 "0"
             ),
             "), lapse AS MATERIALIZED (",
-            by_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "0"),
+            each_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "0"),
             "), settings AS MATERIALIZED (SELECT 1 FROM queue_settings s \
              WHERE s.namespace = $1 AND s.queue = $2), attempt AS (SELECT ",
             attempt_columns_of!("a"),

@@ -8,8 +8,8 @@ use tessera_audit::AuditEvent;
 use tessera_lease::{PartitionKey, UniqueKey};
 
 use super::rows::{attempt_row_at, receipt_row, task_row, version};
+use super::statements::each_priority;
 use super::transactions::PgTransaction;
-use crate::backend::by_priority;
 use crate::backend::rows::{
     AttemptRow, AttemptWrite, EventRow, TaskRow, TaskWrites, claimable_column, corrupt,
     duration_millis, millis,
@@ -41,14 +41,14 @@ const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, 
 /// [`LOCK_CLAIMABLE`].
 const ATTEMPT_COLUMNS: usize = 13;
 /// Up to `$4` claimable tasks of a queue without a settings row (running,
-/// no limit) in claim order (`NEXT_CLAIMABLE`'s search, `$4` rows an
-/// arm), with briefs, each locked or skipped, then
+/// no limit) in claim order (`NEXT_CLAIMABLE`'s search, `$4` rows a
+/// priority), with briefs, each locked or skipped, then
 /// their attempts, locked too so that they are read as the newest
 /// versions; one row per attempt, in the columns of [`LOCK_AND_LOAD`],
 /// then whether the queue has a due lapsed lease.
 const LOCK_CLAIMABLE: &str = concat!(
     "WITH picked AS MATERIALIZED (",
-    by_priority!(
+    each_priority!(
         "SELECT id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, \
          last_token, claimable_at, created_at, max_tries, priority, namespace, \
          partition_key, unique_key, unique_states FROM tasks \
@@ -67,7 +67,7 @@ const LOCK_CLAIMABLE: &str = concat!(
      a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, a.expires_at, \
      a.lapses_at, a.discarded, a.last_error, p.partition_key, p.unique_key, p.unique_states, \
      EXISTS (",
-    by_priority!(
+    each_priority!(
         "SELECT task, lapses_at, priority FROM attempts \
          WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3",
         "ORDER BY lapses_at LIMIT 1",

@@ -4,8 +4,54 @@ use rusqlite::{Row, params};
 
 use super::readers::Reader;
 use super::writer::Writer;
-use crate::backend::by_priority;
 use crate::backend::rows::{AttemptRow, ListingRow, MatchingRow, ReceiptRow, TaskRow};
+
+/// `$select` (a statement ending in its `WHERE` conditions) once per task
+/// priority, highest first, each arm `$order` (an `ORDER BY`, `LIMIT 1` and
+/// any locking clause) and skipped when the floor parameter `$floor` is
+/// above its priority; the first row found (or the first `$limit`, when
+/// given) ends the statement. The claim
+/// indexes lead with the priority, so each arm is one index search and
+/// the statement at most `MAX_PRIORITY + 1` of them
+/// ([`priorities`](tessera_lease::priorities)), however many entries are
+/// not yet due.
+macro_rules! by_priority {
+    ($select:expr, $order:expr, $floor:expr) => {
+        by_priority!($select, $order, $floor, "1")
+    };
+    ($select:expr, $order:expr, $floor:expr, $limit:expr) => {
+        concat!(
+            "SELECT * FROM (",
+            $select,
+            " AND priority = 3 AND ",
+            $floor,
+            " <= 3 ",
+            $order,
+            ") AS p3 UNION ALL SELECT * FROM (",
+            $select,
+            " AND priority = 2 AND ",
+            $floor,
+            " <= 2 ",
+            $order,
+            ") AS p2 UNION ALL SELECT * FROM (",
+            $select,
+            " AND priority = 1 AND ",
+            $floor,
+            " <= 1 ",
+            $order,
+            ") AS p1 UNION ALL SELECT * FROM (",
+            $select,
+            " AND priority = 0 AND ",
+            $floor,
+            " <= 0 ",
+            $order,
+            ") AS p0 LIMIT ",
+            $limit
+        )
+    };
+}
+// `by_priority!` spells out every priority.
+const _: () = assert!(tessera_lease::MAX_PRIORITY == 3);
 
 pub(crate) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces \
      (name, kind, created_at, purge_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING";

@@ -270,6 +270,22 @@ fn a_batch_enqueues_in_one_transaction_and_again_adds_nothing(db: &TestDb) {
         ]
     );
 
+    // A task named twice in one call is created once, by its first place.
+    let twice: Vec<(Brief, EnqueueOptions)> = [6, 7, 6]
+        .into_iter()
+        .map(|n| {
+            (
+                json_brief(n),
+                EnqueueOptions::default().with_task_id(task_id(n)),
+            )
+        })
+        .collect();
+    let answers = f.store.enqueue_batch(&worker, &ns, &q, &twice).unwrap();
+    let created: Vec<bool> = answers.iter().map(|e| e.created).collect();
+    assert_eq!(created, [true, true, false]);
+    assert_eq!(answers[2].task, answers[0].task);
+    assert_eq!(f.store.health(&worker, &ns).unwrap().attempts.ready, 7);
+
     // One bad task refuses the whole batch; so does an empty or a long one.
     let mut bad = batch.clone();
     bad.push((

@@ -128,7 +128,9 @@ const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = 
      + (SELECT count(*) FROM claims) \
      + (SELECT count(*) FROM receipts_added) + (SELECT count(*) FROM audited)";
 /// Many tasks and their attempts in one statement, in order; a reference
-/// that exists (or came earlier in the call) is skipped. `$1` to `$17`
+/// that exists (or came earlier in the call) is skipped. It is looked for
+/// first, not met with `ON CONFLICT`: a concurrent insert of it is a lost
+/// race ([`RACED_REFERENCE`](super::error::RACED_REFERENCE)). `$1` to `$17`
 /// are the tasks' columns, `$18` to `$21` the attempts' (the place of
 /// their task in the call, from 1, then number, state and claim time;
 /// each attempt's queue, priority and change time are its task's).
@@ -145,8 +147,11 @@ const INSERT_TASKS: &str = "WITH n AS (SELECT * FROM unnest($1::text[], $2::text
      created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
      SELECT namespace, queue, task_id, version, brief, brief_format, alternatives, \
      lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority, \
-     partition_key, unique_key, unique_slot, unique_states FROM n ORDER BY place \
-     ON CONFLICT (namespace, task_id, version) DO NOTHING \
+     partition_key, unique_key, unique_slot, unique_states \
+     FROM (SELECT DISTINCT ON (namespace, task_id, version) * FROM n \
+     ORDER BY namespace, task_id, version, place) AS first \
+     WHERE NOT EXISTS (SELECT 1 FROM tasks e WHERE e.namespace = first.namespace \
+     AND e.task_id = first.task_id AND e.version = first.version) ORDER BY place \
      RETURNING id, namespace, task_id, version), \
      made AS (SELECT t.id, min(n.place) AS place FROM t \
      JOIN n ON n.namespace = t.namespace AND n.task_id = t.task_id AND n.version = t.version \

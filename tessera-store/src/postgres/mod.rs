@@ -5,7 +5,8 @@
 //!   its prepared statements; a connect timeout, a pool timeout and a
 //!   statement timeout bound every wait, so a server that went away is a
 //!   retryable storage error, never a hang. A transaction that lost a
-//!   serialization race or a deadlock, or whose connection broke before it
+//!   serialization race, a deadlock or a race to insert a task reference
+//!   (a batch enqueue's), or whose connection broke before it
 //!   committed, runs again from the start a bounded number of times; one
 //!   whose `COMMIT` failed is reported failed, never acknowledged.
 //! - **Transactions**: `READ COMMITTED`; what a write changes is locked

@@ -383,7 +383,57 @@ fn a_batch_claim_leases_tasks_in_claim_order_in_one_transaction(db: &TestDb) {
     assert_eq!(error.status(), 403);
 }
 
+/// Threads enqueue batches naming the same tasks at once: every task is
+/// created once, by one of them, and every answer names the same task.
+fn batches_racing_for_the_same_tasks_create_each_once(db: &TestDb) {
+    const THREADS: usize = 4;
+    const TASKS: usize = 64;
+    const ROUNDS: usize = 5;
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    for round in 0..ROUNDS {
+        let answers: Vec<Vec<(usize, bool, TaskRef)>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let (store, worker, ns, q) = (&f.store, &worker, &ns, &q);
+                    scope.spawn(move || {
+                        let ids: Vec<usize> = (1..=TASKS).map(|n| round * TASKS + n).collect();
+                        let batch: Vec<(Brief, EnqueueOptions)> = ids
+                            .iter()
+                            .map(|&n| {
+                                let options = EnqueueOptions::default().with_task_id(task_id(n));
+                                (json_brief(n), options)
+                            })
+                            .collect();
+                        let answers = store.enqueue_batch(worker, ns, q, &batch).unwrap();
+                        ids.into_iter()
+                            .zip(answers)
+                            .map(|(n, answer)| (n, answer.created, answer.task))
+                            .collect()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for n in (round * TASKS + 1)..=((round + 1) * TASKS) {
+            let of_n: Vec<&(usize, bool, TaskRef)> = answers
+                .iter()
+                .flatten()
+                .filter(|(id, ..)| *id == n)
+                .collect();
+            assert_eq!(of_n.len(), THREADS);
+            let created = of_n.iter().filter(|(_, created, _)| *created).count();
+            assert_eq!(created, 1, "task {n} created {created} times");
+            assert!(of_n.iter().all(|(.., task)| *task == of_n[0].2));
+        }
+    }
+    let ready = f.store.health(&worker, &ns).unwrap().attempts.ready;
+    assert_eq!(ready, (TASKS * ROUNDS) as u64);
+}
+
 conformance! {
+    batches_racing_for_the_same_tasks_create_each_once,
     a_scheduled_task_waits_for_its_time_then_takes_its_place_in_the_order,
     a_higher_priority_is_claimed_first_lapsed_or_ready,
     a_cancelled_lease_is_refused_at_its_next_heartbeat_and_submit,

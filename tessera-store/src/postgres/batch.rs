@@ -127,42 +127,28 @@ const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = 
      + (SELECT count(*) FROM expiries) \
      + (SELECT count(*) FROM claims) \
      + (SELECT count(*) FROM receipts_added) + (SELECT count(*) FROM audited)";
-/// Many tasks and their attempts in one statement, in order; a reference
-/// that exists (or came earlier in the call) is skipped. It is looked for
-/// first, not met with `ON CONFLICT`: a concurrent insert of it is a lost
-/// race ([`RACED_REFERENCE`](super::error::RACED_REFERENCE)). `$1` to `$17`
-/// are the tasks' columns, `$18` to `$21` the attempts' (the place of
-/// their task in the call, from 1, then number, state and claim time;
-/// each attempt's queue, priority and change time are its task's).
-/// Returns the places of the tasks it inserted.
-const INSERT_TASKS: &str = "WITH n AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
-     $4::bigint[], $5::bytea[], $6::text[], $7::bigint[], $8::bigint[], $9::bigint[], \
-     $10::bigint[], $11::bigint[], $12::text[], $13::bigint[], $14::text[], $15::text[], \
-     $16::text[], $17::bigint[]) WITH ORDINALITY \
-     AS n(namespace, queue, task_id, version, brief, brief_format, alternatives, \
-     lapse_backoff_ms, max_tries, claimable_at, created_at, enqueued_by, priority, \
-     partition_key, unique_key, unique_slot, unique_states, place)), \
-     t AS (INSERT INTO tasks (namespace, queue, task_id, version, \
+/// Many tasks, in order; a reference that exists (or came earlier in the
+/// call) is skipped. Returns what it inserted.
+const INSERT_TASKS: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
      brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
      created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
      SELECT namespace, queue, task_id, version, brief, brief_format, alternatives, \
      lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority, \
      partition_key, unique_key, unique_slot, unique_states \
-     FROM (SELECT DISTINCT ON (namespace, task_id, version) * FROM n \
-     ORDER BY namespace, task_id, version, place) AS first \
-     WHERE NOT EXISTS (SELECT 1 FROM tasks e WHERE e.namespace = first.namespace \
-     AND e.task_id = first.task_id AND e.version = first.version) ORDER BY place \
-     RETURNING id, namespace, task_id, version), \
-     made AS (SELECT t.id, min(n.place) AS place FROM t \
-     JOIN n ON n.namespace = t.namespace AND n.task_id = t.task_id AND n.version = t.version \
-     GROUP BY t.id), \
-     added AS (INSERT INTO attempts (task, number, namespace, queue, state, until_at, tries, \
-     priority, changed_at) SELECT made.id, a.number, n.namespace, n.queue, a.state, \
-     a.until_at, 0, n.priority, n.created_at \
-     FROM unnest($18::bigint[], $19::bigint[], $20::text[], $21::bigint[]) \
-     AS a(place, number, state, until_at) JOIN made ON made.place = a.place \
-     JOIN n ON n.place = a.place ORDER BY a.place, a.number) \
-     SELECT place FROM made";
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[], \
+     $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::text[], \
+     $13::bigint[], $14::text[], $15::text[], $16::text[], $17::bigint[]) WITH ORDINALITY \
+     AS n(namespace, queue, task_id, version, brief, brief_format, alternatives, \
+     lapse_backoff_ms, max_tries, claimable_at, created_at, enqueued_by, priority, \
+     partition_key, unique_key, unique_slot, unique_states, place) ORDER BY place \
+     ON CONFLICT (namespace, task_id, version) DO NOTHING \
+     RETURNING id, namespace, task_id, version";
+const INSERT_ATTEMPTS: &str = "INSERT INTO attempts (task, number, namespace, queue, \
+     state, until_at, tries, priority, changed_at) \
+     SELECT task, number, namespace, queue, state, until_at, 0, priority, changed_at \
+     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[], \
+     $7::bigint[], $8::bigint[]) \
+     AS a(task, number, namespace, queue, state, until_at, priority, changed_at)";
 
 /// Where a task's row is looked up by its reference.
 fn reference(task: &TaskRef) -> (String, String, i64) {
@@ -487,17 +473,6 @@ impl PgTransaction<'_> {
             .iter()
             .map(|t| t.unique.map(|u| i64::from(u.states.bits())))
             .collect();
-        let mut a_place: Vec<i64> = Vec::new();
-        let (mut a_number, mut a_state, mut a_until) = (Vec::new(), Vec::new(), Vec::new());
-        for (place, task) in (1..).zip(tasks) {
-            for attempt in &task.record.attempts {
-                let row = AttemptRow::from_record(attempt, task.record.lapse_backoff);
-                a_place.push(place);
-                a_number.push(row.number);
-                a_state.push(row.state);
-                a_until.push(row.until_at);
-            }
-        }
         let inserted = self.query(
             INSERT_TASKS,
             &[
@@ -518,21 +493,68 @@ impl PgTransaction<'_> {
                 &unique_key,
                 &unique_slot,
                 &unique_states,
-                &a_place,
-                &a_number,
-                &a_state,
-                &a_until,
             ],
         )?;
         self.add_rows(inserted.len() as u64);
-        let mut created = vec![false; tasks.len()];
+        let mut ids: HashMap<(String, String, i64), i64> = HashMap::with_capacity(inserted.len());
         for row in &inserted {
-            let place: i64 = row.try_get(0)?;
-            let made = usize::try_from(place - 1)
-                .ok()
-                .and_then(|index| created.get_mut(index))
-                .ok_or_else(|| corrupt("enqueued task's place"))?;
-            *made = true;
+            ids.insert(
+                (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?),
+                row.try_get(0)?,
+            );
+        }
+        let mut created = Vec::with_capacity(tasks.len());
+        let mut a_changed = Vec::new();
+        let (
+            mut a_task,
+            mut a_number,
+            mut a_ns,
+            mut a_queue,
+            mut a_state,
+            mut a_until,
+            mut a_priority,
+        ) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        for task in tasks {
+            // The first of a reference takes its row; a repeat finds it gone.
+            let Some(id) = ids.remove(&reference(task.task)) else {
+                created.push(false);
+                continue;
+            };
+            created.push(true);
+            for attempt in &task.record.attempts {
+                let row = AttemptRow::from_record(attempt, task.record.lapse_backoff);
+                a_task.push(id);
+                a_number.push(row.number);
+                a_ns.push(task.task.namespace.as_str());
+                a_queue.push(task.queue.as_str());
+                a_state.push(row.state);
+                a_until.push(row.until_at);
+                a_priority.push(i64::from(task.record.priority));
+                a_changed.push(millis(task.created_at));
+            }
+        }
+        if !a_task.is_empty() {
+            self.execute(
+                INSERT_ATTEMPTS,
+                &[
+                    &a_task,
+                    &a_number,
+                    &a_ns,
+                    &a_queue,
+                    &a_state,
+                    &a_until,
+                    &a_priority,
+                    &a_changed,
+                ],
+            )?;
         }
         Ok(created)
     }

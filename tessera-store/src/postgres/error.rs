@@ -9,13 +9,10 @@ impl From<postgres::Error> for StorageError {
     /// disk, too many connections) is a quota refusal; serialization
     /// failures, deadlocks, a cancelled statement (a timeout), a server
     /// shutting down and a lost connection are retryable; a unique
-    /// violation is a conflict, but one of [`RACED_REFERENCE`] a lost
-    /// race, retryable; data corruption is corrupt.
+    /// violation is a conflict; data corruption is corrupt.
     fn from(error: postgres::Error) -> Self {
         let code = error.code().map(SqlState::code);
-        let constraint = error.as_db_error().and_then(|db| db.constraint());
         let kind = match code {
-            Some("23505") if constraint == Some(RACED_REFERENCE) => StorageErrorKind::Retryable,
             Some(code) if code.starts_with("53") => StorageErrorKind::QuotaRefused,
             Some("40001" | "40P01" | "57014" | "57P01" | "57P02" | "57P03" | "55P03") => {
                 StorageErrorKind::Retryable
@@ -49,21 +46,11 @@ impl From<r2d2::Error> for StorageError {
     }
 }
 
-/// The unique index a batch enqueue can race on. The batch inserts the
-/// references it does not find, without `ON CONFLICT` (whose speculative
-/// insertion costs a third more a row), so a reference another
-/// transaction inserted after its snapshot and before its insert is a
-/// unique violation here. The transaction runs again, and finds it.
-pub(crate) const RACED_REFERENCE: &str = "tasks_ref";
-
 /// Whether a transaction that failed this way may run again from the
-/// start: it lost a serialization race, a deadlock, or a race to insert
-/// a task reference ([`RACED_REFERENCE`]).
+/// start: it lost a serialization race or a deadlock.
 pub(crate) fn is_transient(error: &Error) -> bool {
     matches!(error, Error::Storage(storage)
-        if matches!(storage.code(), Some("40001" | "40P01"))
-            || (storage.code() == Some("23505")
-                && storage.kind() == StorageErrorKind::Retryable))
+        if matches!(storage.code(), Some("40001" | "40P01")))
 }
 
 /// Whether this is the server refusing a write in a read-only

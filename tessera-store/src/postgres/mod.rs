@@ -5,8 +5,7 @@
 //!   its prepared statements; a connect timeout, a pool timeout and a
 //!   statement timeout bound every wait, so a server that went away is a
 //!   retryable storage error, never a hang. A transaction that lost a
-//!   serialization race, a deadlock or a race to insert a task reference
-//!   (a batch enqueue's), or whose connection broke before it
+//!   serialization race or a deadlock, or whose connection broke before it
 //!   committed, runs again from the start a bounded number of times; one
 //!   whose `COMMIT` failed is reported failed, never acknowledged.
 //! - **Transactions**: `READ COMMITTED`; what a write changes is locked
@@ -38,7 +37,7 @@
 //! | operation | round trips | transactions |
 //! | --- | ---: | ---: |
 //! | enqueue | 7 (namespace, task, attempt, notify, audit row) | 1 |
-//! | enqueue batch of n | 6 (the tasks and their attempts inserted by one statement that reads them with `unnest`) | 1 |
+//! | enqueue batch of n | 7 (the task and attempt inserts one `unnest` each) | 1 |
 //! | claim of a plain ready task (one attempt, ready, no due lapse of a higher priority before it) | 1 (one statement, outside a transaction block) | 1 |
 //! | any other claim, on a queue without settings | 1 (the statement, declining) then 4 (`BEGIN`, the claimable tasks locked with their attempts in one statement, one statement writing the leases, token counters and audit rows, `COMMIT`) | 2 (the declining statement's, which writes nothing, and the lease transaction) |
 //! | any other claim (a queue with settings, a due lapse, a stale claim time) | as above, then the settings read and a statement per pick and per write (claim index, lapsed leases, attempts, attempt, task, audit row) | 2 |

@@ -270,8 +270,9 @@ fn a_batch_enqueues_in_one_transaction_and_again_adds_nothing(db: &TestDb) {
         ]
     );
 
-    // A task named twice in one call is created once, by its first place.
-    let twice: Vec<(Brief, EnqueueOptions)> = [6, 7, 6]
+    // A task named twice in one call is created once, by its first place,
+    // and a batch is claimed in the order of the call.
+    let twice: Vec<(Brief, EnqueueOptions)> = [9, 8, 9]
         .into_iter()
         .map(|n| {
             (
@@ -285,6 +286,9 @@ fn a_batch_enqueues_in_one_transaction_and_again_adds_nothing(db: &TestDb) {
     assert_eq!(created, [true, true, false]);
     assert_eq!(answers[2].task, answers[0].task);
     assert_eq!(f.store.health(&worker, &ns).unwrap().attempts.ready, 7);
+    let claimed = f.store.claim_batch(&worker, &ns, &q, 7).unwrap().claimed;
+    let order: Vec<&TaskRef> = claimed.iter().map(|c| &c.task).collect();
+    assert_eq!(order[5..], [&answers[0].task, &answers[1].task]);
 
     // One bad task refuses the whole batch; so does an empty or a long one.
     let mut bad = batch.clone();

@@ -7,7 +7,7 @@ use tessera_lease::Namespace;
 
 use crate::backend::{KeyChange, NewKey, WriteTransaction};
 use crate::clock::storable;
-use crate::error::Error;
+use crate::error::{ConflictKind, Error};
 use crate::key::{self, IssuedSecret, KeyId, constant_time_eq};
 use crate::model::access::{
     Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, MAX_ACCOUNT_LEN, MAX_KEYS_LISTED,
@@ -316,6 +316,11 @@ pub(crate) fn insert_key(
     let (principal, kind, account) = match &spec.owner {
         Owner::New { kind, account } => {
             check_text("account", account, MAX_ACCOUNT_LEN, false)?;
+            if spec.grants.contains(&Grant::Admin) && *kind != PrincipalKind::Admin {
+                return Err(Error::InvalidInput {
+                    reason: "only an admin principal holds the admin grant".to_owned(),
+                });
+            }
             if (*kind == PrincipalKind::Anonymous) != purge_at.is_some() {
                 return Err(Error::InvalidInput {
                     reason: "anonymous principals, and only they, have a purge time".to_owned(),
@@ -330,19 +335,23 @@ pub(crate) fn insert_key(
                 .ok_or_else(|| Error::NotFound {
                     what: format!("principal {principal}"),
                 })?;
+            // What the stored principal is decides these two, so they
+            // contradict its state (`409`), not the request's shape.
             if kind == PrincipalKind::Anonymous && purge_at.is_none() {
-                return Err(Error::InvalidInput {
-                    reason: "anonymous principals get keys only as sessions".to_owned(),
-                });
+                return Err(Error::conflict(
+                    ConflictKind::Other,
+                    "anonymous principals get keys only as sessions",
+                ));
+            }
+            if spec.grants.contains(&Grant::Admin) && kind != PrincipalKind::Admin {
+                return Err(Error::conflict(
+                    ConflictKind::Other,
+                    "only an admin principal holds the admin grant",
+                ));
             }
             (*principal, kind, account)
         }
     };
-    if spec.grants.contains(&Grant::Admin) && kind != PrincipalKind::Admin {
-        return Err(Error::InvalidInput {
-            reason: "only an admin principal holds the admin grant".to_owned(),
-        });
-    }
     // Anonymous keys stop working when they are due for purging, even
     // before retention deletes them.
     let expires_at = match (spec.expires_at, purge_at) {

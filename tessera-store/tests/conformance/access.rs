@@ -128,6 +128,24 @@ fn only_admins_create_keys_and_the_admin_grant_needs_an_admin_principal(db: &Tes
     assert!(f.login(&second_admin).is_admin());
 }
 
+fn a_key_an_existing_principal_cannot_hold_is_a_conflict_and_writes_nothing(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.worker(Grant::AllNamespaces));
+    let session = f.store.mint_session("192.0.2.9".parse().unwrap()).unwrap();
+    let anonymous = f.login(&session.key);
+    let before = f.store.list_keys(&f.admin, &KeyFilter::default()).unwrap();
+    // What the stored principal is decides these, not the request's shape.
+    for spec in [
+        KeySpec::for_principal(worker.principal()).with_grant(Grant::Admin),
+        KeySpec::for_principal(anonymous.principal()),
+    ] {
+        let error = f.store.create_key(&f.admin, &spec).unwrap_err();
+        assert_eq!((error.status(), error.code()), (409, "conflict"), "{error}");
+    }
+    let after = f.store.list_keys(&f.admin, &KeyFilter::default()).unwrap();
+    assert_eq!(after, before);
+}
+
 fn another_key_for_the_same_principal_shares_its_identity(db: &TestDb) {
     let f = Fixture::new(db);
     let first = f.login(&f.worker(Grant::AllNamespaces));
@@ -383,6 +401,7 @@ conformance! {
     expired_and_revoked_keys_are_401,
     grants_decide_403_before_any_namespace_work,
     only_admins_create_keys_and_the_admin_grant_needs_an_admin_principal,
+    a_key_an_existing_principal_cannot_hold_is_a_conflict_and_writes_nothing,
     another_key_for_the_same_principal_shares_its_identity,
     listing_never_shows_a_secret_and_respects_ownership,
     key_management_is_audited_and_no_ops_are_not,

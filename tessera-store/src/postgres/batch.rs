@@ -504,44 +504,39 @@ impl PgTransaction<'_> {
             );
         }
         let mut created = Vec::with_capacity(tasks.len());
-        let mut a_changed = Vec::new();
-        let (
-            mut a_task,
-            mut a_number,
-            mut a_ns,
-            mut a_queue,
-            mut a_state,
-            mut a_until,
-            mut a_priority,
-        ) = (
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
+        let mut attempts: Vec<(i64, &NewTask<'_>, AttemptRow)> = Vec::new();
         for task in tasks {
             // The first of a reference takes its row; a repeat finds it gone.
-            let Some(id) = ids.remove(&reference(task.task)) else {
-                created.push(false);
-                continue;
-            };
-            created.push(true);
-            for attempt in &task.record.attempts {
-                let row = AttemptRow::from_record(attempt, task.record.lapse_backoff);
-                a_task.push(id);
-                a_number.push(row.number);
-                a_ns.push(task.task.namespace.as_str());
-                a_queue.push(task.queue.as_str());
-                a_state.push(row.state);
-                a_until.push(row.until_at);
-                a_priority.push(i64::from(task.record.priority));
-                a_changed.push(millis(task.created_at));
+            let id = ids.remove(&reference(task.task));
+            created.push(id.is_some());
+            if let Some(id) = id {
+                attempts.extend(task.record.attempts.iter().map(|attempt| {
+                    let row = AttemptRow::from_record(attempt, task.record.lapse_backoff);
+                    (id, task, row)
+                }));
             }
         }
-        if !a_task.is_empty() {
+        if !attempts.is_empty() {
+            let a_task: Vec<i64> = attempts.iter().map(|(id, ..)| *id).collect();
+            let a_number: Vec<i64> = attempts.iter().map(|(.., row)| row.number).collect();
+            let a_ns: Vec<&str> = attempts
+                .iter()
+                .map(|(_, t, _)| t.task.namespace.as_str())
+                .collect();
+            let a_queue: Vec<&str> = attempts.iter().map(|(_, t, _)| t.queue.as_str()).collect();
+            let a_state: Vec<&str> = attempts
+                .iter()
+                .map(|(.., row)| row.state.as_str())
+                .collect();
+            let a_until: Vec<Option<i64>> = attempts.iter().map(|(.., row)| row.until_at).collect();
+            let a_priority: Vec<i64> = attempts
+                .iter()
+                .map(|(_, t, _)| i64::from(t.record.priority))
+                .collect();
+            let a_changed: Vec<i64> = attempts
+                .iter()
+                .map(|(_, t, _)| millis(t.created_at))
+                .collect();
             self.execute(
                 INSERT_ATTEMPTS,
                 &[

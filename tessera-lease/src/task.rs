@@ -274,6 +274,13 @@ impl Task {
     /// whose lapse backoff has passed) with a try left. The new token is the task's
     /// next, and the grant is one of the attempt's tries.
     ///
+    /// The lease is granted at `now`, or at the attempt's latest grant if
+    /// that was later: a claim whose time reads earlier (a clock behind
+    /// another's, or a time read before a wait for the server) still
+    /// stamps its lease after the one it follows, so an attempt's leases
+    /// start in token order, and the lease runs `lease_duration` from its
+    /// grant.
+    ///
     /// Errors: [`TaskFinished`](LeaseError::TaskFinished),
     /// [`NoAttemptReady`](LeaseError::NoAttemptReady) with the time one will
     /// be, an invalid `lease_duration` (zero or above
@@ -300,11 +307,15 @@ impl Task {
             None => FencingToken::FIRST,
             Some(last) => last.next().ok_or(LeaseError::TokensExhausted)?,
         };
-        let expires_at = time::add(now, lease_duration)?;
+        let granted_at = self.0.attempts[index]
+            .lease
+            .as_ref()
+            .map_or(now, |latest| latest.granted_at.max(now));
+        let expires_at = time::add(granted_at, lease_duration)?;
         let record = LeaseRecord {
             holder: holder.clone(),
             token,
-            granted_at: now,
+            granted_at,
             expires_at,
         };
         self.0.last_token = Some(token);

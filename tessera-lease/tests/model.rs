@@ -313,17 +313,30 @@ impl Model {
                     attempt.live(self.now).is_none(),
                     "a second unexpired lease on one attempt"
                 );
+                // An attempt's grants are stamped in token order, even when
+                // the clock stepped back: from now or the latest grant.
+                let granted_at = attempt
+                    .latest
+                    .as_ref()
+                    .map_or(self.now, |latest| latest.granted_at.max(self.now));
+                assert_eq!(lease.granted_at(), granted_at, "a grant's stamp");
+                if let Some(latest) = &attempt.latest {
+                    assert!(
+                        lease.granted_at() >= latest.granted_at,
+                        "a lease stamped before the one it follows"
+                    );
+                }
                 attempt.latest = Some(Grant {
                     token,
                     holder: worker,
-                    granted_at: self.now,
+                    granted_at,
                     expires_at: lease.expires_at(),
                 });
                 attempt.ended = None;
                 attempt.scheduled = None;
                 attempt.tries += 1;
                 assert!(attempt.tries <= max_tries, "a grant past the last try");
-                assert_eq!(lease.expires_at(), self.now + TimeDelta::seconds(30));
+                assert_eq!(lease.expires_at(), granted_at + TimeDelta::seconds(30));
                 self.granted[task].push(token);
                 self.save(task, &value);
             }

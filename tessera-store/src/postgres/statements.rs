@@ -192,7 +192,8 @@ macro_rules! claim_one_ctes {
             " FROM attempts a JOIN picked p ON a.task = p.id WHERE a.number = 1 FOR UPDATE OF a), \
              ok AS (SELECT p.id, p.last_token + 1 AS token, p.task_id, p.version, p.lapse_backoff_ms \
              FROM picked p JOIN attempt a ON true WHERE p.alternatives = 1 AND p.claimable_at = 0 \
-             AND a.state = 'ready' AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
+             AND a.state = 'ready' AND (a.granted_at IS NULL OR a.granted_at <= $3::bigint) \
+             AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
              AND NOT EXISTS (SELECT 1 FROM lapse WHERE lapse.priority > p.priority) \
              AND NOT EXISTS (SELECT 1 FROM settings)",
             $gate,
@@ -258,12 +259,15 @@ macro_rules! claim_one_from {
 /// the newest version, as the general claim's second statement does.
 /// `lapse` (the queue's first due lapsed lease, from the highest priority
 /// down) and `settings` (the queue's settings row) are each read once, for
-/// `ok` and for the answer. `ok` is the one shape the statement decides: a single attempt, ready, its task ready in the claim
-/// column, no token counter at its end, no unique slot held (whose
-/// release is the general claim's), no due lapsed lease of a higher
-/// priority (a ready task comes before every lapse of its own), and a
-/// queue without a settings row (a pause or a concurrency limit is the
-/// general claim's to apply).
+/// `ok` and for the answer. `ok` is the one shape the statement decides:
+/// a single attempt, ready, its task ready in the claim column, no
+/// earlier grant of the attempt stamped after now (the lease rules stamp
+/// the new lease from that grant, and that is the general claim's), no
+/// token counter at its end, no unique slot held (whose release is the
+/// general claim's), no due lapsed lease of a higher priority (a ready
+/// task comes before every lapse of its own), and a queue without a
+/// settings row (a pause or a concurrency limit is the general claim's to
+/// apply).
 /// The three writes run only for `ok`'s row. The answer is one row:
 /// `leased`, `declined` (a task, a due lapse or queue settings the
 /// statement leaves to the general claim) or `empty`; then the task and its attempt as they

@@ -9,9 +9,10 @@ use std::time::Duration;
 use chrono::TimeDelta;
 use tessera_store::limits::MAX_BRIEF_BYTES;
 use tessera_store::{
-    AdmissionConfig, AttemptNumber, AuditQuery, Brief, ClaimOutcome, EnqueueOptions, Error, Grant,
-    IdempotencyKey, IdleConfig, KeyFilter, KeyId, KeySpec, MintConfig, Namespace, Output,
-    PrincipalId, QueueName, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef, TaskState,
+    AdmissionConfig, AttemptNumber, AuditQuery, Brief, Caller, ClaimOutcome, EnqueueOptions, Error,
+    Grant, IdempotencyKey, IdleConfig, KeyFilter, KeyId, KeySpec, MintConfig, Namespace, Output,
+    PrincipalId, QueueName, Retry, Scope, Store, StoreConfig, Submitted, TaskId, TaskRef,
+    TaskState,
 };
 
 use crate::harness::{Fixture, TestDb, namespace, noon, queue};
@@ -568,6 +569,62 @@ fn the_wall_clock_stepping_back_never_shortens_revives_or_backdates_a_lease(db: 
     }
 }
 
+/// A claim whose time reads before the attempt's latest grant (a clock
+/// behind, or a time read before a wait for the server) stamps its lease
+/// from that grant: an attempt's leases start in token order, so the
+/// first lease's term never seems to overlap the third's.
+fn a_lease_is_never_stamped_before_the_grant_it_follows(db: &TestDb) {
+    let setup = Fixture::new(db);
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let grant = Grant::Namespace(ns.clone());
+    let [alice, bob, carol] =
+        ["alice", "bob", "carol"].map(|_| setup.login(&setup.key(Scope::ALL, grant.clone())));
+    // Carol's key is seen at noon, so her claim below is a plain one (on
+    // PostgreSQL, the one-statement claim's to decline).
+    let task = setup.enqueue_one(&carol, &ns, &q, 1);
+    let claim = |who: &Caller| match setup.store.claim(who, &ns, &q).unwrap() {
+        ClaimOutcome::Granted(claimed) => claimed,
+        other => panic!("claimable, got {other:?}"),
+    };
+    let first = claim(&alice);
+    assert_eq!(first.lease.granted_at(), noon());
+
+    // An hour on, the lapsed lease is taken over, and given back for a
+    // retry at once.
+    let later = noon() + TimeDelta::hours(1);
+    setup.clock.set_utc(later);
+    let second = claim(&bob);
+    assert_eq!(second.lease.granted_at(), later);
+    setup
+        .store
+        .fail(
+            &bob,
+            &task,
+            second.lease.token(),
+            Retry::After(Duration::ZERO),
+        )
+        .unwrap();
+
+    // A claim that read its time while the first lease still ran.
+    setup.clock.set_utc(noon() + TimeDelta::seconds(30));
+    let third = claim(&carol);
+    assert_eq!(third.task, task);
+    assert!(third.lease.token() > second.lease.token());
+    assert_eq!(third.lease.granted_at(), later);
+    assert_eq!(
+        third.lease.expires_at(),
+        later + TimeDelta::seconds(60),
+        "the lease runs its whole term from its grant"
+    );
+    assert!(third.lease.granted_at() >= first.lease.expires_at());
+    let view = setup.store.read_task(&carol, &task).unwrap();
+    let stored = view.record.attempts[0].lease.as_ref().unwrap();
+    assert_eq!(
+        (stored.token, stored.granted_at, stored.expires_at),
+        (third.lease.token(), later, later + TimeDelta::seconds(60))
+    );
+}
+
 fn the_wall_clock_stepping_back_loses_no_count_and_deletes_nothing_young(db: &TestDb) {
     let setup = Fixture::new(db);
     let minute = |m: i64| noon() + TimeDelta::minutes(m);
@@ -650,4 +707,5 @@ conformance! {
     a_zero_session_lifetime_is_refused_when_the_store_opens,
     the_wall_clock_stepping_back_never_shortens_revives_or_backdates_a_lease,
     the_wall_clock_stepping_back_loses_no_count_and_deletes_nothing_young,
+    a_lease_is_never_stamped_before_the_grant_it_follows,
 }

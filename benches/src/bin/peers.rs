@@ -56,9 +56,11 @@
 //! thread, then for 1, 2, 4 and 8 worker threads `JOBS` tasks enqueued
 //! 1,000 per call and processed one per claim, then batched, then by 1, 2
 //! and 4 threads sharing one `Worker` (the worker loop: it fetches 100
-//! ahead and acknowledges through the completer). "Minimal commits per
-//! task" is the time of one task in minimal commits: the minimal commit
-//! rate over the task rate.
+//! ahead and acknowledges through the completer), and last the floor
+//! under a task: the six rows its claim and submission change, written by
+//! hand into the same file, 1 and then 100 tasks to a commit. "Minimal
+//! commits per task" is the time of one task in minimal commits: the
+//! minimal commit rate over the task rate.
 //!
 //! Every check that could fail is made: each step processes exactly
 //! `JOBS` jobs, no Tessera task is claimed twice, and graphile-worker's
@@ -860,6 +862,12 @@ fn sqlite(jobs: usize) {
         eprintln!("SQLite, worker loop, {threads} threads: {rate:.0} tasks/s");
         rows.push((threads, "worker loop", rate));
     }
+    let path = dir.path().join("tessera.db");
+    for per_commit in SQLITE_SAME_ROWS_PER_COMMIT {
+        let rate = sqlite_same_rows_floor(&path, per_commit);
+        eprintln!("SQLite, a task's own rows, {per_commit} tasks a commit: {rate:.0} tasks/s");
+        rows.push((1, same_rows_kind(per_commit), rate));
+    }
     println!();
     println!("SQLite, {jobs} tasks a step; minimal commit {floor:.0}/s from 1 thread");
     println!();
@@ -868,4 +876,104 @@ fn sqlite(jobs: usize) {
     for (workers, kind, rate) in rows {
         println!("| {workers} | {kind} | {rate:.0} | {:.1} |", floor / rate);
     }
+}
+
+/// The floor rows' label: how many tasks' rows go to a commit.
+fn same_rows_kind(per_commit: usize) -> &'static str {
+    match per_commit {
+        1 => "floor: a task's own rows, 1 task a commit",
+        _ => "floor: a task's own rows, 100 tasks a commit",
+    }
+}
+
+/// Tasks a commit in the SQLite floor of a task's own rows: one, as a
+/// claim and a submission each alone; and a worker loop's batch.
+const SQLITE_SAME_ROWS_PER_COMMIT: [usize; 2] = [1, CLAIM_BATCH];
+/// Tasks the SQLite floor of a task's own rows writes.
+const SQLITE_SAME_ROWS_TASKS: usize = 20_000;
+
+/// The floor under a processed task on SQLite: the six rows one task's
+/// claim and submission change (the attempt leased then done, the task's
+/// token and claim column, the receipt, two audit rows), written by hand
+/// into Tessera's own file, tables and indexes with prepared statements,
+/// at tasks in enqueue order, `per_commit` tasks to a `BEGIN IMMEDIATE` …
+/// `COMMIT`, no rules, reads or meter. Tasks/s from one thread.
+fn sqlite_same_rows_floor(path: &std::path::Path, per_commit: usize) -> f64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    let (first, last): (i64, i64) = conn
+        .query_row("SELECT min(id), max(id) FROM tasks", [], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .unwrap();
+    let span = u64::try_from(last - first + 1).unwrap();
+    let began = Instant::now();
+    for batch in 0..SQLITE_SAME_ROWS_TASKS / per_commit {
+        conn.prepare_cached("BEGIN IMMEDIATE")
+            .unwrap()
+            .execute([])
+            .unwrap();
+        for job in 0..per_commit {
+            // In enqueue order, as a queue hands its tasks out.
+            let task = first + i64::try_from((batch * per_commit + job) as u64 % span).unwrap();
+            let stamp =
+                i64::try_from(batch * per_commit + job).unwrap() | (per_commit as i64) << 40;
+            let written = [
+                conn.prepare_cached(
+                    "UPDATE attempts SET state = CASE WHEN state = 'leased' THEN 'ready' \
+                     ELSE 'leased' END, tries = tries + 1, holder = 'p2', token = ?2, \
+                     granted_at = ?2, expires_at = ?2, lapses_at = ?2, changed_at = ?2 \
+                     WHERE task = ?1 AND number = 1",
+                )
+                .unwrap()
+                .execute(rusqlite::params![task, stamp])
+                .unwrap(),
+                conn.prepare_cached(
+                    "UPDATE tasks SET last_token = last_token + 1, claimable_at = CASE \
+                     WHEN claimable_at IS NULL THEN ?2 ELSE NULL END WHERE id = ?1",
+                )
+                .unwrap()
+                .execute(rusqlite::params![task, stamp])
+                .unwrap(),
+                conn.prepare_cached(
+                    "INSERT INTO access_audit (at, principal, namespace, action, outcome, \
+                     resource, ip_hash) VALUES (?1, 'p2', 'bench', 'claim', 'ok', \
+                     'task:t-01a23cc863e77c254d21b955aaa0@1/a1/t2', '')",
+                )
+                .unwrap()
+                .execute([stamp])
+                .unwrap(),
+                conn.prepare_cached(
+                    "UPDATE attempts SET state = CASE WHEN state = 'done' THEN 'leased' \
+                     ELSE 'done' END, until_at = NULL, lapses_at = NULL, changed_at = ?2 \
+                     WHERE task = ?1 AND number = 1",
+                )
+                .unwrap()
+                .execute(rusqlite::params![task, stamp])
+                .unwrap(),
+                conn.prepare_cached(
+                    "INSERT INTO receipts (task, attempt, token, principal, idempotency_key, \
+                     artifact, digest, accepted_at, output) VALUES (?1, 1, 1, 'p2', \
+                     'k' || ?2, 't-01a23cc863e77c254d21b955aaa0.a1.t1', \
+                     '762069bc07a6e1b5df123a5ae7bd91c10daa04694fbaa17fba0cd6a8dcce8f22', ?2, \
+                     x'646f6e65')",
+                )
+                .unwrap()
+                .execute(rusqlite::params![task, stamp])
+                .unwrap(),
+                conn.prepare_cached(
+                    "INSERT INTO access_audit (at, principal, namespace, action, outcome, \
+                     resource, ip_hash) VALUES (?1, 'p2', 'bench', 'submit', 'ok', \
+                     'task:t-01a23cc863e77c254d21b955aaa0@1/a1/t1', '')",
+                )
+                .unwrap()
+                .execute([stamp])
+                .unwrap(),
+            ];
+            assert_eq!(written, [1; 6], "a task's six rows");
+        }
+        conn.prepare_cached("COMMIT").unwrap().execute([]).unwrap();
+    }
+    SQLITE_SAME_ROWS_TASKS as f64 / began.elapsed().as_secs_f64()
 }

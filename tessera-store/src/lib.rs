@@ -247,7 +247,7 @@ pub use model::wait::WaitOutcome;
 pub use ops::claim_async::PermitFuture;
 #[cfg(feature = "schedule")]
 pub use ops::schedule::Scheduler;
-pub use ops::worker::{Worker, WorkerNext, WorkerOptions, WorkerStats};
+pub use ops::worker::{PendingAck, Worker, WorkerNext, WorkerOptions, WorkerStats};
 pub use state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker};
 pub use store::Store;
 

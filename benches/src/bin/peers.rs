@@ -56,7 +56,8 @@
 //! thread, then for 1, 2, 4 and 8 worker threads `JOBS` tasks enqueued
 //! 1,000 per call and processed one per claim, then batched, then by 1, 2
 //! and 4 threads sharing one `Worker` (the worker loop: it fetches 100
-//! ahead and acknowledges through the completer), and last the floor
+//! ahead and acknowledges later, the worker holding up to 100
+//! acknowledgements for one transaction through the completer), and last the floor
 //! under a task: the six rows its claim and submission change, written by
 //! hand into the same file, 1 and then 100 tasks to a commit. "Minimal
 //! commits per task" is the time of one task in minimal commits: the
@@ -810,11 +811,17 @@ impl Tessera {
                 scope.spawn(move || {
                     let mut mine = Vec::new();
                     start.wait();
+                    let mut pending = Vec::new();
                     while let WorkerNext::Task(claimed) = worker.next().unwrap() {
                         let key = idempotency_key(thread, mine.len() as u64);
-                        let submitted = worker.submit(&claimed, &key, output).unwrap();
-                        assert!(matches!(submitted, Submitted::Accepted(_)));
+                        pending.push(worker.submit_later(&claimed, &key, output).unwrap());
                         mine.push(claimed.task.id.to_string());
+                    }
+                    // The `next` that found the queue empty committed
+                    // what was held.
+                    for pending in pending {
+                        let submitted = worker.answer(pending).unwrap();
+                        assert!(matches!(submitted, Submitted::Accepted(_)));
                     }
                     processed.lock().unwrap().extend(mine);
                 });

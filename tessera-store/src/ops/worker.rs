@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 use tessera_audit::Action;
 use tessera_lease::{
@@ -21,7 +21,8 @@ use crate::error::Error;
 use crate::model::access::{Caller, Scope};
 use crate::model::audit::ActionScope;
 use crate::model::claim::{Claimed, ClaimedBatch, EmptyReason, MAX_CLAIM_BATCH};
-use crate::model::task::{Output, TaskRef, not_found};
+use crate::model::task::{Output, SubmitRequest, TaskRef, not_found};
+use crate::ops::ack::{Ack, AckAnswer, Acked, Checked};
 use crate::store::Store;
 
 /// How a [`Worker`] claims ahead and when it lets a buffered task go.
@@ -37,6 +38,22 @@ pub struct WorkerOptions {
     /// Default 10 seconds; below the store's lease duration.
     #[serde(rename = "min_lease_left_ms", with = "crate::model::millis")]
     pub min_lease_left: Duration,
+    /// How long the worker holds an acknowledgement made with
+    /// [`submit_later`](Worker::submit_later) or
+    /// [`fail_later`](Worker::fail_later) before the next call of
+    /// [`next`](Worker::next) commits it (see [`Worker`], "Held
+    /// acknowledgements"). `max_hold_ms` in serde. Default 50
+    /// milliseconds; below `min_lease_left`.
+    #[serde(
+        rename = "max_hold_ms",
+        with = "crate::model::millis",
+        default = "default_max_hold"
+    )]
+    pub max_hold: Duration,
+}
+
+fn default_max_hold() -> Duration {
+    Duration::from_millis(50)
 }
 
 impl Default for WorkerOptions {
@@ -44,6 +61,7 @@ impl Default for WorkerOptions {
         Self {
             fetch: 10,
             min_lease_left: Duration::from_secs(10),
+            max_hold: default_max_hold(),
         }
     }
 }
@@ -60,6 +78,14 @@ impl WorkerOptions {
     #[must_use]
     pub fn with_min_lease_left(mut self, left: Duration) -> Self {
         self.min_lease_left = left;
+        self
+    }
+
+    /// Holds a later acknowledgement for at most `hold` before the next
+    /// call of [`next`](Worker::next) commits it.
+    #[must_use]
+    pub fn with_max_hold(mut self, hold: Duration) -> Self {
+        self.max_hold = hold;
         self
     }
 }
@@ -97,6 +123,14 @@ pub struct WorkerStats {
     /// Heartbeats of the buffer ([`heartbeat`](Worker::heartbeat)), each
     /// one transaction.
     pub heartbeats: u64,
+    /// Acknowledgements held by [`submit_later`](Worker::submit_later)
+    /// and [`fail_later`](Worker::fail_later).
+    #[serde(default)]
+    pub held: u64,
+    /// Flushes of held acknowledgements, each one transaction of the
+    /// completer's.
+    #[serde(default)]
+    pub flushes: u64,
 }
 
 /// A worker loop for one principal and one queue: it claims ahead in
@@ -140,6 +174,60 @@ pub struct WorkerStats {
 /// try, as any lapse does). [`release`](Self::release) hands the whole
 /// buffer back at once (a failure report with no backoff each, which ends
 /// the try too), for a worker that stops.
+///
+/// # Held acknowledgements
+///
+/// [`submit`](Self::submit) and [`fail`](Self::fail) wait for their
+/// commit, so the completer's transactions carry at most one
+/// acknowledgement per thread. [`submit_later`](Self::submit_later) and
+/// [`fail_later`](Self::fail_later) check theirs at once and hand back a
+/// [`PendingAck`]; the worker holds them and commits them together, in one
+/// transaction through the completer, when `fetch` are held, when a
+/// thread's [`next`](Self::next) finds the buffer empty (before the
+/// refill's claim) or the oldest held for
+/// [`max_hold`](WorkerOptions::max_hold), at [`flush`](Self::flush),
+/// [`release`](Self::release) and [`answer`](Self::answer) of one still
+/// held, and when the worker drops. Each gets its own answer, and only
+/// after that commit. A held acknowledgement is not made: if the process
+/// ends first, its lease lapses and the task comes back under the lease
+/// rules, as if the work had not been done. Its lease must still be live
+/// when it commits (a stale token is a `409` then), which `max_hold`
+/// below `min_lease_left` leaves time for as long as the threads keep
+/// calling `next`.
+///
+/// ```
+/// # use tessera_store::{Brief, EnqueueOptions, Grant, KeySpec, Namespace, QueueName, Scope};
+/// # use std::sync::Arc;
+/// use tessera_store::{IdempotencyKey, ManualClock, Output, Store, StoreConfig, Submitted};
+/// use tessera_store::{Worker, WorkerNext, WorkerOptions};
+///
+/// // A clock that stands still: no acknowledgement is held past `max_hold`.
+/// let clock = Arc::new(ManualClock::new("2026-12-06T12:00:00Z".parse()?));
+/// let store = Store::open_in_memory(StoreConfig::default().with_clock(clock))?;
+/// # let admin_key = store.create_admin_key("operators")?;
+/// # let admin = store.authenticate(Some(admin_key.secret.expose()))?;
+/// # let (ns, queue) = (Namespace::parse("renders")?, QueueName::parse("frames")?);
+/// # let key = store.create_key(&admin, &KeySpec::keyed("acme")
+/// #     .with_scopes([Scope::Enqueue, Scope::Claim])
+/// #     .with_grant(Grant::Namespace(ns.clone())))?;
+/// # let caller = store.authenticate(Some(key.secret.expose()))?;
+/// # for frame in 0..3 {
+/// #     store.enqueue(&caller, &ns, &queue, &Brief::Bytes(vec![frame]), &EnqueueOptions::default())?;
+/// # }
+/// // Three tasks wait in `queue`.
+/// let worker = Worker::new(&store, caller, ns, queue, WorkerOptions::default())?;
+/// let done = IdempotencyKey::parse("done")?;
+/// let mut pending = Vec::new();
+/// while let WorkerNext::Task(claimed) = worker.next()? {
+///     pending.push(worker.submit_later(&claimed, &done, &Output::bytes("ok"))?);
+/// }
+/// // The `next` that found the queue empty committed all three at once.
+/// assert_eq!((worker.stats().held, worker.stats().flushes), (3, 1));
+/// for answer in pending {
+///     assert!(matches!(worker.answer(answer)?, Submitted::Accepted(_)));
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Worker<S = Arc<Store>>
 where
@@ -151,7 +239,81 @@ where
     queue: QueueName,
     options: WorkerOptions,
     buffer: Mutex<VecDeque<Claimed>>,
+    held: Mutex<HeldAcks>,
     stats: Mutex<WorkerStats>,
+}
+
+/// The acknowledgements a [`Worker`] holds, oldest first, and where each
+/// one's answer goes.
+#[derive(Debug, Default)]
+struct HeldAcks {
+    acks: Vec<Ack>,
+    slots: Vec<Arc<Slot>>,
+    /// When the oldest was held.
+    since: Option<DateTime<Utc>>,
+}
+
+/// Where one held acknowledgement's answer arrives.
+#[derive(Debug, Default)]
+struct Slot {
+    answer: Mutex<Option<AckAnswer>>,
+    answered: Condvar,
+}
+
+impl Slot {
+    fn answered(answer: AckAnswer) -> Arc<Self> {
+        Arc::new(Self {
+            answer: Mutex::new(Some(answer)),
+            answered: Condvar::new(),
+        })
+    }
+
+    fn fill(&self, answer: AckAnswer) {
+        *self.answer.lock() = Some(answer);
+        self.answered.notify_all();
+    }
+}
+
+/// A submission or failure report a [`Worker`] holds, to be committed
+/// with others in one transaction: its answer, a [`Submitted`] or the
+/// attempt's [`TaskState`], comes from [`Worker::answer`] once that
+/// transaction committed. Dropping it gives up on the answer, not the
+/// acknowledgement.
+#[derive(Debug)]
+#[must_use = "the answer says whether the acknowledgement was accepted"]
+pub struct PendingAck<T> {
+    slot: Arc<Slot>,
+    answer: fn(Acked) -> T,
+}
+
+impl<T> PendingAck<T> {
+    /// The answer if the acknowledgement's transaction is over, as
+    /// [`Worker::answer`] gives it; the pending acknowledgement back if it
+    /// is still held or committing. For answers read after the worker
+    /// dropped (its drop commits what it held).
+    pub fn try_answer(self) -> Result<Result<T, Error>, Self> {
+        let answer = self.slot.answer.lock().take();
+        match answer {
+            Some(answer) => Ok(answer.and_then(|answer| answer.map(self.answer))),
+            None => Err(self),
+        }
+    }
+}
+
+/// A submission's answer as the completer gives it.
+fn submitted(acked: Acked) -> Submitted {
+    match acked {
+        Acked::Submitted(submitted) => submitted,
+        Acked::Failed(_) => unreachable!("a submission is answered as one"),
+    }
+}
+
+/// A failure report's answer as the completer gives it.
+fn failed(acked: Acked) -> TaskState {
+    match acked {
+        Acked::Failed(state) => state,
+        Acked::Submitted(_) => unreachable!("a failure report is answered as one"),
+    }
 }
 
 impl<S: Deref<Target = Store>> Worker<S> {
@@ -182,6 +344,11 @@ impl<S: Deref<Target = Store>> Worker<S> {
                 reason: "a worker's min_lease_left must be below the lease duration".to_owned(),
             });
         }
+        if options.max_hold >= options.min_lease_left {
+            return Err(Error::InvalidInput {
+                reason: "a worker's max_hold must be below its min_lease_left".to_owned(),
+            });
+        }
         Ok(Self {
             store,
             caller,
@@ -189,6 +356,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
             queue,
             options,
             buffer: Mutex::new(VecDeque::new()),
+            held: Mutex::new(HeldAcks::default()),
             stats: Mutex::new(WorkerStats::default()),
         })
     }
@@ -196,12 +364,16 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// The next task: the oldest buffered one whose lease has enough
     /// left, or, when the buffer is empty, the first of a new batch
     /// claimed now (blocking the thread while admission makes it wait, as
-    /// [`Store::claim`] does). The errors are the claim's (`403`, `429`,
+    /// [`Store::claim`] does). Held acknowledgements commit first when
+    /// the buffer is empty or the oldest is due (see "Held
+    /// acknowledgements"). The errors are the claim's (`403`, `429`,
     /// storage).
     pub fn next(&self) -> Result<WorkerNext, Error> {
+        self.flush_if_due();
         if let Some(claimed) = self.take_buffered() {
             return Ok(WorkerNext::Task(Box::new(claimed)));
         }
+        self.flush();
         let batch = self.store.claim_batch(
             &self.caller,
             &self.namespace,
@@ -217,9 +389,11 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// [`Store::claim_async`] does (see there for hosts that must not
     /// block a runtime thread at all).
     pub async fn next_async(&self) -> Result<WorkerNext, Error> {
+        self.flush_if_due();
         if let Some(claimed) = self.take_buffered() {
             return Ok(WorkerNext::Task(Box::new(claimed)));
         }
+        self.flush();
         let permit = self
             .store
             .batch_permit(
@@ -255,6 +429,126 @@ impl<S: Deref<Target = Store>> Worker<S> {
     pub fn fail(&self, claimed: &Claimed, failure: impl Into<Failure>) -> Result<TaskState, Error> {
         self.store
             .fail(&self.caller, &claimed.task, claimed.lease.token(), failure)
+    }
+
+    /// Submits a handed-out task's output without waiting for the
+    /// commit: the submission is checked now (`403`, an output too large)
+    /// and held with the worker's other later acknowledgements, which
+    /// commit together, through the completer, in one transaction (see
+    /// [`Worker`], "Held acknowledgements"). [`answer`](Self::answer)
+    /// gives what [`submit`](Self::submit) would have: the receipt, a
+    /// replay, `409` for a stale token or a conflicting key.
+    pub fn submit_later(
+        &self,
+        claimed: &Claimed,
+        key: &IdempotencyKey,
+        output: &Output,
+    ) -> Result<PendingAck<Submitted>, Error> {
+        let request = SubmitRequest {
+            task: claimed.task.clone(),
+            token: claimed.lease.token(),
+            key: key.clone(),
+            output: output.clone(),
+        };
+        match self.store.submission(&self.caller, &request)? {
+            Checked::Ack(ack) => Ok(self.hold(ack, submitted)),
+            Checked::Answered(answer) => Ok(PendingAck {
+                slot: Slot::answered(Ok(Ok(Acked::Submitted(answer)))),
+                answer: submitted,
+            }),
+        }
+    }
+
+    /// Reports a handed-out task's failure without waiting for the
+    /// commit, held as [`submit_later`](Self::submit_later) holds a
+    /// submission; [`answer`](Self::answer) gives the attempt's new state
+    /// or what [`fail`](Self::fail) would have refused.
+    pub fn fail_later(
+        &self,
+        claimed: &Claimed,
+        failure: impl Into<Failure>,
+    ) -> Result<PendingAck<TaskState>, Error> {
+        let ack = self.store.failure_report(
+            &self.caller,
+            &claimed.task,
+            claimed.lease.token(),
+            failure.into(),
+        )?;
+        Ok(self.hold(ack, failed))
+    }
+
+    /// The answer to a held acknowledgement, once its transaction
+    /// committed: at once if it has, after committing the worker's held
+    /// acknowledgements if it is still held, or after the thread
+    /// committing it is done. The error of a failed commit is every
+    /// acknowledgement's of that transaction, none of them made.
+    pub fn answer<T>(&self, pending: PendingAck<T>) -> Result<T, Error> {
+        let slot = &pending.slot;
+        if slot.answer.lock().is_none() {
+            self.flush();
+        }
+        let mut answer = slot.answer.lock();
+        while answer.is_none() {
+            // Another thread took it into its flush and answers it when
+            // that commits.
+            slot.answered.wait(&mut answer);
+        }
+        let answer = answer.take().expect("answered");
+        Ok((pending.answer)(answer??))
+    }
+
+    /// Commits every held acknowledgement now, in one transaction
+    /// through the completer, and answers them; returns how many. A
+    /// failed commit is each one's answer, as [`answer`](Self::answer)
+    /// gives it.
+    pub fn flush(&self) -> usize {
+        let held = std::mem::take(&mut *self.held.lock());
+        if held.acks.is_empty() {
+            return 0;
+        }
+        let count = held.acks.len();
+        let answers = self.store.acknowledge(held.acks);
+        for (slot, answer) in held.slots.iter().zip(answers) {
+            slot.fill(answer);
+        }
+        self.stats.lock().flushes += 1;
+        count
+    }
+
+    /// How many acknowledgements the worker holds.
+    pub fn held(&self) -> usize {
+        self.held.lock().acks.len()
+    }
+
+    /// Holds `ack`, and commits what is held once `fetch` are.
+    fn hold<T>(&self, ack: Ack, answer: fn(Acked) -> T) -> PendingAck<T> {
+        let slot = Arc::new(Slot::default());
+        let full = {
+            let mut held = self.held.lock();
+            held.acks.push(ack);
+            held.slots.push(Arc::clone(&slot));
+            held.since.get_or_insert_with(|| self.store.now_utc());
+            held.acks.len() >= self.options.fetch
+        };
+        self.stats.lock().held += 1;
+        if full {
+            self.flush();
+        }
+        PendingAck { slot, answer }
+    }
+
+    /// Commits the held acknowledgements if the oldest was held
+    /// `max_hold` ago.
+    fn flush_if_due(&self) {
+        let since = self.held.lock().since;
+        let Some(since) = since else { return };
+        let hold = TimeDelta::from_std(self.options.max_hold).unwrap_or(TimeDelta::MAX);
+        if since
+            .checked_add_signed(hold)
+            .is_none_or(|due| self.store.now_utc() >= due)
+        {
+            self.flush();
+        }
     }
 
     /// Extends every buffered lease by the store's lease duration, in one
@@ -299,6 +593,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// transaction), which ends its try as a lapse would, without waiting
     /// for the lease to run out. Returns how many went back.
     pub fn release(&self) -> Result<usize, Error> {
+        self.flush();
         let held: Vec<Claimed> = self.buffer.lock().drain(..).collect();
         let mut acks = Vec::with_capacity(held.len());
         for claimed in &held {
@@ -372,6 +667,14 @@ impl<S: Deref<Target = Store>> Worker<S> {
         self.buffer.lock().extend(claimed);
         self.stats.lock().handed_out += 1;
         WorkerNext::Task(Box::new(first))
+    }
+}
+
+impl<S: Deref<Target = Store>> Drop for Worker<S> {
+    /// Commits what the worker still holds, as a `BufWriter` writes what
+    /// it buffers when dropped; the answers go to their [`PendingAck`]s.
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 

@@ -12,8 +12,8 @@ use std::thread::{self, Thread};
 use std::time::Duration;
 
 use tessera_store::{
-    Claimed, EmptyReason, Error, Grant, IdempotencyKey, Output, Submitted, TaskRef, Worker,
-    WorkerNext, WorkerOptions,
+    Claimed, EmptyReason, Error, Grant, IdempotencyKey, Output, Retry, Submitted, TaskRef,
+    TaskState, Worker, WorkerNext, WorkerOptions,
 };
 
 use crate::harness::{Fixture, TestDb, namespace, queue};
@@ -184,6 +184,215 @@ fn an_async_host_awaits_the_next_task(db: &TestDb) {
     ));
 }
 
+fn key(text: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(text).unwrap()
+}
+
+/// Later acknowledgements wait in the worker, uncommitted, until a flush
+/// commits them together; each caller then gets its own answer, a
+/// conflict among them answering that one alone.
+fn held_acknowledgements_commit_together_and_each_gets_its_answer(db: &TestDb) {
+    let f = Fixture::new(db);
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let caller = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let tasks = f.enqueue(&caller, &ns, &q, 3);
+    let options = WorkerOptions::default().with_fetch(5);
+    let worker = Worker::new(&f.store, caller.clone(), ns.clone(), q.clone(), options).unwrap();
+    let (a, b, c) = (
+        task(worker.next().unwrap()),
+        task(worker.next().unwrap()),
+        task(worker.next().unwrap()),
+    );
+    let accepted = worker
+        .submit_later(&a, &key("done"), &Output::bytes("a"))
+        .unwrap();
+    // The same key with another output: a conflict once the first is in.
+    let conflict = worker
+        .submit_later(&a, &key("done"), &Output::bytes("other"))
+        .unwrap();
+    let second = worker
+        .submit_later(&b, &key("done"), &Output::bytes("b"))
+        .unwrap();
+    let failed = worker.fail_later(&c, Retry::Never).unwrap();
+    assert_eq!(worker.held(), 4);
+    let state = |task: &TaskRef| f.store.read_task(&caller, task).unwrap().record.attempts[0].state;
+    assert_eq!(state(&tasks[0]), TaskState::Leased, "held, not made");
+
+    assert_eq!(worker.flush(), 4);
+    assert_eq!(worker.held(), 0);
+    assert_eq!((worker.stats().held, worker.stats().flushes), (4, 1));
+    assert_eq!(
+        tasks.iter().map(state).collect::<Vec<_>>(),
+        [TaskState::Done, TaskState::Done, TaskState::Failed]
+    );
+    assert!(matches!(
+        worker.answer(accepted).unwrap(),
+        Submitted::Accepted(_)
+    ));
+    assert_eq!(worker.answer(conflict).unwrap_err().status(), 409);
+    assert!(matches!(
+        worker.answer(second).unwrap(),
+        Submitted::Accepted(_)
+    ));
+    assert_eq!(worker.answer(failed).unwrap(), TaskState::Failed);
+    assert_eq!(worker.flush(), 0, "nothing held");
+}
+
+/// What commits held acknowledgements without a flush: `fetch` of them,
+/// `next` finding the oldest held for `max_hold`, `next` refilling an
+/// empty buffer, an answer asked for while held, and the worker's drop.
+fn held_acknowledgements_commit_when_due(db: &TestDb) {
+    let f = Fixture::new(db);
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let caller = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let tasks = f.enqueue(&caller, &ns, &q, 8);
+    let options = WorkerOptions::default()
+        .with_fetch(3)
+        .with_max_hold(Duration::from_secs(1));
+    let worker = Worker::new(&f.store, caller.clone(), ns.clone(), q.clone(), options).unwrap();
+    let done = |claimed: &Claimed| {
+        worker
+            .submit_later(claimed, &key("done"), &Output::bytes("ok"))
+            .unwrap()
+    };
+    let mut pending = Vec::new();
+
+    // Three held (the fetch): committed at once.
+    for _ in 0..3 {
+        pending.push(done(&task(worker.next().unwrap())));
+    }
+    assert_eq!((worker.held(), worker.stats().flushes), (0, 1));
+
+    // One held a second (the max hold): the next `next` commits it.
+    pending.push(done(&task(worker.next().unwrap())));
+    assert_eq!(worker.held(), 1);
+    f.clock.advance(Duration::from_secs(1));
+    let fifth = task(worker.next().unwrap());
+    assert_eq!((worker.held(), worker.stats().flushes), (0, 2));
+
+    // One held while the buffer runs empty: the refill commits it first.
+    pending.push(done(&fifth));
+    let sixth = task(worker.next().unwrap());
+    assert_eq!((worker.held(), worker.buffered()), (1, 0));
+    let seventh = task(worker.next().unwrap());
+    assert_eq!((worker.held(), worker.stats().flushes), (0, 3));
+
+    // An answer asked for while held commits it.
+    let asked = done(&sixth);
+    assert!(matches!(
+        worker.answer(asked).unwrap(),
+        Submitted::Accepted(_)
+    ));
+    assert_eq!(worker.stats().flushes, 4);
+
+    // The worker's drop commits what it holds.
+    pending.push(done(&seventh));
+    let eighth = task(worker.next().unwrap());
+    pending.push(done(&eighth));
+    assert_eq!(worker.held(), 2);
+    let unanswered = pending.pop().unwrap().try_answer().unwrap_err();
+    drop(worker);
+    pending.push(unanswered);
+    assert_eq!(pending.len(), 7);
+    for pending in pending {
+        let answer = pending.try_answer().expect("answered by the drop's commit");
+        assert!(matches!(answer.unwrap(), Submitted::Accepted(_)));
+    }
+    let view = |task: &TaskRef| f.store.read_task(&caller, task).unwrap().record.attempts[0].state;
+    assert!(
+        tasks.iter().all(|task| view(task) == TaskState::Done),
+        "every acknowledgement was made"
+    );
+}
+
+/// A held acknowledgement is not made: a process that ends before the
+/// flush (here, a worker never dropped) leaves the task leased, and it
+/// comes back when the lease lapses.
+fn a_held_acknowledgement_lost_with_its_process_leaves_the_task_to_lapse(db: &TestDb) {
+    let f = Fixture::with(db, |config| {
+        config.with_lease_duration(Duration::from_secs(60))
+    });
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let caller = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let tasks = f.enqueue(&caller, &ns, &q, 1);
+    let worker = Worker::new(
+        &f.store,
+        caller.clone(),
+        ns.clone(),
+        q.clone(),
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    let claimed = task(worker.next().unwrap());
+    let pending = worker
+        .submit_later(&claimed, &key("done"), &Output::bytes("ok"))
+        .unwrap();
+    std::mem::forget(pending);
+    std::mem::forget(worker);
+    let attempt = f
+        .store
+        .read_task(&caller, &tasks[0])
+        .unwrap()
+        .record
+        .attempts[0]
+        .clone();
+    assert_eq!(attempt.state, TaskState::Leased);
+
+    f.clock.advance(Duration::from_secs(61));
+    let other = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let again = f.claim(&other, &ns, &q);
+    assert_eq!(again.task, tasks[0]);
+    assert_eq!(
+        again.lease.token().as_i64(),
+        2,
+        "the next lease of the task"
+    );
+}
+
+/// Threads sharing a worker and acknowledging later: every task is done
+/// once, every answer is an acceptance, and flushes carry many at a time.
+fn worker_threads_acknowledging_later_do_each_task_once(db: &TestDb) {
+    let f = Fixture::new(db);
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let caller = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let tasks = f.enqueue(&caller, &ns, &q, 40);
+    let options = WorkerOptions::default().with_fetch(7);
+    let worker = Worker::new(&f.store, caller, ns.clone(), q.clone(), options).unwrap();
+    let mut seen: Vec<TaskRef> = thread::scope(|scope| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    while let WorkerNext::Task(claimed) = worker.next().unwrap() {
+                        let pending = worker
+                            .submit_later(&claimed, &key("done"), &Output::bytes("ok"))
+                            .unwrap();
+                        mine.push((claimed.task, pending));
+                    }
+                    mine.into_iter()
+                        .map(|(task, pending)| {
+                            let answer = worker.answer(pending).unwrap();
+                            assert!(matches!(answer, Submitted::Accepted(_)), "{answer:?}");
+                            task
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|thread| thread.join().unwrap())
+            .collect()
+    });
+    seen.sort();
+    let mut expected = tasks;
+    expected.sort();
+    assert_eq!(seen, expected, "every task done once");
+    let stats = worker.stats();
+    assert_eq!(stats.held, 40);
+    assert!(stats.flushes < stats.held, "coalesced: {stats:?}");
+}
+
 fn bad_worker_options_are_invalid_input(db: &TestDb) {
     let (ns, q) = (namespace("farm"), queue("frames"));
     let lease = Duration::from_secs(300);
@@ -193,6 +402,7 @@ fn bad_worker_options_are_invalid_input(db: &TestDb) {
         WorkerOptions::default().with_fetch(0),
         WorkerOptions::default().with_fetch(101),
         WorkerOptions::default().with_min_lease_left(lease),
+        WorkerOptions::default().with_max_hold(Duration::from_secs(10)),
     ] {
         let error =
             Worker::new(&f.store, caller.clone(), ns.clone(), q.clone(), options).unwrap_err();
@@ -206,5 +416,9 @@ conformance!(
     release_hands_the_buffer_back_at_once,
     worker_threads_share_a_worker_and_each_task_is_done_once,
     an_async_host_awaits_the_next_task,
+    held_acknowledgements_commit_together_and_each_gets_its_answer,
+    held_acknowledgements_commit_when_due,
+    a_held_acknowledgement_lost_with_its_process_leaves_the_task_to_lapse,
+    worker_threads_acknowledging_later_do_each_task_once,
     bad_worker_options_are_invalid_input,
 );

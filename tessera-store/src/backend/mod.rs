@@ -337,6 +337,11 @@ pub(crate) struct NewTask<'a> {
     /// The unique slot it holds (taken already, by
     /// [`WriteTransaction::take_unique_slot`]), if it holds one.
     pub(crate) unique: Option<NewUnique<'a>>,
+    /// The store drew its id (`t-` and the enqueue time, then random
+    /// bits): no stored task has its reference, so a backend may insert
+    /// it without looking for one (a collision, with an id someone chose
+    /// by hand, fails the transaction and writes nothing).
+    pub(crate) drawn_id: bool,
 }
 
 /// What a task holding a unique slot stores: the slot, and the states in

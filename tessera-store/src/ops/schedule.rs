@@ -425,6 +425,7 @@ fn fire_in(
         partition_key: None,
         unique_key: None,
         unique: None,
+        drawn_id: false,
     })?;
     if created {
         writer.signal_enqueued(namespace, &row.queue)?;

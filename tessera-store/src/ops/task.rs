@@ -371,6 +371,7 @@ impl Store {
                     partition_key: None,
                     unique_key: None,
                     unique: None,
+                    drawn_id: false,
                 })?;
             }
         }
@@ -758,6 +759,8 @@ struct Prepared<'a> {
     unique: Option<PreparedUnique<'a>>,
     /// Its unique key, kept on the task whether or not it takes a slot.
     unique_key: Option<&'a UniqueKey>,
+    /// Whether its id was drawn here rather than given.
+    drawn_id: bool,
 }
 
 /// A unique task's rule and the slot it takes.
@@ -812,6 +815,7 @@ fn prepare<'a>(
         partition_key: options.partition_key.as_ref(),
         unique,
         unique_key: options.unique.as_ref().map(|unique| &unique.key),
+        drawn_id: options.task_id.is_none(),
     })
 }
 
@@ -878,6 +882,7 @@ impl Prepared<'_> {
                 slot: &unique.slot,
                 states: unique.rule.states,
             }),
+            drawn_id: self.drawn_id,
         }
     }
 

@@ -127,22 +127,38 @@ const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = 
      + (SELECT count(*) FROM expiries) \
      + (SELECT count(*) FROM claims) \
      + (SELECT count(*) FROM receipts_added) + (SELECT count(*) FROM audited)";
+/// Many tasks' insert, in order, returning what it inserted, up to what
+/// it does with an existing reference.
+macro_rules! insert_tasks {
+    ($conflict:literal) => {
+        concat!(
+            "INSERT INTO tasks (namespace, queue, task_id, version, \
+             brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, \
+             claimable_at, created_at, enqueued_by, priority, partition_key, unique_key, \
+             unique_slot, unique_states) \
+             SELECT namespace, queue, task_id, version, brief, brief_format, alternatives, \
+             lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority, \
+             partition_key, unique_key, unique_slot, unique_states \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], \
+             $6::text[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], \
+             $12::text[], $13::bigint[], $14::text[], $15::text[], $16::text[], $17::bigint[]) \
+             WITH ORDINALITY AS n(namespace, queue, task_id, version, brief, brief_format, \
+             alternatives, lapse_backoff_ms, max_tries, claimable_at, created_at, enqueued_by, \
+             priority, partition_key, unique_key, unique_slot, unique_states, place) \
+             ORDER BY place ",
+            $conflict,
+            "RETURNING id, namespace, task_id, version"
+        )
+    };
+}
 /// Many tasks, in order; a reference that exists (or came earlier in the
 /// call) is skipped. Returns what it inserted.
-const INSERT_TASKS: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
-     brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
-     created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
-     SELECT namespace, queue, task_id, version, brief, brief_format, alternatives, \
-     lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority, \
-     partition_key, unique_key, unique_slot, unique_states \
-     FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[], \
-     $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::text[], \
-     $13::bigint[], $14::text[], $15::text[], $16::text[], $17::bigint[]) WITH ORDINALITY \
-     AS n(namespace, queue, task_id, version, brief, brief_format, alternatives, \
-     lapse_backoff_ms, max_tries, claimable_at, created_at, enqueued_by, priority, \
-     partition_key, unique_key, unique_slot, unique_states, place) ORDER BY place \
-     ON CONFLICT (namespace, task_id, version) DO NOTHING \
-     RETURNING id, namespace, task_id, version";
+const INSERT_TASKS: &str = insert_tasks!("ON CONFLICT (namespace, task_id, version) DO NOTHING ");
+/// [`INSERT_TASKS`] for tasks whose ids the store drew
+/// ([`NewTask::drawn_id`]): a plain insert, without the speculative
+/// insertion `ON CONFLICT` makes of each row (which took 23–44% longer
+/// for 100,000 rows on PostgreSQL 15).
+const INSERT_NEW_TASKS: &str = insert_tasks!("");
 const INSERT_ATTEMPTS: &str = "INSERT INTO attempts (task, number, namespace, queue, \
      state, until_at, tries, priority, changed_at) \
      SELECT task, number, namespace, queue, state, until_at, 0, priority, changed_at \
@@ -473,8 +489,13 @@ impl PgTransaction<'_> {
             .iter()
             .map(|t| t.unique.map(|u| i64::from(u.states.bits())))
             .collect();
+        let statement = if tasks.iter().all(|task| task.drawn_id) {
+            INSERT_NEW_TASKS
+        } else {
+            INSERT_TASKS
+        };
         let inserted = self.query(
-            INSERT_TASKS,
+            statement,
             &[
                 &namespace,
                 &queue,

@@ -860,20 +860,21 @@ fn sqlite(jobs: usize) {
         let rate = done as f64 / seconds;
         let kind = if batched { "batched" } else { "one per claim" };
         eprintln!("SQLite, {kind}, {workers} workers: {rate:.0} tasks/s");
-        rows.push((workers, kind, rate));
+        rows.push((workers, kind.to_owned(), rate));
     }
     for threads in LOOP_THREADS {
         tessera.enqueue(jobs, ENQUEUE_BATCH);
         let (done, seconds) = tessera.process_with_worker(jobs, threads);
         let rate = done as f64 / seconds;
         eprintln!("SQLite, worker loop, {threads} threads: {rate:.0} tasks/s");
-        rows.push((threads, "worker loop", rate));
+        rows.push((threads, "worker loop".to_owned(), rate));
     }
     let path = dir.path().join("tessera.db");
     for per_commit in SQLITE_SAME_ROWS_PER_COMMIT {
         let rate = sqlite_same_rows_floor(&path, per_commit);
-        eprintln!("SQLite, a task's own rows, {per_commit} tasks a commit: {rate:.0} tasks/s");
-        rows.push((1, same_rows_kind(per_commit), rate));
+        let kind = format!("floor: a task's own rows, {per_commit} a commit");
+        eprintln!("SQLite, {kind}: {rate:.0} tasks/s");
+        rows.push((1, kind, rate));
     }
     println!();
     println!("SQLite, {jobs} tasks a step; minimal commit {floor:.0}/s from 1 thread");
@@ -882,14 +883,6 @@ fn sqlite(jobs: usize) {
     println!("| ---: | --- | ---: | ---: |");
     for (workers, kind, rate) in rows {
         println!("| {workers} | {kind} | {rate:.0} | {:.1} |", floor / rate);
-    }
-}
-
-/// The floor rows' label: how many tasks' rows go to a commit.
-fn same_rows_kind(per_commit: usize) -> &'static str {
-    match per_commit {
-        1 => "floor: a task's own rows, 1 task a commit",
-        _ => "floor: a task's own rows, 100 tasks a commit",
     }
 }
 
@@ -915,72 +908,60 @@ fn sqlite_same_rows_floor(path: &std::path::Path, per_commit: usize) -> f64 {
         })
         .unwrap();
     let span = u64::try_from(last - first + 1).unwrap();
+    let run = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
+        conn.prepare_cached(sql).unwrap().execute(params).unwrap()
+    };
     let began = Instant::now();
     for batch in 0..SQLITE_SAME_ROWS_TASKS / per_commit {
-        conn.prepare_cached("BEGIN IMMEDIATE")
-            .unwrap()
-            .execute([])
-            .unwrap();
+        run("BEGIN IMMEDIATE", &[]);
         for job in 0..per_commit {
             // In enqueue order, as a queue hands its tasks out.
             let task = first + i64::try_from((batch * per_commit + job) as u64 % span).unwrap();
             let stamp =
                 i64::try_from(batch * per_commit + job).unwrap() | (per_commit as i64) << 40;
             let written = [
-                conn.prepare_cached(
+                run(
                     "UPDATE attempts SET state = CASE WHEN state = 'leased' THEN 'ready' \
                      ELSE 'leased' END, tries = tries + 1, holder = 'p2', token = ?2, \
                      granted_at = ?2, expires_at = ?2, lapses_at = ?2, changed_at = ?2 \
                      WHERE task = ?1 AND number = 1",
-                )
-                .unwrap()
-                .execute(rusqlite::params![task, stamp])
-                .unwrap(),
-                conn.prepare_cached(
+                    rusqlite::params![task, stamp],
+                ),
+                run(
                     "UPDATE tasks SET last_token = last_token + 1, claimable_at = CASE \
                      WHEN claimable_at IS NULL THEN ?2 ELSE NULL END WHERE id = ?1",
-                )
-                .unwrap()
-                .execute(rusqlite::params![task, stamp])
-                .unwrap(),
-                conn.prepare_cached(
+                    rusqlite::params![task, stamp],
+                ),
+                run(
                     "INSERT INTO access_audit (at, principal, namespace, action, outcome, \
                      resource, ip_hash) VALUES (?1, 'p2', 'bench', 'claim', 'ok', \
                      'task:t-01a23cc863e77c254d21b955aaa0@1/a1/t2', '')",
-                )
-                .unwrap()
-                .execute([stamp])
-                .unwrap(),
-                conn.prepare_cached(
+                    rusqlite::params![stamp],
+                ),
+                run(
                     "UPDATE attempts SET state = CASE WHEN state = 'done' THEN 'leased' \
                      ELSE 'done' END, until_at = NULL, lapses_at = NULL, changed_at = ?2 \
                      WHERE task = ?1 AND number = 1",
-                )
-                .unwrap()
-                .execute(rusqlite::params![task, stamp])
-                .unwrap(),
-                conn.prepare_cached(
+                    rusqlite::params![task, stamp],
+                ),
+                run(
                     "INSERT INTO receipts (task, attempt, token, principal, idempotency_key, \
                      artifact, digest, accepted_at, output) VALUES (?1, 1, 1, 'p2', \
                      'k' || ?2, 't-01a23cc863e77c254d21b955aaa0.a1.t1', \
                      '762069bc07a6e1b5df123a5ae7bd91c10daa04694fbaa17fba0cd6a8dcce8f22', ?2, \
                      x'646f6e65')",
-                )
-                .unwrap()
-                .execute(rusqlite::params![task, stamp])
-                .unwrap(),
-                conn.prepare_cached(
+                    rusqlite::params![task, stamp],
+                ),
+                run(
                     "INSERT INTO access_audit (at, principal, namespace, action, outcome, \
                      resource, ip_hash) VALUES (?1, 'p2', 'bench', 'submit', 'ok', \
                      'task:t-01a23cc863e77c254d21b955aaa0@1/a1/t1', '')",
-                )
-                .unwrap()
-                .execute([stamp])
-                .unwrap(),
+                    rusqlite::params![stamp],
+                ),
             ];
             assert_eq!(written, [1; 6], "a task's six rows");
         }
-        conn.prepare_cached("COMMIT").unwrap().execute([]).unwrap();
+        run("COMMIT", &[]);
     }
     SQLITE_SAME_ROWS_TASKS as f64 / began.elapsed().as_secs_f64()
 }

@@ -369,11 +369,9 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// acknowledgements"). The errors are the claim's (`403`, `429`,
     /// storage).
     pub fn next(&self) -> Result<WorkerNext, Error> {
-        self.flush_if_due();
-        if let Some(claimed) = self.take_buffered() {
+        if let Some(claimed) = self.buffered_or_flush() {
             return Ok(WorkerNext::Task(Box::new(claimed)));
         }
-        self.flush();
         let batch = self.store.claim_batch(
             &self.caller,
             &self.namespace,
@@ -389,11 +387,9 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// [`Store::claim_async`] does (see there for hosts that must not
     /// block a runtime thread at all).
     pub async fn next_async(&self) -> Result<WorkerNext, Error> {
-        self.flush_if_due();
-        if let Some(claimed) = self.take_buffered() {
+        if let Some(claimed) = self.buffered_or_flush() {
             return Ok(WorkerNext::Task(Box::new(claimed)));
         }
-        self.flush();
         let permit = self
             .store
             .batch_permit(
@@ -625,6 +621,18 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// What the worker did so far.
     pub fn stats(&self) -> WorkerStats {
         *self.stats.lock()
+    }
+
+    /// [`take_buffered`](Self::take_buffered), with the held
+    /// acknowledgements committed first if due, and after it if the
+    /// buffer is empty (before the refill's claim).
+    fn buffered_or_flush(&self) -> Option<Claimed> {
+        self.flush_if_due();
+        let claimed = self.take_buffered();
+        if claimed.is_none() {
+            self.flush();
+        }
+        claimed
     }
 
     /// The oldest buffered task with enough lease left; those before it

@@ -141,14 +141,29 @@ fn worker_threads_share_a_worker_and_each_task_is_done_once(db: &TestDb) {
     let tasks = f.enqueue(&caller, &ns, &q, 40);
     let options = WorkerOptions::default().with_fetch(7);
     let worker = Worker::new(&f.store, caller, ns.clone(), q.clone(), options).unwrap();
-    let mut seen: Vec<TaskRef> = thread::scope(|scope| {
+    let seen = four_threads_until_empty(&worker, |claimed| done(&worker, claimed));
+    assert_eq!(
+        sorted(seen.into_iter().map(|(task, ())| task)),
+        sorted(tasks),
+        "every task done once"
+    );
+}
+
+/// Four threads sharing `worker`, each taking tasks until the queue is
+/// empty and calling `act` on each; every task handed out, with what
+/// `act` made of it.
+fn four_threads_until_empty<R: Send>(
+    worker: &Worker<&tessera_store::Store>,
+    act: impl Fn(&Claimed) -> R + Sync,
+) -> Vec<(TaskRef, R)> {
+    thread::scope(|scope| {
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 scope.spawn(|| {
                     let mut mine = Vec::new();
                     while let WorkerNext::Task(claimed) = worker.next().unwrap() {
-                        done(&worker, &claimed);
-                        mine.push(claimed.task);
+                        let made = act(&claimed);
+                        mine.push((claimed.task, made));
                     }
                     mine
                 })
@@ -158,11 +173,13 @@ fn worker_threads_share_a_worker_and_each_task_is_done_once(db: &TestDb) {
             .into_iter()
             .flat_map(|thread| thread.join().unwrap())
             .collect()
-    });
-    seen.sort();
-    let mut expected = tasks;
-    expected.sort();
-    assert_eq!(seen, expected, "every task done once");
+    })
+}
+
+fn sorted(tasks: impl IntoIterator<Item = TaskRef>) -> Vec<TaskRef> {
+    let mut tasks: Vec<TaskRef> = tasks.into_iter().collect();
+    tasks.sort();
+    tasks
 }
 
 fn an_async_host_awaits_the_next_task(db: &TestDb) {
@@ -358,36 +375,17 @@ fn worker_threads_acknowledging_later_do_each_task_once(db: &TestDb) {
     let tasks = f.enqueue(&caller, &ns, &q, 40);
     let options = WorkerOptions::default().with_fetch(7);
     let worker = Worker::new(&f.store, caller, ns.clone(), q.clone(), options).unwrap();
-    let mut seen: Vec<TaskRef> = thread::scope(|scope| {
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut mine = Vec::new();
-                    while let WorkerNext::Task(claimed) = worker.next().unwrap() {
-                        let pending = worker
-                            .submit_later(&claimed, &key("done"), &Output::bytes("ok"))
-                            .unwrap();
-                        mine.push((claimed.task, pending));
-                    }
-                    mine.into_iter()
-                        .map(|(task, pending)| {
-                            let answer = worker.answer(pending).unwrap();
-                            assert!(matches!(answer, Submitted::Accepted(_)), "{answer:?}");
-                            task
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .flat_map(|thread| thread.join().unwrap())
-            .collect()
+    let seen = four_threads_until_empty(&worker, |claimed| {
+        worker
+            .submit_later(claimed, &key("done"), &Output::bytes("ok"))
+            .unwrap()
     });
-    seen.sort();
-    let mut expected = tasks;
-    expected.sort();
-    assert_eq!(seen, expected, "every task done once");
+    let seen = seen.into_iter().map(|(task, pending)| {
+        let answer = worker.answer(pending).unwrap();
+        assert!(matches!(answer, Submitted::Accepted(_)), "{answer:?}");
+        task
+    });
+    assert_eq!(sorted(seen), sorted(tasks), "every task done once");
     let stats = worker.stats();
     assert_eq!(stats.held, 40);
     assert!(stats.flushes < stats.held, "coalesced: {stats:?}");

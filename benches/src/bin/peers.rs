@@ -57,7 +57,9 @@
 //! 1,000 per call and processed one per claim, then batched, then by 1, 2
 //! and 4 threads sharing one `Worker` (the worker loop: it fetches 100
 //! ahead and acknowledges later, the worker holding up to 100
-//! acknowledgements for one transaction through the completer), and last the floor
+//! acknowledgements for one transaction through the completer), the same
+//! with 2,000 tasks that each take 1 ms (a sleep, as a task waiting on
+//! I/O does), and last the floor
 //! under a task: the six rows its claim and submission change, written by
 //! hand into the same file, 1 and then 100 tasks to a commit. "Minimal
 //! commits per task" is the time of one task in minimal commits: the
@@ -797,7 +799,10 @@ impl Tessera {
     /// (one key, fetching `CLAIM_BATCH` ahead), each taking the next task
     /// and submitting it until the worker answers empty. Checks that
     /// `jobs` distinct tasks were processed.
-    fn process_with_worker(&self, jobs: usize, threads: usize) -> (u64, f64) {
+    /// `jobs` tasks processed by `threads` threads sharing one `Worker`,
+    /// each task taking `work` (a sleep, as a task waiting on I/O does):
+    /// tasks, seconds, and the worker's transactions (claims and flushes).
+    fn process_with_worker(&self, jobs: usize, threads: usize, work: Duration) -> (u64, f64, u64) {
         let store = (self.open)();
         let caller = self.caller(&store, 0);
         let options = WorkerOptions::default().with_fetch(CLAIM_BATCH);
@@ -813,6 +818,9 @@ impl Tessera {
                     start.wait();
                     let mut pending = Vec::new();
                     while let WorkerNext::Task(claimed) = worker.next().unwrap() {
+                        if !work.is_zero() {
+                            thread::sleep(work);
+                        }
                         let key = idempotency_key(thread, mine.len() as u64);
                         pending.push(worker.submit_later(&claimed, &key, output).unwrap());
                         mine.push(claimed.task.id.to_string());
@@ -830,11 +838,12 @@ impl Tessera {
             Instant::now()
         });
         let seconds = began.elapsed().as_secs_f64();
+        let stats = worker.stats();
         let processed = processed.into_inner().unwrap();
         let distinct: HashSet<&String> = processed.iter().collect();
         assert_eq!(processed.len(), jobs, "processed != enqueued");
         assert_eq!(distinct.len(), jobs, "a task was processed twice");
-        (jobs as u64, seconds)
+        (jobs as u64, seconds, stats.claims + stats.flushes)
     }
 }
 
@@ -862,12 +871,23 @@ fn sqlite(jobs: usize) {
         eprintln!("SQLite, {kind}, {workers} workers: {rate:.0} tasks/s");
         rows.push((workers, kind.to_owned(), rate));
     }
-    for threads in LOOP_THREADS {
-        tessera.enqueue(jobs, ENQUEUE_BATCH);
-        let (done, seconds) = tessera.process_with_worker(jobs, threads);
-        let rate = done as f64 / seconds;
-        eprintln!("SQLite, worker loop, {threads} threads: {rate:.0} tasks/s");
-        rows.push((threads, "worker loop".to_owned(), rate));
+    let mut slow = Vec::new();
+    for (work, tasks) in [(Duration::ZERO, jobs), (SLOW_TASK, SLOW_TASKS)] {
+        for threads in LOOP_THREADS {
+            tessera.enqueue(tasks, ENQUEUE_BATCH);
+            let (done, seconds, transactions) = tessera.process_with_worker(tasks, threads, work);
+            let rate = done as f64 / seconds;
+            let per_task = transactions as f64 / done as f64;
+            if work.is_zero() {
+                eprintln!("SQLite, worker loop, {threads} threads: {rate:.0} tasks/s");
+                rows.push((threads, "worker loop".to_owned(), rate));
+            } else {
+                eprintln!(
+                    "SQLite, worker loop, {work:?} a task, {threads} threads: {rate:.0} tasks/s"
+                );
+                slow.push((threads, rate, per_task));
+            }
+        }
     }
     let path = dir.path().join("tessera.db");
     for per_commit in SQLITE_SAME_ROWS_PER_COMMIT {
@@ -884,7 +904,23 @@ fn sqlite(jobs: usize) {
     for (workers, kind, rate) in rows {
         println!("| {workers} | {kind} | {rate:.0} | {:.1} |", floor / rate);
     }
+    println!();
+    println!(
+        "The worker loop, {SLOW_TASKS} tasks each taking {SLOW_TASK:?} (a sleep, as a task \
+         waiting on I/O)"
+    );
+    println!();
+    println!("| threads | tasks/s | transactions per task |");
+    println!("| ---: | ---: | ---: |");
+    for (threads, rate, per_task) in slow {
+        println!("| {threads} | {rate:.0} | {per_task:.3} |");
+    }
 }
+
+/// How long each task of the slow worker-loop steps takes.
+const SLOW_TASK: Duration = Duration::from_millis(1);
+/// Tasks of each slow worker-loop step.
+const SLOW_TASKS: usize = 2_000;
 
 /// Tasks a commit in the SQLite floor of a task's own rows: one, as a
 /// claim and a submission each alone; and a worker loop's batch.

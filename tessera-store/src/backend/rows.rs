@@ -471,6 +471,37 @@ impl KeyRow {
     }
 }
 
+/// The row id from which every audit row is at or after `at`, and before
+/// which every row is older: audit rows are appended in time order, so
+/// the time of the first row at or after an id grows with the id, and a
+/// binary search of the row ids finds the bound in O(log n) probes of
+/// O(log n) each. `span` is the lowest and highest row id (`None` for an
+/// empty table); `first_from(id)` the first row at or after `id`, its id
+/// and time. Were the clock ever set back, an event written after that
+/// could sit below the bound (listings skip it, and retention deletes it
+/// only once every row before it is older than the cutoff); none is ever
+/// read or deleted early, as both filter by time too.
+pub(crate) fn first_event_at_or_after<E>(
+    span: Option<(i64, i64)>,
+    at: i64,
+    mut first_from: impl FnMut(i64) -> std::result::Result<Option<(i64, i64)>, E>,
+) -> std::result::Result<i64, E> {
+    let Some((mut low, last)) = span else {
+        return Ok(0);
+    };
+    // The answer is in low..=high; high is one past the last row.
+    let mut high = last.saturating_add(1);
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match first_from(middle)? {
+            Some((_, time)) if time >= at => high = middle,
+            Some((id, _)) => low = id.saturating_add(1),
+            None => high = middle,
+        }
+    }
+    Ok(low)
+}
+
 impl EventRow {
     pub(crate) fn from_event(event: &AuditEvent) -> Self {
         Self {

@@ -142,10 +142,6 @@ const INDEXES: &[(&str, &str)] = &[
          WHERE purge_at IS NOT NULL",
     ),
     (
-        "access_audit_at",
-        "CREATE INDEX IF NOT EXISTS access_audit_at ON access_audit (at)",
-    ),
-    (
         "access_audit_by_principal",
         "CREATE INDEX IF NOT EXISTS access_audit_by_principal ON access_audit (principal, at, id)",
     ),
@@ -242,7 +238,19 @@ const ALTERATIONS: &[&str] = &[
     // older than the column), and the last progress a heartbeat carried.
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS changed_at BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS progress TEXT",
+    // Retired, as SQLite retired it: see `RETIRED_INDEXES`.
+    "DROP INDEX IF EXISTS access_audit_at",
 ];
+
+/// Indexes earlier builds created and this one drops where it finds them.
+/// An older build that opens the schema again recreates them, which is
+/// harmless: nothing here needs them gone, it only stops paying for them.
+///
+/// - `access_audit_at`: audit rows are appended in time order, so their
+///   row ids are in time order too; retention finds its time bound by a
+///   search of the row ids (`first_event_at_or_after`), and each audit
+///   row costs one b-tree entry less.
+const RETIRED_INDEXES: &[&str] = &["access_audit_at"];
 
 /// Version 1 counted tries without a limit. On the move to version 2
 /// each task allows at least one try more than any of its attempts has
@@ -256,6 +264,8 @@ const BACKFILL_MAX_TRIES: &str = "UPDATE tasks SET max_tries = LEAST(a.most + 1,
 struct Inspection {
     tables: usize,
     indexes: usize,
+    /// Of [`RETIRED_INDEXES`], how many are there.
+    retired: usize,
     version: Option<i64>,
 }
 
@@ -269,13 +279,17 @@ fn inspect(client: &mut impl postgres::GenericClient) -> Result<Inspection, Erro
         )?
         .get(0);
     let names: Vec<&str> = INDEXES.iter().map(|(name, _)| *name).collect();
-    let indexes: i64 = client
-        .query_one(
+    let count_indexes = |client: &mut _, names: &[&str]| -> Result<i64, Error> {
+        Ok(postgres::GenericClient::query_one(
+            client,
             "SELECT count(*) FROM pg_catalog.pg_indexes \
              WHERE schemaname = current_schema() AND indexname = ANY($1)",
             &[&names],
         )?
-        .get(0);
+        .get(0))
+    };
+    let indexes = count_indexes(client, &names)?;
+    let retired = count_indexes(client, RETIRED_INDEXES)?;
     let mut version = None;
     let has_meta: bool = client
         .query_one(
@@ -299,6 +313,7 @@ fn inspect(client: &mut impl postgres::GenericClient) -> Result<Inspection, Erro
     Ok(Inspection {
         tables: usize::try_from(tables).unwrap_or(0),
         indexes: usize::try_from(indexes).unwrap_or(0),
+        retired: usize::try_from(retired).unwrap_or(0),
         version,
     })
 }
@@ -313,9 +328,12 @@ fn check_version(inspection: &Inspection) -> Result<(), Error> {
     }
 }
 
-fn is_up_to_date(inspection: &Inspection) -> bool {
+/// Whether the schema needs no DDL. A retired index left in place needs
+/// none while writes are refused: reads and refusals work with it there.
+fn is_up_to_date(inspection: &Inspection, refusing: bool) -> bool {
     inspection.tables == TABLES.len()
         && inspection.indexes == INDEXES.len()
+        && (refusing || inspection.retired == 0)
         && inspection.version == Some(SCHEMA_VERSION)
 }
 
@@ -341,7 +359,7 @@ pub(crate) fn migrate(
     if exists {
         let inspection = inspect(client)?;
         check_version(&inspection)?;
-        if is_up_to_date(&inspection) {
+        if is_up_to_date(&inspection, refusing) {
             return Ok(None);
         }
     }
@@ -360,7 +378,7 @@ pub(crate) fn migrate(
     // Looked at again under the lock: another process may have migrated.
     let inspection = inspect(&mut transaction)?;
     check_version(&inspection)?;
-    if is_up_to_date(&inspection) {
+    if is_up_to_date(&inspection, false) {
         transaction.commit()?;
         return Ok(None);
     }

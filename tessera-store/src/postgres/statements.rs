@@ -559,8 +559,18 @@ pub(super) const COUNTERS_ALL: &str = concat!(
     "WHERE minute >= $1 ORDER BY minute DESC LIMIT $2"
 );
 // Retention batches: each process deletes rows no other is deleting.
+/// The oldest events, below row id `$1` (the first at or after the cutoff
+/// `$2`, see [`first_event_at_or_after`](crate::backend::rows::first_event_at_or_after))
+/// and older than the cutoff, at most `$3`: a range of the primary key
+/// from its start.
 pub(super) const PURGE_EVENTS: &str = "DELETE FROM access_audit WHERE id IN (SELECT id FROM access_audit \
-     WHERE at < $1 ORDER BY at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+     WHERE id < $1 AND at < $2 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED)";
+/// The first event with a row id at or after `$1`.
+pub(super) const EVENT_FROM: &str =
+    "SELECT id, at FROM access_audit WHERE id >= $1 ORDER BY id LIMIT 1";
+/// The lowest and highest event row ids.
+pub(super) const EVENT_SPAN: &str =
+    "SELECT (SELECT min(id) FROM access_audit), (SELECT max(id) FROM access_audit)";
 pub(super) const PURGE_COUNTERS: &str = "DELETE FROM access_counters \
      WHERE (minute, principal, namespace, action, outcome) IN \
      (SELECT minute, principal, namespace, action, outcome FROM access_counters \

@@ -144,6 +144,25 @@ impl<'a> PgTransaction<'a> {
         self.rows.set(self.rows.get().saturating_add(rows));
     }
 
+    /// The row id from which every event is at or after `at` (see
+    /// [`first_event_at_or_after`](crate::backend::rows::first_event_at_or_after)).
+    fn first_event_at_or_after(&self, at: i64) -> Result<i64> {
+        let span = self.query_opt(EVENT_SPAN, &[])?;
+        let span = match span {
+            Some(row) => {
+                let low: Option<i64> = row.try_get(0)?;
+                let high: Option<i64> = row.try_get(1)?;
+                low.zip(high)
+            }
+            None => None,
+        };
+        rows::first_event_at_or_after(span, at, |id| {
+            self.query_opt(EVENT_FROM, &[&id])?
+                .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                .transpose()
+        })
+    }
+
     fn batch(&self, sql: &str) -> Result<()> {
         Ok(self.transaction.borrow_mut().batch_execute(sql)?)
     }
@@ -693,7 +712,12 @@ impl WriteTransaction for PgTransaction<'_> {
             Purge::SessionTasks => (PURGE_SESSION_TASKS, millis(threshold)),
             Purge::Namespaces => (PURGE_NAMESPACES, millis(threshold)),
         };
-        let deleted = self.execute(sql, &[&threshold, &count(limit)])?;
+        let deleted = if matches!(what, Purge::Events) {
+            let below = self.first_event_at_or_after(threshold)?;
+            self.execute(sql, &[&below, &threshold, &count(limit)])?
+        } else {
+            self.execute(sql, &[&threshold, &count(limit)])?
+        };
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 

@@ -4,7 +4,7 @@ use rusqlite::{Row, params};
 
 use super::readers::Reader;
 use super::writer::Writer;
-use crate::backend::rows::{CounterRow, EventRow};
+use crate::backend::rows::{self, CounterRow, EventRow};
 
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO access_audit \
      (at, principal, namespace, action, outcome, resource, ip_hash) \
@@ -180,33 +180,18 @@ pub(crate) fn events(
 }
 
 /// The row id from which every event is at or after `at`, and before
-/// which every event is older: audit rows are appended in time order, so
-/// the time of the first row at or after an id grows with the id, and a
-/// binary search of the row ids finds the bound in O(log n) probes of
-/// O(log n) each. Were the clock ever set back, an event written after
-/// that could sit below the bound (listings skip it, and retention deletes
-/// it only once every row before it is older than the cutoff); none is
-/// ever read or deleted early, as both filter by time too.
+/// which every event is older (see
+/// [`first_event_at_or_after`](rows::first_event_at_or_after)).
 pub(crate) fn first_event_at_or_after(reader: &Reader<'_>, at: i64) -> rusqlite::Result<i64> {
     let span = reader.optional(EVENT_SPAN, [], |row| {
         Ok((row.get::<_, Option<i64>>(0)?, row.get::<_, Option<i64>>(1)?))
     })?;
-    let Some((Some(mut low), Some(last))) = span else {
-        return Ok(0);
-    };
-    // The answer is in low..=high; high is one past the last row.
-    let mut high = last.saturating_add(1);
-    while low < high {
-        let middle = low + (high - low) / 2;
-        match reader.optional(EVENT_FROM, [middle], |row| {
+    let span = span.and_then(|(low, high)| low.zip(high));
+    rows::first_event_at_or_after(span, at, |id| {
+        reader.optional(EVENT_FROM, [id], |row| {
             Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
-        })? {
-            Some((_, time)) if time >= at => high = middle,
-            Some((id, _)) => low = id.saturating_add(1),
-            None => high = middle,
-        }
-    }
-    Ok(low)
+        })
+    })
 }
 
 /// One retention batch of counters: up to `limit` of those that went quiet

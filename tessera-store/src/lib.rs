@@ -122,11 +122,12 @@
 //!   carried, and no caller is answered before its commit. The claim order is
 //!   the highest priority first, then oldest ready first, then lapsed
 //!   leases, ended backoffs and passed schedules by when each became
-//!   claimable, from index searches however many tasks wait (one per
+//!   claimable (the older task first when two became claimable at the
+//!   same time), from index searches however many tasks wait (one per
 //!   priority of each index, at most four): a task's `claimable_at` (0
 //!   while an attempt is ready, else its earliest backoff end or not-before
 //!   time) in the partial `tasks_claim_order` index, and each leased
-//!   attempt's lapse time in the partial `attempts_lapsing` index. A leased
+//!   attempt's lapse time in the partial `attempts_lapse_order` index. A leased
 //!   task is in the first only while it also has an attempt ready, in
 //!   backoff or scheduled, so a heartbeat rewrites just its attempt's lease
 //!   entry. The

@@ -672,7 +672,7 @@ pub(crate) trait ReadTransaction {
     /// lease rules' claim order ([`ClaimKey`](tessera_lease::ClaimKey)),
     /// each once: what a claim that must skip some (a full partition)
     /// walks through. Index searches of `tasks_claim_order` and
-    /// `attempts_lapsing`, one per priority, highest first.
+    /// `attempts_lapse_order`, one per priority, highest first.
     fn claim_candidates(
         &self,
         namespace: &Namespace,

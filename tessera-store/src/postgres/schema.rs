@@ -168,9 +168,9 @@ const INDEXES: &[(&str, &str)] = &[
         "CREATE INDEX IF NOT EXISTS attempts_by_state ON attempts (namespace, state, task, number)",
     ),
     (
-        "attempts_lapsing",
-        "CREATE INDEX IF NOT EXISTS attempts_lapsing \
-         ON attempts (namespace, queue, priority, lapses_at, expires_at, task) \
+        "attempts_lapse_order",
+        "CREATE INDEX IF NOT EXISTS attempts_lapse_order \
+         ON attempts (namespace, queue, priority, lapses_at, task, expires_at) \
          WHERE state = 'leased'",
     ),
     (
@@ -238,8 +238,9 @@ const ALTERATIONS: &[&str] = &[
     // older than the column), and the last progress a heartbeat carried.
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS changed_at BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS progress TEXT",
-    // Retired, as SQLite retired it: see `RETIRED_INDEXES`.
+    // Retired, as SQLite retired them: see `RETIRED_INDEXES`.
     "DROP INDEX IF EXISTS access_audit_at",
+    "DROP INDEX IF EXISTS attempts_lapsing",
 ];
 
 /// Indexes earlier builds created and this one drops where it finds them.
@@ -250,7 +251,10 @@ const ALTERATIONS: &[&str] = &[
 ///   row ids are in time order too; retention finds its time bound by a
 ///   search of the row ids (`first_event_at_or_after`), and each audit
 ///   row costs one b-tree entry less.
-const RETIRED_INDEXES: &[&str] = &["access_audit_at"];
+/// - `attempts_lapsing`: `attempts_lapse_order` before it ordered the
+///   leases that lapse at the same time by their task, as the lease
+///   rules' claim order does (it ordered them by expiry).
+const RETIRED_INDEXES: &[&str] = &["access_audit_at", "attempts_lapsing"];
 
 /// Version 1 counted tries without a limit. On the move to version 2
 /// each task allows at least one try more than any of its attempts has

@@ -97,13 +97,16 @@ pub(super) const PEEK_CLAIMABLE: &str = each_priority!(
     "$4::bigint"
 );
 /// [`NEXT_LAPSED`] without taking it, for a read.
-pub(super) const PEEK_LAPSED: &str =
-    each_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "$4::bigint");
+pub(super) const PEEK_LAPSED: &str = each_priority!(
+    lapsed_leases!(),
+    "ORDER BY lapses_at, task LIMIT 1",
+    "$4::bigint"
+);
 /// The lease of a queue that lapsed first, from priority `$4` up, its
 /// attempt locked.
 pub(super) const NEXT_LAPSED: &str = each_priority!(
     lapsed_leases!(),
-    "ORDER BY lapses_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+    "ORDER BY lapses_at, task LIMIT 1 FOR UPDATE SKIP LOCKED",
     "$4::bigint"
 );
 /// The columns of a task row, in [`task_row`](super::rows::task_row) order,
@@ -628,11 +631,11 @@ pub(super) const LEASED_IN_PARTITION: &str = "SELECT count(*) FROM attempts a \
 pub(super) const CANDIDATE_TASKS: &str = "SELECT id, claimable_at FROM tasks \
      WHERE namespace = $1 AND queue = $2 AND priority = $3 AND claimable_at IS NOT NULL \
      AND claimable_at <= $4 ORDER BY claimable_at, id LIMIT $5";
-/// A priority's due lapsed leases from `attempts_lapsing`, in its order.
+/// A priority's due lapsed leases from `attempts_lapse_order`, in its order.
 pub(super) const CANDIDATE_LAPSED: &str = "SELECT task, lapses_at FROM attempts \
      WHERE namespace = $1 AND queue = $2 AND priority = $3 AND state = 'leased' \
-     AND lapses_at <= $4 ORDER BY lapses_at LIMIT $5";
-/// The leased attempts of a queue, from `attempts_lapsing`.
+     AND lapses_at <= $4 ORDER BY lapses_at, task LIMIT $5";
+/// The leased attempts of a queue, from `attempts_lapse_order`.
 pub(super) const LEASED_IN_QUEUE: &str = "SELECT count(*) FROM attempts \
      WHERE namespace = $1 AND queue = $2 AND state = 'leased'";
 
@@ -709,8 +712,14 @@ mod tests {
                 "tasks_claim_order",
                 1,
             ),
-            ("next lapsed", NEXT_LAPSED, claim, "attempts_lapsing", 1),
-            ("has claimable", HAS_CLAIMABLE, probe, "attempts_lapsing", 1),
+            ("next lapsed", NEXT_LAPSED, claim, "attempts_lapse_order", 1),
+            (
+                "has claimable",
+                HAS_CLAIMABLE,
+                probe,
+                "attempts_lapse_order",
+                1,
+            ),
             (
                 "listing, oldest",
                 TASKS_BY_STATE_OLDEST,

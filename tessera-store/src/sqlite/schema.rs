@@ -186,7 +186,7 @@ pub(crate) const TABLES: &[Table] = &[
             // 0 while one is ready, the earliest backoff end or not-before
             // time otherwise, NULL while every unfinished attempt is leased
             // or once all are final (the task is then out of the claim
-            // index; lapsed leases are found through `attempts_lapsing`, so
+            // index; lapsed leases are found through `attempts_lapse_order`, so
             // a heartbeat never rewrites the task).
             ("claimable_at", "INTEGER"),
             ("created_at", "INTEGER NOT NULL"),
@@ -413,7 +413,7 @@ pub(crate) const INDEXES: &[Index] = &[
     },
     // Claim order within each priority: ready tasks (claimable_at 0)
     // oldest first, then ended backoffs and schedules (merged with
-    // `attempts_lapsing`'s lapsed leases by time); tasks with nothing ready,
+    // `attempts_lapse_order`'s lapsed leases by time); tasks with nothing ready,
     // in backoff or scheduled are not in it.
     Index {
         name: "tasks_claim_order",
@@ -443,7 +443,7 @@ pub(crate) const INDEXES: &[Index] = &[
     // priority, expiry reads a namespace's expiries and tasks from the
     // index alone, and a heartbeat moves only its own entry.
     Index {
-        name: "attempts_lapsing",
+        name: "attempts_lapse_order",
         table: "attempts",
         unique: false,
         columns: &[
@@ -451,8 +451,8 @@ pub(crate) const INDEXES: &[Index] = &[
             "queue",
             "priority",
             "lapses_at",
-            "expires_at",
             "task",
+            "expires_at",
         ],
         filter: Some("state = 'leased'"),
     },
@@ -522,10 +522,17 @@ pub(crate) const INDEXES: &[Index] = &[
 ///   the row ids (`audit.rs`), and each audit row costs one b-tree entry
 ///   less.
 /// - `tasks_claimable` and `attempts_leased`: the claim indexes before
-///   priorities, replaced by `tasks_claim_order` and `attempts_lapsing`,
+///   priorities, replaced by `tasks_claim_order` and `attempts_lapse_order`,
 ///   which lead with the priority.
-pub(crate) const RETIRED_INDEXES: &[&str] =
-    &["access_audit_at", "tasks_claimable", "attempts_leased"];
+/// - `attempts_lapsing`: `attempts_lapse_order` before it ordered the
+///   leases that lapse at the same time by their task, as the lease
+///   rules' claim order does (it ordered them by expiry).
+pub(crate) const RETIRED_INDEXES: &[&str] = &[
+    "access_audit_at",
+    "tasks_claimable",
+    "attempts_leased",
+    "attempts_lapsing",
+];
 
 /// Tables earlier builds created, each with the statements that move its
 /// rows into this build's tables before it is dropped. An older build that

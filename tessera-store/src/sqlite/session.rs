@@ -70,7 +70,7 @@ pub(crate) const PUT_QUEUE_SETTINGS: &str = "INSERT INTO queue_settings \
 pub(crate) const DELETE_QUEUE_SETTINGS: &str =
     "DELETE FROM queue_settings WHERE namespace = ?1 AND queue = ?2";
 
-/// The leased attempts of a queue, from `attempts_lapsing` alone.
+/// The leased attempts of a queue, from `attempts_lapse_order` alone.
 pub(crate) const LEASED_IN_QUEUE: &str = "SELECT count(*) FROM attempts \
      WHERE namespace = ?1 AND queue = ?2 AND state = 'leased'";
 
@@ -137,7 +137,7 @@ pub(crate) fn leased_in_queue(
 }
 
 /// The leased attempts of one partition of a queue: the queue's leased
-/// attempts from `attempts_lapsing`, each task's key by its row id.
+/// attempts from `attempts_lapse_order`, each task's key by its row id.
 pub(crate) const LEASED_IN_PARTITION: &str = "SELECT count(*) FROM attempts a \
      JOIN tasks t ON t.id = a.task WHERE a.namespace = ?1 AND a.queue = ?2 \
      AND a.state = 'leased' AND t.partition_key = ?3";
@@ -147,10 +147,10 @@ pub(crate) const CANDIDATE_TASKS: &str = "SELECT id, claimable_at FROM tasks \
      WHERE namespace = ?1 AND queue = ?2 AND priority = ?3 AND claimable_at IS NOT NULL \
      AND claimable_at <= ?4 ORDER BY claimable_at, id LIMIT ?5";
 
-/// A priority's due lapsed leases from `attempts_lapsing`, in its order.
+/// A priority's due lapsed leases from `attempts_lapse_order`, in its order.
 pub(crate) const CANDIDATE_LAPSED: &str = "SELECT task, lapses_at FROM attempts \
      WHERE namespace = ?1 AND queue = ?2 AND priority = ?3 AND state = 'leased' \
-     AND lapses_at <= ?4 ORDER BY lapses_at LIMIT ?5";
+     AND lapses_at <= ?4 ORDER BY lapses_at, task LIMIT ?5";
 
 /// How many of a partition's attempts are leased.
 pub(crate) fn leased_in_partition(

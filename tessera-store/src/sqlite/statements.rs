@@ -399,10 +399,14 @@ mod tests {
                 assert_eq!(searches(&lapsed, "tasks_claim_order"), levels, "{lapsed}");
             }
             if name.starts_with("queue") || name.starts_with("oldest") {
-                assert_eq!(searches(&lapsed, "attempts_lapsing"), levels, "{lapsed}");
+                assert_eq!(
+                    searches(&lapsed, "attempts_lapse_order"),
+                    levels,
+                    "{lapsed}"
+                );
             }
             assert!(
-                lapsed.contains("COVERING INDEX attempts_lapsing"),
+                lapsed.contains("COVERING INDEX attempts_lapse_order"),
                 "{name}: {lapsed}"
             );
             assert!(!lapsed.contains("TEMP B-TREE"), "{name}: {lapsed}");

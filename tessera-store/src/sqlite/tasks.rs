@@ -138,7 +138,7 @@ pub(crate) const OLDEST_CLAIMABLE: &str = by_priority!(
 
 /// A task of a queue claimable at `?3` if there is one: a ready attempt
 /// or an ended backoff or schedule in `tasks_claim_order`, else a lapsed
-/// lease in `attempts_lapsing`. Index searches only, one per priority and
+/// lease in `attempts_lapse_order`. Index searches only, one per priority and
 /// index at most, in one statement; no table row.
 pub(crate) const HAS_CLAIMABLE: &str = concat!(
     "SELECT id FROM (",
@@ -160,11 +160,11 @@ pub(crate) const HAS_CLAIMABLE: &str = concat!(
 
 /// The lease of a queue that lapsed into being claimable first (its task,
 /// when, and the task's priority), from priority `?4` up: one search of
-/// the partial `attempts_lapsing` index per priority.
+/// the partial `attempts_lapse_order` index per priority.
 pub(crate) const OLDEST_LAPSED: &str = by_priority!(
     "SELECT task, lapses_at, priority FROM attempts \
      WHERE namespace = ?1 AND queue = ?2 AND state = 'leased' AND lapses_at <= ?3",
-    "ORDER BY lapses_at LIMIT 1",
+    "ORDER BY lapses_at, task LIMIT 1",
     "?4"
 );
 

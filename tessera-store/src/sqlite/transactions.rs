@@ -122,7 +122,7 @@ impl ReadTransaction for Reader<'_> {
         Ok(row.map(|row| TaskHandle(row.id)))
     }
 
-    /// Index searches of `tasks_claim_order` and `attempts_lapsing`, one
+    /// Index searches of `tasks_claim_order` and `attempts_lapse_order`, one
     /// per priority down to the first with a due entry, and the chosen
     /// task's row; the lease rules' claim order decides.
     fn next_claimable(

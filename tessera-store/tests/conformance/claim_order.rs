@@ -69,6 +69,41 @@ fn lapsed_leases_and_ended_backoffs_come_in_the_order_they_became_claimable(db: 
     );
 }
 
+/// Leases that lapse at the same time come back oldest task first,
+/// whichever expired first: the lease rules' claim order breaks a tie by
+/// the task, not by the lease.
+fn leases_that_lapse_together_come_back_oldest_task_first(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let brief = json_brief(0);
+    let enqueue = |backoff| {
+        f.store
+            .enqueue(&worker, &ns, &q, &brief, &lapsing(backoff))
+            .unwrap()
+    };
+    let older = enqueue(Duration::ZERO);
+    let newer = enqueue(Duration::from_secs(30));
+    // Both leased at 12:00 until 12:01; the older task's lease is then
+    // extended to 12:01:30, when the newer one's 30 s lapse backoff ends.
+    let first = f.claim(&worker, &ns, &q);
+    assert_eq!(first.task, older);
+    assert_eq!(f.claim(&worker, &ns, &q).task, newer);
+    f.clock.advance(Duration::from_secs(30));
+    f.store
+        .heartbeat(&worker, &older, first.lease.token())
+        .unwrap();
+    f.clock.advance(Duration::from_secs(60));
+    let next = || claimed_task(f.store.claim(&worker, &ns, &q).unwrap());
+    assert_eq!(
+        next(),
+        Some(older),
+        "both lapsed at 12:01:30: the older task first"
+    );
+    assert_eq!(next(), Some(newer));
+    assert_eq!(next(), None);
+}
+
 /// A table's rows, as a count and a digest, read behind the store's back.
 fn rows(db: &TestDb, table: &str) -> (u64, [u8; 32]) {
     db.table_snapshot()[table]
@@ -489,6 +524,7 @@ fn claims_follow_the_rules(db: &TestDb, cases: u32, most_ops: usize) {
 
 conformance! {
     lapsed_leases_and_ended_backoffs_come_in_the_order_they_became_claimable,
+    leases_that_lapse_together_come_back_oldest_task_first,
     a_heartbeat_writes_its_attempt_and_audit_row_and_leaves_the_task_alone,
     claims_follow_the_lease_rules_and_the_documented_order,
     #[ignore = "long: run by .ci/run"]

@@ -254,20 +254,24 @@ fn a_newer_schema_is_refused_and_left_untouched() {
     tessera_no_test_postgres,
     ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
 )]
-fn a_retired_index_is_dropped_on_open_but_not_while_writes_are_refused() {
+fn retired_indexes_are_dropped_on_open_but_not_while_writes_are_refused() {
     let db = database();
     drop(db.open(StoreConfig::default()));
-    let retired = "SELECT count(*) FROM pg_indexes \
-         WHERE schemaname = current_schema() AND indexname = 'access_audit_at'";
+    let retired = "SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() \
+         AND indexname IN ('access_audit_at', 'attempts_lapsing')";
     assert_eq!(db.postgres_number(retired), 0, "a new schema has none");
-    // As an earlier build leaves it.
+    // As an earlier build leaves them.
     db.postgres_execute("CREATE INDEX access_audit_at ON access_audit (at)");
+    db.postgres_execute(
+        "CREATE INDEX attempts_lapsing ON attempts \
+         (namespace, queue, priority, lapses_at, expires_at, task) WHERE state = 'leased'",
+    );
     // Writes refused: the schema opens as it is, with nothing written.
     let before = db.table_snapshot();
     drop(db.open(StoreConfig::default().with_refuse_writes(true)));
     assert_eq!(db.table_snapshot(), before);
-    assert_eq!(db.postgres_number(retired), 1);
-    // Writes allowed: the open drops it.
+    assert_eq!(db.postgres_number(retired), 2);
+    // Writes allowed: the open drops them.
     drop(db.open(StoreConfig::default()));
     assert_eq!(db.postgres_number(retired), 0);
 }

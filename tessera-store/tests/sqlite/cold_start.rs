@@ -285,7 +285,7 @@ fn a_version_two_file_gets_priorities_and_the_claim_indexes_that_lead_with_them(
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(
             "DROP INDEX tasks_claim_order;
-             DROP INDEX attempts_lapsing;
+             DROP INDEX attempts_lapse_order;
              ALTER TABLE tasks DROP COLUMN priority;
              ALTER TABLE attempts DROP COLUMN priority;
              CREATE INDEX tasks_claimable ON tasks (namespace, queue, claimable_at, id)
@@ -313,7 +313,7 @@ fn a_version_two_file_gets_priorities_and_the_claim_indexes_that_lead_with_them(
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    for new in ["tasks_claim_order", "attempts_lapsing"] {
+    for new in ["tasks_claim_order", "attempts_lapse_order"] {
         assert!(
             indexes.iter().any(|name| name == new),
             "{new} in {indexes:?}"

@@ -16,8 +16,19 @@ use tessera_store::{
 
 use crate::harness::{BackendKind, Fixture, TestDb, json_brief, namespace, noon, queue};
 
-fn lapsing(backoff: Duration) -> EnqueueOptions {
-    EnqueueOptions::default().with_lapse_backoff(backoff)
+/// Enqueues a task of one attempt into `renders/jobs`, its lapse backoff
+/// `backoff`.
+fn enqueue_lapsing(f: &Fixture<'_>, worker: &Caller, backoff: Duration) -> TaskRef {
+    let options = EnqueueOptions::default().with_lapse_backoff(backoff);
+    f.store
+        .enqueue(
+            worker,
+            &namespace("renders"),
+            &queue("jobs"),
+            &json_brief(0),
+            &options,
+        )
+        .unwrap()
 }
 
 fn claimed_task(outcome: ClaimOutcome) -> Option<TaskRef> {
@@ -28,12 +39,7 @@ fn lapsed_leases_and_ended_backoffs_come_in_the_order_they_became_claimable(db: 
     let f = Fixture::new(db);
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
     let (ns, q) = (namespace("renders"), queue("jobs"));
-    let brief = json_brief(0);
-    let enqueue = |backoff| {
-        f.store
-            .enqueue(&worker, &ns, &q, &brief, &lapsing(backoff))
-            .unwrap()
-    };
+    let enqueue = |backoff| enqueue_lapsing(&f, &worker, backoff);
     let a = enqueue(Duration::ZERO);
     let b = enqueue(Duration::from_secs(30));
     let c = enqueue(Duration::ZERO);
@@ -76,12 +82,7 @@ fn leases_that_lapse_together_come_back_oldest_task_first(db: &TestDb) {
     let f = Fixture::new(db);
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
     let (ns, q) = (namespace("renders"), queue("jobs"));
-    let brief = json_brief(0);
-    let enqueue = |backoff| {
-        f.store
-            .enqueue(&worker, &ns, &q, &brief, &lapsing(backoff))
-            .unwrap()
-    };
+    let enqueue = |backoff| enqueue_lapsing(&f, &worker, backoff);
     let older = enqueue(Duration::ZERO);
     let newer = enqueue(Duration::from_secs(30));
     // Both leased at 12:00 until 12:01; the older task's lease is then

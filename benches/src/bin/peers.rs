@@ -796,12 +796,11 @@ impl Tessera {
 
 impl Tessera {
     /// Processes the queue with `threads` threads sharing one [`Worker`]
-    /// (one key, fetching `CLAIM_BATCH` ahead), each taking the next task
-    /// and submitting it until the worker answers empty. Checks that
-    /// `jobs` distinct tasks were processed.
-    /// `jobs` tasks processed by `threads` threads sharing one `Worker`,
-    /// each task taking `work` (a sleep, as a task waiting on I/O does):
-    /// tasks, seconds, and the worker's transactions (claims and flushes).
+    /// (one key, fetching `CLAIM_BATCH` ahead), each taking the next task,
+    /// taking `work` over it (a sleep, as a task waiting on I/O does) and
+    /// submitting it until the worker answers empty. Checks that `jobs`
+    /// distinct tasks were processed; returns them, the seconds, and the
+    /// worker's transactions (claims and flushes).
     fn process_with_worker(&self, jobs: usize, threads: usize, work: Duration) -> (u64, f64, u64) {
         let store = (self.open)();
         let caller = self.caller(&store, 0);

@@ -120,7 +120,7 @@ use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::meter::MeterSnapshot;
 
 use error::{is_read_only_refusal, is_transient};
-use listener::{ListenerState, listen};
+use listener::{Announcer, ListenerState, listen};
 use pool::{Manager, PgConnection, QuietErrors};
 use transactions::PgTransaction;
 
@@ -131,7 +131,7 @@ pub use schema::SCHEMA_VERSION;
 /// The PostgreSQL backend.
 pub(crate) struct PostgresBackend {
     pool: r2d2::Pool<Manager>,
-    channel: String,
+    announcer: Announcer,
     refusing: AtomicBool,
     allowance: Mutex<DailyRowAllowance>,
     rows_written: AtomicU64,
@@ -190,14 +190,14 @@ impl PostgresBackend {
         let mut allowance = DailyRowAllowance::new(policy.daily_rows_written_allowance);
         allowance.record(now, migration_rows);
         let listener = Arc::new(ListenerState::default());
-        let channel = options.channel();
+        let announcer = Announcer::new(options.channel());
         let (ready, listening) = std::sync::mpsc::sync_channel(1);
         let listener_thread = options.listen.then(|| {
             let state = Arc::clone(&listener);
-            let (config, channel) = (config.clone(), channel.clone());
+            let (config, announcer) = (config.clone(), announcer.clone());
             std::thread::Builder::new()
                 .name("tessera-listen".to_owned())
-                .spawn(move || listen(&config, &channel, &state, &ready))
+                .spawn(move || listen(&config, &announcer, &state, &ready))
                 .expect("a thread can be spawned")
         });
         if listener_thread.is_some() {
@@ -208,7 +208,7 @@ impl PostgresBackend {
         }
         Ok(Self {
             pool,
-            channel,
+            announcer,
             refusing: AtomicBool::new(policy.refuse_writes),
             allowance: Mutex::new(allowance),
             rows_written: AtomicU64::new(migration_rows),
@@ -262,7 +262,7 @@ impl PostgresBackend {
             Err(error) if is_lost_connection(&error) => return Ok(None),
             Err(error) => return Err(error),
         };
-        let pg = PgTransaction::new(transaction, prepared, &self.channel, true);
+        let pg = PgTransaction::new(transaction, prepared, &self.announcer, true);
         if let Err(error) = work(&pg) {
             let _ = pg.finish(false);
             return match error {
@@ -330,7 +330,7 @@ impl Backend for PostgresBackend {
                 .isolation_level(IsolationLevel::RepeatableRead)
                 .read_only(true)
                 .start()?;
-            let pg = PgTransaction::new(transaction, prepared, &self.channel, false);
+            let pg = PgTransaction::new(transaction, prepared, &self.announcer, false);
             match work(&pg) {
                 Ok(()) => Ok(pg.finish(true)?),
                 Err(error) => {

@@ -37,6 +37,7 @@ use crate::model::health::StateCounts;
 use crate::model::queue::QueueSettings;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
+use super::listener::Announcer;
 use super::rows::{attempt_row, counter_row, event_row, key_row, receipt_row, task_row, version};
 use super::statements::*;
 
@@ -59,8 +60,8 @@ type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 pub(crate) struct PgTransaction<'a> {
     transaction: RefCell<postgres::Transaction<'a>>,
     prepared: RefCell<&'a mut Prepared>,
-    /// The channel enqueues are announced on.
-    channel: &'a str,
+    /// How enqueues are announced.
+    announcer: &'a Announcer,
     /// Whether reads lock what they return (a write transaction).
     locking: bool,
     /// Table rows changed so far, for the daily allowance.
@@ -73,13 +74,13 @@ impl<'a> PgTransaction<'a> {
     pub(crate) fn new(
         transaction: postgres::Transaction<'a>,
         prepared: &'a mut Prepared,
-        channel: &'a str,
+        announcer: &'a Announcer,
         locking: bool,
     ) -> Self {
         Self {
             transaction: RefCell::new(transaction),
             prepared: RefCell::new(prepared),
-            channel,
+            announcer,
             locking,
             rows: Cell::new(0),
             tail: Cell::new(None),
@@ -986,8 +987,8 @@ impl WriteTransaction for PgTransaction<'_> {
     }
 
     fn signal_enqueued(&self, namespace: &Namespace, queue: &QueueName) -> Result<()> {
-        let payload = format!("{namespace}\n{queue}");
-        self.query_opt(NOTIFY, &[&self.channel, &payload])?;
+        let payload = self.announcer.payload(namespace, queue);
+        self.query_opt(NOTIFY, &[&self.announcer.channel(), &payload])?;
         Ok(())
     }
 

@@ -14,8 +14,9 @@
 //! - **Time**: every time comes from the store's clock as Unix
 //!   milliseconds, never from the server's `now()`.
 //! - **Signals**: an enqueue runs `pg_notify` in its transaction; each
-//!   store `LISTEN`s on one connection of its own, wakes its long-polls
-//!   and drops its health snapshot. While that connection is down (or
+//!   store `LISTEN`s on one connection of its own and, for another
+//!   store's enqueue (its own it acted on at commit), wakes its long-polls,
+//!   restarts the queue's idle pacing and drops its health snapshot. While that connection is down (or
 //!   listening is off, as behind a pooler in transaction mode) long-polls
 //!   read their queue again every polling interval.
 //! - **Schema**: migrated under an advisory lock (see `schema.rs`).

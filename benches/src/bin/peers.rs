@@ -37,7 +37,9 @@
 //! are one `run()` with `concurrentJobs` set to the count (the script
 //! `benches/peers/graphile.js`). Each step's rate is its jobs over its own
 //! time; for graphile-worker that time runs from `run()` to the end of
-//! `stop()`, which waits for every completion. Around every step this
+//! `stop()`, which waits for every completion. Every step starts right
+//! after a `CHECKPOINT`, so each system's first write to a page after it
+//! logs the whole page, the same for both. Around every step this
 //! program reads, on a connection to the server's maintenance database,
 //! once the system's connections have all closed (so every backend has
 //! flushed its counters): `xact_commit`, `tup_inserted`, `tup_updated` and
@@ -251,8 +253,13 @@ impl Monitor {
     }
 
     /// Runs `step`, which returns jobs and seconds, between two readings of
-    /// `database`'s counters.
+    /// `database`'s counters, each step right after a checkpoint: a step
+    /// that a timed checkpoint falls in writes each page it touches whole
+    /// into the log once more, so without one which system paid for it
+    /// would be chance. Where the role may not checkpoint, steps run
+    /// without one.
     fn measure(&mut self, database: &str, step: impl FnOnce() -> (u64, f64)) -> Measured {
+        let _ = self.client.batch_execute("CHECKPOINT");
         let before = self.counters(database);
         let (jobs, seconds) = step();
         let after = self.counters(database);

@@ -11,14 +11,17 @@
 //! `JOBS` (default 10,000) no-op jobs per step. Without
 //! `TESSERA_PEER_GRAPHILE` only Tessera's side runs; without a server URL
 //! (`TESSERA_BENCH_POSTGRES_URL`, else `TESSERA_TEST_POSTGRES_URL`) only
-//! SQLite does. `TESSERA_PEERS_STEPS` (for example `4,8,4b`) keeps only
-//! the processing steps it names, by worker count, `b` for batched; the
-//! first step kept enqueues one per call.
+//! SQLite does. `TESSERA_PEERS_STEPS` (for example `4,8,4b`) runs only
+//! the processing steps it names, by worker count, `b` for batched, in its
+//! order; the first enqueues one per call. A step named again runs again
+//! (`4,4,4,4` four times), and the run ends with each repeated step's
+//! ratios and their median: one run's ratio moves with the machine.
 //!
 //! PostgreSQL: each system has a database of its own on the same server,
 //! `tessera_bench` and `graphile_bench` (created when missing), so
 //! `pg_stat_database` counts one system's work alone. The steps run in
-//! this order, each first for Tessera and then for graphile-worker:
+//! this order, each first for Tessera and then for graphile-worker (a
+//! repeated step every second time the other way round):
 //!
 //! 1. enqueue `JOBS`, one per call (`enqueue`; `addJob`), then process
 //!    them with 1 worker, one job per claim;
@@ -126,19 +129,42 @@ fn main() {
     }
 }
 
-/// The processing steps in order: worker count and whether batched.
-fn steps() -> impl Iterator<Item = (usize, bool)> {
-    let only: Option<Vec<String>> = std::env::var("TESSERA_PEERS_STEPS")
-        .ok()
-        .map(|steps| steps.split(',').map(str::to_owned).collect());
-    WORKERS
+/// The processing steps in order: worker count and whether batched. By
+/// default every step once; `TESSERA_PEERS_STEPS` lists the steps to run
+/// in its own order, a step listed twice running twice (a name that is no
+/// step, such as `none`, runs nothing).
+fn steps() -> Vec<(usize, bool)> {
+    let all = WORKERS
         .iter()
         .map(|&workers| (workers, false))
-        .chain(BATCHED_WORKERS.iter().map(|&workers| (workers, true)))
-        .filter(move |(workers, batched)| {
-            let name = format!("{workers}{}", if *batched { "b" } else { "" });
-            only.as_ref().is_none_or(|only| only.contains(&name))
-        })
+        .chain(BATCHED_WORKERS.iter().map(|&workers| (workers, true)));
+    let name =
+        |(workers, batched): (usize, bool)| format!("{workers}{}", if batched { "b" } else { "" });
+    match std::env::var("TESSERA_PEERS_STEPS") {
+        Err(_) => all.collect(),
+        Ok(listed) => listed
+            .split(',')
+            .filter_map(|listed| all.clone().find(|&step| name(step) == listed))
+            .collect(),
+    }
+}
+
+/// Measures a step of both systems, graphile-worker's first when
+/// `graphile_first`: a step run again swaps the order, so that neither
+/// system always runs on the other's heels (its autovacuum, its cache).
+fn in_turn(
+    monitor: &mut Monitor,
+    graphile_first: bool,
+    tessera: impl FnOnce(&mut Monitor) -> Measured,
+    graphile: impl FnOnce(&mut Monitor) -> Option<Measured>,
+) -> (Measured, Option<Measured>) {
+    if graphile_first {
+        let g = graphile(monitor);
+        (tessera(monitor), g)
+    } else {
+        let t = tessera(monitor);
+        (t, graphile(monitor))
+    }
 }
 
 /// One step's outcome: jobs, seconds, and the server's counters over it.
@@ -317,20 +343,32 @@ fn postgres(url: &str, jobs: usize) {
 
     let mut enqueues = Vec::new();
     let mut processing = Vec::new();
-    for (round, (workers, batched)) in steps().enumerate() {
+    let steps = steps();
+    for (round, &(workers, batched)) in steps.iter().enumerate() {
         let step = round as u64 + 1;
+        let again = steps[..round]
+            .iter()
+            .filter(|&&earlier| earlier == (workers, batched))
+            .count();
+        let graphile_first = again % 2 == 1;
         let per_call = if round == 0 { 1 } else { ENQUEUE_BATCH };
         let figure = if per_call == 1 {
             "enqueue, one per call".to_owned()
         } else {
             format!("enqueue, {per_call} per call (before step {})", round + 1)
         };
-        let t = monitor.measure(TESSERA_DATABASE, || tessera.enqueue(jobs, per_call));
-        let g = graphile.as_ref().map(|graphile| {
-            monitor.measure(GRAPHILE_DATABASE, || {
-                graphile.run(&["enqueue", &jobs.to_string(), &per_call.to_string()])
-            })
-        });
+        let (t, g) = in_turn(
+            &mut monitor,
+            graphile_first,
+            |monitor| monitor.measure(TESSERA_DATABASE, || tessera.enqueue(jobs, per_call)),
+            |monitor| {
+                graphile.as_ref().map(|graphile| {
+                    monitor.measure(GRAPHILE_DATABASE, || {
+                        graphile.run(&["enqueue", &jobs.to_string(), &per_call.to_string()])
+                    })
+                })
+            },
+        );
         report_progress(&figure, &t, g.as_ref());
         enqueues.push(Row {
             figure,
@@ -346,19 +384,28 @@ fn postgres(url: &str, jobs: usize) {
                 if workers == 1 { "" } else { "s" }
             )
         };
-        let t = monitor.measure(TESSERA_DATABASE, || {
-            tessera.process(jobs, workers, batched, step)
-        });
-        let g = graphile.as_ref().map(|graphile| {
-            monitor.measure(GRAPHILE_DATABASE, || {
-                let mut args = vec!["process".to_owned(), jobs.to_string(), workers.to_string()];
-                if batched {
-                    args.push("batched".to_owned());
-                }
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                graphile.run(&args)
-            })
-        });
+        let (t, g) = in_turn(
+            &mut monitor,
+            graphile_first,
+            |monitor| {
+                monitor.measure(TESSERA_DATABASE, || {
+                    tessera.process(jobs, workers, batched, step)
+                })
+            },
+            |monitor| {
+                graphile.as_ref().map(|graphile| {
+                    monitor.measure(GRAPHILE_DATABASE, || {
+                        let mut args =
+                            vec!["process".to_owned(), jobs.to_string(), workers.to_string()];
+                        if batched {
+                            args.push("batched".to_owned());
+                        }
+                        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                        graphile.run(&args)
+                    })
+                })
+            },
+        );
         report_progress(&figure, &t, g.as_ref());
         processing.push(Row {
             figure,
@@ -399,6 +446,7 @@ fn postgres(url: &str, jobs: usize) {
             )),
         );
     }
+    print_repeated(&processing);
     let batch_rates: Vec<String> = enqueues
         .iter()
         .skip(1)
@@ -459,15 +507,52 @@ fn postgres(url: &str, jobs: usize) {
     );
     println!("| ---: | ---: | ---: | ---: |");
     for (clients, rate) in SAME_ROWS_CLIENTS.iter().zip(&same_rows) {
-        let step = steps()
+        let step = steps
+            .iter()
             .zip(&processing)
-            .find(|((workers, batched), _)| workers == clients && !batched)
+            .find(|&(&(workers, batched), _)| workers == *clients && !batched)
             .map(|(_, row)| row);
         let tessera = step.map_or("–".to_owned(), |row| format!("{:.0}", row.tessera.rate()));
         let graphile = step
             .and_then(|row| row.graphile)
             .map_or("–".to_owned(), |g| format!("{:.0}", g.rate()));
         println!("| {clients} | {rate:.0} | {tessera} | {graphile} |");
+    }
+}
+
+/// For each processing step run more than once beside graphile-worker:
+/// its ratios in the order run and their median.
+fn print_repeated(processing: &[Row]) {
+    let mut figures: Vec<&str> = Vec::new();
+    for row in processing {
+        let runs = processing.iter().filter(|r| r.figure == row.figure).count();
+        if runs > 1 && row.graphile.is_some() && !figures.contains(&row.figure.as_str()) {
+            figures.push(&row.figure);
+        }
+    }
+    if figures.is_empty() {
+        return;
+    }
+    println!();
+    println!("Steps run more than once, in turn (graphile-worker first every second time)");
+    println!();
+    println!("| figure | Tessera / graphile-worker, each run | median |");
+    println!("| --- | --- | ---: |");
+    for figure in figures {
+        let mut ratios: Vec<f64> = processing
+            .iter()
+            .filter(|row| row.figure == figure)
+            .filter_map(|row| row.graphile.map(|g| row.tessera.rate() / g.rate()))
+            .collect();
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
+        ratios.sort_by(f64::total_cmp);
+        let middle = ratios.len() / 2;
+        let median = if ratios.len() % 2 == 0 {
+            (ratios[middle - 1] + ratios[middle]) / 2.0
+        } else {
+            ratios[middle]
+        };
+        println!("| {figure} | {} | {median:.2}× |", each.join(", "));
     }
 }
 
@@ -869,7 +954,7 @@ fn sqlite(jobs: usize) {
         Store::open(&path, config).unwrap()
     }));
     let mut rows = Vec::new();
-    for (step, (workers, batched)) in steps().enumerate() {
+    for (step, (workers, batched)) in steps().into_iter().enumerate() {
         tessera.enqueue(jobs, ENQUEUE_BATCH);
         let (done, seconds) = tessera.process(jobs, workers, batched, step as u64 + 100);
         let rate = done as f64 / seconds;

@@ -15,10 +15,11 @@
 //!   milliseconds, never from the server's `now()`.
 //! - **Signals**: an enqueue runs `pg_notify` in its transaction; each
 //!   store `LISTEN`s on one connection of its own and, for another
-//!   store's enqueue (its own it acted on at commit), wakes its long-polls,
-//!   restarts the queue's idle pacing and drops its health snapshot. While that connection is down (or
-//!   listening is off, as behind a pooler in transaction mode) long-polls
-//!   read their queue again every polling interval.
+//!   store's enqueue (its own it acted on at commit), wakes its
+//!   long-polls, restarts the queue's idle pacing and drops its health
+//!   snapshot. While that connection is down (or listening is off, as
+//!   behind a pooler in transaction mode) long-polls read their queue
+//!   again every polling interval.
 //! - **Schema**: migrated under an advisory lock (see `schema.rs`).
 //! - **Batches**: a batch enqueue and a batch of acknowledgements run
 //!   set-based statements, their values passed as arrays and read back

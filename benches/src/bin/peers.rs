@@ -40,9 +40,18 @@
 //! are one `run()` with `concurrentJobs` set to the count (the script
 //! `benches/peers/graphile.js`). Each step's rate is its jobs over its own
 //! time; for graphile-worker that time runs from `run()` to the end of
-//! `stop()`, which waits for every completion. Every step starts right
-//! after a `CHECKPOINT`, so each system's first write to a page after it
-//! logs the whole page, the same for both. Around every step this
+//! `stop()`, which waits for every completion. Every processing step but
+//! the first starts right after a `VACUUM (ANALYZE)` of the system's
+//! database: a claim's index search walks past the entries earlier claims
+//! left until a vacuum removes them (for both systems alike), so each
+//! step starts with none, rather than with however many autovacuum's
+//! once-a-minute visit happened to leave. Every step starts right after a
+//! `CHECKPOINT`, so each system's first write to a page after it logs the
+//! whole page, the same for both. Each step's CPU time a job is the
+//! machine's busy time (`/proc/stat`) less this program's and its
+//! children's (`/proc/self/stat`: Tessera's threads, graphile-worker's
+//! Node process), so with the server on this machine it is the server's
+//! work, and then the client's. Around every step this
 //! program reads, on a connection to the server's maintenance database,
 //! once the system's connections have all closed (so every backend has
 //! flushed its counters): `xact_commit`, `tup_inserted`, `tup_updated` and
@@ -183,6 +192,23 @@ impl Measured {
     fn per_job(&self, value: i64) -> f64 {
         value as f64 / self.jobs as f64
     }
+
+    /// CPU milliseconds a job: the rest of the machine (the server, when it
+    /// runs here) and this program with its children (the system's client),
+    /// `–` where not measured.
+    fn cpu_per_job(&self) -> String {
+        let counters = self.counters;
+        let rest = counters
+            .machine_cpu
+            .zip(counters.client_cpu)
+            .map(|(machine, client)| machine - client);
+        let ms = |cpu: Option<f64>| {
+            cpu.map_or("–".to_owned(), |cpu| {
+                format!("{:.3}", cpu * 1e3 / self.jobs as f64)
+            })
+        };
+        format!("{} + {}", ms(rest), ms(counters.client_cpu))
+    }
 }
 
 /// What `pg_stat_database` and the write-ahead log say of one database.
@@ -193,6 +219,11 @@ struct Counters {
     updated: i64,
     deleted: i64,
     wal_bytes: i64,
+    /// CPU seconds the whole machine was busy, where `/proc/stat` says.
+    machine_cpu: Option<f64>,
+    /// CPU seconds of this process and its reaped children (graphile-
+    /// worker's Node process).
+    client_cpu: Option<f64>,
 }
 
 impl Counters {
@@ -203,6 +234,11 @@ impl Counters {
             updated: self.updated - earlier.updated,
             deleted: self.deleted - earlier.deleted,
             wal_bytes: self.wal_bytes - earlier.wal_bytes,
+            machine_cpu: self
+                .machine_cpu
+                .zip(earlier.machine_cpu)
+                .map(|(a, b)| a - b),
+            client_cpu: self.client_cpu.zip(earlier.client_cpu).map(|(a, b)| a - b),
         }
     }
 
@@ -215,12 +251,14 @@ impl Counters {
 /// database so that its own transactions count in neither system's.
 struct Monitor {
     client: postgres::Client,
+    url: String,
 }
 
 impl Monitor {
     fn connect(url: &str) -> Self {
         Self {
             client: postgres::Client::connect(url, postgres::NoTls).unwrap(),
+            url: url.to_owned(),
         }
     }
 
@@ -275,16 +313,35 @@ impl Monitor {
             updated: row.get(2),
             deleted: row.get(3),
             wal_bytes: row.get(4),
+            machine_cpu: machine_busy(),
+            client_cpu: own_cpu(),
         }
     }
 
     /// Runs `step`, which returns jobs and seconds, between two readings of
-    /// `database`'s counters, each step right after a checkpoint: a step
-    /// that a timed checkpoint falls in writes each page it touches whole
-    /// into the log once more, so without one which system paid for it
-    /// would be chance. Where the role may not checkpoint, steps run
-    /// without one.
-    fn measure(&mut self, database: &str, step: impl FnOnce() -> (u64, f64)) -> Measured {
+    /// `database`'s counters, right after a checkpoint, and when `vacuum`
+    /// after a `VACUUM (ANALYZE)` of `database` before it. A claim's index
+    /// search walks the entries that earlier claims left behind until a
+    /// vacuum removes them, and autovacuum visits each database once a
+    /// minute, so without one how many a step starts with would be chance.
+    /// (Not before the first processing step: it would record the tables
+    /// no job has reached yet as empty, and plans made then would search
+    /// them as if they stayed so.) A step that a timed checkpoint falls in
+    /// writes each page it touches whole into the log once more, so
+    /// without one which system paid for it would be chance too. Where the
+    /// role may not vacuum or checkpoint, steps run without.
+    fn measure(
+        &mut self,
+        database: &str,
+        vacuum: bool,
+        step: impl FnOnce() -> (u64, f64),
+    ) -> Measured {
+        if vacuum
+            && let Ok(mut client) =
+                postgres::Client::connect(&with_database(&self.url, database), postgres::NoTls)
+        {
+            let _ = client.batch_execute("VACUUM (ANALYZE)");
+        }
         let _ = self.client.batch_execute("CHECKPOINT");
         let before = self.counters(database);
         let (jobs, seconds) = step();
@@ -295,6 +352,41 @@ impl Monitor {
             counters: after.since(before),
         }
     }
+}
+
+/// The kernel's user ticks a second on Linux, the unit of `/proc`'s times.
+const TICKS: f64 = 100.0;
+
+/// CPU seconds this process and the children it waited for (graphile-
+/// worker's Node process) have run, from `/proc/self/stat`.
+fn own_cpu() -> Option<f64> {
+    let line = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // After the command's closing parenthesis: state, then utime, stime,
+    // cutime and cstime are the 12th to the 15th fields.
+    let fields: Vec<&str> = line.rsplit_once(')')?.1.split_whitespace().collect();
+    (11..15)
+        .map(|at| fields.get(at)?.parse::<f64>().ok())
+        .sum::<Option<f64>>()
+        .map(|ticks| ticks / TICKS)
+}
+
+/// CPU seconds all of the machine's cores have been busy (user, nice,
+/// system, interrupts), from `/proc/stat`: idle, I/O wait and time stolen
+/// by a hypervisor are left out.
+fn machine_busy() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse().ok())
+        .collect::<Option<_>>()?;
+    let busy = [0, 1, 2, 5, 6]
+        .iter()
+        .map(|&at| fields.get(at))
+        .sum::<Option<f64>>()?;
+    Some(busy / TICKS)
 }
 
 /// `url` with its database replaced by `database`.
@@ -360,10 +452,10 @@ fn postgres(url: &str, jobs: usize) {
         let (t, g) = in_turn(
             &mut monitor,
             graphile_first,
-            |monitor| monitor.measure(TESSERA_DATABASE, || tessera.enqueue(jobs, per_call)),
+            |monitor| monitor.measure(TESSERA_DATABASE, false, || tessera.enqueue(jobs, per_call)),
             |monitor| {
                 graphile.as_ref().map(|graphile| {
-                    monitor.measure(GRAPHILE_DATABASE, || {
+                    monitor.measure(GRAPHILE_DATABASE, false, || {
                         graphile.run(&["enqueue", &jobs.to_string(), &per_call.to_string()])
                     })
                 })
@@ -388,13 +480,13 @@ fn postgres(url: &str, jobs: usize) {
             &mut monitor,
             graphile_first,
             |monitor| {
-                monitor.measure(TESSERA_DATABASE, || {
+                monitor.measure(TESSERA_DATABASE, round > 0, || {
                     tessera.process(jobs, workers, batched, step)
                 })
             },
             |monitor| {
                 graphile.as_ref().map(|graphile| {
-                    monitor.measure(GRAPHILE_DATABASE, || {
+                    monitor.measure(GRAPHILE_DATABASE, round > 0, || {
                         let mut args =
                             vec!["process".to_owned(), jobs.to_string(), workers.to_string()];
                         if batched {
@@ -465,8 +557,11 @@ fn postgres(url: &str, jobs: usize) {
     println!();
     println!("Per processed job, from the server's statistics (WAL: the whole server's log)");
     println!();
-    println!("| step | system | transactions | rows inserted + updated + deleted | WAL bytes |");
-    println!("| --- | --- | ---: | ---: | ---: |");
+    println!(
+        "| step | system | transactions | rows inserted + updated + deleted | WAL bytes | \
+         CPU ms: server + client |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | ---: |");
     for row in enqueues.iter().take(2).chain(&processing) {
         for (system, measured) in [
             ("Tessera", Some(row.tessera)),
@@ -474,7 +569,7 @@ fn postgres(url: &str, jobs: usize) {
         ] {
             let Some(m) = measured else { continue };
             println!(
-                "| {} | {system} | {:.2} | {:.2} ({:.2} + {:.2} + {:.2}) | {:.0} |",
+                "| {} | {system} | {:.2} | {:.2} ({:.2} + {:.2} + {:.2}) | {:.0} | {} |",
                 row.figure,
                 m.per_job(m.counters.commits),
                 m.per_job(m.counters.rows()),
@@ -482,6 +577,7 @@ fn postgres(url: &str, jobs: usize) {
                 m.per_job(m.counters.updated),
                 m.per_job(m.counters.deleted),
                 m.per_job(m.counters.wal_bytes),
+                m.cpu_per_job(),
             );
         }
     }
@@ -642,15 +738,17 @@ fn same_rows_floor(url: &str, schema: &str, clients: usize) -> f64 {
 fn report_progress(figure: &str, tessera: &Measured, graphile: Option<&Measured>) {
     let graphile = graphile.map_or(String::new(), |g| {
         format!(
-            "; graphile-worker {:.0}/s, {:.2} transactions/job",
+            "; graphile-worker {:.0}/s, {:.2} transactions/job, CPU ms/job {}",
             g.rate(),
-            g.per_job(g.counters.commits)
+            g.per_job(g.counters.commits),
+            g.cpu_per_job()
         )
     });
     eprintln!(
-        "{figure}: Tessera {:.0}/s, {:.2} transactions/job{graphile}",
+        "{figure}: Tessera {:.0}/s, {:.2} transactions/job, CPU ms/job {}{graphile}",
         tessera.rate(),
-        tessera.per_job(tessera.counters.commits)
+        tessera.per_job(tessera.counters.commits),
+        tessera.cpu_per_job()
     );
 }
 

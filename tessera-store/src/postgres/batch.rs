@@ -45,7 +45,14 @@ const ATTEMPT_COLUMNS: usize = 13;
 /// priority), with briefs, each locked or skipped, then
 /// their attempts, locked too so that they are read as the newest
 /// versions; one row per attempt, in the columns of [`LOCK_AND_LOAD`],
-/// then whether the queue has a due lapsed lease.
+/// then whether the queue has a due lapsed lease that the claim order
+/// may put in the batch: when `$4` tasks were picked, one above the
+/// lowest priority picked, or of that priority when a task picked there
+/// is not ready but became claimable at a time (a ready task comes before
+/// every lapse of its own priority); else any. A search of a priority
+/// walks the index entries of every ended lease whose lapse time has
+/// passed until a vacuum removes them, so a full batch does not search
+/// the priorities that cannot matter.
 const LOCK_CLAIMABLE: &str = concat!(
     "WITH picked AS MATERIALIZED (",
     each_priority!(
@@ -71,7 +78,9 @@ const LOCK_CLAIMABLE: &str = concat!(
         "SELECT task, lapses_at, priority FROM attempts \
          WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3",
         "ORDER BY lapses_at LIMIT 1",
-        "0"
+        "CASE WHEN (SELECT count(*) FROM picked) >= $4 \
+         THEN (SELECT min(CASE WHEN claimable_at = 0 THEN priority + 1 ELSE priority END) \
+         FROM picked) ELSE 0 END"
     ),
     ") AS lapse_due FROM picked p JOIN attempt a ON a.task = p.id \
      ORDER BY p.priority DESC, p.claimable_at, p.id, a.number"

@@ -418,8 +418,9 @@ mod tests {
         ));
 
         // A due lapse above the ready task's priority comes first: the
-        // general claim's. One below it does not: the statement's.
-        for (lapsed, ready, quick_grants) in [(2, 1, false), (0, 1, true)] {
+        // general claim's. One of its own priority or below it does not:
+        // the statement's (which searches only the priorities above).
+        for (lapsed, ready, quick_grants) in [(2, 1, false), (1, 1, true), (0, 1, true)] {
             let ranked = QueueName::parse(&format!("ranked{lapsed}")).unwrap();
             let at = |priority| EnqueueOptions::default().with_priority(priority);
             store

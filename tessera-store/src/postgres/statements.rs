@@ -188,7 +188,11 @@ macro_rules! claim_one_ctes {
                 "0"
             ),
             "), lapse AS MATERIALIZED (",
-            each_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", "0"),
+            each_priority!(
+                lapsed_leases!(),
+                "ORDER BY lapses_at LIMIT 1",
+                "COALESCE((SELECT picked.priority + 1 FROM picked), 0)"
+            ),
             "), settings AS MATERIALIZED (SELECT 1 FROM queue_settings s \
              WHERE s.namespace = $1 AND s.queue = $2), attempt AS (SELECT ",
             attempt_columns_of!("a"),
@@ -261,8 +265,13 @@ macro_rules! claim_one_from {
 /// `attempt` locks the task's attempt, so under `READ COMMITTED` it reads
 /// the newest version, as the general claim's second statement does.
 /// `lapse` (the queue's first due lapsed lease, from the highest priority
-/// down) and `settings` (the queue's settings row) are each read once, for
-/// `ok` and for the answer. `ok` is the one shape the statement decides:
+/// down to the one above `picked`'s, or to the lowest when nothing was
+/// picked) and `settings` (the queue's settings row) are each read once,
+/// for `ok` and for the answer. A picked task needs only the lapses that
+/// come before it, and the lapse index keeps an entry for every lease
+/// that ended until a vacuum removes it: once its lapse time has passed,
+/// a search of the picked task's own priority would walk every such
+/// entry. `ok` is the one shape the statement decides:
 /// a single attempt, ready, its task ready in the claim column, no
 /// earlier grant of the attempt stamped after now (the lease rules stamp
 /// the new lease from that grant, and that is the general claim's), no

@@ -8,7 +8,7 @@ use tessera_audit::AuditEvent;
 use tessera_lease::{PartitionKey, UniqueKey};
 
 use super::rows::{attempt_row_at, receipt_row, task_row, version};
-use super::statements::each_priority;
+use super::statements::{each_priority, lapse_floor, lapsed_leases};
 use super::transactions::PgTransaction;
 use crate::backend::rows::{
     AttemptRow, AttemptWrite, EventRow, TaskRow, TaskWrites, claimable_column, corrupt,
@@ -46,13 +46,7 @@ const ATTEMPT_COLUMNS: usize = 13;
 /// their attempts, locked too so that they are read as the newest
 /// versions; one row per attempt, in the columns of [`LOCK_AND_LOAD`],
 /// then whether the queue has a due lapsed lease that the claim order
-/// may put in the batch: when `$4` tasks were picked, one above the
-/// lowest priority picked, or of that priority when a task picked there
-/// is not ready but became claimable at a time (a ready task comes before
-/// every lapse of its own priority); else any. A search of a priority
-/// walks the index entries of every ended lease whose lapse time has
-/// passed until a vacuum removes them, so a full batch does not search
-/// the priorities that cannot matter.
+/// may put in the batch (from `lapse_floor`'s priority up).
 const LOCK_CLAIMABLE: &str = concat!(
     "WITH picked AS MATERIALIZED (",
     each_priority!(
@@ -75,12 +69,9 @@ const LOCK_CLAIMABLE: &str = concat!(
      a.lapses_at, a.discarded, a.last_error, p.partition_key, p.unique_key, p.unique_states, \
      EXISTS (",
     each_priority!(
-        "SELECT task, lapses_at, priority FROM attempts \
-         WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3",
+        lapsed_leases!(),
         "ORDER BY lapses_at LIMIT 1",
-        "CASE WHEN (SELECT count(*) FROM picked) >= $4 \
-         THEN (SELECT min(CASE WHEN claimable_at = 0 THEN priority + 1 ELSE priority END) \
-         FROM picked) ELSE 0 END"
+        lapse_floor!("$4")
     ),
     ") AS lapse_due FROM picked p JOIN attempt a ON a.task = p.id \
      ORDER BY p.priority DESC, p.claimable_at, p.id, a.number"

@@ -76,6 +76,27 @@ macro_rules! lapsed_leases {
          WHERE namespace = $1 AND queue = $2 AND state = 'leased' AND lapses_at <= $3"
     };
 }
+pub(super) use lapsed_leases;
+/// The lowest priority whose due lapsed leases can come before a claim of
+/// `$limit` tasks from `picked` (its tasks' `priority` and
+/// `claimable_at`): when it picked all `$limit`, the one above its lowest
+/// priority, or that priority itself when a task picked there is not
+/// ready (a ready task comes before every lapse of its own priority, a
+/// task that became claimable at a time may not); else the lowest. A
+/// search of a priority walks the index entries of every ended lease
+/// whose lapse time has passed until a vacuum removes them, so the
+/// priorities that cannot matter are not searched.
+macro_rules! lapse_floor {
+    ($limit:literal) => {
+        concat!(
+            "CASE WHEN (SELECT count(*) FROM picked) >= ",
+            $limit,
+            " THEN (SELECT min(CASE WHEN claimable_at = 0 THEN priority + 1 ELSE priority END) \
+             FROM picked) ELSE 0 END"
+        )
+    };
+}
+pub(super) use lapse_floor;
 /// The first claimable task of a queue in claim-index order, from the
 /// highest priority down, locked, or skipped if another transaction holds
 /// it (`$4` is 0).
@@ -188,11 +209,7 @@ macro_rules! claim_one_ctes {
                 "0"
             ),
             "), lapse AS MATERIALIZED (",
-            each_priority!(
-                lapsed_leases!(),
-                "ORDER BY lapses_at LIMIT 1",
-                "COALESCE((SELECT picked.priority + 1 FROM picked), 0)"
-            ),
+            each_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", lapse_floor!("1")),
             "), settings AS MATERIALIZED (SELECT 1 FROM queue_settings s \
              WHERE s.namespace = $1 AND s.queue = $2), attempt AS (SELECT ",
             attempt_columns_of!("a"),
@@ -265,13 +282,9 @@ macro_rules! claim_one_from {
 /// `attempt` locks the task's attempt, so under `READ COMMITTED` it reads
 /// the newest version, as the general claim's second statement does.
 /// `lapse` (the queue's first due lapsed lease, from the highest priority
-/// down to the one above `picked`'s, or to the lowest when nothing was
-/// picked) and `settings` (the queue's settings row) are each read once,
-/// for `ok` and for the answer. A picked task needs only the lapses that
-/// come before it, and the lapse index keeps an entry for every lease
-/// that ended until a vacuum removes it: once its lapse time has passed,
-/// a search of the picked task's own priority would walk every such
-/// entry. `ok` is the one shape the statement decides:
+/// down to [`lapse_floor`]: above a ready picked task's, the lowest when
+/// nothing was picked) and `settings` (the queue's settings row) are each
+/// read once, for `ok` and for the answer. `ok` is the one shape the statement decides:
 /// a single attempt, ready, its task ready in the claim column, no
 /// earlier grant of the attempt stamped after now (the lease rules stamp
 /// the new lease from that grant, and that is the general claim's), no

@@ -89,10 +89,10 @@ pub(super) use lapsed_leases;
 macro_rules! lapse_floor {
     ($limit:literal) => {
         concat!(
-            "CASE WHEN (SELECT count(*) FROM picked) >= ",
+            "(SELECT CASE WHEN count(*) >= ",
             $limit,
-            " THEN (SELECT min(CASE WHEN claimable_at = 0 THEN priority + 1 ELSE priority END) \
-             FROM picked) ELSE 0 END"
+            " THEN min(CASE WHEN claimable_at = 0 THEN priority + 1 ELSE priority END) \
+             ELSE 0 END FROM picked)"
         )
     };
 }
@@ -208,18 +208,19 @@ macro_rules! claim_one_ctes {
                 "ORDER BY claimable_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
                 "0"
             ),
-            "), lapse AS MATERIALIZED (",
+            "), held AS MATERIALIZED (SELECT (SELECT lapse.priority FROM (",
             each_priority!(lapsed_leases!(), "ORDER BY lapses_at LIMIT 1", lapse_floor!("1")),
-            "), settings AS MATERIALIZED (SELECT 1 FROM queue_settings s \
-             WHERE s.namespace = $1 AND s.queue = $2), attempt AS (SELECT ",
+            ") AS lapse) AS lapsed, EXISTS (SELECT 1 FROM queue_settings s \
+             WHERE s.namespace = $1 AND s.queue = $2) AS configured), attempt AS (SELECT ",
             attempt_columns_of!("a"),
             " FROM attempts a JOIN picked p ON a.task = p.id WHERE a.number = 1 FOR UPDATE OF a), \
-             ok AS (SELECT p.id, p.last_token + 1 AS token, p.task_id, p.version, p.lapse_backoff_ms \
-             FROM picked p JOIN attempt a ON true WHERE p.alternatives = 1 AND p.claimable_at = 0 \
+             ok AS (SELECT p.id, p.last_token + 1 AS token, p.lapse_backoff_ms, \
+             'task:' || p.task_id || '@' || p.version || '/a1/t' || (p.last_token + 1) AS resource \
+             FROM picked p JOIN attempt a ON true JOIN held h ON true \
+             WHERE p.alternatives = 1 AND p.claimable_at = 0 \
              AND a.state = 'ready' AND (a.granted_at IS NULL OR a.granted_at <= $3::bigint) \
              AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
-             AND NOT EXISTS (SELECT 1 FROM lapse WHERE lapse.priority > p.priority) \
-             AND NOT EXISTS (SELECT 1 FROM settings)",
+             AND (h.lapsed IS NULL OR h.lapsed <= p.priority) AND NOT h.configured",
             $gate,
             "), leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
              tries = attempts.tries + 1, holder = $4::text, token = ok.token, granted_at = $3::bigint, \
@@ -227,12 +228,11 @@ macro_rules! claim_one_ctes {
              changed_at = $3::bigint FROM ok \
              WHERE attempts.task = ok.id AND attempts.number = 1 RETURNING ",
             attempt_columns_of!("attempts"),
-            "), moved AS (UPDATE tasks SET last_token = ok.token, claimable_at = NULL FROM ok \
-             WHERE tasks.id = ok.id RETURNING tasks.id), \
+            ", ok.resource), moved AS (UPDATE tasks SET last_token = ok.token, claimable_at = NULL \
+             FROM ok WHERE tasks.id = ok.id RETURNING tasks.id), \
              audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
              resource, ip_hash) SELECT $3::bigint, $6::text, $7::text, $8::text, $9::text, \
-             'task:' || ok.task_id || '@' || ok.version || '/a1/t' || ok.token, $10::text FROM ok \
-             RETURNING resource)"
+             ok.resource, $10::text FROM ok)"
         )
     };
 }
@@ -240,14 +240,14 @@ macro_rules! claim_one_ctes {
 /// task it would not grant, a due lapsed lease, or queue settings.
 macro_rules! claim_one_declines {
     () => {
-        "(p.id IS NOT NULL OR EXISTS (SELECT 1 FROM lapse) OR EXISTS (SELECT 1 FROM settings))"
+        "(p.id IS NOT NULL OR h.lapsed IS NOT NULL OR h.configured)"
     };
 }
 /// [`CLAIM_ONE`]'s answer's columns, after `SELECT`.
 macro_rules! claim_one_answer {
     () => {
         concat!(
-            "CASE WHEN l.number IS NOT NULL AND EXISTS (SELECT 1 FROM moved) THEN 'leased' WHEN ",
+            "CASE WHEN l.number IS NOT NULL AND m.id IS NOT NULL THEN 'leased' WHEN ",
             claim_one_declines!(),
             " THEN 'declined' ELSE 'empty' END, ",
             task_columns_of!("p"),
@@ -255,15 +255,15 @@ macro_rules! claim_one_answer {
             attempt_columns_of!("a"),
             ", ",
             attempt_columns_of!("l"),
-            ", (SELECT resource FROM audited), p.partition_key, p.unique_key, p.unique_states"
+            ", l.resource, p.partition_key, p.unique_key, p.unique_states"
         )
     };
 }
 /// What [`claim_one_answer`]'s columns are read from.
 macro_rules! claim_one_from {
     () => {
-        " FROM (SELECT 1) AS one LEFT JOIN picked p ON true \
-         LEFT JOIN attempt a ON true LEFT JOIN leased l ON true"
+        " FROM held h LEFT JOIN picked p ON true LEFT JOIN attempt a ON true \
+         LEFT JOIN leased l ON true LEFT JOIN moved m ON true"
     };
 }
 /// A claim in one statement (see [`QuickClaim`](crate::backend::QuickClaim)):
@@ -281,10 +281,11 @@ macro_rules! claim_one_from {
 /// the task's holder submitting it then need not wait for that claim.
 /// `attempt` locks the task's attempt, so under `READ COMMITTED` it reads
 /// the newest version, as the general claim's second statement does.
-/// `lapse` (the queue's first due lapsed lease, from the highest priority
-/// down to [`lapse_floor`]: above a ready picked task's, the lowest when
-/// nothing was picked) and `settings` (the queue's settings row) are each
-/// read once, for `ok` and for the answer. `ok` is the one shape the statement decides:
+/// `held` is one row read once, for `ok` and for the answer: `lapsed`,
+/// the priority of the queue's first due lapsed lease (searched from the
+/// highest priority down to [`lapse_floor`]: above a ready picked task's,
+/// the lowest when nothing was picked), and `configured`, whether the
+/// queue has a settings row. `ok` is the one shape the statement decides:
 /// a single attempt, ready, its task ready in the claim column, no
 /// earlier grant of the attempt stamped after now (the lease rules stamp
 /// the new lease from that grant, and that is the general claim's), no
@@ -293,11 +294,15 @@ macro_rules! claim_one_from {
 /// task comes before every lapse of its own), and a queue without a
 /// settings row (a pause or a concurrency limit is the general claim's to
 /// apply).
-/// The three writes run only for `ok`'s row. The answer is one row:
-/// `leased`, `declined` (a task, a due lapse or queue settings the
-/// statement leaves to the general claim) or `empty`; then the task and its attempt as they
-/// were, the attempt as written, the audit row's resource, and the task's
-/// columns read by name.
+/// The three writes run only for `ok`'s row, and `ok` spells the audit
+/// row's resource once, for the row and for the answer. The answer is one
+/// row: `leased`, `declined` (a task, a due lapse or queue settings the
+/// statement leaves to the general claim) or `empty`; then the task and
+/// its attempt as they were, the attempt as written, the audit row's
+/// resource, and the task's columns read by name. Each part is a join of
+/// one-row results, not a subquery a column: every subquery is a plan of
+/// its own that each run (and each recheck of a row changed since the
+/// statement's snapshot) starts up.
 pub(super) const CLAIM_ONE: &str = concat!(
     "WITH ",
     claim_one_ctes!(""),
@@ -327,7 +332,9 @@ pub(super) const CLAIM_ONE: &str = concat!(
 /// walk through every receipt of the principal). The claim is made only with it (`ok`'s
 /// gate), and the submission is written only when the claim is made or
 /// the queue is empty (`go`): a claim the statement declines leaves both
-/// to the general transaction. Two rows: the submission's (`submitted`
+/// to the general transaction. `done`, the receipt and the audit row are
+/// all written for `go`'s row or none is (`done` changes the attempt
+/// `sa` locked), so the answer reads `done` alone. Two rows: the submission's (`submitted`
 /// or `declined`, the task and its attempt as they were, the attempt as
 /// written, the audit row's resource, in [`CLAIM_ONE`]'s places), first,
 /// so that the plan locks the submitted task before it picks the next,
@@ -348,28 +355,27 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
      WHERE r.principal = $15::text AND r.task = (SELECT id FROM st) \
      AND r.idempotency_key = $16::text)), ",
     claim_one_ctes!(" AND EXISTS (SELECT 1 FROM sok)"),
-    ", go AS (SELECT sok.id, sok.accepted_at FROM sok LEFT JOIN picked p ON true \
-     WHERE EXISTS (SELECT 1 FROM ok) OR NOT ",
+    ", go AS (SELECT sok.id, sok.accepted_at FROM sok CROSS JOIN held h \
+     LEFT JOIN picked p ON true WHERE EXISTS (SELECT 1 FROM ok) OR NOT ",
     claim_one_declines!(),
     "), done AS (UPDATE attempts SET state = 'done', until_at = NULL, lapses_at = NULL, \
      discarded = NULL, changed_at = $3::bigint FROM go \
      WHERE attempts.task = go.id AND attempts.number = 1 RETURNING ",
     attempt_columns_of!("attempts"),
-    "), receipted AS (INSERT INTO receipts (task, attempt, token, principal, idempotency_key, \
-     artifact, digest, accepted_at, output) SELECT go.id, 1, $14::bigint, $15::text, $16::text, \
-     $19::text, $17::text, go.accepted_at, $18::bytea FROM go RETURNING accepted_at), \
+    ", go.accepted_at), receipted AS (INSERT INTO receipts (task, attempt, token, principal, \
+     idempotency_key, artifact, digest, accepted_at, output) SELECT go.id, 1, $14::bigint, \
+     $15::text, $16::text, $19::text, $17::text, go.accepted_at, $18::bytea FROM go), \
      submit_audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
      resource, ip_hash) SELECT $3::bigint, $20::text, $21::text, $22::text, $23::text, \
-     $24::text, $25::text FROM go RETURNING resource) \
-     SELECT CASE WHEN EXISTS (SELECT 1 FROM done) AND EXISTS (SELECT 1 FROM receipted) \
-     AND EXISTS (SELECT 1 FROM submit_audited) THEN 'submitted' ELSE 'declined' END, ",
+     $24::text, $25::text FROM go) \
+     SELECT CASE WHEN d.number IS NOT NULL THEN 'submitted' ELSE 'declined' END, ",
     task_columns_of!("st"),
     ", ",
     attempt_columns_of!("sa"),
     ", ",
     attempt_columns_of!("d"),
-    ", (SELECT resource FROM submit_audited), st.partition_key, st.unique_key, \
-     st.unique_states, (SELECT accepted_at FROM receipted) AS accepted_at, 's' AS role \
+    ", CASE WHEN d.number IS NOT NULL THEN $24::text END, st.partition_key, st.unique_key, \
+     st.unique_states, d.accepted_at, 's' AS role \
      FROM (SELECT 1) AS one LEFT JOIN st ON true LEFT JOIN sa ON true LEFT JOIN done d ON true \
      UNION ALL SELECT ",
     claim_one_answer!(),

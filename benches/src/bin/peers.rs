@@ -16,6 +16,10 @@
 //! order; the first enqueues one per call. A step named again runs again
 //! (`4,4,4,4` four times), and the run ends with each repeated step's
 //! ratios and their median: one run's ratio moves with the machine.
+//! Tessera's connection pool holds twice this machine's cores (the
+//! server's, as the server runs here), as `PostgresOptions::with_pool_size`
+//! advises; `TESSERA_PEERS_POOL` sets another size. graphile-worker keeps
+//! its own pool, at least 10.
 //!
 //! PostgreSQL: each system has a database of its own on the same server,
 //! `tessera_bench` and `graphile_bench` (created when missing), so
@@ -155,6 +159,17 @@ fn steps() -> Vec<(usize, bool)> {
             .split(',')
             .filter_map(|listed| all.clone().find(|&step| name(step) == listed))
             .collect(),
+    }
+}
+
+/// The size of Tessera's connection pool: `TESSERA_PEERS_POOL`, else
+/// twice this machine's cores.
+fn pool_size() -> u32 {
+    match std::env::var("TESSERA_PEERS_POOL") {
+        Ok(listed) => listed
+            .parse()
+            .unwrap_or_else(|_| panic!("TESSERA_PEERS_POOL={listed:?} is not a pool size")),
+        Err(_) => thread::available_parallelism().map_or(2, |cores| cores.get()) as u32 * 2,
     }
 }
 
@@ -521,7 +536,10 @@ fn postgres(url: &str, jobs: usize) {
     drop(schema);
 
     println!();
-    println!("PostgreSQL, {jobs} no-op jobs a step; rates in jobs/s");
+    println!(
+        "PostgreSQL, {jobs} no-op jobs a step; rates in jobs/s; Tessera's pool: {} connections",
+        pool_size()
+    );
     println!();
     println!("| figure | Tessera | graphile-worker | Tessera / graphile-worker |");
     println!("| --- | ---: | ---: | ---: |");
@@ -834,7 +852,10 @@ impl Tessera {
         let (url, schema) = (url.to_owned(), schema.to_owned());
         Self::with(Box::new(move || {
             let config = StoreConfig::default().with_lease_duration(Duration::from_secs(3600));
-            Store::open_postgres(PostgresOptions::new(&url).with_schema(&schema), config).unwrap()
+            let options = PostgresOptions::new(&url)
+                .with_schema(&schema)
+                .with_pool_size(pool_size());
+            Store::open_postgres(options, config).unwrap()
         }))
     }
 

@@ -60,6 +60,14 @@ impl PostgresOptions {
 
     /// The most connections the pool holds (default 16, at least 1); the
     /// listening connection is one more.
+    ///
+    /// Each busy connection is a server process, and a server does the
+    /// most work with about twice as many busy connections as it has
+    /// cores: past that, its processes take turns on the cores and each
+    /// statement costs more CPU. On a 2-core server, 8 worker threads of
+    /// one store processed 1,800–2,400 jobs a second through 8
+    /// connections and 2,750–3,150 through 4 (`docs/performance-peers.md`).
+    /// Size the pool for the server, counting every process's pool.
     pub fn with_pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self

@@ -470,28 +470,51 @@ pub(super) const UPDATE_CLAIMABLE: &str = "UPDATE tasks SET claimable_at = $2 WH
 /// Tasks with an expired lease, each once, locked or skipped.
 pub(super) const LAPSED_TASKS: &str = "SELECT DISTINCT task FROM attempts \
      WHERE namespace = $1 AND state = 'leased' AND expires_at <= $2 LIMIT $3";
-/// A listing's columns and join, in [`ListingRow`] order.
+/// A listing's columns and join, in [`ListingRow`] order, of the state
+/// `$2`, which `$state` (a comparison with `'leased'`) says is leased or
+/// not, so the planner knows which index holds it.
 macro_rules! select_listing {
-    ($tail:literal) => {
+    ($state:literal, $tail:expr) => {
         concat!(
             "SELECT a.task, a.number, a.state, a.until_at, a.discarded, a.tries, ",
             "t.queue, t.task_id, t.version, t.partition_key, a.progress ",
             "FROM attempts a JOIN tasks t ON t.id = a.task ",
-            "WHERE a.namespace = $1 AND a.state = $2 ",
+            "WHERE a.namespace = $1 AND a.state = $2 AND a.state ",
+            $state,
+            " ",
             $tail
         )
     };
 }
-/// A namespace's attempts in one state after ($3, $4), oldest first: one
-/// search of `attempts_by_state`.
-pub(super) const TASKS_BY_STATE_OLDEST: &str =
-    select_listing!("AND (a.task, a.number) > ($3, $4) ORDER BY a.task, a.number LIMIT $5");
+/// A listing's page after ($3, $4), oldest first.
+macro_rules! oldest_first {
+    () => {
+        "AND (a.task, a.number) > ($3, $4) ORDER BY a.task, a.number LIMIT $5"
+    };
+}
+/// A listing's page before ($3, $4), newest first.
+macro_rules! newest_first {
+    () => {
+        "AND (a.task, a.number) < ($3, $4) ORDER BY a.task DESC, a.number DESC LIMIT $5"
+    };
+}
+/// A namespace's attempts in one state other than leased after ($3, $4),
+/// oldest first: one search of `attempts_at_rest`.
+pub(super) const TASKS_BY_STATE_OLDEST: &str = select_listing!("<> 'leased'", oldest_first!());
 /// [`TASKS_BY_STATE_OLDEST`] newest first, before ($3, $4).
-pub(super) const TASKS_BY_STATE_NEWEST: &str = select_listing!(
-    "AND (a.task, a.number) < ($3, $4) ORDER BY a.task DESC, a.number DESC LIMIT $5"
-);
-pub(super) const COUNT_BY_STATE: &str =
-    "SELECT state, count(*) FROM attempts WHERE namespace = $1 GROUP BY state";
+pub(super) const TASKS_BY_STATE_NEWEST: &str = select_listing!("<> 'leased'", newest_first!());
+/// [`TASKS_BY_STATE_OLDEST`] of the leased attempts (`$2` is `leased`):
+/// those of the namespace in `attempts_lapse_order`, sorted. They are the
+/// leases in flight, so the sort is of a bounded few.
+pub(super) const LEASED_OLDEST: &str = select_listing!("= 'leased'", oldest_first!());
+/// [`LEASED_OLDEST`] newest first, before ($3, $4).
+pub(super) const LEASED_NEWEST: &str = select_listing!("= 'leased'", newest_first!());
+/// A namespace's attempts counted by state: the leased ones from
+/// `attempts_lapse_order`, the rest from `attempts_at_rest`.
+pub(super) const COUNT_BY_STATE: &str = "SELECT state, count(*) FROM attempts \
+     WHERE namespace = $1 AND state <> 'leased' GROUP BY state \
+     UNION ALL SELECT 'leased', count(*) FROM attempts \
+     WHERE namespace = $1 AND state = 'leased' HAVING count(*) > 0";
 pub(super) const COUNT_LAPSED: &str = "SELECT count(*) FROM attempts \
      WHERE namespace = $1 AND state = 'leased' AND expires_at <= $2";
 /// A receipt row's columns, in [`receipt_row`] order.
@@ -752,14 +775,14 @@ mod tests {
                 "listing, oldest",
                 TASKS_BY_STATE_OLDEST,
                 listing,
-                "attempts_by_state",
+                "attempts_at_rest",
                 1,
             ),
             (
                 "listing, newest",
                 TASKS_BY_STATE_NEWEST,
                 listing,
-                "attempts_by_state",
+                "attempts_at_rest",
                 1,
             ),
             (
@@ -792,6 +815,77 @@ mod tests {
                 failures.push(format!(
                     "{name}: {searches} searches of {index} wanted\n{plan}"
                 ));
+            }
+        }
+        client
+            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .unwrap();
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+
+    /// With few leases among many attempts in the statistics, as on a
+    /// queue with a long history, every search of leased attempts reads
+    /// `attempts_lapse_order`, never the listing index: a search there
+    /// would walk, on every claim, the entry each ended lease leaves in
+    /// it until a vacuum.
+    #[test]
+    #[cfg_attr(
+        tessera_no_test_postgres,
+        ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+    )]
+    fn lease_searches_read_the_lapse_index_when_leases_are_rare() {
+        let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
+            .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
+        let schema = format!("rare_leases_{}", std::process::id());
+        let options = PostgresOptions::new(url.as_str()).with_schema(schema.as_str());
+        drop(Store::open_postgres(options, StoreConfig::default()).unwrap());
+        let mut client = Client::connect(&url, NoTls).unwrap();
+        client
+            .batch_execute(&format!(
+                "SET search_path TO \"{schema}\"; \
+                 INSERT INTO attempts (task, number, namespace, queue, state, tries, holder, \
+                 token, granted_at, expires_at, lapses_at, changed_at) \
+                 SELECT n, 1, 'renders', 'jobs', CASE WHEN n <= 8 THEN 'leased' ELSE 'done' END, \
+                 1, 'p1', 1, 1, 10, 10, 1 FROM generate_series(1, 20000) AS n; \
+                 ANALYZE attempts; SET plan_cache_mode = force_generic_plan;"
+            ))
+            .unwrap();
+        // Generic plans, as the prepared statements run; each case's
+        // arguments are its parameters' values.
+        let claim = "'renders', 'jobs', 5, 'p1', 5, 'p1', 'renders', 'claim', 'ok', NULL";
+        let cases = [
+            ("a claim in one statement", CLAIM_ONE, claim),
+            ("next lapsed", NEXT_LAPSED, "'renders', 'jobs', 5, 0"),
+            ("has claimable", HAS_CLAIMABLE, "'renders', 'jobs', 5"),
+            ("expired leases", LAPSED_TASKS, "'renders', 5, 10"),
+            ("expired leases, counted", COUNT_LAPSED, "'renders', 5"),
+            ("leases of a queue", LEASED_IN_QUEUE, "'renders', 'jobs'"),
+            (
+                "leased, oldest",
+                LEASED_OLDEST,
+                "'renders', 'leased', 0, 0, 10",
+            ),
+            (
+                "leased, newest",
+                LEASED_NEWEST,
+                "'renders', 'leased', 9223372036854775807, 0, 10",
+            ),
+            ("counts by state", COUNT_BY_STATE, "'renders'"),
+        ];
+        let mut failures = Vec::new();
+        for (n, (name, sql, arguments)) in cases.into_iter().enumerate() {
+            client
+                .batch_execute(&format!("PREPARE search_{n} AS {sql}"))
+                .unwrap();
+            let plan: Vec<String> = client
+                .query(&format!("EXPLAIN EXECUTE search_{n}({arguments})"), &[])
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            if plan.contains("by_state") || !plan.contains("using attempts_lapse_order") {
+                failures.push(format!("{name}: attempts_lapse_order wanted\n{plan}"));
             }
         }
         client

@@ -407,8 +407,11 @@ impl ReadTransaction for PgTransaction<'_> {
         after: Option<TaskCursor>,
         limit: usize,
     ) -> Result<Vec<(TaskCursor, TaskListing)>> {
+        let leased = state == StateName::Leased;
         let (sql, start) = match order {
+            ListOrder::Oldest if leased => (LEASED_OLDEST, (0, 0)),
             ListOrder::Oldest => (TASKS_BY_STATE_OLDEST, (0, 0)),
+            ListOrder::Newest if leased => (LEASED_NEWEST, (i64::MAX, 0)),
             ListOrder::Newest => (TASKS_BY_STATE_NEWEST, (i64::MAX, 0)),
         };
         // The cursor's row is the attempt's task row here.

@@ -884,7 +884,7 @@ mod tests {
                 .map(|row| row.get(0))
                 .collect();
             let plan = plan.join("\n");
-            if plan.contains("by_state") || !plan.contains("using attempts_lapse_order") {
+            if !plan.contains("using attempts_lapse_order") {
                 failures.push(format!("{name}: attempts_lapse_order wanted\n{plan}"));
             }
         }

@@ -701,6 +701,21 @@ mod tests {
     type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
     use crate::{Store, StoreConfig};
 
+    /// A new Tessera schema named from `prefix` on the test server, and a
+    /// client whose search path is that schema.
+    fn fresh_schema(prefix: &str) -> (Client, String) {
+        let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
+            .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
+        let schema = format!("{prefix}_{}", std::process::id());
+        let options = PostgresOptions::new(url.as_str()).with_schema(schema.as_str());
+        drop(Store::open_postgres(options, StoreConfig::default()).unwrap());
+        let mut client = Client::connect(&url, NoTls).unwrap();
+        client
+            .batch_execute(&format!("SET search_path TO \"{schema}\""))
+            .unwrap();
+        (client, schema)
+    }
+
     /// Every claim, listing and audit-page statement searches an index (with
     /// sequential scans priced out, as on a table too large to scan), and
     /// the claim statements search the claim indexes once per priority.
@@ -710,17 +725,8 @@ mod tests {
         ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
     )]
     fn claim_listing_and_audit_statements_search_their_indexes() {
-        let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
-            .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
-        let schema = format!("plans_{}", std::process::id());
-        let options = PostgresOptions::new(url.as_str()).with_schema(schema.as_str());
-        drop(Store::open_postgres(options, StoreConfig::default()).unwrap());
-        let mut client = Client::connect(&url, NoTls).unwrap();
-        client
-            .batch_execute(&format!(
-                "SET search_path TO \"{schema}\"; SET enable_seqscan = off;"
-            ))
-            .unwrap();
+        let (mut client, schema) = fresh_schema("plans");
+        client.batch_execute("SET enable_seqscan = off").unwrap();
         let (ns, queue, state) = ("renders", "jobs", "ready");
         let (now, zero, limit, big) = (1_i64, 0_i64, 10_i64, i64::MAX);
         let claim: &[&(dyn ToSql + Sync)] = &[&ns, &queue, &now, &zero];
@@ -834,21 +840,15 @@ mod tests {
         ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
     )]
     fn lease_searches_read_the_lapse_index_when_leases_are_rare() {
-        let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
-            .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
-        let schema = format!("rare_leases_{}", std::process::id());
-        let options = PostgresOptions::new(url.as_str()).with_schema(schema.as_str());
-        drop(Store::open_postgres(options, StoreConfig::default()).unwrap());
-        let mut client = Client::connect(&url, NoTls).unwrap();
+        let (mut client, schema) = fresh_schema("rare_leases");
         client
-            .batch_execute(&format!(
-                "SET search_path TO \"{schema}\"; \
-                 INSERT INTO attempts (task, number, namespace, queue, state, tries, holder, \
+            .batch_execute(
+                "INSERT INTO attempts (task, number, namespace, queue, state, tries, holder, \
                  token, granted_at, expires_at, lapses_at, changed_at) \
                  SELECT n, 1, 'renders', 'jobs', CASE WHEN n <= 8 THEN 'leased' ELSE 'done' END, \
                  1, 'p1', 1, 1, 10, 10, 1 FROM generate_series(1, 20000) AS n; \
-                 ANALYZE attempts; SET plan_cache_mode = force_generic_plan;"
-            ))
+                 ANALYZE attempts; SET plan_cache_mode = force_generic_plan;",
+            )
             .unwrap();
         // Generic plans, as the prepared statements run; each case's
         // arguments are its parameters' values.

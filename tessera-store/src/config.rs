@@ -30,8 +30,9 @@ use crate::clock::{Clock, SystemClock};
 #[serde(default, deny_unknown_fields)]
 pub struct AckBatching {
     /// The most acknowledgements one commit carries (N), but one
-    /// caller's are never split: a `submit_batch` larger than N commits
-    /// alone, in one transaction.
+    /// caller's are never split: a `submit_batch` of N or more commits
+    /// alone, in one transaction, at once (it waits for no other
+    /// batch's commit).
     pub max_batch: usize,
     /// The longest a leader waits for more before it commits (T); only
     /// while acknowledgements are arriving together.

@@ -24,6 +24,13 @@
 //! other commits) are gathered into one batch. A lone caller is never
 //! delayed.
 //!
+//! A caller that hands in N items or more is a full batch by itself: it
+//! commits them at once, on its own thread, beside whatever batch is
+//! committing, rather than queue behind it. Waiting would gather nothing
+//! (its items are never split, nor joined by others'), and threads that
+//! each acknowledge a claimed batch of N or more would otherwise commit
+//! one at a time.
+//!
 //! No caller is answered before the commit that holds its items has
 //! ended: each gets its own answer (a receipt, a replay, its own error),
 //! or, when the commit fails, the commit's error; nothing of a failed
@@ -160,6 +167,11 @@ impl<T, R: Clone> Completer<T, R> {
         commit: &dyn Fn(Vec<T>) -> Vec<R>,
         failed: &dyn Fn() -> R,
     ) -> Vec<R> {
+        if items.len() >= self.batching.max_batch {
+            // A full batch alone: nothing to gather, so it neither queues
+            // nor waits for the lead.
+            return commit(items);
+        }
         let caller = self.next_caller.fetch_add(1, Ordering::Relaxed);
         let slots: Vec<Arc<Slot<R>>> = items
             .iter()
@@ -355,6 +367,42 @@ mod tests {
         let batches = batches.lock();
         assert_eq!(batches.len(), 2, "{batches:?}");
         assert_eq!(batches[1].len(), 6);
+    }
+
+    /// A full batch does not queue behind the batch that is committing:
+    /// it commits on its own thread while the other's commit is still
+    /// running (here, the other's commit ends only once the full batch
+    /// has committed).
+    #[test]
+    fn a_full_batch_commits_beside_the_one_committing() {
+        let completer = Completer::<u32, u32>::new(batching(3));
+        let (entered, in_commit) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let (entered, released) = (Mutex::new(entered), Mutex::new(released));
+        let commit = |batch: Vec<u32>| {
+            if batch == [1] {
+                entered.lock().send(()).unwrap();
+                // Released by the full batch's commit; the timeout only
+                // keeps a broken completer from hanging the test.
+                let beside = released.lock().recv_timeout(Duration::from_secs(30));
+                return vec![u32::from(beside.is_ok())];
+            }
+            release.send(()).unwrap();
+            batch
+        };
+        std::thread::scope(|scope| {
+            let first = scope.spawn(|| completer.complete(vec![1], &commit, &|| 0));
+            in_commit.recv().unwrap();
+            assert_eq!(
+                completer.complete(vec![7, 8, 9], &commit, &|| 0),
+                vec![7, 8, 9]
+            );
+            assert_eq!(
+                first.join().unwrap(),
+                vec![1],
+                "the full batch committed beside it"
+            );
+        });
     }
 
     /// Two callers that would take turns (one waits while the other

@@ -240,14 +240,10 @@ const ALTERATIONS: &[&str] = &[
     // older than the column), and the last progress a heartbeat carried.
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS changed_at BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS progress TEXT",
-    // Retired, as SQLite retired them: see `RETIRED_INDEXES`.
-    "DROP INDEX IF EXISTS access_audit_at",
-    "DROP INDEX IF EXISTS attempts_lapsing",
-    // Retired for `attempts_at_rest`: see `RETIRED_INDEXES`.
-    "DROP INDEX IF EXISTS attempts_by_state",
 ];
 
-/// Indexes earlier builds created and this one drops where it finds them.
+/// Indexes earlier builds created and this one drops where it finds them,
+/// after the [`ALTERATIONS`].
 /// An older build that opens the schema again recreates them, which is
 /// harmless: nothing here needs them gone, it only stops paying for them.
 ///
@@ -401,6 +397,9 @@ pub(crate) fn migrate(
     }
     for ddl in ALTERATIONS {
         transaction.batch_execute(ddl)?;
+    }
+    for index in RETIRED_INDEXES {
+        transaction.batch_execute(&format!("DROP INDEX IF EXISTS {index}"))?;
     }
     for (_, ddl) in INDEXES {
         transaction.batch_execute(ddl)?;

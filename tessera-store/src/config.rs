@@ -15,6 +15,8 @@ use crate::clock::{Clock, SystemClock};
 
 /// How a store groups acknowledgements (submits and failure reports
 /// from its threads) into one commit: at most N waiting, or T elapsed.
+/// On PostgreSQL the same rule groups `submit_and_claim` calls from its
+/// threads into one statement (in each of two lanes).
 ///
 /// ```
 /// use std::time::Duration;

@@ -260,6 +260,8 @@ pub(crate) struct OpenPolicy {
     pub(crate) now: DateTime<Utc>,
     pub(crate) refuse_writes: bool,
     pub(crate) daily_rows_written_allowance: u64,
+    /// How the backend coalesces what one process's threads commit.
+    pub(crate) ack_batching: crate::config::AckBatching,
 }
 
 impl OpenPolicy {
@@ -269,6 +271,7 @@ impl OpenPolicy {
             now: crate::clock::storable(config.clock().now_utc()),
             refuse_writes: config.refuses_writes(),
             daily_rows_written_allowance: config.daily_rows_written_allowance(),
+            ack_batching: config.ack_batching(),
         }
     }
 }

@@ -19,10 +19,10 @@ use super::rows::{attempt_row_at, task_row_at, version};
 use super::statements::{CLAIM_ONE, SUBMIT_AND_CLAIM_ONE};
 
 /// The table rows a grant changes: the attempt, the task, the audit row.
-const GRANT_ROWS: u64 = 3;
+pub(super) const GRANT_ROWS: u64 = 3;
 /// The table rows an accepted submission writes: the attempt, the
 /// receipt, the audit row.
-const SUBMIT_ROWS: u64 = 3;
+pub(super) const SUBMIT_ROWS: u64 = 3;
 
 /// Where the statement's answer puts the task's columns, the attempt's
 /// as they were and as written, and the audit row's resource.
@@ -93,16 +93,7 @@ impl PostgresBackend {
         }
         let claimed = claimed(role("c")?)?;
         self.wrote(claim.now, &claimed, SUBMIT_ROWS);
-        let task_row = task_row_at(submitted, TASK_AT)?;
-        let before = attempt_row_at(submitted, BEFORE_AT)?;
-        let accepted_at: i64 = submitted.try_get("accepted_at").map_err(Error::from)?;
-        Ok(QuickSubmitted::Accepted(Box::new(QuickAcceptance {
-            before: task_row.loaded(vec![before])?,
-            after: attempt_row_at(submitted, AFTER_AT)?,
-            accepted_at: from_millis(accepted_at),
-            resource: submitted.try_get(RESOURCE_AT).map_err(Error::from)?,
-            claimed,
-        })))
+        accepted(submitted, claimed)
     }
 
     /// Runs `statement` outside a transaction block, so it is its own
@@ -110,7 +101,7 @@ impl PostgresBackend {
     /// when it was not run or rolled back: writes are refused, the day's
     /// allowance could not take `rows`, or a lost race (the general
     /// transaction then decides, and retries).
-    fn one_statement(
+    pub(super) fn one_statement(
         &self,
         statement: &'static str,
         params: &[&(dyn ToSql + Sync)],
@@ -153,6 +144,11 @@ impl PostgresBackend {
             } else {
                 0
             };
+        self.wrote_rows(now, rows);
+    }
+
+    /// Counts `rows` written by one transaction, if it wrote any.
+    pub(super) fn wrote_rows(&self, now: DateTime<Utc>, rows: u64) {
         if rows == 0 {
             return;
         }
@@ -201,8 +197,23 @@ impl<'a> ClaimArgs<'a> {
     }
 }
 
+/// A submission the statement wrote, in [`SUBMIT_AND_CLAIM_ONE`]'s
+/// columns (the `s` row), with the claim made beside it.
+pub(super) fn accepted(submitted: &Row, claimed: QuickClaimed) -> Result<QuickSubmitted, Error> {
+    let task_row = task_row_at(submitted, TASK_AT)?;
+    let before = attempt_row_at(submitted, BEFORE_AT)?;
+    let accepted_at: i64 = submitted.try_get("accepted_at").map_err(Error::from)?;
+    Ok(QuickSubmitted::Accepted(Box::new(QuickAcceptance {
+        before: task_row.loaded(vec![before])?,
+        after: attempt_row_at(submitted, AFTER_AT)?,
+        accepted_at: from_millis(accepted_at),
+        resource: submitted.try_get(RESOURCE_AT).map_err(Error::from)?,
+        claimed,
+    })))
+}
+
 /// A claim's answer in [`CLAIM_ONE`]'s columns.
-fn claimed(row: &Row) -> Result<QuickClaimed, Error> {
+pub(super) fn claimed(row: &Row) -> Result<QuickClaimed, Error> {
     let outcome: &str = row.try_get(0).map_err(Error::from)?;
     match outcome {
         "leased" => {}
@@ -221,7 +232,7 @@ fn claimed(row: &Row) -> Result<QuickClaimed, Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -233,7 +244,7 @@ mod tests {
     use crate::postgres::PostgresOptions;
     use crate::{Brief, EnqueueOptions, Grant, KeySpec, ManualClock, Scope, Store, StoreConfig};
 
-    fn claim<'a>(
+    pub(in crate::postgres) fn claim<'a>(
         ns: &'a Namespace,
         q: &'a QueueName,
         holder: &'a Principal,
@@ -260,17 +271,17 @@ mod tests {
 
     /// A store on a schema of its own on the test server, its clock, and
     /// a worker keyed for the namespace `renders`.
-    struct Quick {
-        url: String,
-        schema: String,
-        clock: ManualClock,
-        store: Store,
-        worker: crate::Caller,
-        ns: Namespace,
+    pub(in crate::postgres) struct Quick {
+        pub(in crate::postgres) url: String,
+        pub(in crate::postgres) schema: String,
+        pub(in crate::postgres) clock: ManualClock,
+        pub(in crate::postgres) store: Store,
+        pub(in crate::postgres) worker: crate::Caller,
+        pub(in crate::postgres) ns: Namespace,
     }
 
     impl Quick {
-        fn open(prefix: &str) -> Self {
+        pub(in crate::postgres) fn open(prefix: &str) -> Self {
             let url = std::env::var("TESSERA_TEST_POSTGRES_URL")
                 .expect("TESSERA_TEST_POSTGRES_URL names a PostgreSQL server");
             let schema = format!("{prefix}_{}", std::process::id());
@@ -308,7 +319,7 @@ mod tests {
         }
 
         /// Closes the store and drops its schema.
-        fn finish(self) {
+        pub(in crate::postgres) fn finish(self) {
             let Self {
                 url, schema, store, ..
             } = self;

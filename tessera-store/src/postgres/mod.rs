@@ -45,6 +45,7 @@
 //! | any other claim (a queue with settings, a due lapse, a stale claim time) | as above, then the settings read and a statement per pick and per write (claim index, lapsed leases, attempts, attempt, task, audit row) | 2 |
 //! | claim batch of n, on a queue without settings | 4, as the claim above | 1 |
 //! | submit and claim (`submit_and_claim`) of a plain submission (the task's one attempt, leased under the token and not expired, no unique slot, no receipt under the key) and a plain claim or an empty queue | 1 (one statement, outside a transaction block) | 1 |
+//! | m of them from one process's threads at the same moment | 1 for all m (one statement, each caller's part of it decided as above) | 1 for all m |
 //! | any other submit and claim | 1 (the statement, declining) then 6 (`BEGIN`, the submitted task locked with its attempts, its receipt read, the claim's tasks locked, one statement writing both, `COMMIT`) | 2 (the declining statement's, which writes nothing, and the general one) |
 //! | heartbeat | 6 (task, attempts, attempt, audit row) | 1 |
 //! | submit or failure report, alone | 5 (tasks locked with their attempts, receipts read, one statement writing attempt states, claim columns, receipts and audit rows) | 1 |
@@ -79,6 +80,9 @@
 //! applies the submit rule to it and checks the acceptance as it checks
 //! the grant. Anything else (a replay, a stale token, a claim the
 //! statement declines) writes nothing, and the general transaction runs.
+//! Calls from several threads of one process at the same moment run as
+//! one statement for all of them (`coalesce.rs`): each caller still gets
+//! its own submission's answer and its own task, after the one commit.
 //! A submit alone, and a batch, keep separate statements (the replay
 //! check is a read of the receipts inside the write transaction, under
 //! the tasks' row locks).
@@ -93,6 +97,7 @@
 
 mod batch;
 mod claim;
+mod coalesce;
 mod error;
 mod listener;
 mod options;
@@ -144,6 +149,8 @@ pub(crate) struct PostgresBackend {
     listener: Arc<ListenerState>,
     listener_thread: Option<JoinHandle<()>>,
     options: PostgresOptions,
+    /// `submit_and_claim`'s pairs, coalesced into one statement a lane.
+    pairs: Vec<coalesce::Pairs>,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -221,6 +228,9 @@ impl PostgresBackend {
             listener,
             listener_thread,
             options,
+            pairs: (0..coalesce::LANES)
+                .map(|_| coalesce::Pairs::new(policy.ack_batching).parking())
+                .collect(),
         })
     }
 
@@ -414,7 +424,7 @@ impl Backend for PostgresBackend {
         submit: &QuickSubmit<'_>,
         claim: &QuickClaim<'_>,
     ) -> Result<QuickSubmitted, Error> {
-        self.submit_and_claim_in_one(submit, claim)
+        self.submit_and_claim_coalesced(submit, claim)
     }
 
     fn listen(&self, sink: SignalSink) {

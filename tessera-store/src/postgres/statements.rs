@@ -382,6 +382,132 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
     ", NULL::bigint, 'c'",
     claim_one_from!()
 );
+/// [`SUBMIT_AND_CLAIM_ONE`] for several callers at once, each with its
+/// own submission and its own claim on one queue: what one process's
+/// workers hand in while a statement of theirs runs (see
+/// `coalesce.rs`). `$1` namespace, `$2` queue, `$3` the time the searches
+/// use (the earliest of the callers'); then one array a parameter, one
+/// element a caller: `$4` now, `$5` holder, `$6` expiry, `$7` to `$11`
+/// the claim's audit row (principal, namespace, action, outcome, address
+/// hash), `$12` to `$14` the submitted task's namespace, id and version,
+/// `$15` the token, `$16` the submitting principal, `$17` the
+/// idempotency key, `$18` the output's digest, `$19` the output, `$20`
+/// the receipt's artifact, `$21` to `$26` the submission's audit row.
+/// The callers' submitted tasks are distinct.
+///
+/// Each part is [`SUBMIT_AND_CLAIM_ONE`]'s, a row a caller (`c`, with its
+/// ordinal `i`): `st` and `sa` lock the submitted tasks and their
+/// attempts in id order, so two such statements lock in one order; `sok`
+/// ranks the callers whose submissions are of the one shape; `picked`
+/// takes as many tasks as `sok` has callers, each ranked in claim order,
+/// and the caller of rank r is offered the task of rank r; `held`'s lapse
+/// floor is [`lapse_floor`]'s for that many. A caller's claim is made
+/// (`ok`) and its submission written (`go`) on [`SUBMIT_AND_CLAIM_ONE`]'s
+/// conditions, taken with its own task, times and lease; the other
+/// callers' go to the general transaction, as a declined statement's do.
+/// The answer is two rows a caller, in [`SUBMIT_AND_CLAIM_ONE`]'s
+/// columns, and its ordinal (`caller`); the claim's row only for a caller
+/// in `sok`.
+pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
+    "WITH c AS MATERIALIZED (SELECT * FROM unnest($4::bigint[], $5::text[], $6::bigint[], \
+     $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], \
+     $14::bigint[], $15::bigint[], $16::text[], $17::text[], $18::text[], $19::bytea[], \
+     $20::text[], $21::text[], $22::text[], $23::text[], $24::text[], $25::text[], $26::text[]) \
+     WITH ORDINALITY AS c(now, holder, expires_at, principal, namespace, action, outcome, \
+     ip_hash, s_namespace, s_task_id, s_version, s_token, s_principal, s_key, s_digest, \
+     s_output, s_artifact, e_principal, e_namespace, e_action, e_outcome, e_resource, \
+     e_ip_hash, i)), \
+     st AS MATERIALIZED (SELECT c.i, t.id, t.queue, t.task_id, t.version, NULL::bytea AS brief, \
+     t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
+     t.max_tries, t.priority, t.partition_key, t.unique_key, t.unique_states, t.alternatives \
+     FROM c JOIN tasks t ON t.namespace = c.s_namespace AND t.task_id = c.s_task_id \
+     AND t.version = c.s_version ORDER BY t.id FOR KEY SHARE OF t), \
+     sa AS MATERIALIZED (SELECT st.i, ",
+    attempt_columns_of!("a"),
+    " FROM attempts a JOIN st ON a.task = st.id WHERE a.number = 1 ORDER BY a.task \
+     FOR UPDATE OF a), \
+     sok AS MATERIALIZED (SELECT st.i, st.id, GREATEST(c.now, sa.granted_at) AS accepted_at, \
+     row_number() OVER (ORDER BY st.i) AS rank FROM st JOIN sa ON sa.i = st.i \
+     JOIN c ON c.i = st.i WHERE st.alternatives = 1 AND st.unique_states IS NULL \
+     AND sa.state = 'leased' AND sa.token = c.s_token AND sa.holder = c.s_principal \
+     AND sa.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM receipts r \
+     WHERE r.principal = c.s_principal AND r.task = st.id AND r.idempotency_key = c.s_key)), \
+     picked AS MATERIALIZED (SELECT pick.*, row_number() OVER (ORDER BY pick.priority DESC, \
+     pick.claimable_at, pick.id) AS rank FROM (",
+    each_priority!(
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            ", alternatives FROM tasks WHERE namespace = $1 AND queue = $2 \
+             AND claimable_at IS NOT NULL AND claimable_at <= $3::bigint"
+        ),
+        "ORDER BY claimable_at, id LIMIT (SELECT count(*) FROM sok) \
+         FOR NO KEY UPDATE SKIP LOCKED",
+        "0",
+        "(SELECT count(*) FROM sok)"
+    ),
+    ") AS pick), held AS MATERIALIZED (SELECT (SELECT lapse.priority FROM (",
+    each_priority!(
+        lapsed_leases!(),
+        "ORDER BY lapses_at LIMIT 1",
+        lapse_floor!("(SELECT count(*) FROM sok)")
+    ),
+    ") AS lapse) AS lapsed, EXISTS (SELECT 1 FROM queue_settings s \
+     WHERE s.namespace = $1 AND s.queue = $2) AS configured), \
+     attempt AS MATERIALIZED (SELECT p.rank, ",
+    attempt_columns_of!("a"),
+    " FROM attempts a JOIN picked p ON a.task = p.id WHERE a.number = 1 ORDER BY a.task \
+     FOR UPDATE OF a), \
+     ok AS MATERIALIZED (SELECT s.i, p.id, p.last_token + 1 AS token, p.lapse_backoff_ms, \
+     'task:' || p.task_id || '@' || p.version || '/a1/t' || (p.last_token + 1) AS resource, \
+     c.now, c.holder, c.expires_at, c.principal, c.namespace, c.action, c.outcome, c.ip_hash \
+     FROM sok s JOIN picked p ON p.rank = s.rank JOIN attempt a ON a.rank = s.rank \
+     JOIN c ON c.i = s.i CROSS JOIN held h \
+     WHERE p.alternatives = 1 AND p.claimable_at = 0 \
+     AND a.state = 'ready' AND (a.granted_at IS NULL OR a.granted_at <= c.now) \
+     AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
+     AND (h.lapsed IS NULL OR h.lapsed <= p.priority) AND NOT h.configured), \
+     leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
+     tries = attempts.tries + 1, holder = ok.holder, token = ok.token, granted_at = ok.now, \
+     expires_at = ok.expires_at, lapses_at = ok.expires_at + ok.lapse_backoff_ms, \
+     changed_at = ok.now FROM ok \
+     WHERE attempts.task = ok.id AND attempts.number = 1 RETURNING ok.i, ",
+    attempt_columns_of!("attempts"),
+    ", ok.resource), moved AS (UPDATE tasks SET last_token = ok.token, claimable_at = NULL \
+     FROM ok WHERE tasks.id = ok.id RETURNING ok.i, tasks.id), \
+     audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
+     resource, ip_hash) SELECT ok.now, ok.principal, ok.namespace, ok.action, ok.outcome, \
+     ok.resource, ok.ip_hash FROM ok ORDER BY ok.i), \
+     go AS MATERIALIZED (SELECT s.i, s.id, s.accepted_at FROM sok s CROSS JOIN held h \
+     LEFT JOIN picked p ON p.rank = s.rank WHERE EXISTS (SELECT 1 FROM ok WHERE ok.i = s.i) \
+     OR NOT ",
+    claim_one_declines!(),
+    "), done AS (UPDATE attempts SET state = 'done', until_at = NULL, lapses_at = NULL, \
+     discarded = NULL, changed_at = c.now FROM go JOIN c ON c.i = go.i \
+     WHERE attempts.task = go.id AND attempts.number = 1 RETURNING go.i, ",
+    attempt_columns_of!("attempts"),
+    ", go.accepted_at), receipted AS (INSERT INTO receipts (task, attempt, token, principal, \
+     idempotency_key, artifact, digest, accepted_at, output) SELECT go.id, 1, c.s_token, \
+     c.s_principal, c.s_key, c.s_artifact, c.s_digest, go.accepted_at, c.s_output \
+     FROM go JOIN c ON c.i = go.i ORDER BY go.i), \
+     submit_audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
+     resource, ip_hash) SELECT c.now, c.e_principal, c.e_namespace, c.e_action, c.e_outcome, \
+     c.e_resource, c.e_ip_hash FROM go JOIN c ON c.i = go.i ORDER BY go.i) \
+     SELECT CASE WHEN d.number IS NOT NULL THEN 'submitted' ELSE 'declined' END, ",
+    task_columns_of!("st"),
+    ", ",
+    attempt_columns_of!("sa"),
+    ", ",
+    attempt_columns_of!("d"),
+    ", CASE WHEN d.number IS NOT NULL THEN c.e_resource END, st.partition_key, st.unique_key, \
+     st.unique_states, d.accepted_at, 's' AS role, c.i AS caller \
+     FROM c LEFT JOIN st ON st.i = c.i LEFT JOIN sa ON sa.i = c.i LEFT JOIN done d ON d.i = c.i \
+     UNION ALL SELECT ",
+    claim_one_answer!(),
+    ", NULL::bigint, 'c', s.i FROM sok s CROSS JOIN held h LEFT JOIN picked p ON p.rank = s.rank \
+     LEFT JOIN attempt a ON a.rank = s.rank LEFT JOIN leased l ON l.i = s.i \
+     LEFT JOIN moved m ON m.i = s.i"
+);
 /// Index searches only, at most one per priority and index.
 pub(super) const HAS_CLAIMABLE: &str = concat!(
     "SELECT EXISTS (",

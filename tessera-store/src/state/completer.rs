@@ -127,6 +127,8 @@ pub(crate) struct Completer<T, R> {
     batching: AckBatching,
     /// The number the next caller gets.
     next_caller: AtomicU64,
+    /// How many times a waiting caller yields before it parks.
+    spins: usize,
 }
 
 impl<T, R> std::fmt::Debug for Completer<T, R> {
@@ -148,11 +150,21 @@ impl<T, R: Clone> Completer<T, R> {
             }),
             changed: Condvar::new(),
             next_caller: AtomicU64::new(0),
+            spins: SPINS,
             batching: AckBatching {
                 max_batch: batching.max_batch.max(1),
                 max_wait: batching.max_wait,
             },
         }
+    }
+
+    /// A completer whose waiting callers park at once, without
+    /// yielding first: for commits that take longer than a park and a
+    /// wake-up (a round trip to a server), where yielding only takes the
+    /// processor from the work being waited for.
+    pub(crate) fn parking(mut self) -> Self {
+        self.spins = 0;
+        self
     }
 
     /// Hands in `items` and blocks until each is answered, in order.
@@ -201,7 +213,7 @@ impl<T, R: Clone> Completer<T, R> {
             }
             if queue.committing {
                 let answered = parking_lot::MutexGuard::unlocked(&mut queue, || {
-                    (0..SPINS).any(|_| {
+                    (0..self.spins).any(|_| {
                         std::thread::yield_now();
                         slots.iter().all(|slot| slot.answer.lock().is_some())
                     })

@@ -1,0 +1,512 @@
+//! `submit_and_claim` from many threads of one process, coalesced into
+//! one statement.
+//!
+//! One job per claim costs one statement a job (`claim.rs`), and most of
+//! a statement's server time is its start-up and its commit, not its rows.
+//! Workers of one process that submit and claim at the same moment hand
+//! their pairs to a [`Completer`] (the one that coalesces
+//! acknowledgements, with the same [`AckBatching`] rule): its leader runs
+//! what waits in one statement, [`SUBMIT_AND_CLAIM_MANY`], and answers
+//! each caller with its own submission and its own claim. A lone caller
+//! runs [`SUBMIT_AND_CLAIM_ONE`](super::statements::SUBMIT_AND_CLAIM_ONE)
+//! as before.
+//!
+//! One statement takes the pairs of one queue whose submitted tasks are
+//! distinct: a batch's pairs are grouped by queue, and a pair that
+//! submits a task another pair of its group submits runs alone. Every
+//! caller's answer comes after the commit that holds its pair; a caller
+//! the statement could not decide (or the whole statement, on a lost
+//! race) is declined, as the single statement declines, and the store's
+//! general transaction decides it.
+
+use chrono::{DateTime, Utc};
+use postgres::types::ToSql;
+use tessera_lease::{Namespace, Principal, QueueName, Submission};
+
+use crate::backend::rows::{EventRow, millis};
+use crate::backend::{QuickClaim, QuickClaimed, QuickSubmit, QuickSubmitted};
+use crate::error::{Error, StorageError, StorageErrorKind};
+use crate::model::task::TaskRef;
+use crate::state::completer::Completer;
+
+use super::PostgresBackend;
+use super::claim::{GRANT_ROWS, SUBMIT_ROWS, accepted, claimed};
+use super::rows::version;
+use super::statements::SUBMIT_AND_CLAIM_MANY;
+
+/// One caller's submission and claim, owned, for whichever caller leads.
+#[derive(Debug, Clone)]
+pub(super) struct Pair {
+    task: TaskRef,
+    submission: Submission,
+    output: Option<Vec<u8>>,
+    artifact: String,
+    submit_event: EventRow,
+    namespace: Namespace,
+    queue: QueueName,
+    holder: Principal,
+    now: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    claim_event: EventRow,
+}
+
+impl Pair {
+    fn of(submit: &QuickSubmit<'_>, claim: &QuickClaim<'_>) -> Self {
+        Self {
+            task: submit.task.clone(),
+            submission: submit.submission.clone(),
+            output: submit.output.map(<[u8]>::to_vec),
+            artifact: submit.artifact.clone(),
+            submit_event: submit.event.clone(),
+            namespace: claim.namespace.clone(),
+            queue: claim.queue.clone(),
+            holder: claim.holder.clone(),
+            now: claim.now,
+            expires_at: claim.expires_at,
+            claim_event: claim.event.clone(),
+        }
+    }
+
+    fn submit(&self) -> QuickSubmit<'_> {
+        QuickSubmit {
+            task: &self.task,
+            submission: &self.submission,
+            output: self.output.as_deref(),
+            artifact: self.artifact.clone(),
+            event: self.submit_event.clone(),
+        }
+    }
+
+    fn claim(&self) -> QuickClaim<'_> {
+        QuickClaim {
+            namespace: &self.namespace,
+            queue: &self.queue,
+            holder: &self.holder,
+            now: self.now,
+            expires_at: self.expires_at,
+            event: self.claim_event.clone(),
+        }
+    }
+}
+
+/// A caller's answer.
+pub(super) type PairAnswer = Result<QuickSubmitted, Error>;
+
+/// The completer of [`Pair`]s: one a lane.
+pub(super) type Pairs = Completer<Pair, PairAnswer>;
+
+/// How many statements of coalesced pairs one process runs at once: two,
+/// so that one executes while the other waits for its commit to reach
+/// the disk. One lane left the server's second core idle while its
+/// statement committed (0.86–1.20× graphile-worker from 4 workers, in two
+/// runs of two rounds); four split 4 workers into statements of one
+/// (`docs/performance-peers.md`).
+pub(super) const LANES: usize = 2;
+
+/// This thread's lane: threads are numbered as they first submit and
+/// claim, so a steady set of workers is spread evenly across the lanes
+/// and each keeps to its own.
+fn thread_lane() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static LANE: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+    LANE.with(|lane| {
+        let number = lane
+            .get()
+            .unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed));
+        lane.set(Some(number));
+        number
+    })
+}
+
+impl PostgresBackend {
+    /// [`submit_and_claim_in_one`](Self::submit_and_claim_in_one), in one
+    /// statement with the pairs other threads hand in at the same moment.
+    pub(super) fn submit_and_claim_coalesced(
+        &self,
+        submit: &QuickSubmit<'_>,
+        claim: &QuickClaim<'_>,
+    ) -> PairAnswer {
+        let pair = Pair::of(submit, claim);
+        let lane = &self.pairs[thread_lane() % self.pairs.len()];
+        let mut answers = lane.complete(vec![pair], &|batch| self.run_pairs(batch), &|| {
+            Err(Error::Storage(StorageError::new(
+                StorageErrorKind::Other,
+                None,
+                "the submission's statement was interrupted; its outcome is unknown",
+            )))
+        });
+        answers.pop().expect("one answer a pair")
+    }
+
+    /// One batch: a statement a group of pairs (one queue, distinct
+    /// submitted tasks), a lone pair's the single statement's.
+    fn run_pairs(&self, batch: Vec<Pair>) -> Vec<PairAnswer> {
+        let mut answers: Vec<Option<PairAnswer>> = vec![None; batch.len()];
+        let mut left: Vec<usize> = (0..batch.len()).collect();
+        while !left.is_empty() {
+            let first = &batch[left[0]];
+            let mut group: Vec<usize> = Vec::new();
+            let mut rest = Vec::new();
+            for index in left {
+                let pair = &batch[index];
+                let joins = pair.namespace == first.namespace
+                    && pair.queue == first.queue
+                    && group.iter().all(|other| batch[*other].task != pair.task);
+                if joins {
+                    group.push(index);
+                } else {
+                    rest.push(index);
+                }
+            }
+            left = rest;
+            if let [only] = group[..] {
+                let pair = &batch[only];
+                answers[only] = Some(self.submit_and_claim_in_one(&pair.submit(), &pair.claim()));
+                continue;
+            }
+            let pairs: Vec<&Pair> = group.iter().map(|index| &batch[*index]).collect();
+            for (index, answer) in group.iter().zip(self.submit_and_claim_many(&pairs)) {
+                answers[*index] = Some(answer);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.expect("every pair answered"))
+            .collect()
+    }
+
+    /// [`SUBMIT_AND_CLAIM_MANY`] for `pairs` (one queue, distinct
+    /// submitted tasks): one answer a pair, in order.
+    fn submit_and_claim_many(&self, pairs: &[&Pair]) -> Vec<PairAnswer> {
+        let declined = || pairs.iter().map(|_| Ok(QuickSubmitted::Declined)).collect();
+        let args = ManyArgs::of(pairs);
+        let search_now = pairs
+            .iter()
+            .map(|pair| pair.now)
+            .min()
+            .expect("a group has pairs");
+        let rows = (SUBMIT_ROWS + GRANT_ROWS) * pairs.len() as u64;
+        let rows = match self.one_statement(SUBMIT_AND_CLAIM_MANY, &args.params(), search_now, rows)
+        {
+            Ok(Some(rows)) => rows,
+            Ok(None) => return declined(),
+            Err(error) => return pairs.iter().map(|_| Err(error.clone())).collect(),
+        };
+        let answer = |caller: usize, role: &str| {
+            rows.iter().find(|row| {
+                row.try_get::<_, i64>("caller").ok() == Some(caller as i64 + 1)
+                    && row.try_get::<_, &str>("role").ok() == Some(role)
+            })
+        };
+        let mut written = 0;
+        let answers = (0..pairs.len())
+            .map(|caller| {
+                let Some(submitted) = answer(caller, "s") else {
+                    return Ok(QuickSubmitted::Declined);
+                };
+                let outcome: &str = submitted.try_get(0).map_err(Error::from)?;
+                if outcome != "submitted" {
+                    return Ok(QuickSubmitted::Declined);
+                }
+                let claimed_row = answer(caller, "c").ok_or_else(|| {
+                    crate::backend::rows::corrupt("a coalesced submission's answer")
+                })?;
+                let claim = claimed(claimed_row)?;
+                written += SUBMIT_ROWS
+                    + if matches!(claim, QuickClaimed::Leased(_)) {
+                        GRANT_ROWS
+                    } else {
+                        0
+                    };
+                accepted(submitted, claim)
+            })
+            .collect();
+        self.wrote_rows(search_now, written);
+        answers
+    }
+}
+
+/// [`SUBMIT_AND_CLAIM_MANY`]'s parameters: one array a column, one
+/// element a pair.
+struct ManyArgs<'a> {
+    namespace: &'a str,
+    queue: &'a str,
+    search_now: i64,
+    now: Vec<i64>,
+    holder: Vec<&'a str>,
+    expires_at: Vec<i64>,
+    principal: Vec<&'a str>,
+    event_namespace: Vec<&'a str>,
+    action: Vec<&'a str>,
+    outcome: Vec<&'a str>,
+    ip_hash: Vec<Option<&'a str>>,
+    task_namespace: Vec<&'a str>,
+    task_id: Vec<&'a str>,
+    version: Vec<i64>,
+    token: Vec<i64>,
+    submitter: Vec<&'a str>,
+    key: Vec<&'a str>,
+    digest: Vec<String>,
+    output: Vec<Option<&'a [u8]>>,
+    artifact: Vec<&'a str>,
+    submit_principal: Vec<&'a str>,
+    submit_namespace: Vec<&'a str>,
+    submit_action: Vec<&'a str>,
+    submit_outcome: Vec<&'a str>,
+    submit_resource: Vec<Option<&'a str>>,
+    submit_ip_hash: Vec<Option<&'a str>>,
+}
+
+impl<'a> ManyArgs<'a> {
+    fn of(pairs: &[&'a Pair]) -> Self {
+        let each = |f: &dyn Fn(&'a Pair) -> &'a str| pairs.iter().map(|pair| f(pair)).collect();
+        let each_opt = |f: &dyn Fn(&'a Pair) -> Option<&'a str>| {
+            pairs.iter().map(|pair| f(pair)).collect::<Vec<_>>()
+        };
+        Self {
+            namespace: pairs[0].namespace.as_str(),
+            queue: pairs[0].queue.as_str(),
+            search_now: pairs.iter().map(|pair| millis(pair.now)).min().unwrap_or(0),
+            now: pairs.iter().map(|pair| millis(pair.now)).collect(),
+            holder: each(&|pair| pair.holder.as_str()),
+            expires_at: pairs.iter().map(|pair| millis(pair.expires_at)).collect(),
+            principal: each(&|pair| pair.claim_event.principal.as_str()),
+            event_namespace: each(&|pair| pair.claim_event.namespace.as_str()),
+            action: each(&|pair| pair.claim_event.action.as_str()),
+            outcome: each(&|pair| pair.claim_event.outcome.as_str()),
+            ip_hash: each_opt(&|pair| pair.claim_event.ip_hash.as_deref()),
+            task_namespace: each(&|pair| pair.task.namespace.as_str()),
+            task_id: each(&|pair| pair.task.id.as_str()),
+            version: pairs.iter().map(|pair| version(&pair.task)).collect(),
+            token: pairs
+                .iter()
+                .map(|pair| pair.submission.token.as_i64())
+                .collect(),
+            submitter: each(&|pair| pair.submission.principal.as_str()),
+            key: each(&|pair| pair.submission.key.as_str()),
+            digest: pairs
+                .iter()
+                .map(|pair| pair.submission.digest.to_string())
+                .collect(),
+            output: pairs.iter().map(|pair| pair.output.as_deref()).collect(),
+            artifact: each(&|pair| pair.artifact.as_str()),
+            submit_principal: each(&|pair| pair.submit_event.principal.as_str()),
+            submit_namespace: each(&|pair| pair.submit_event.namespace.as_str()),
+            submit_action: each(&|pair| pair.submit_event.action.as_str()),
+            submit_outcome: each(&|pair| pair.submit_event.outcome.as_str()),
+            submit_resource: each_opt(&|pair| pair.submit_event.resource.as_deref()),
+            submit_ip_hash: each_opt(&|pair| pair.submit_event.ip_hash.as_deref()),
+        }
+    }
+
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.namespace,
+            &self.queue,
+            &self.search_now,
+            &self.now,
+            &self.holder,
+            &self.expires_at,
+            &self.principal,
+            &self.event_namespace,
+            &self.action,
+            &self.outcome,
+            &self.ip_hash,
+            &self.task_namespace,
+            &self.task_id,
+            &self.version,
+            &self.token,
+            &self.submitter,
+            &self.key,
+            &self.digest,
+            &self.output,
+            &self.artifact,
+            &self.submit_principal,
+            &self.submit_namespace,
+            &self.submit_action,
+            &self.submit_outcome,
+            &self.submit_resource,
+            &self.submit_ip_hash,
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_lease::{FencingToken, QueueName};
+
+    use super::Pair;
+    use crate::backend::{OpenPolicy, QuickClaimed, QuickSubmitted};
+    use crate::ops::ack::{Checked, checked_acceptance};
+    use crate::postgres::claim::tests::{Quick, claim};
+    use crate::postgres::{PostgresBackend, PostgresOptions};
+    use crate::{
+        Brief, ClaimOutcome, EnqueueOptions, IdempotencyKey, Output, StoreConfig, SubmitRequest,
+        Submitted,
+    };
+
+    /// Pairs run together: each caller's submission is accepted or
+    /// declined on its own, each accepted one gets its own task, in claim
+    /// order, and a second pair for a task already in the group, or a
+    /// pair of another queue, runs in a statement of its own.
+    #[test]
+    #[cfg_attr(
+        tessera_no_test_postgres,
+        ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+    )]
+    fn pairs_of_one_queue_each_get_their_own_answer_in_one_statement() {
+        let quick = Quick::open("coalesced");
+        let Quick {
+            url,
+            schema,
+            store,
+            worker,
+            ns,
+            ..
+        } = &quick;
+        let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+        let mut count = |sql: &str| -> i64 {
+            let sql = sql.replace("{s}", &format!("\"{schema}\""));
+            client.query_one(&sql, &[]).unwrap().get(0)
+        };
+        let (q, empty) = (
+            QueueName::parse("jobs").unwrap(),
+            QueueName::parse("none").unwrap(),
+        );
+        let enqueued: Vec<_> = (0..8u8)
+            .map(|n| {
+                store
+                    .enqueue(
+                        worker,
+                        ns,
+                        &q,
+                        &Brief::Bytes(vec![n]),
+                        &EnqueueOptions::default(),
+                    )
+                    .unwrap()
+            })
+            .collect();
+        let leased: Vec<_> = (0..5)
+            .map(|_| match store.claim(worker, ns, &q).unwrap() {
+                ClaimOutcome::Granted(claimed) => claimed,
+                other => panic!("a ready task is granted, not {other:?}"),
+            })
+            .collect();
+        let acks: Vec<_> = leased
+            .iter()
+            .enumerate()
+            .map(|(n, claimed)| {
+                // The fourth is stale: declined alone.
+                let token = if n == 3 {
+                    FencingToken::new(9).unwrap()
+                } else {
+                    claimed.lease.token()
+                };
+                let request = SubmitRequest {
+                    task: claimed.task.clone(),
+                    token,
+                    key: IdempotencyKey::parse("k").unwrap(),
+                    output: Output::bytes(vec![n as u8]),
+                };
+                match store.submission(worker, &request).unwrap() {
+                    Checked::Ack(ack) => ack,
+                    Checked::Answered(_) => panic!("a submission for the statement"),
+                }
+            })
+            .collect();
+        // The same task again, under another key: alone, after the first.
+        let again = match store
+            .submission(
+                worker,
+                &SubmitRequest {
+                    task: leased[0].task.clone(),
+                    token: leased[0].lease.token(),
+                    key: IdempotencyKey::parse("again").unwrap(),
+                    output: Output::bytes(b"again".to_vec()),
+                },
+            )
+            .unwrap()
+        {
+            Checked::Ack(ack) => ack,
+            Checked::Answered(_) => panic!("a submission for the statement"),
+        };
+        let holder = worker.lease_principal();
+        let now = store.now_utc();
+        let mut batch: Vec<Pair> = acks[..4]
+            .iter()
+            .chain([&again])
+            .map(|ack| {
+                Pair::of(
+                    &ack.quick_submit(now).unwrap(),
+                    &claim(ns, &q, &holder, now),
+                )
+            })
+            .collect();
+        // The fifth task's submission claims from another, empty queue.
+        batch.push(Pair::of(
+            &acks[4].quick_submit(now).unwrap(),
+            &claim(ns, &empty, &holder, now),
+        ));
+
+        let backend = PostgresBackend::open(
+            PostgresOptions::new(url.as_str())
+                .with_schema(schema.as_str())
+                .with_listen(false),
+            OpenPolicy::of(&StoreConfig::default()),
+        )
+        .unwrap();
+        let (receipts, audits) = (
+            count("SELECT count(*) FROM {s}.receipts"),
+            count("SELECT count(*) FROM {s}.access_audit"),
+        );
+        let answers = backend.run_pairs(batch.clone());
+        assert_eq!(answers.len(), 6);
+
+        let mut granted = Vec::new();
+        for (n, answer) in answers.iter().enumerate() {
+            let answer = answer.as_ref().unwrap();
+            match (n, answer) {
+                // The stale token, and the second pair for the first task
+                // (its attempt done by then): declined, nothing written.
+                (3 | 4, QuickSubmitted::Declined) => {}
+                (0..=2 | 5, QuickSubmitted::Accepted(acceptance)) => {
+                    let submit = batch[n].submit();
+                    assert!(
+                        matches!(
+                            checked_acceptance(&submit, acceptance, now),
+                            Ok(Submitted::Accepted(_))
+                        ),
+                        "pair {n}'s acceptance is the lease rules'"
+                    );
+                    assert_eq!(acceptance.before.record.id, batch[n].task.id);
+                    match (&acceptance.claimed, n) {
+                        (QuickClaimed::Empty, 5) => {}
+                        (QuickClaimed::Leased(grant), 0..=2) => {
+                            assert_eq!(grant.after.holder.as_deref(), Some(holder.as_str()));
+                            assert_eq!(grant.after.state, "leased");
+                            granted.push(grant.before.record.id.clone());
+                        }
+                        (other, n) => panic!("pair {n} claimed {other:?}"),
+                    }
+                }
+                (n, other) => panic!("pair {n} answered {other:?}"),
+            }
+        }
+        // Three tasks granted, each once, in claim (enqueue) order, to the
+        // callers in theirs: the sixth, seventh and eighth enqueued.
+        let expected: Vec<_> = enqueued[5..].iter().map(|task| task.id.clone()).collect();
+        assert_eq!(granted, expected);
+        // Four receipts, and an audit row per submission and per grant.
+        assert_eq!(count("SELECT count(*) FROM {s}.receipts"), receipts + 4);
+        assert_eq!(
+            count("SELECT count(*) FROM {s}.access_audit"),
+            audits + 4 + 3
+        );
+        drop(backend);
+        quick.finish();
+    }
+}

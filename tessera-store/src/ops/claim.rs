@@ -280,7 +280,10 @@ impl Store {
     /// Submits the output of a lease and claims the next task of
     /// `namespace`/`queue` in one transaction: the acknowledgement that
     /// carries the next claim, so a worker that takes one task at a time
-    /// commits once per task.
+    /// commits once per task. On PostgreSQL, calls from several threads
+    /// of one process at the same moment share one statement and one
+    /// commit (grouped by the [`AckBatching`](crate::AckBatching) rule),
+    /// each still with its own answer and its own task.
     ///
     /// The submission is checked as [`submit`](Self::submit) checks it
     /// (the same answers, receipts and audit row); the claim is offered to

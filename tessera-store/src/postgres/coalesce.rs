@@ -360,17 +360,16 @@ mod tests {
     )]
     fn pairs_of_one_queue_each_get_their_own_answer_in_one_statement() {
         let quick = Quick::open("coalesced");
-        let Quick {
-            url,
-            schema,
-            store,
-            worker,
-            ns,
-            ..
-        } = &quick;
+        let (url, schema, store, worker, ns) = (
+            &quick.url,
+            &quick.schema,
+            &quick.store,
+            &quick.worker,
+            &quick.ns,
+        );
         let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
-        let mut count = |sql: &str| -> i64 {
-            let sql = sql.replace("{s}", &format!("\"{schema}\""));
+        let mut count = |table: &str| -> i64 {
+            let sql = format!("SELECT count(*) FROM \"{schema}\".{table}");
             client.query_one(&sql, &[]).unwrap().get(0)
         };
         let (q, empty) = (
@@ -459,10 +458,7 @@ mod tests {
             OpenPolicy::of(&StoreConfig::default()),
         )
         .unwrap();
-        let (receipts, audits) = (
-            count("SELECT count(*) FROM {s}.receipts"),
-            count("SELECT count(*) FROM {s}.access_audit"),
-        );
+        let (receipts, audits) = (count("receipts"), count("access_audit"));
         let answers = backend.run_pairs(batch.clone());
         assert_eq!(answers.len(), 6);
 
@@ -501,11 +497,8 @@ mod tests {
         let expected: Vec<_> = enqueued[5..].iter().map(|task| task.id.clone()).collect();
         assert_eq!(granted, expected);
         // Four receipts, and an audit row per submission and per grant.
-        assert_eq!(count("SELECT count(*) FROM {s}.receipts"), receipts + 4);
-        assert_eq!(
-            count("SELECT count(*) FROM {s}.access_audit"),
-            audits + 4 + 3
-        );
+        assert_eq!(count("receipts"), receipts + 4);
+        assert_eq!(count("access_audit"), audits + 4 + 3);
         drop(backend);
         quick.finish();
     }

@@ -192,6 +192,19 @@ macro_rules! attempt_columns_of {
         )
     };
 }
+/// A queue's claimable tasks as the one-statement claims pick them
+/// (`$1` namespace, `$2` queue, `$3` now), with the count of their
+/// attempts.
+macro_rules! claim_candidates {
+    () => {
+        concat!(
+            "SELECT ",
+            task_columns!(),
+            ", alternatives FROM tasks WHERE namespace = $1 AND queue = $2 \
+             AND claimable_at IS NOT NULL AND claimable_at <= $3::bigint"
+        )
+    };
+}
 /// The common table expressions of [`CLAIM_ONE`], its writes made only
 /// when `ok` finds its row; `$gate` adds to `ok`'s conditions.
 macro_rules! claim_one_ctes {
@@ -199,12 +212,7 @@ macro_rules! claim_one_ctes {
         concat!(
             "picked AS (",
             each_priority!(
-                concat!(
-                    "SELECT ",
-                    task_columns!(),
-                    ", alternatives FROM tasks WHERE namespace = $1 AND queue = $2 \
-                     AND claimable_at IS NOT NULL AND claimable_at <= $3::bigint"
-                ),
+                claim_candidates!(),
                 "ORDER BY claimable_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
                 "0"
             ),
@@ -310,6 +318,25 @@ pub(super) const CLAIM_ONE: &str = concat!(
     claim_one_answer!(),
     claim_one_from!()
 );
+/// The submission's answer row's columns, after `SELECT`: its outcome,
+/// the task (`st`) and its attempt (`sa`) as they were, the attempt as
+/// written (`d`), the audit row's resource (`$resource`) when written,
+/// the task's columns read by name, the acceptance time, and the role.
+macro_rules! submission_answer {
+    ($resource:literal) => {
+        concat!(
+            "CASE WHEN d.number IS NOT NULL THEN 'submitted' ELSE 'declined' END, ",
+            task_columns_of!("st"),
+            ", ",
+            attempt_columns_of!("sa"),
+            ", ",
+            attempt_columns_of!("d"),
+            ", CASE WHEN d.number IS NOT NULL THEN ",
+            $resource,
+            " END, st.partition_key, st.unique_key, st.unique_states, d.accepted_at, 's' AS role"
+        )
+    };
+}
 /// A submission and the next claim in one statement: the submission of
 /// the one shape it decides, accepted, and [`CLAIM_ONE`]'s claim, or
 /// nothing at all. `$1` to `$10` are [`CLAIM_ONE`]'s; `$11` to `$13` the
@@ -368,14 +395,9 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
      submit_audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
      resource, ip_hash) SELECT $3::bigint, $20::text, $21::text, $22::text, $23::text, \
      $24::text, $25::text FROM go) \
-     SELECT CASE WHEN d.number IS NOT NULL THEN 'submitted' ELSE 'declined' END, ",
-    task_columns_of!("st"),
-    ", ",
-    attempt_columns_of!("sa"),
-    ", ",
-    attempt_columns_of!("d"),
-    ", CASE WHEN d.number IS NOT NULL THEN $24::text END, st.partition_key, st.unique_key, \
-     st.unique_states, d.accepted_at, 's' AS role \
+     SELECT ",
+    submission_answer!("$24::text"),
+    " \
      FROM (SELECT 1) AS one LEFT JOIN st ON true LEFT JOIN sa ON true LEFT JOIN done d ON true \
      UNION ALL SELECT ",
     claim_one_answer!(),
@@ -422,10 +444,10 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
      t.max_tries, t.priority, t.partition_key, t.unique_key, t.unique_states, t.alternatives \
      FROM c JOIN tasks t ON t.namespace = c.s_namespace AND t.task_id = c.s_task_id \
      AND t.version = c.s_version ORDER BY t.id FOR KEY SHARE OF t), \
-     sa AS MATERIALIZED (SELECT st.i, ",
+     sa AS MATERIALIZED (SELECT s.i, a.* FROM (SELECT i, id FROM st ORDER BY id) AS s \
+     CROSS JOIN LATERAL (SELECT ",
     attempt_columns_of!("a"),
-    " FROM attempts a JOIN st ON a.task = st.id WHERE a.number = 1 ORDER BY a.task \
-     FOR UPDATE OF a), \
+    " FROM attempts a WHERE a.task = s.id AND a.number = 1 FOR UPDATE) AS a), \
      sok AS MATERIALIZED (SELECT st.i, st.id, GREATEST(c.now, sa.granted_at) AS accepted_at, \
      row_number() OVER (ORDER BY st.i) AS rank FROM st JOIN sa ON sa.i = st.i \
      JOIN c ON c.i = st.i WHERE st.alternatives = 1 AND st.unique_states IS NULL \
@@ -435,12 +457,7 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
      picked AS MATERIALIZED (SELECT pick.*, row_number() OVER (ORDER BY pick.priority DESC, \
      pick.claimable_at, pick.id) AS rank FROM (",
     each_priority!(
-        concat!(
-            "SELECT ",
-            task_columns!(),
-            ", alternatives FROM tasks WHERE namespace = $1 AND queue = $2 \
-             AND claimable_at IS NOT NULL AND claimable_at <= $3::bigint"
-        ),
+        claim_candidates!(),
         "ORDER BY claimable_at, id LIMIT (SELECT count(*) FROM sok) \
          FOR NO KEY UPDATE SKIP LOCKED",
         "0",
@@ -454,10 +471,10 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
     ),
     ") AS lapse) AS lapsed, EXISTS (SELECT 1 FROM queue_settings s \
      WHERE s.namespace = $1 AND s.queue = $2) AS configured), \
-     attempt AS MATERIALIZED (SELECT p.rank, ",
+     attempt AS MATERIALIZED (SELECT p.rank, a.* FROM (SELECT id, rank FROM picked \
+     ORDER BY id) AS p CROSS JOIN LATERAL (SELECT ",
     attempt_columns_of!("a"),
-    " FROM attempts a JOIN picked p ON a.task = p.id WHERE a.number = 1 ORDER BY a.task \
-     FOR UPDATE OF a), \
+    " FROM attempts a WHERE a.task = p.id AND a.number = 1 FOR UPDATE) AS a), \
      ok AS MATERIALIZED (SELECT s.i, p.id, p.last_token + 1 AS token, p.lapse_backoff_ms, \
      'task:' || p.task_id || '@' || p.version || '/a1/t' || (p.last_token + 1) AS resource, \
      c.now, c.holder, c.expires_at, c.principal, c.namespace, c.action, c.outcome, c.ip_hash \
@@ -493,14 +510,9 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
      submit_audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, \
      resource, ip_hash) SELECT c.now, c.e_principal, c.e_namespace, c.e_action, c.e_outcome, \
      c.e_resource, c.e_ip_hash FROM go JOIN c ON c.i = go.i ORDER BY go.i) \
-     SELECT CASE WHEN d.number IS NOT NULL THEN 'submitted' ELSE 'declined' END, ",
-    task_columns_of!("st"),
-    ", ",
-    attempt_columns_of!("sa"),
-    ", ",
-    attempt_columns_of!("d"),
-    ", CASE WHEN d.number IS NOT NULL THEN c.e_resource END, st.partition_key, st.unique_key, \
-     st.unique_states, d.accepted_at, 's' AS role, c.i AS caller \
+     SELECT ",
+    submission_answer!("c.e_resource"),
+    ", c.i AS caller \
      FROM c LEFT JOIN st ON st.i = c.i LEFT JOIN sa ON sa.i = c.i LEFT JOIN done d ON d.i = c.i \
      UNION ALL SELECT ",
     claim_one_answer!(),
@@ -1012,6 +1024,87 @@ mod tests {
             let plan = plan.join("\n");
             if !plan.contains("using attempts_lapse_order") {
                 failures.push(format!("{name}: attempts_lapse_order wanted\n{plan}"));
+            }
+        }
+        client
+            .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .unwrap();
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
+
+    /// On a queue with a history (20,000 tasks, 10,000 receipts), both
+    /// the custom plans a prepared statement starts with and the generic
+    /// plan it keeps find the rows of [`SUBMIT_AND_CLAIM_MANY`] through
+    /// indexes: no plan reads a whole table to lock a few attempts.
+    #[test]
+    #[cfg_attr(
+        tessera_no_test_postgres,
+        ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+    )]
+    fn coalesced_submissions_search_their_indexes_in_every_plan() {
+        let (mut client, schema) = fresh_schema("many_plans");
+        client
+            .batch_execute(
+                "INSERT INTO tasks (namespace, queue, task_id, version, brief, brief_format, \
+                 alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, created_at, \
+                 enqueued_by, priority) SELECT 'renders', 'jobs', 't-' || n, 1, '\\x00', 'bytes', \
+                 1, 0, 20, 0, 0, 0, 'p1', 0 FROM generate_series(1, 20000) AS n; \
+                 INSERT INTO attempts (task, number, namespace, queue, state, tries, priority, \
+                 changed_at) SELECT id, 1, 'renders', 'jobs', 'ready', 0, 0, 0 FROM tasks; \
+                 INSERT INTO receipts (task, attempt, token, principal, idempotency_key, \
+                 artifact, digest, accepted_at) SELECT id, 1, 1, 'p1', 'k' || id, 'a', 'd', 0 \
+                 FROM tasks WHERE id % 2 = 0; ANALYZE;",
+            )
+            .unwrap();
+        client
+            .batch_execute(&format!("PREPARE many AS {SUBMIT_AND_CLAIM_MANY}"))
+            .unwrap();
+        let four = |value: &str| format!("'{{{value},{value},{value},{value}}}'");
+        let arguments = [
+            "'renders'".to_owned(),
+            "'jobs'".to_owned(),
+            "5".to_owned(),
+            four("5"),
+            four("p1"),
+            four("50"),
+            four("p1"),
+            four("renders"),
+            four("claim"),
+            four("ok"),
+            four("NULL"),
+            four("renders"),
+            "'{t-1,t-2,t-3,t-4}'".to_owned(),
+            four("1"),
+            four("1"),
+            four("p1"),
+            "'{k-1,k-2,k-3,k-4}'".to_owned(),
+            four("d"),
+            four("NULL"),
+            four("a"),
+            four("p1"),
+            four("renders"),
+            four("submit"),
+            four("ok"),
+            four("r"),
+            four("NULL"),
+        ]
+        .join(", ");
+        let mut failures = Vec::new();
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            client
+                .batch_execute(&format!("SET plan_cache_mode = {mode}"))
+                .unwrap();
+            let plan: Vec<String> = client
+                .query(&format!("EXPLAIN EXECUTE many({arguments})"), &[])
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            let plan = plan.join("\n");
+            for table in ["tasks", "attempts", "receipts"] {
+                if plan.contains(&format!("Seq Scan on {table}")) {
+                    failures.push(format!("{mode}: {table} read whole\n{plan}"));
+                }
             }
         }
         client

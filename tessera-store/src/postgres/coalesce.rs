@@ -187,13 +187,19 @@ impl PostgresBackend {
         let search_now = pairs
             .iter()
             .map(|pair| pair.now)
-            .min()
+            .max()
             .expect("a group has pairs");
         let rows = (SUBMIT_ROWS + GRANT_ROWS) * pairs.len() as u64;
         let rows = match self.one_statement(SUBMIT_AND_CLAIM_MANY, &args.params(), search_now, rows)
         {
             Ok(Some(rows)) => rows,
             Ok(None) => return declined(),
+            // One caller's conflict (another process's receipt under its
+            // key) rolled back every caller's part: each goes to the
+            // general transaction, which answers it alone.
+            Err(Error::Storage(error)) if error.kind() == StorageErrorKind::Conflict => {
+                return declined();
+            }
             Err(error) => return pairs.iter().map(|_| Err(error.clone())).collect(),
         };
         let answer = |caller: usize, role: &str| {
@@ -270,7 +276,7 @@ impl<'a> ManyArgs<'a> {
         Self {
             namespace: pairs[0].namespace.as_str(),
             queue: pairs[0].queue.as_str(),
-            search_now: pairs.iter().map(|pair| millis(pair.now)).min().unwrap_or(0),
+            search_now: pairs.iter().map(|pair| millis(pair.now)).max().unwrap_or(0),
             now: pairs.iter().map(|pair| millis(pair.now)).collect(),
             holder: each(&|pair| pair.holder.as_str()),
             expires_at: pairs.iter().map(|pair| millis(pair.expires_at)).collect(),
@@ -499,6 +505,89 @@ mod tests {
         // Four receipts, and an audit row per submission and per grant.
         assert_eq!(count("receipts"), receipts + 4);
         assert_eq!(count("access_audit"), audits + 4 + 3);
+        drop(backend);
+        quick.finish();
+    }
+
+    /// A task the statement leaves to the general claim stops the grants
+    /// ranked after it, and keeps a caller with no task of its own from
+    /// being answered with an empty queue: every caller of the batch is
+    /// declined, and nothing is written.
+    #[test]
+    #[cfg_attr(
+        tessera_no_test_postgres,
+        ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+    )]
+    fn a_task_left_to_the_general_claim_stops_the_grants_behind_it() {
+        let quick = Quick::open("coalesced_cut");
+        let (url, schema, store, worker, ns) = (
+            &quick.url,
+            &quick.schema,
+            &quick.store,
+            &quick.worker,
+            &quick.ns,
+        );
+        let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+        let mut count = |table: &str| -> i64 {
+            let sql = format!("SELECT count(*) FROM \"{schema}\".{table}");
+            client.query_one(&sql, &[]).unwrap().get(0)
+        };
+        let queue = |name: &str| QueueName::parse(name).unwrap();
+        let (held, mixed, lone) = (queue("held"), queue("mixed"), queue("lone"));
+        let brief = Brief::Bytes(b"frame".to_vec());
+        let two = EnqueueOptions::default().with_alternatives(2);
+        let plain = EnqueueOptions::default();
+        // The head of `mixed` has two attempts (the general claim's), a
+        // plain task behind it; `lone` holds only such a task.
+        for (q, options) in [(&mixed, &two), (&mixed, &plain), (&lone, &two)] {
+            store.enqueue(worker, ns, q, &brief, options).unwrap();
+        }
+        for _ in 0..4 {
+            store.enqueue(worker, ns, &held, &brief, &plain).unwrap();
+        }
+        let holder = worker.lease_principal();
+        let now = store.now_utc();
+        let acks: Vec<_> = (0..4u8)
+            .map(|n| {
+                let ClaimOutcome::Granted(claimed) = store.claim(worker, ns, &held).unwrap() else {
+                    panic!("a ready task is granted");
+                };
+                let request = SubmitRequest {
+                    task: claimed.task.clone(),
+                    token: claimed.lease.token(),
+                    key: IdempotencyKey::parse("k").unwrap(),
+                    output: Output::bytes(vec![n]),
+                };
+                let Checked::Ack(ack) = store.submission(worker, &request).unwrap() else {
+                    panic!("a submission for the statement");
+                };
+                ack
+            })
+            .collect();
+        let mut pairs = acks.iter();
+        let backend = PostgresBackend::open(
+            PostgresOptions::new(url.as_str())
+                .with_schema(schema.as_str())
+                .with_listen(false),
+            OpenPolicy::of(&StoreConfig::default()),
+        )
+        .unwrap();
+        let before = (count("receipts"), count("access_audit"));
+        for q in [&mixed, &lone] {
+            let batch: Vec<Pair> = pairs
+                .by_ref()
+                .take(2)
+                .map(|ack| Pair::of(&ack.quick_submit(now).unwrap(), &claim(ns, q, &holder, now)))
+                .collect();
+            let answers = backend.run_pairs(batch);
+            assert!(
+                answers
+                    .iter()
+                    .all(|answer| matches!(answer, Ok(QuickSubmitted::Declined))),
+                "{q}: every caller declined, not {answers:?}"
+            );
+        }
+        assert_eq!((count("receipts"), count("access_audit")), before);
         drop(backend);
         quick.finish();
     }

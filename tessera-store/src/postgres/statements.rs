@@ -408,7 +408,8 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
 /// own submission and its own claim on one queue: what one process's
 /// workers hand in while a statement of theirs runs (see
 /// `coalesce.rs`). `$1` namespace, `$2` queue, `$3` the time the searches
-/// use (the earliest of the callers'); then one array a parameter, one
+/// use (the latest of the callers', so a lapse due for any of them is
+/// seen); then one array a parameter, one
 /// element a caller: `$4` now, `$5` holder, `$6` expiry, `$7` to `$11`
 /// the claim's audit row (principal, namespace, action, outcome, address
 /// hash), `$12` to `$14` the submitted task's namespace, id and version,
@@ -423,10 +424,15 @@ pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
 /// ranks the callers whose submissions are of the one shape; `picked`
 /// takes as many tasks as `sok` has callers, each ranked in claim order,
 /// and the caller of rank r is offered the task of rank r; `held`'s lapse
-/// floor is [`lapse_floor`]'s for that many. A caller's claim is made
-/// (`ok`) and its submission written (`go`) on [`SUBMIT_AND_CLAIM_ONE`]'s
-/// conditions, taken with its own task, times and lease; the other
-/// callers' go to the general transaction, as a declined statement's do.
+/// floor is [`lapse_floor`]'s for that many. A caller's claim fits
+/// (`fit`) on [`SUBMIT_AND_CLAIM_ONE`]'s conditions, taken with its own
+/// task, times and lease, and is made (`ok`) only when every caller
+/// ranked before it fits too, so no task is granted past one the
+/// statement leaves to the general claim. A caller's submission is
+/// written (`go`) when its claim is made, or when there was no task for
+/// it, no due lapse, no queue settings and every task picked was
+/// granted (an empty queue, as the single statement finds it). The other
+/// callers go to the general transaction, as a declined statement's do.
 /// The answer is two rows a caller, in [`SUBMIT_AND_CLAIM_ONE`]'s
 /// columns, and its ordinal (`caller`); the claim's row only for a caller
 /// in `sok`.
@@ -475,7 +481,8 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
      ORDER BY id) AS p CROSS JOIN LATERAL (SELECT ",
     attempt_columns_of!("a"),
     " FROM attempts a WHERE a.task = p.id AND a.number = 1 FOR UPDATE) AS a), \
-     ok AS MATERIALIZED (SELECT s.i, p.id, p.last_token + 1 AS token, p.lapse_backoff_ms, \
+     fit AS MATERIALIZED (SELECT s.i, s.rank, p.id, p.last_token + 1 AS token, \
+     p.lapse_backoff_ms, \
      'task:' || p.task_id || '@' || p.version || '/a1/t' || (p.last_token + 1) AS resource, \
      c.now, c.holder, c.expires_at, c.principal, c.namespace, c.action, c.outcome, c.ip_hash \
      FROM sok s JOIN picked p ON p.rank = s.rank JOIN attempt a ON a.rank = s.rank \
@@ -484,6 +491,8 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
      AND a.state = 'ready' AND (a.granted_at IS NULL OR a.granted_at <= c.now) \
      AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
      AND (h.lapsed IS NULL OR h.lapsed <= p.priority) AND NOT h.configured), \
+     ok AS MATERIALIZED (SELECT f.* FROM fit f WHERE f.rank < coalesce((SELECT min(s.rank) \
+     FROM sok s WHERE NOT EXISTS (SELECT 1 FROM fit g WHERE g.i = s.i)), 9223372036854775807)), \
      leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
      tries = attempts.tries + 1, holder = ok.holder, token = ok.token, granted_at = ok.now, \
      expires_at = ok.expires_at, lapses_at = ok.expires_at + ok.lapse_backoff_ms, \
@@ -497,9 +506,10 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
      ok.resource, ok.ip_hash FROM ok ORDER BY ok.i), \
      go AS MATERIALIZED (SELECT s.i, s.id, s.accepted_at FROM sok s CROSS JOIN held h \
      LEFT JOIN picked p ON p.rank = s.rank WHERE EXISTS (SELECT 1 FROM ok WHERE ok.i = s.i) \
-     OR NOT ",
+     OR (NOT ",
     claim_one_declines!(),
-    "), done AS (UPDATE attempts SET state = 'done', until_at = NULL, lapses_at = NULL, \
+    " AND NOT EXISTS (SELECT 1 FROM picked q WHERE NOT EXISTS (SELECT 1 FROM ok \
+     WHERE ok.id = q.id)))), done AS (UPDATE attempts SET state = 'done', until_at = NULL, lapses_at = NULL, \
      discarded = NULL, changed_at = c.now FROM go JOIN c ON c.i = go.i \
      WHERE attempts.task = go.id AND attempts.number = 1 RETURNING go.i, ",
     attempt_columns_of!("attempts"),
@@ -1053,7 +1063,7 @@ mod tests {
                  changed_at) SELECT id, 1, 'renders', 'jobs', 'ready', 0, 0, 0 FROM tasks; \
                  INSERT INTO receipts (task, attempt, token, principal, idempotency_key, \
                  artifact, digest, accepted_at) SELECT id, 1, 1, 'p1', 'k' || id, 'a', 'd', 0 \
-                 FROM tasks WHERE id % 2 = 0; ANALYZE;",
+                 FROM tasks WHERE id % 2 = 0; ANALYZE tasks; ANALYZE attempts; ANALYZE receipts;",
             )
             .unwrap();
         client

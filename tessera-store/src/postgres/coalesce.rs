@@ -343,6 +343,8 @@ impl<'a> ManyArgs<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+
     use tessera_lease::{FencingToken, QueueName};
 
     use super::Pair;
@@ -355,6 +357,54 @@ mod tests {
         Submitted,
     };
 
+    /// A store on a schema of its own, a second backend on that schema
+    /// whose batches a test runs by hand, and a client that counts rows.
+    struct Scene {
+        quick: Quick,
+        backend: PostgresBackend,
+        client: RefCell<postgres::Client>,
+    }
+
+    impl Scene {
+        fn open(prefix: &str) -> Self {
+            let quick = Quick::open(prefix);
+            let backend = PostgresBackend::open(
+                PostgresOptions::new(quick.url.as_str())
+                    .with_schema(quick.schema.as_str())
+                    .with_listen(false),
+                OpenPolicy::of(&StoreConfig::default()),
+            )
+            .unwrap();
+            let client = postgres::Client::connect(&quick.url, postgres::NoTls).unwrap();
+            Self {
+                quick,
+                backend,
+                client: RefCell::new(client),
+            }
+        }
+
+        /// The rows of `table`.
+        fn count(&self, table: &str) -> i64 {
+            let sql = format!("SELECT count(*) FROM \"{}\".{table}", self.quick.schema);
+            self.client
+                .borrow_mut()
+                .query_one(&sql, &[])
+                .unwrap()
+                .get(0)
+        }
+
+        /// Closes both and drops the schema.
+        fn finish(self) {
+            let Self {
+                quick,
+                backend,
+                client,
+            } = self;
+            drop((backend, client));
+            quick.finish();
+        }
+    }
+
     /// Pairs run together: each caller's submission is accepted or
     /// declined on its own, each accepted one gets its own task, in claim
     /// order, and a second pair for a task already in the group, or a
@@ -365,19 +415,9 @@ mod tests {
         ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
     )]
     fn pairs_of_one_queue_each_get_their_own_answer_in_one_statement() {
-        let quick = Quick::open("coalesced");
-        let (url, schema, store, worker, ns) = (
-            &quick.url,
-            &quick.schema,
-            &quick.store,
-            &quick.worker,
-            &quick.ns,
-        );
-        let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
-        let mut count = |table: &str| -> i64 {
-            let sql = format!("SELECT count(*) FROM \"{schema}\".{table}");
-            client.query_one(&sql, &[]).unwrap().get(0)
-        };
+        let scene = Scene::open("coalesced");
+        let (store, worker, ns) = (&scene.quick.store, &scene.quick.worker, &scene.quick.ns);
+        let count = |table: &str| scene.count(table);
         let (q, empty) = (
             QueueName::parse("jobs").unwrap(),
             QueueName::parse("none").unwrap(),
@@ -457,15 +497,8 @@ mod tests {
             &claim(ns, &empty, &holder, now),
         ));
 
-        let backend = PostgresBackend::open(
-            PostgresOptions::new(url.as_str())
-                .with_schema(schema.as_str())
-                .with_listen(false),
-            OpenPolicy::of(&StoreConfig::default()),
-        )
-        .unwrap();
         let (receipts, audits) = (count("receipts"), count("access_audit"));
-        let answers = backend.run_pairs(batch.clone());
+        let answers = scene.backend.run_pairs(batch.clone());
         assert_eq!(answers.len(), 6);
 
         let mut granted = Vec::new();
@@ -505,8 +538,7 @@ mod tests {
         // Four receipts, and an audit row per submission and per grant.
         assert_eq!(count("receipts"), receipts + 4);
         assert_eq!(count("access_audit"), audits + 4 + 3);
-        drop(backend);
-        quick.finish();
+        scene.finish();
     }
 
     /// A task the statement leaves to the general claim stops the grants
@@ -519,19 +551,9 @@ mod tests {
         ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
     )]
     fn a_task_left_to_the_general_claim_stops_the_grants_behind_it() {
-        let quick = Quick::open("coalesced_cut");
-        let (url, schema, store, worker, ns) = (
-            &quick.url,
-            &quick.schema,
-            &quick.store,
-            &quick.worker,
-            &quick.ns,
-        );
-        let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
-        let mut count = |table: &str| -> i64 {
-            let sql = format!("SELECT count(*) FROM \"{schema}\".{table}");
-            client.query_one(&sql, &[]).unwrap().get(0)
-        };
+        let scene = Scene::open("coalesced_cut");
+        let (store, worker, ns) = (&scene.quick.store, &scene.quick.worker, &scene.quick.ns);
+        let count = |table: &str| scene.count(table);
         let queue = |name: &str| QueueName::parse(name).unwrap();
         let (held, mixed, lone) = (queue("held"), queue("mixed"), queue("lone"));
         let brief = Brief::Bytes(b"frame".to_vec());
@@ -565,13 +587,6 @@ mod tests {
             })
             .collect();
         let mut pairs = acks.iter();
-        let backend = PostgresBackend::open(
-            PostgresOptions::new(url.as_str())
-                .with_schema(schema.as_str())
-                .with_listen(false),
-            OpenPolicy::of(&StoreConfig::default()),
-        )
-        .unwrap();
         let before = (count("receipts"), count("access_audit"));
         for q in [&mixed, &lone] {
             let batch: Vec<Pair> = pairs
@@ -579,7 +594,7 @@ mod tests {
                 .take(2)
                 .map(|ack| Pair::of(&ack.quick_submit(now).unwrap(), &claim(ns, q, &holder, now)))
                 .collect();
-            let answers = backend.run_pairs(batch);
+            let answers = scene.backend.run_pairs(batch);
             assert!(
                 answers
                     .iter()
@@ -588,7 +603,6 @@ mod tests {
             );
         }
         assert_eq!((count("receipts"), count("access_audit")), before);
-        drop(backend);
-        quick.finish();
+        scene.finish();
     }
 }

@@ -138,13 +138,7 @@ impl PostgresBackend {
     /// Counts what a one-statement claim wrote, with `more` rows of its
     /// own beside the claim's.
     fn wrote(&self, now: DateTime<Utc>, claimed: &QuickClaimed, more: u64) {
-        let rows = more
-            + if matches!(claimed, QuickClaimed::Leased(_)) {
-                GRANT_ROWS
-            } else {
-                0
-            };
-        self.wrote_rows(now, rows);
+        self.wrote_rows(now, more + claimed.rows());
     }
 
     /// Counts `rows` written by one transaction, if it wrote any.
@@ -155,6 +149,17 @@ impl PostgresBackend {
         self.allowance.lock().record(now, rows);
         self.rows_written.fetch_add(rows, Ordering::Relaxed);
         self.write_transactions.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl QuickClaimed {
+    /// The table rows the claim wrote: a grant's, or none.
+    pub(super) fn rows(&self) -> u64 {
+        if matches!(self, Self::Leased(_)) {
+            GRANT_ROWS
+        } else {
+            0
+        }
     }
 }
 

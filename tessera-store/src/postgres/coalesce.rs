@@ -24,7 +24,7 @@ use postgres::types::ToSql;
 use tessera_lease::{Namespace, Principal, QueueName, Submission};
 
 use crate::backend::rows::{EventRow, millis};
-use crate::backend::{QuickClaim, QuickClaimed, QuickSubmit, QuickSubmitted};
+use crate::backend::{QuickClaim, QuickSubmit, QuickSubmitted};
 use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::model::task::TaskRef;
 use crate::state::completer::Completer;
@@ -183,12 +183,12 @@ impl PostgresBackend {
     /// submitted tasks): one answer a pair, in order.
     fn submit_and_claim_many(&self, pairs: &[&Pair]) -> Vec<PairAnswer> {
         let declined = || pairs.iter().map(|_| Ok(QuickSubmitted::Declined)).collect();
-        let args = ManyArgs::of(pairs);
         let search_now = pairs
             .iter()
             .map(|pair| pair.now)
             .max()
             .expect("a group has pairs");
+        let args = ManyArgs::of(pairs, search_now);
         let rows = (SUBMIT_ROWS + GRANT_ROWS) * pairs.len() as u64;
         let rows = match self.one_statement(SUBMIT_AND_CLAIM_MANY, &args.params(), search_now, rows)
         {
@@ -222,12 +222,7 @@ impl PostgresBackend {
                     crate::backend::rows::corrupt("a coalesced submission's answer")
                 })?;
                 let claim = claimed(claimed_row)?;
-                written += SUBMIT_ROWS
-                    + if matches!(claim, QuickClaimed::Leased(_)) {
-                        GRANT_ROWS
-                    } else {
-                        0
-                    };
+                written += SUBMIT_ROWS + claim.rows();
                 accepted(submitted, claim)
             })
             .collect();
@@ -268,7 +263,7 @@ struct ManyArgs<'a> {
 }
 
 impl<'a> ManyArgs<'a> {
-    fn of(pairs: &[&'a Pair]) -> Self {
+    fn of(pairs: &[&'a Pair], search_now: DateTime<Utc>) -> Self {
         let each = |f: &dyn Fn(&'a Pair) -> &'a str| pairs.iter().map(|pair| f(pair)).collect();
         let each_opt = |f: &dyn Fn(&'a Pair) -> Option<&'a str>| {
             pairs.iter().map(|pair| f(pair)).collect::<Vec<_>>()
@@ -276,7 +271,7 @@ impl<'a> ManyArgs<'a> {
         Self {
             namespace: pairs[0].namespace.as_str(),
             queue: pairs[0].queue.as_str(),
-            search_now: pairs.iter().map(|pair| millis(pair.now)).max().unwrap_or(0),
+            search_now: millis(search_now),
             now: pairs.iter().map(|pair| millis(pair.now)).collect(),
             holder: each(&|pair| pair.holder.as_str()),
             expires_at: pairs.iter().map(|pair| millis(pair.expires_at)).collect(),

@@ -710,6 +710,26 @@ pub(crate) trait ReadTransaction {
     ) -> Result<Vec<ScheduleRow>>;
 }
 
+/// A row a read-modify-write changes, named whether or not it exists yet
+/// (see [`WriteTransaction::lock_row`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowLock<'a> {
+    /// A queue's settings.
+    QueueSettings(&'a Namespace, &'a QueueName),
+    /// A schedule.
+    Schedule(&'a Namespace, &'a ScheduleName),
+}
+
+impl RowLock<'_> {
+    /// The lock's name: distinct for distinct rows (names hold no `/`).
+    pub(crate) fn name(self) -> String {
+        match self {
+            Self::QueueSettings(namespace, queue) => format!("queue/{namespace}/{queue}"),
+            Self::Schedule(namespace, name) => format!("schedule/{namespace}/{name}"),
+        }
+    }
+}
+
 /// The writes operations make, inside one transaction.
 #[cfg_attr(not(feature = "schedule"), allow(dead_code))]
 pub(crate) trait WriteTransaction: ReadTransaction {
@@ -824,11 +844,13 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     /// stored claim times the lease rules disagree with.
     fn resync_task(&self, handle: TaskHandle, record: &TaskRecord) -> Result<()>;
 
-    /// Tasks of a namespace with an expired lease, at most `limit`, each
-    /// once, loaded.
+    /// Tasks of a namespace (of its `queue` alone, if given) with an
+    /// expired lease, at most `limit`, each once, loaded; those of one
+    /// queue in the order their leases expired.
     fn lapsed_tasks(
         &self,
         namespace: &Namespace,
+        queue: Option<&QueueName>,
         now: DateTime<Utc>,
         limit: usize,
     ) -> Result<Vec<LoadedTask>>;
@@ -914,6 +936,16 @@ pub(crate) trait WriteTransaction: ReadTransaction {
 
     /// Counts `window.subject` once more in its window.
     fn bump_limit(&self, window: &LimitWindow<'_>) -> Result<()>;
+
+    /// Holds `row`'s lock until the transaction ends, whether or not the
+    /// row exists yet, so read-modify-writes of it take turns and each
+    /// reads what the one before it wrote. The default does nothing, for a
+    /// backend whose writes take turns anyway (SQLite); PostgreSQL takes a
+    /// transaction-level advisory lock on the row's name.
+    fn lock_row(&self, row: RowLock<'_>) -> Result<()> {
+        let _ = row;
+        Ok(())
+    }
 
     /// Stores a queue's settings at `now`, or deletes its row when every
     /// setting is the default.

@@ -1009,20 +1009,17 @@ fn held_slots(
     })
 }
 
-/// Records the lapses of `queue`'s expired leases (at most
-/// [`MAX_LAPSES_RECORDED`] tasks of the namespace are looked at): each
-/// attempt leaves `leased`, which frees its slot, and its old holder's
-/// token changes nothing from then on.
+/// Records the lapses of `queue`'s expired leases, the longest expired
+/// first (at most [`MAX_LAPSES_RECORDED`] tasks): each attempt leaves
+/// `leased`, which frees its slot, and its old holder's token changes
+/// nothing from then on.
 fn record_lapses(
     writer: &dyn crate::backend::WriteTransaction,
     namespace: &Namespace,
     queue: &QueueName,
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
-    for loaded in writer.lapsed_tasks(namespace, now, MAX_LAPSES_RECORDED)? {
-        if loaded.queue != *queue {
-            continue;
-        }
+    for loaded in writer.lapsed_tasks(namespace, Some(queue), now, MAX_LAPSES_RECORDED)? {
         let mut rules = Task::restore(loaded.record)?;
         apply(
             writer,

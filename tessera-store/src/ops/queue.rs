@@ -4,6 +4,7 @@
 use tessera_audit::{Action, Resource};
 use tessera_lease::{ConcurrencyLimit, Namespace, QueueName};
 
+use crate::backend::RowLock;
 use crate::error::Error;
 use crate::model::access::{Caller, Scope};
 use crate::model::queue::QueueSettings;
@@ -122,6 +123,8 @@ impl Store {
         let scope = self.admit(caller, namespace, Scope::Enqueue, action)?;
         let now = self.now_utc();
         let (before, after) = self.perform(&scope, now, |writer| {
+            // Changes of one queue take turns, even before its row exists.
+            writer.lock_row(RowLock::QueueSettings(namespace, queue))?;
             let before = writer
                 .queue_settings(namespace, queue)?
                 .unwrap_or_else(|| QueueSettings::unset(queue.clone()));

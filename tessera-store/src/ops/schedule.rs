@@ -17,7 +17,7 @@ use parking_lot::{Condvar, Mutex};
 use tessera_audit::Action;
 use tessera_lease::{CronSchedule, Namespace, QueueName, ScheduleName, Task, TaskId, fire_task_id};
 
-use crate::backend::{NewFire, NewTask, ScheduleRow, WriteTransaction};
+use crate::backend::{NewFire, NewTask, RowLock, ScheduleRow, WriteTransaction};
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::ActionScope;
@@ -83,7 +83,9 @@ impl Store {
         let principal = caller.principal().to_string();
         let (row, created) = self.perform(&scope, now, |writer| {
             self.open_namespace(writer, caller, namespace, now)?;
-            let existing = writer.schedule(namespace, name)?;
+            // A replacement keeps what a pause or resume just wrote.
+            writer.lock_row(RowLock::Schedule(namespace, name))?;
+            let existing = writer.lock_schedule(namespace, name)?;
             let row = ScheduleRow {
                 namespace: namespace.clone(),
                 name: name.clone(),
@@ -195,6 +197,7 @@ impl Store {
         let scope = self.admit(caller, namespace, Scope::Enqueue, action)?;
         let now = self.now_utc();
         let row = self.perform(&scope, now, |writer| {
+            writer.lock_row(RowLock::Schedule(namespace, name))?;
             let mut row = writer
                 .lock_schedule(namespace, name)?
                 .ok_or_else(|| not_found(namespace, name))?;

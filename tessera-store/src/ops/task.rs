@@ -607,7 +607,7 @@ impl Store {
         let now = self.now_utc();
         let changed = self.write(|writer| {
             let mut changed = Vec::new();
-            for loaded in writer.lapsed_tasks(namespace, now, limit.max(1))? {
+            for loaded in writer.lapsed_tasks(namespace, None, now, limit.max(1))? {
                 let mut rules = Task::restore(loaded.record)?;
                 if apply(
                     writer,

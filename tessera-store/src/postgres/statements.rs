@@ -618,6 +618,13 @@ pub(super) const UPDATE_CLAIMABLE: &str = "UPDATE tasks SET claimable_at = $2 WH
 /// Tasks with an expired lease, each once, locked or skipped.
 pub(super) const LAPSED_TASKS: &str = "SELECT DISTINCT task FROM attempts \
      WHERE namespace = $1 AND state = 'leased' AND expires_at <= $2 LIMIT $3";
+/// [`LAPSED_TASKS`] of one queue (`$4`), the longest expired first: a
+/// claim of a limited queue records its own lapses, whatever other queues
+/// of the namespace hold. A task with several lapsed attempts may be
+/// listed once per attempt.
+pub(super) const LAPSED_IN_QUEUE: &str = "SELECT task FROM attempts \
+     WHERE namespace = $1 AND queue = $4 AND state = 'leased' AND expires_at <= $2 \
+     ORDER BY expires_at, task LIMIT $3";
 /// A listing's columns and join, in [`ListingRow`] order, of the state
 /// `$2`, which `$state` (a comparison with `'leased'`) says is leased or
 /// not, so the planner knows which index holds it.
@@ -820,6 +827,9 @@ pub(super) const PUT_QUEUE_SETTINGS: &str = "INSERT INTO queue_settings \
      VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (namespace, queue) DO UPDATE SET \
      paused_at = excluded.paused_at, queue_limit = excluded.queue_limit, \
      partition_limit = excluded.partition_limit, updated_at = excluded.updated_at";
+/// A row's lock by name, held to the transaction's end (see
+/// [`RowLock`](crate::backend::RowLock)).
+pub(super) const LOCK_ROW: &str = "SELECT pg_advisory_xact_lock(hashtext('tessera row ' || $1))";
 pub(super) const DELETE_QUEUE_SETTINGS: &str =
     "DELETE FROM queue_settings WHERE namespace = $1 AND queue = $2";
 /// The leased attempts of one partition of a queue.
@@ -1006,6 +1016,11 @@ mod tests {
             ("next lapsed", NEXT_LAPSED, "'renders', 'jobs', 5, 0"),
             ("has claimable", HAS_CLAIMABLE, "'renders', 'jobs', 5"),
             ("expired leases", LAPSED_TASKS, "'renders', 5, 10"),
+            (
+                "expired leases of a queue",
+                LAPSED_IN_QUEUE,
+                "'renders', 5, 10, 'jobs'",
+            ),
             ("expired leases, counted", COUNT_LAPSED, "'renders', 5"),
             ("leases of a queue", LEASED_IN_QUEUE, "'renders', 'jobs'"),
             (

@@ -25,7 +25,7 @@ use crate::backend::rows::{
 };
 use crate::backend::{
     KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire, NewKey, NewReceipt, NewTask, Purge,
-    ReadTransaction, ReceiptKey, Result, ScheduleRow, StoredKey, TaskChange, TaskHandle,
+    ReadTransaction, ReceiptKey, Result, RowLock, ScheduleRow, StoredKey, TaskChange, TaskHandle,
     WriteTransaction,
 };
 use crate::error::{StorageError, StorageErrorKind};
@@ -910,17 +910,29 @@ impl WriteTransaction for PgTransaction<'_> {
     fn lapsed_tasks(
         &self,
         namespace: &Namespace,
+        queue: Option<&QueueName>,
         now: DateTime<Utc>,
         limit: usize,
     ) -> Result<Vec<LoadedTask>> {
-        let ids = self.query(
-            LAPSED_TASKS,
-            &[&namespace.as_str(), &millis(now), &count(limit)],
-        )?;
+        let (namespace, now, limit) = (namespace.as_str(), millis(now), count(limit));
+        let rows = match queue {
+            Some(queue) => self.query(
+                LAPSED_IN_QUEUE,
+                &[&namespace, &now, &limit, &queue.as_str()],
+            )?,
+            None => self.query(LAPSED_TASKS, &[&namespace, &now, &limit])?,
+        };
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id: i64 = row.try_get(0)?;
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
         let mut tasks = Vec::with_capacity(ids.len());
         for id in ids {
             // Locked, or skipped when another process holds it.
-            if let Some(row) = self.task_by_id(id.try_get(0)?)? {
+            if let Some(row) = self.task_by_id(id)? {
                 tasks.push(self.load(row)?);
             }
         }
@@ -960,6 +972,11 @@ impl WriteTransaction for PgTransaction<'_> {
             BUMP_LIMIT,
             &[&window.subject, &millis(window.start), &millis(window.end)],
         )?;
+        Ok(())
+    }
+
+    fn lock_row(&self, row: RowLock<'_>) -> Result<()> {
+        self.query(LOCK_ROW, &[&row.name()])?;
         Ok(())
     }
 

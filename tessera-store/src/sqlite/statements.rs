@@ -215,6 +215,10 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::LAPSED_LEASES,
     },
     HotStatement {
+        name: "lapsed leases of a queue",
+        sql: tasks::LAPSED_IN_QUEUE,
+    },
+    HotStatement {
         name: "count lapsed leases",
         sql: tasks::COUNT_LAPSED_LEASES,
     },

@@ -237,6 +237,11 @@ pub(crate) const ATTEMPTS_MATCHING: &str = "SELECT a.changed_at, a.task, a.numbe
 pub(crate) const LAPSED_LEASES: &str = "SELECT task FROM attempts \
      WHERE namespace = ?1 AND state = 'leased' AND expires_at <= ?2 LIMIT ?3";
 
+/// [`LAPSED_LEASES`] of one queue (`?4`), the longest expired first.
+pub(crate) const LAPSED_IN_QUEUE: &str = "SELECT task FROM attempts \
+     WHERE namespace = ?1 AND queue = ?4 AND state = 'leased' AND expires_at <= ?2 \
+     ORDER BY expires_at, task LIMIT ?3";
+
 pub(crate) const COUNT_LAPSED_LEASES: &str = "SELECT count(*) FROM attempts \
      WHERE namespace = ?1 AND state = 'leased' AND expires_at <= ?2";
 
@@ -743,12 +748,20 @@ pub(crate) fn attempts_matching(
 pub(crate) fn lapsed_leases(
     reader: &Reader<'_>,
     namespace: &str,
+    queue: Option<&str>,
     now: i64,
     limit: i64,
 ) -> rusqlite::Result<Vec<i64>> {
-    reader.all(LAPSED_LEASES, params![namespace, now, limit], |row| {
-        row.get(0)
-    })
+    match queue {
+        Some(queue) => reader.all(
+            LAPSED_IN_QUEUE,
+            params![namespace, now, limit, queue],
+            |row| row.get(0),
+        ),
+        None => reader.all(LAPSED_LEASES, params![namespace, now, limit], |row| {
+            row.get(0)
+        }),
+    }
 }
 
 /// How many leases in a namespace have lapsed.

@@ -639,13 +639,24 @@ impl WriteTransaction for Writer<'_> {
     fn lapsed_tasks(
         &self,
         namespace: &Namespace,
+        queue: Option<&QueueName>,
         now: DateTime<Utc>,
         limit: usize,
     ) -> Result<Vec<LoadedTask>> {
-        let mut ids = sql::lapsed_leases(self, namespace.as_str(), millis(now), count(limit))?;
+        let listed = sql::lapsed_leases(
+            self,
+            namespace.as_str(),
+            queue.map(QueueName::as_str),
+            millis(now),
+            count(limit),
+        )?;
         // A task with several lapsed attempts is listed once per attempt.
-        ids.sort_unstable();
-        ids.dedup();
+        let mut ids: Vec<i64> = Vec::with_capacity(listed.len());
+        for id in listed {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
         let mut tasks = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(row) = sql::task_by_id(self, id, false)? {

@@ -11,7 +11,7 @@ use tessera_store::{
     TaskRef,
 };
 
-use crate::harness::{Fixture, TestDb, namespace, queue};
+use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
 
 /// A claim's empty reason, `None` if it granted a lease.
 fn empty_reason(
@@ -261,6 +261,82 @@ fn a_lapsed_lease_frees_its_slot_once_when_the_lapse_is_recorded(db: &TestDb) {
         )
         .unwrap();
     assert_eq!(empty_reason(&f, &new, &ns, &q), None);
+}
+
+/// A limited queue's claim records its own lapsed leases, however many
+/// other queues of the namespace hold: 999 abandoned leases in `a` never
+/// hide the one lapsed lease of `b` (limit 1), nor of `c` (one per
+/// partition).
+fn a_limited_queue_records_its_own_lapse_behind_many_of_other_queues(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let ns = namespace("renders");
+    let (a, b, c) = (queue("a"), queue("b"), queue("c"));
+    let batch: Vec<(Brief, EnqueueOptions)> = (0..999)
+        .map(|n| {
+            (
+                Brief::Json(serde_json::json!({ "n": n })),
+                EnqueueOptions::default(),
+            )
+        })
+        .collect();
+    f.store.enqueue_batch(&worker, &ns, &a, &batch).unwrap();
+    let mut abandoned = 0;
+    while abandoned < 999 {
+        abandoned += f
+            .store
+            .claim_batch(&worker, &ns, &a, 100)
+            .unwrap()
+            .claimed
+            .len();
+    }
+    f.enqueue(&worker, &ns, &b, 2);
+    let partitioned = PartitionKey::parse("p").unwrap();
+    for n in 0..2 {
+        f.store
+            .enqueue(
+                &worker,
+                &ns,
+                &c,
+                &json_brief(n),
+                &EnqueueOptions::default().with_partition_key(partitioned.clone()),
+            )
+            .unwrap();
+    }
+    f.store
+        .set_queue_limits(&worker, &ns, &b, limit(Some(1), None))
+        .unwrap();
+    f.store
+        .set_queue_limits(&worker, &ns, &c, limit(None, Some(1)))
+        .unwrap();
+    let first_b = f.claim(&worker, &ns, &b);
+    let first_c = f.claim(&worker, &ns, &c);
+    assert_eq!(
+        empty_reason(&f, &worker, &ns, &b),
+        Some(EmptyReason::Limited)
+    );
+    assert_eq!(
+        empty_reason(&f, &worker, &ns, &c),
+        Some(EmptyReason::Limited)
+    );
+
+    // Every lease lapses; `a`'s lapsed first, so an unordered or unfiltered
+    // search of the namespace meets only them.
+    f.clock.advance(Duration::from_secs(3600));
+    let second_b = f.claim(&worker, &ns, &b);
+    let second_c = f.claim(&worker, &ns, &c);
+    for (first, second) in [(&first_b, &second_b), (&first_c, &second_c)] {
+        assert!(second.task != first.task || second.lease.token() > first.lease.token());
+    }
+    // And the limits hold again.
+    assert_eq!(
+        empty_reason(&f, &worker, &ns, &b),
+        Some(EmptyReason::Limited)
+    );
+    assert_eq!(
+        empty_reason(&f, &worker, &ns, &c),
+        Some(EmptyReason::Limited)
+    );
 }
 
 /// Enqueues a task into `renders/jobs` with partition key `key` (none for
@@ -552,6 +628,7 @@ conformance! {
     pausing_needs_the_enqueue_scope_and_the_grant,
     a_queue_limit_caps_its_leases_and_a_submit_frees_a_slot,
     a_lapsed_lease_frees_its_slot_once_when_the_lapse_is_recorded,
+    a_limited_queue_records_its_own_lapse_behind_many_of_other_queues,
     a_partition_limit_skips_full_partitions_and_takes_the_next_task,
     a_stale_holder_cannot_free_a_partition_slot_twice,
     with_a_per_key_limit_of_one_two_live_leases_of_a_key_never_overlap,

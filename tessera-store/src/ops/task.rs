@@ -16,7 +16,7 @@ use tessera_lease::{
 use crate::backend::{
     LoadedTask, NamespaceKind, NewTask, NewUnique, ReadTransaction, TaskHandle, WriteTransaction,
 };
-use crate::error::{ConflictKind, Error};
+use crate::error::{ConflictKind, Error, StorageError, StorageErrorKind};
 use crate::model::access::{Caller, PrincipalKind, Scope};
 use crate::model::audit::Trail;
 use crate::model::bulk::AttemptProgress;
@@ -257,11 +257,14 @@ impl Store {
             self.open_namespace(writer, caller, namespace, now)?;
             // Each unique task takes its slot, or finds who holds it: a
             // stored task, or the first task of the batch with that slot.
+            // One whose reference is stored already is that task, as a
+            // plain enqueue answers, and leaves the slot to the next.
             let mut plans = Vec::with_capacity(prepared.len());
             let mut first_of_slot: HashMap<&UniqueSlot, usize> = HashMap::new();
             for (place, task) in prepared.iter().enumerate() {
                 let plan = match &task.unique {
                     None => Plan::Insert,
+                    Some(_) if writer.find_task(&task.task)?.is_some() => Plan::Exists,
                     Some(unique) => match first_of_slot.get(&unique.slot) {
                         Some(&first) => Plan::Earlier(first),
                         None => {
@@ -294,14 +297,30 @@ impl Store {
                     Plan::Insert => {
                         let created = inserted.next().unwrap_or(false);
                         if let (false, Some(unique)) = (created, &task.unique) {
-                            // Its reference existed: the slot goes back.
+                            // Its reference was stored meanwhile (another
+                            // process's enqueue): the slot goes back, and a
+                            // later task of the batch would name a holder
+                            // that holds nothing, so the batch is tried
+                            // again.
                             writer.free_unique_slot(namespace, queue, &unique.slot)?;
+                            if plans.contains(&Plan::Earlier(enqueued.len())) {
+                                return Err(Error::Storage(StorageError::new(
+                                    StorageErrorKind::Retryable,
+                                    None,
+                                    "a task of the batch was enqueued by another process meanwhile"
+                                        .to_owned(),
+                                )));
+                            }
                         }
                         Enqueued {
                             task: task.task.clone(),
                             created,
                         }
                     }
+                    Plan::Exists => Enqueued {
+                        task: task.task.clone(),
+                        created: false,
+                    },
                     Plan::Stored(holder) => Enqueued {
                         task: holder.clone(),
                         created: false,
@@ -312,7 +331,7 @@ impl Store {
                     },
                 };
                 if let (false, Some(unique)) = (answer.created, &task.unique) {
-                    if !matches!(plan, Plan::Insert) {
+                    if matches!(plan, Plan::Stored(_) | Plan::Earlier(_)) {
                         replaced |= duplicate(writer, task, unique, &answer.task, now)?;
                     }
                 }
@@ -770,9 +789,12 @@ struct PreparedUnique<'a> {
 }
 
 /// What a batch does with one of its tasks.
+#[derive(PartialEq, Eq)]
 enum Plan {
     /// Insert it (a unique one has taken its slot).
     Insert,
+    /// It is stored already: the answer is the task itself, not created.
+    Exists,
     /// A duplicate of this stored task.
     Stored(TaskRef),
     /// A duplicate of the batch's task at this place.

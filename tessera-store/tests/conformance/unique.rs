@@ -359,6 +359,32 @@ fn a_batch_takes_each_slot_once_and_reports_its_duplicates(db: &TestDb) {
     );
 }
 
+/// A batch re-sent after its unique task finished: the first task of the
+/// key is its stored self, and leaves the free key to the next task of the
+/// batch, which takes it; no answer names a holder that holds nothing.
+fn a_resent_batch_never_names_a_holder_that_holds_nothing(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let first = keyed("k").with_task_id(task_id(1));
+    let batch = vec![(json_brief(1), first.clone())];
+    let answers = f.store.enqueue_batch(&worker, &ns, &q, &batch).unwrap();
+    claim_and_submit(&f, &worker, &answers[0].task);
+
+    // Sent again with a second task of the key behind it.
+    let batch = vec![(json_brief(1), first), (json_brief(2), keyed("k"))];
+    let again = f.store.enqueue_batch(&worker, &ns, &q, &batch).unwrap();
+    assert_eq!(
+        (again[0].task.clone(), again[0].created),
+        (answers[0].task.clone(), false)
+    );
+    assert!(again[1].created, "the key was free: {again:?}");
+    assert_ne!(again[1].task, again[0].task);
+    // It holds the key: a plain enqueue of the key is its duplicate.
+    let plain = put(&f, &worker, 3, keyed("k"));
+    assert_eq!((plain.task, plain.created), (again[1].task.clone(), false));
+}
+
 fn concurrent_enqueues_of_one_key_create_exactly_one_task(db: &TestDb) {
     let f = Fixture::new(db);
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
@@ -460,5 +486,6 @@ conformance! {
     a_window_makes_each_period_its_own_slot,
     replace_and_debounce_change_a_waiting_task_only,
     a_batch_takes_each_slot_once_and_reports_its_duplicates,
+    a_resent_batch_never_names_a_holder_that_holds_nothing,
     concurrent_enqueues_of_one_key_create_exactly_one_task,
 }

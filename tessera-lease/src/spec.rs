@@ -67,6 +67,12 @@ pub enum Retry {
     /// Retry after the default backoff: exponential in the attempt's tries,
     /// with jitter ([`retry_backoff`](crate::retry_backoff)).
     Backoff,
+    /// Step back without spending the try: the lease ends and the attempt
+    /// is claimable again after this delay (zero: at once), at most
+    /// [`MAX_BACKOFF`](crate::MAX_BACKOFF), with the tries it had before
+    /// this lease. For a worker that will not run the task now: a task
+    /// handed back unstarted, or one waiting on something outside.
+    Snooze(Duration),
 }
 
 /// A failure report: what the worker asks for, and what went wrong.

@@ -139,8 +139,10 @@ impl Task {
                 }
                 continue;
             };
-            if attempt.tries == 0 {
-                return invalid("an attempt with a lease was tried at least once");
+            if attempt.tries == 0 && attempt.state == TaskState::Leased {
+                // Any other state may follow a snooze, which gives its try
+                // back and leaves the lease's record behind.
+                return invalid("a leased attempt was tried at least once");
             }
             if record.last_token.is_none_or(|last| lease.token > last) {
                 return invalid("a lease token is above the task's last token");
@@ -429,7 +431,9 @@ impl Task {
     /// in backoff until `now + backoff` (ready at once for zero), and
     /// [`Retry::Backoff`] until `now` plus [`retry_backoff`] of its tries,
     /// drawn from `jitter`. A retry asked for on the attempt's last try
-    /// discards it ([`DiscardReason::Failed`]) instead. The report's error
+    /// discards it ([`DiscardReason::Failed`]) instead. [`Retry::Snooze`]
+    /// gives the lease's try back and makes the attempt claimable after its
+    /// delay, on any try. The report's error
     /// text becomes the attempt's last error. Returns the attempt's new
     /// state.
     ///
@@ -445,7 +449,7 @@ impl Task {
         jitter: &mut Jitter,
     ) -> Result<TaskState, LeaseError> {
         let failure = failure.into();
-        if let Retry::After(backoff) = failure.retry {
+        if let Retry::After(backoff) | Retry::Snooze(backoff) = failure.retry {
             time::check_backoff(backoff)?;
         }
         if let Some(error) = &failure.error {
@@ -463,9 +467,14 @@ impl Task {
         let live = live_attempt(&mut self.0.attempts, self.0.last_token, holder, token, now)?;
         let backoff = match failure.retry {
             Retry::Never => None,
-            _ if live.tries >= max_tries => None,
+            Retry::Snooze(delay) => {
+                // The try this lease took is given back.
+                *live.tries = live.tries.saturating_sub(1);
+                Some(delay)
+            }
+            _ if *live.tries >= max_tries => None,
             Retry::After(backoff) => Some(backoff),
-            Retry::Backoff => Some(retry_backoff(live.tries, jitter)),
+            Retry::Backoff => Some(retry_backoff(*live.tries, jitter)),
         };
         let state = match backoff {
             None if failure.retry == Retry::Never => TaskState::Failed,
@@ -627,7 +636,7 @@ impl Task {
 /// The attempt holding a live lease, borrowed for one rule to change.
 struct LiveAttempt<'a> {
     number: AttemptNumber,
-    tries: u32,
+    tries: &'a mut u32,
     state: &'a mut TaskState,
     lease: &'a mut LeaseRecord,
     last_error: &'a mut Option<String>,
@@ -651,7 +660,7 @@ fn live_attempt<'a>(
             last_error,
         } if lease.token == token => Some(LiveAttempt {
             number: *number,
-            tries: *tries,
+            tries,
             state,
             lease,
             last_error,

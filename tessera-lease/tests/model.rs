@@ -52,13 +52,13 @@ enum Op {
         key: u8,
         digest: u8,
     },
-    /// `retry`: `None` gives up, `Some(None)` asks for the default
-    /// backoff, `Some(Some(s))` for `s` seconds.
+    /// A failure report asking for `retry`: give up, the default backoff,
+    /// a backoff of some seconds, or a snooze of some seconds.
     Fail {
         worker: usize,
         task: usize,
         pick: usize,
-        retry: Option<Option<u64>>,
+        retry: Retry,
     },
     /// An operator's retry.
     Retry {
@@ -83,7 +83,12 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (worker.clone(), task.clone(), any::<usize>(), 0u8..2, 0u8..2).prop_map(
             |(worker, task, pick, key, digest)| Op::Submit { worker, task, pick, key, digest }
         ),
-        2 => (worker, task.clone(), any::<usize>(), proptest::option::of(proptest::option::of(0u64..40)))
+        2 => (worker, task.clone(), any::<usize>(), prop_oneof![
+            Just(Retry::Never),
+            Just(Retry::Backoff),
+            (0u64..40).prop_map(|s| Retry::After(Duration::from_secs(s))),
+            (0u64..40).prop_map(|s| Retry::Snooze(Duration::from_secs(s))),
+        ])
             .prop_map(|(worker, task, pick, retry)| Op::Fail { worker, task, pick, retry }),
         1 => task.clone().prop_map(|task| Op::Retry { task }),
         1 => task.prop_map(|task| Op::Cancel { task }),
@@ -436,13 +441,8 @@ impl Model {
         }
     }
 
-    fn fail(&mut self, worker: usize, task: usize, pick: usize, retry: Option<Option<u64>>) {
+    fn fail(&mut self, worker: usize, task: usize, pick: usize, retry: Retry) {
         let token = self.pick_token(task, pick);
-        let retry = match retry {
-            None => Retry::Never,
-            Some(None) => Retry::Backoff,
-            Some(Some(seconds)) => Retry::After(Duration::from_secs(seconds)),
-        };
         let mut value = self.load(task);
         let before = value.clone();
         let seed = token.as_i64() as u64;
@@ -460,6 +460,14 @@ impl Model {
                 let attempt = &mut self.attempts[task][index];
                 let ended = match retry {
                     Retry::Never => Ended::Failed,
+                    Retry::Snooze(delay) => {
+                        // A snooze spends no try, on any try.
+                        attempt.tries -= 1;
+                        Ended::Waiting {
+                            until: (!delay.is_zero())
+                                .then(|| now + TimeDelta::from_std(delay).unwrap()),
+                        }
+                    }
                     _ if attempt.tries >= max_tries => Ended::Discarded(DiscardReason::Failed),
                     Retry::After(backoff) if backoff.is_zero() => Ended::Waiting { until: None },
                     Retry::After(backoff) => Ended::Waiting {

@@ -781,3 +781,79 @@ fn restore_rejects_each_broken_invariant() {
     }
     assert!(Task::restore(base).is_ok());
 }
+
+#[test]
+fn a_snooze_gives_its_try_back_on_any_try() {
+    let mut task = task_with(TaskSpec {
+        max_tries: 1,
+        ..TaskSpec::default()
+    });
+    let one = AttemptNumber::new(1).unwrap();
+    // Snoozed on its one try, again and again: never discarded.
+    for round in 0..3 {
+        let lease = task.claim(&who("w"), at(round * 100), LEASE).unwrap();
+        assert_eq!(task.attempt(one).unwrap().tries, 1);
+        let state = task
+            .fail(
+                &who("w"),
+                lease.token(),
+                at(round * 100 + 1),
+                Retry::Snooze(Duration::ZERO),
+                &mut Jitter::seeded(0),
+            )
+            .unwrap();
+        assert_eq!(state, TaskState::Ready);
+        assert_eq!(task.attempt(one).unwrap().tries, 0);
+        // The stored record reads back.
+        Task::restore(task.record().clone()).unwrap();
+        // The old token is done with.
+        assert!(matches!(
+            task.heartbeat(&who("w"), lease.token(), at(round * 100 + 2), LEASE),
+            Err(LeaseError::LeaseEnded { .. })
+        ));
+    }
+    // With a delay it waits, then is claimed under a new token.
+    let lease = task.claim(&who("w"), at(1_000), LEASE).unwrap();
+    let state = task
+        .fail(
+            &who("w"),
+            lease.token(),
+            at(1_001),
+            Retry::Snooze(Duration::from_secs(60)),
+            &mut Jitter::seeded(0),
+        )
+        .unwrap();
+    assert_eq!(state, TaskState::Backoff { until: at(1_061) });
+    assert_eq!(task.next_claimable_at(at(1_001)), Some(at(1_061)));
+    let next = task.claim(&who("v"), at(1_061), LEASE).unwrap();
+    assert!(next.token() > lease.token());
+    // A failure on the try it gave back is its last try again.
+    let state = task
+        .fail(
+            &who("v"),
+            next.token(),
+            at(1_062),
+            Retry::Backoff,
+            &mut Jitter::seeded(0),
+        )
+        .unwrap();
+    assert_eq!(
+        state,
+        TaskState::Discarded {
+            reason: DiscardReason::Failed
+        }
+    );
+    // A snooze past the longest backoff is refused.
+    let mut task = task_with(TaskSpec::default());
+    let lease = task.claim(&who("w"), at(0), LEASE).unwrap();
+    assert!(
+        task.fail(
+            &who("w"),
+            lease.token(),
+            at(1),
+            Retry::Snooze(MAX_BACKOFF + Duration::from_secs(1)),
+            &mut Jitter::seeded(0),
+        )
+        .is_err()
+    );
+}

@@ -269,9 +269,11 @@ impl Store {
     ) -> Result<Ack, Error> {
         let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Fail)?;
         let mut failure = failure;
-        if let Retry::After(backoff) = failure.retry {
-            // Whole milliseconds from a whole-millisecond now.
-            failure.retry = Retry::After(whole_millis(backoff));
+        // Whole milliseconds from a whole-millisecond now.
+        match failure.retry {
+            Retry::After(backoff) => failure.retry = Retry::After(whole_millis(backoff)),
+            Retry::Snooze(delay) => failure.retry = Retry::Snooze(whole_millis(delay)),
+            Retry::Never | Retry::Backoff => {}
         }
         Ok(Ack {
             scope,

@@ -539,7 +539,10 @@ impl Store {
     /// default exponential backoff with jitter
     /// ([`retry_backoff`](tessera_lease::retry_backoff)). A retry asked for
     /// on the attempt's last try discards it instead
-    /// ([`TaskState::Discarded`]). Returns the attempt's new state. Same
+    /// ([`TaskState::Discarded`]).
+    /// [`Retry::Snooze`](tessera_lease::Retry::Snooze) steps back without
+    /// spending the try, on any try: claimable again after its delay.
+    /// Returns the attempt's new state. Same
     /// permissions and token rules as [`heartbeat`](Self::heartbeat);
     /// committed through the completer, as [`submit`](Self::submit) is.
     pub fn fail(

@@ -584,16 +584,17 @@ impl<S: Deref<Target = Store>> Worker<S> {
         Ok(extended)
     }
 
-    /// Hands every buffered task back to the queue at once: a failure
-    /// report with no backoff each (through the completer, one
-    /// transaction), which ends its try as a lapse would, without waiting
-    /// for the lease to run out. Returns how many went back.
+    /// Hands every buffered task back to the queue at once, claimable at
+    /// once and with the try its lease took given back, since it never
+    /// ran: a [`Retry::Snooze`] of zero each, through the completer in one
+    /// transaction, without waiting for the leases to run out. A task on
+    /// its last try goes back as any other. Returns how many went back.
     pub fn release(&self) -> Result<usize, Error> {
         self.flush();
         let held: Vec<Claimed> = self.buffer.lock().drain(..).collect();
         let mut acks = Vec::with_capacity(held.len());
         for claimed in &held {
-            let failure = Failure::from(Retry::After(Duration::ZERO));
+            let failure = Failure::from(Retry::Snooze(Duration::ZERO));
             if let Ok(ack) = self.store.failure_report(
                 &self.caller,
                 &claimed.task,

@@ -12,11 +12,11 @@ use std::thread::{self, Thread};
 use std::time::Duration;
 
 use tessera_store::{
-    Claimed, EmptyReason, Error, Grant, IdempotencyKey, Output, Retry, Submitted, TaskRef,
-    TaskState, Worker, WorkerNext, WorkerOptions,
+    Claimed, EmptyReason, EnqueueOptions, Error, Grant, IdempotencyKey, Output, Retry, Submitted,
+    TaskRef, TaskState, Worker, WorkerNext, WorkerOptions,
 };
 
-use crate::harness::{Fixture, TestDb, namespace, queue};
+use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
 
 /// Polls on this thread, parking between polls until the waker unparks it.
 fn block_on<F: Future>(future: F) -> F::Output {
@@ -132,6 +132,54 @@ fn release_hands_the_buffer_back_at_once(db: &TestDb) {
     let claimed = f.claim(&other, &ns, &q);
     assert_eq!(claimed.task, tasks[1]);
     done(&worker, &first);
+}
+
+/// A task handed back never ran, so it keeps its try: on its last try it
+/// is claimable again, not discarded, and its new holder can finish it.
+fn release_keeps_the_try_of_a_task_on_its_last_try(db: &TestDb) {
+    let f = Fixture::new(db);
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let caller = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let one_try = EnqueueOptions::default().with_max_tries(1);
+    let tasks: Vec<TaskRef> = (0..3)
+        .map(|n| {
+            f.store
+                .enqueue(&caller, &ns, &q, &json_brief(n), &one_try)
+                .unwrap()
+        })
+        .collect();
+    let options = WorkerOptions::default().with_fetch(3);
+    let worker = Worker::new(&f.store, caller.clone(), ns.clone(), q.clone(), options).unwrap();
+    let first = task(worker.next().unwrap());
+    assert_eq!(worker.release().unwrap(), 2);
+    let health = f.store.health(&caller, &ns).unwrap();
+    assert_eq!(
+        (
+            health.attempts.discarded,
+            health.attempts.ready,
+            health.attempts.leased
+        ),
+        (0, 2, 1)
+    );
+    // Both are claimed again, and done.
+    let other = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    for expected in &tasks[1..] {
+        let claimed = f.claim(&other, &ns, &q);
+        assert_eq!(&claimed.task, expected);
+        let receipt = f
+            .store
+            .submit(
+                &other,
+                &claimed.task,
+                claimed.lease.token(),
+                &IdempotencyKey::parse("done").unwrap(),
+                &Output::bytes("ok"),
+            )
+            .unwrap();
+        assert!(matches!(receipt, Submitted::Accepted(_)));
+    }
+    done(&worker, &first);
+    assert_eq!(f.store.health(&caller, &ns).unwrap().attempts.done, 3);
 }
 
 fn worker_threads_share_a_worker_and_each_task_is_done_once(db: &TestDb) {
@@ -412,6 +460,7 @@ conformance!(
     a_worker_claims_ahead_and_hands_out_in_claim_order,
     a_worker_heartbeats_its_buffer_and_lets_go_of_short_leases,
     release_hands_the_buffer_back_at_once,
+    release_keeps_the_try_of_a_task_on_its_last_try,
     worker_threads_share_a_worker_and_each_task_is_done_once,
     an_async_host_awaits_the_next_task,
     held_acknowledgements_commit_together_and_each_gets_its_answer,

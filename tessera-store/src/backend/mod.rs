@@ -718,6 +718,10 @@ pub(crate) enum RowLock<'a> {
     QueueSettings(&'a Namespace, &'a QueueName),
     /// A schedule.
     Schedule(&'a Namespace, &'a ScheduleName),
+    /// An API key.
+    Key(&'a KeyId),
+    /// A rate limit's count in its window (`access_limits`).
+    Limit(&'a str),
 }
 
 impl RowLock<'_> {
@@ -726,6 +730,8 @@ impl RowLock<'_> {
         match self {
             Self::QueueSettings(namespace, queue) => format!("queue/{namespace}/{queue}"),
             Self::Schedule(namespace, name) => format!("schedule/{namespace}/{name}"),
+            Self::Key(key) => format!("key/{key}"),
+            Self::Limit(subject) => format!("limit/{subject}"),
         }
     }
 }

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use tessera_audit::{Action, Observation, Outcome, Resource};
 use tessera_lease::Namespace;
 
-use crate::backend::{KeyChange, NewKey, WriteTransaction};
+use crate::backend::{KeyChange, NewKey, RowLock, WriteTransaction};
 use crate::clock::storable;
 use crate::error::{ConflictKind, Error};
 use crate::key::{self, IssuedSecret, KeyId, constant_time_eq};
@@ -262,6 +262,8 @@ impl Store {
             return Ok(current);
         }
         self.perform_or_count(&scope, now, |writer| {
+            // Changes of one key take turns: each sees the one before.
+            writer.lock_row(RowLock::Key(key_id))?;
             let mut info = visible(writer.key(key_id)?)?;
             let Some(decided) = change(&info, now) else {
                 // Another request made the same change since the read.

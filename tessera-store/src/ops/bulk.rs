@@ -122,6 +122,17 @@ fn batch(
     for loaded in loaded.into_iter().flatten() {
         let before = loaded.record.clone();
         let mut task = Task::restore(loaded.record)?;
+        // Matched on a read without locks: another process may have
+        // changed the task before its lock was taken (a claim of a ready
+        // task, say), so the state is checked again on the locked record.
+        if filter.state.is_some_and(|state| {
+            !task
+                .attempts()
+                .iter()
+                .any(|attempt| attempt.state.name() == state)
+        }) {
+            continue;
+        }
         match rule(&mut task) {
             Ok(_) => ruled.push((loaded.handle, loaded.unique_held, before, task)),
             // Nothing to do for this one (already final, nothing to

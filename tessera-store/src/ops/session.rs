@@ -7,7 +7,7 @@ use tessera_admission::{AddressGroup, AddressWindow, MintDecision};
 use tessera_audit::{Action, AddressHasher, IpHash, Outcome, Resource, Secret};
 use tessera_lease::Namespace;
 
-use crate::backend::LimitWindow;
+use crate::backend::{LimitWindow, RowLock};
 use crate::error::{Error, corrupt};
 use crate::model::access::{Grant, KeySpec, Scope};
 use crate::model::audit::ActionScope;
@@ -131,6 +131,9 @@ impl Store {
         };
         let per_address = self.config.mint().per_address_per_hour;
         let key = self.write(|writer| {
+            // Mints from one address take turns across processes, so none
+            // reads a count another is about to raise.
+            writer.lock_row(RowLock::Limit(&subject))?;
             let stored = writer.limit_count(&subject, window.start)?;
             if let MintDecision::Refused {
                 retry_after,

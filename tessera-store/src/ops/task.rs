@@ -174,10 +174,9 @@ impl Store {
         let (enqueued, changed) = self.perform_or_count(&scope, now, |writer| {
             self.open_namespace(writer, caller, namespace, now)?;
             if let Some(unique) = &prepared.unique {
-                if let Some(holder) =
-                    writer.take_unique_slot(namespace, queue, &unique.slot, task)?
+                if let Some((holder, replaced)) =
+                    take_or_duplicate(writer, namespace, queue, &prepared, unique, now)?
                 {
-                    let replaced = duplicate(writer, &prepared, unique, &holder, now)?;
                     let trail = if replaced {
                         Trail::Row(holder.resource(""))
                     } else {
@@ -304,12 +303,9 @@ impl Store {
                             // again.
                             writer.free_unique_slot(namespace, queue, &unique.slot)?;
                             if plans.contains(&Plan::Earlier(enqueued.len())) {
-                                return Err(Error::Storage(StorageError::new(
-                                    StorageErrorKind::Retryable,
-                                    None,
-                                    "a task of the batch was enqueued by another process meanwhile"
-                                        .to_owned(),
-                                )));
+                                return Err(retryable(
+                                    "a task of the batch was enqueued by another process meanwhile",
+                                ));
                             }
                         }
                         Enqueued {
@@ -332,7 +328,10 @@ impl Store {
                 };
                 if let (false, Some(unique)) = (answer.created, &task.unique) {
                     if matches!(plan, Plan::Stored(_) | Plan::Earlier(_)) {
-                        replaced |= duplicate(writer, task, unique, &answer.task, now)?;
+                        replaced |= duplicate(writer, task, unique, &answer.task, now)?
+                            .ok_or_else(|| {
+                                retryable("a unique key's holder let go of it meanwhile")
+                            })?;
                     }
                 }
                 enqueued.push(answer);
@@ -844,32 +843,75 @@ fn prepare<'a>(
     })
 }
 
+/// How often an enqueue tries a unique key whose holder lets go of it
+/// between the read and the lock before it answers a retryable error.
+const UNIQUE_TURNS: usize = 4;
+
+/// A storage error a caller may retry as it is: nothing was written.
+fn retryable(reason: &str) -> Error {
+    Error::Storage(StorageError::new(
+        StorageErrorKind::Retryable,
+        None,
+        reason.to_owned(),
+    ))
+}
+
+/// Takes `unique`'s slot for `prepared` (`None`: insert the task), or
+/// answers the task that holds it and whether the duplicate changed that
+/// holder ([`duplicate`]). A holder that let go of the slot between its
+/// read and its lock (another process claimed or ended it) leaves the
+/// slot to be taken again.
+fn take_or_duplicate(
+    writer: &dyn WriteTransaction,
+    namespace: &Namespace,
+    queue: &QueueName,
+    prepared: &Prepared<'_>,
+    unique: &PreparedUnique<'_>,
+    now: DateTime<Utc>,
+) -> Result<Option<(TaskRef, bool)>, Error> {
+    for _ in 0..UNIQUE_TURNS {
+        let Some(holder) =
+            writer.take_unique_slot(namespace, queue, &unique.slot, &prepared.task)?
+        else {
+            return Ok(None);
+        };
+        if let Some(replaced) = duplicate(writer, prepared, unique, &holder, now)? {
+            return Ok(Some((holder, replaced)));
+        }
+    }
+    Err(retryable("a unique key changed hands too often"))
+}
+
 /// What a duplicate enqueue of `prepared` does to `holder`, the task that
 /// holds its slot ([`decide_duplicate`]): nothing, or a waiting holder
 /// takes its brief and not-before time. Returns whether it changed the
-/// holder.
+/// holder; `None` if the holder, once locked, holds the slot no more (a
+/// mode that keeps the holder answers from the read alone).
 fn duplicate(
     writer: &dyn WriteTransaction,
     prepared: &Prepared<'_>,
     unique: &PreparedUnique<'_>,
     holder: &TaskRef,
     now: DateTime<Utc>,
-) -> Result<bool, Error> {
+) -> Result<Option<bool>, Error> {
     if unique.rule.mode == UniqueMode::Keep {
-        return Ok(false);
+        return Ok(Some(false));
     }
     let loaded = writer
         .lock_tasks(&[holder])?
         .pop()
         .flatten()
         .ok_or_else(|| not_found(holder))?;
+    if loaded.unique_held.is_none() {
+        return Ok(None);
+    }
     let mut rules = Task::restore(loaded.record)?;
     let seen = tessera_lease::Holder {
         waiting: rules.is_waiting(),
         enqueued_at: loaded.created_at,
     };
     match decide_duplicate(unique.rule.mode, seen, prepared.record_not_before(), now) {
-        Duplicate::Keep => Ok(false),
+        Duplicate::Keep => Ok(Some(false)),
         Duplicate::Replace { not_before } => {
             writer.replace_brief(loaded.handle, &prepared.bytes, prepared.format)?;
             apply(
@@ -880,7 +922,7 @@ fn duplicate(
                 now,
                 |rules| rules.reschedule(not_before),
             )?;
-            Ok(true)
+            Ok(Some(true))
         }
     }
 }

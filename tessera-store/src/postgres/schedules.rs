@@ -155,8 +155,11 @@ impl PgTransaction<'_> {
     ) -> Result<bool> {
         let params: [&(dyn postgres::types::ToSql + Sync); 2] =
             [&namespace.as_str(), &name.as_str()];
+        // The schedule first: its row lock waits for a fire under way, whose
+        // fire row the second delete then sees.
+        let deleted = self.execute(DELETE_SCHEDULE, &params)? > 0;
         self.execute(DELETE_FIRES, &params)?;
-        Ok(self.execute(DELETE_SCHEDULE, &params)? > 0)
+        Ok(deleted)
     }
 
     pub(super) fn record_fire(&self, fire: &NewFire<'_>) -> Result<bool> {

@@ -725,7 +725,7 @@ pub(super) const INSERT_KEY: &str = "INSERT INTO access_keys (key_id, principal_
 pub(super) const REVOKE_KEY: &str = "UPDATE access_keys SET revoked_at = $2 WHERE key_id = $1";
 pub(super) const EXPIRE_KEY: &str = "UPDATE access_keys SET expires_at = $2 WHERE key_id = $1";
 pub(super) const TOUCH_PRINCIPAL: &str =
-    "UPDATE access_principals SET last_used_at = $2 WHERE id = $1";
+    "UPDATE access_principals SET last_used_at = GREATEST(last_used_at, $2) WHERE id = $1";
 pub(super) const INSERT_EVENT: &str = "INSERT INTO access_audit \
      (at, principal, namespace, action, outcome, resource, ip_hash) \
      VALUES ($1, $2, $3, $4, $5, $6, $7)";

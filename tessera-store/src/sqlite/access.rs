@@ -41,7 +41,7 @@ pub(crate) const REVOKE_KEY: &str = "UPDATE access_keys SET revoked_at = ?2 WHER
 pub(crate) const EXPIRE_KEY: &str = "UPDATE access_keys SET expires_at = ?2 WHERE key_id = ?1";
 
 pub(crate) const TOUCH_PRINCIPAL: &str =
-    "UPDATE access_principals SET last_used_at = ?2 WHERE id = ?1";
+    "UPDATE access_principals SET last_used_at = max(coalesce(last_used_at, ?2), ?2) WHERE id = ?1";
 
 impl KeyRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {

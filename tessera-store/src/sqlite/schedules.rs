@@ -136,8 +136,9 @@ pub(crate) fn put_schedule(writer: &Writer<'_>, row: &ScheduleRow) -> Result<()>
 }
 
 pub(crate) fn delete_schedule(writer: &Writer<'_>, namespace: &str, name: &str) -> Result<bool> {
+    let deleted = writer.execute(DELETE_SCHEDULE, params![namespace, name])? > 0;
     writer.execute(DELETE_FIRES, params![namespace, name])?;
-    Ok(writer.execute(DELETE_SCHEDULE, params![namespace, name])? > 0)
+    Ok(deleted)
 }
 
 pub(crate) fn insert_fire(writer: &Writer<'_>, fire: &NewFire<'_>) -> Result<bool> {

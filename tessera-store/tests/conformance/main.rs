@@ -80,6 +80,7 @@ mod meter;
 mod queue;
 mod queue_settings;
 mod quota;
+mod races;
 mod refused_writes;
 mod reliability_crash;
 mod reliability_faults;

@@ -801,10 +801,19 @@ pub(super) const PURGE_SESSION_TASKS: &str = "WITH doomed AS (SELECT t.id FROM n
      receipts_gone AS (DELETE FROM receipts WHERE task IN (SELECT id FROM doomed)), \
      attempts_gone AS (DELETE FROM attempts WHERE task IN (SELECT id FROM doomed)) \
      DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)";
-pub(super) const PURGE_NAMESPACES: &str = "DELETE FROM namespaces WHERE id IN (SELECT id FROM namespaces \
+/// A batch of purged sessions' namespaces, locked or skipped: one an
+/// enqueue holds ([`LOCK_NAMESPACE`]) waits for a later batch. Their tasks
+/// are counted by [`PURGE_EMPTY_NAMESPACES`], a later statement, which sees
+/// every enqueue committed before these locks were taken.
+pub(super) const LOCK_PURGED_NAMESPACES: &str = "SELECT id FROM namespaces \
      WHERE purge_at IS NOT NULL AND purge_at <= $1 \
-     AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.namespace = namespaces.name) \
-     ORDER BY purge_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+     ORDER BY purge_at LIMIT $2 FOR UPDATE SKIP LOCKED";
+/// The namespaces of `$1` ([`LOCK_PURGED_NAMESPACES`]) that hold no task.
+pub(super) const PURGE_EMPTY_NAMESPACES: &str = "DELETE FROM namespaces WHERE id = ANY($1) \
+     AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.namespace = namespaces.name)";
+/// A session namespace's row, held while an enqueue writes into it, so a
+/// purge passes it over until the enqueue commits; nothing if it is gone.
+pub(super) const LOCK_NAMESPACE: &str = "SELECT 1 FROM namespaces WHERE name = $1 FOR KEY SHARE";
 pub(super) const META_VALUE: &str = "SELECT value FROM tessera_meta WHERE key = $1";
 pub(super) const INSERT_META: &str =
     "INSERT INTO tessera_meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING";

@@ -714,7 +714,20 @@ impl WriteTransaction for PgTransaction<'_> {
             Purge::Events => (PURGE_EVENTS, millis(threshold)),
             Purge::Counters => (PURGE_COUNTERS, minute_number(threshold)),
             Purge::SessionTasks => (PURGE_SESSION_TASKS, millis(threshold)),
-            Purge::Namespaces => (PURGE_NAMESPACES, millis(threshold)),
+            Purge::Namespaces => {
+                // Locked in one statement and counted in the next, so the
+                // count sees every enqueue that held a namespace before.
+                let locked: Vec<i64> = self
+                    .query(LOCK_PURGED_NAMESPACES, &[&millis(threshold), &count(limit)])?
+                    .iter()
+                    .map(|row| row.try_get(0))
+                    .collect::<std::result::Result<_, _>>()?;
+                if locked.is_empty() {
+                    return Ok(0);
+                }
+                let deleted = self.execute(PURGE_EMPTY_NAMESPACES, &[&locked])?;
+                return Ok(usize::try_from(deleted).unwrap_or(usize::MAX));
+            }
         };
         let deleted = if matches!(what, Purge::Events) {
             let below = self.first_event_at_or_after(threshold)?;
@@ -732,16 +745,38 @@ impl WriteTransaction for PgTransaction<'_> {
         at: DateTime<Utc>,
         purge_at: Option<DateTime<Utc>>,
     ) -> Result<bool> {
-        let changed = self.execute(
-            INSERT_NAMESPACE,
-            &[
-                &namespace.as_str(),
-                &kind.as_str(),
-                &millis(at),
-                &purge_at.map(millis),
-            ],
-        )?;
-        Ok(changed == 1)
+        let insert = || {
+            self.execute(
+                INSERT_NAMESPACE,
+                &[
+                    &namespace.as_str(),
+                    &kind.as_str(),
+                    &millis(at),
+                    &purge_at.map(millis),
+                ],
+            )
+        };
+        if kind != NamespaceKind::Session {
+            // Only a session's namespace is ever purged.
+            return Ok(insert()? == 1);
+        }
+        // Held until the enqueue commits, so a purge never deletes the
+        // namespace of a task it cannot see yet. One purged meanwhile is
+        // made again, to be purged with its tasks.
+        for _ in 0..2 {
+            let created = insert()? == 1;
+            if !self
+                .query(LOCK_NAMESPACE, &[&namespace.as_str()])?
+                .is_empty()
+            {
+                return Ok(created);
+            }
+        }
+        Err(StorageError::new(
+            StorageErrorKind::Retryable,
+            None,
+            "a session's namespace was purged twice while it was written".to_owned(),
+        ))
     }
 
     fn insert_task(&self, task: &NewTask<'_>) -> Result<bool> {

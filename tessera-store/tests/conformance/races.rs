@@ -10,9 +10,9 @@ use std::sync::Barrier;
 
 use tessera_store::lease::StateName;
 use tessera_store::{
-    AuditQuery, Brief, BulkFilter, Caller, ClaimOutcome, ConcurrencyLimit, EnqueueOptions, Grant,
-    MintConfig, ScheduleName, ScheduleSpec, Secret, Store, TaskRef, UniqueKey, UniqueMode,
-    UniqueStates, Uniqueness,
+    AuditQuery, Brief, BulkFilter, Caller, ClaimOutcome, Clock, ConcurrencyLimit, EnqueueOptions,
+    Grant, ManualClock, MintConfig, ScheduleName, ScheduleSpec, Secret, Store, TaskRef, UniqueKey,
+    UniqueMode, UniqueStates, Uniqueness,
 };
 
 use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
@@ -338,7 +338,71 @@ fn a_replacing_duplicate_and_a_claim_at_once_lose_no_brief(db: &TestDb) {
     }
 }
 
+/// Enqueues into a session's namespace at the end of its lifetime, while
+/// another store's retention purges it: every task the enqueues made is
+/// purged in the end, none left behind without its namespace.
+fn enqueues_into_a_session_while_it_is_purged_leave_no_task_behind(db: &TestDb) {
+    let secret = Secret::new(*b"tessera-test-address-secret-0001").unwrap();
+    let lifetime = std::time::Duration::from_secs(3600);
+    let f = Fixture::with(db, |config| {
+        config
+            .with_address_secret(secret.clone())
+            .with_session_lifetime(lifetime)
+    });
+    // The purging store runs on a clock of its own, past the sessions' end.
+    let purging = ManualClock::new(f.clock.now_utc());
+    let pair = Pair::with(
+        &f,
+        tessera_store::StoreConfig::default()
+            .with_clock(std::sync::Arc::new(purging.clone()))
+            .with_address_secret(secret)
+            .with_session_lifetime(lifetime),
+    );
+    let jobs = queue("jobs");
+    for round in 0..ROUNDS / 5 {
+        let address: IpAddr = format!("198.51.100.{round}").parse().unwrap();
+        let session = f.store.mint_session(address).unwrap();
+        let caller = f
+            .store
+            .authenticate(Some(session.key.secret.expose()))
+            .unwrap();
+        f.enqueue(&caller, &session.namespace, &jobs, 1);
+        // One millisecond before its end for the enqueuer; past it, and
+        // due for a retention run, for the other.
+        f.clock
+            .set_utc(session.expires_at - chrono::TimeDelta::milliseconds(1));
+        purging.set_utc(session.expires_at + chrono::TimeDelta::minutes(10));
+        pair.race(
+            |store, _| {
+                for n in 0..20 {
+                    store
+                        .enqueue(
+                            &caller,
+                            &session.namespace,
+                            &jobs,
+                            &json_brief(n),
+                            &EnqueueOptions::default(),
+                        )
+                        .unwrap();
+                }
+            },
+            |store, _| store.maintain().unwrap(),
+        );
+        f.clock
+            .set_utc(session.expires_at + chrono::TimeDelta::minutes(1));
+    }
+    purging.advance(std::time::Duration::from_secs(3600));
+    assert!(pair.other.maintain().unwrap().retention_ran);
+    assert_eq!(
+        db.count_rows("tasks"),
+        0,
+        "tasks left without their namespace"
+    );
+    assert_eq!(db.count_rows("namespaces"), 0);
+}
+
 conformance! {
+    enqueues_into_a_session_while_it_is_purged_leave_no_task_behind,
     a_pause_and_a_limit_change_at_once_both_land,
     a_schedule_replaced_while_paused_stays_paused,
     a_schedule_put_and_deleted_at_once_agrees_with_its_answer,

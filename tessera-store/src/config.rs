@@ -92,6 +92,8 @@ pub struct StoreConfig {
     session_practice_tasks: u16,
     retry_jitter_seed: Option<u64>,
     ack_batching: AckBatching,
+    #[cfg(feature = "fault-injection")]
+    injected_fault: Option<crate::faults::InjectedFault>,
 }
 
 impl Default for StoreConfig {
@@ -112,6 +114,8 @@ impl Default for StoreConfig {
             session_practice_tasks: 3,
             retry_jitter_seed: None,
             ack_batching: AckBatching::default(),
+            #[cfg(feature = "fault-injection")]
+            injected_fault: None,
         }
     }
 }
@@ -230,6 +234,20 @@ impl StoreConfig {
     pub fn with_retry_jitter_seed(mut self, seed: u64) -> Self {
         self.retry_jitter_seed = Some(seed);
         self
+    }
+
+    /// Switches on a deliberate bug (`fault-injection` feature; for tests
+    /// of the checks that must catch it).
+    #[cfg(feature = "fault-injection")]
+    pub fn with_injected_fault(mut self, fault: Option<crate::faults::InjectedFault>) -> Self {
+        self.injected_fault = fault;
+        self
+    }
+
+    /// The deliberate bug switched on, if any.
+    #[cfg(feature = "fault-injection")]
+    pub fn injected_fault(&self) -> Option<crate::faults::InjectedFault> {
+        self.injected_fault
     }
 
     /// How acknowledgements are grouped into commits (default

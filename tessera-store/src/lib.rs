@@ -208,6 +208,8 @@
 mod clock;
 mod config;
 pub mod error;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 mod key;
 mod meter;
 mod model;

@@ -717,6 +717,7 @@ pub(crate) enum RowLock<'a> {
     /// A queue's settings.
     QueueSettings(&'a Namespace, &'a QueueName),
     /// A schedule.
+    #[cfg_attr(not(feature = "schedule"), allow(dead_code))]
     Schedule(&'a Namespace, &'a ScheduleName),
     /// An API key.
     Key(&'a KeyId),

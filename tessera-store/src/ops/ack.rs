@@ -471,7 +471,18 @@ impl Store {
                             )
                         }
                         Ok(replayed) => (Ok(Acked::Submitted(replayed)), None),
-                        Err(error) => (Err(Error::from(error)), None),
+                        Err(error) => match self.stale_acceptance(
+                            &ack.task,
+                            &task.rules,
+                            submission,
+                            &error,
+                            now,
+                        ) {
+                            Some(receipt) => {
+                                (Ok(Acked::Submitted(Submitted::Accepted(receipt))), None)
+                            }
+                            None => (Err(Error::from(error)), None),
+                        },
                     }
                 }
                 AckKind::Fail {
@@ -600,4 +611,72 @@ pub(crate) enum Checked {
 
 fn same_key(a: &ReceiptKey<'_>, b: &ReceiptKey<'_>) -> bool {
     a.handle == b.handle && a.principal == b.principal && a.key == b.key
+}
+
+impl Store {
+    /// The receipt a store with [`InjectedFault::AcceptStaleSubmits`]
+    /// answers for a submission the lease rules refused for its lease:
+    /// for the attempt that lease was on (or the first), stored nowhere.
+    /// `None` without the fault, or for any other refusal.
+    ///
+    /// [`InjectedFault::AcceptStaleSubmits`]: crate::faults::InjectedFault::AcceptStaleSubmits
+    #[cfg(feature = "fault-injection")]
+    fn stale_acceptance(
+        &self,
+        task: &TaskRef,
+        rules: &Task,
+        submission: &Submission,
+        error: &LeaseError,
+        now: DateTime<Utc>,
+    ) -> Option<Receipt> {
+        use crate::faults::InjectedFault;
+        if self.config.injected_fault() != Some(InjectedFault::AcceptStaleSubmits) {
+            return None;
+        }
+        if !matches!(
+            error,
+            LeaseError::StaleToken { .. }
+                | LeaseError::LeaseExpired { .. }
+                | LeaseError::LeaseEnded { .. }
+                | LeaseError::WrongHolder { .. }
+        ) {
+            return None;
+        }
+        let attempt = rules
+            .attempts()
+            .iter()
+            .find(|attempt| {
+                attempt
+                    .lease
+                    .as_ref()
+                    .is_some_and(|lease| lease.token == submission.token)
+            })
+            .or_else(|| rules.attempts().first())?
+            .number;
+        Some(Receipt {
+            task: task.id.clone(),
+            version: task.version,
+            attempt,
+            token: submission.token,
+            principal: submission.principal.clone(),
+            idempotency_key: submission.key.clone(),
+            artifact: ArtifactKey::for_grant(&task.id, attempt, submission.token),
+            digest: submission.digest,
+            accepted_at: now,
+        })
+    }
+
+    /// Without the `fault-injection` feature: never.
+    #[cfg(not(feature = "fault-injection"))]
+    #[allow(clippy::unused_self)]
+    fn stale_acceptance(
+        &self,
+        _task: &TaskRef,
+        _rules: &Task,
+        _submission: &Submission,
+        _error: &LeaseError,
+        _now: DateTime<Utc>,
+    ) -> Option<Receipt> {
+        None
+    }
 }

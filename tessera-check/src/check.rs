@@ -1,19 +1,21 @@
 //! The checker: a pure function from a history and the final state to the
-//! anomalies in them.
+//! anomalies in them, and the checks of enqueues and cancels.
 //!
-//! Operations are grouped by task once (a map from task id to its steps),
-//! so every check looks only at one task's steps. Within a task the
-//! checks compare pairs of grants, which are few: each grant uses up a try
-//! and attempts have a bounded number of tries.
+//! Operations are grouped once ([`Index`]: a map from task id to its
+//! steps, and maps for queues and schedules), so every check looks only at
+//! one task's, one queue's or one schedule's steps. The checks of each
+//! concept live in a module of their own.
 
-use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::TimeDelta;
 use serde::{Deserialize, Serialize};
 
-use crate::history::{Completion, History, Operation, OperationId, Outcome, Receipt, Step};
-use crate::state::{AttemptState, FinalAttempt, FinalState, FinalTask};
+use crate::history::{History, Operation, OperationId, Outcome};
+use crate::index::{Index, TaskSteps};
+use crate::receipt::StoredReceipts;
+use crate::state::{AttemptState, FinalState, FinalTask};
+use crate::{grant, lease, limit, receipt, schedule, unique};
 
 /// What kind of thing went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -54,13 +56,38 @@ pub enum AnomalyKind {
     /// The final state holds an effect that no acknowledged or unknown
     /// operation could have made.
     Unexplained,
+    /// Two tasks held one unique key of a queue at once: the later was
+    /// acknowledged as stored while the earlier certainly held the key
+    /// (enqueued before, and nothing that could finish it was invoked
+    /// before the later enqueue completed, or it still holds it at the
+    /// end).
+    DuplicateUniqueKey,
+    /// A grant was acknowledged while more leases of its queue (or of its
+    /// task's partition) were certainly held than the limit set before its
+    /// claim allowed.
+    OverLimit,
+    /// A grant was acknowledged whose claim started after its queue's
+    /// pause was acknowledged, with no resume invoked before it completed.
+    GrantWhilePaused,
+    /// A grant was made after the deadline its task was enqueued with.
+    GrantAfterDeadline,
+    /// One run-at of a schedule was fired twice: two fires acknowledged,
+    /// or two fire rows stored.
+    DoubledFire,
+    /// An acknowledged fire has no fire row at the end, or a run-at the
+    /// run says fell due, with no pause of its schedule possible around
+    /// it, was never fired.
+    LostFire,
 }
 
 impl AnomalyKind {
-    /// Whether the anomaly is work lost: an acknowledged enqueue or
+    /// Whether the anomaly is work lost: an acknowledged enqueue, fire or
     /// submission missing from the end.
     pub fn is_loss(self) -> bool {
-        matches!(self, Self::LostEnqueue | Self::LostSubmit | Self::GrantLost)
+        matches!(
+            self,
+            Self::LostEnqueue | Self::LostSubmit | Self::GrantLost | Self::LostFire
+        )
     }
 }
 
@@ -69,7 +96,8 @@ impl AnomalyKind {
 pub struct Anomaly {
     /// What went wrong.
     pub kind: AnomalyKind,
-    /// The task it happened to.
+    /// The task it happened to; for a run-at never fired, which has no
+    /// task, `schedule <name> run-at <time>`.
     pub task: String,
     /// The operations involved, in id order.
     pub operations: Vec<OperationId>,
@@ -123,32 +151,14 @@ impl Report {
         self.count(AnomalyKind::is_loss)
     }
 
-    /// Anomalies that are a submission applied twice.
+    /// Anomalies that are work applied twice: a submission or a fire.
     pub fn doubled(&self) -> usize {
-        self.count(|kind| kind == AnomalyKind::DoubledSubmit)
+        self.count(|kind| matches!(kind, AnomalyKind::DoubledSubmit | AnomalyKind::DoubledFire))
     }
 
     fn count(&self, which: impl Fn(AnomalyKind) -> bool) -> usize {
         self.anomalies.iter().filter(|a| which(a.kind)).count()
     }
-}
-
-/// An acknowledged grant.
-#[derive(Debug, Clone, Copy)]
-struct Grant<'h> {
-    step: &'h Step,
-    attempt: u32,
-    token: i64,
-    granted_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
-}
-
-/// One task's steps.
-#[derive(Debug, Default)]
-struct TaskSteps<'h> {
-    /// Steps that name the task before running (all but claims).
-    named: Vec<&'h Step>,
-    grants: Vec<Grant<'h>>,
 }
 
 /// Checks `history` against `end`, the store's state read after the run,
@@ -168,15 +178,18 @@ pub struct CheckOptions {
     /// clock of the process that granted or extended them, so two leases
     /// of one attempt may seem to overlap by up to this much when their
     /// times come from different clocks; only a longer overlap is an
-    /// anomaly. Fencing tokens, not clocks, keep results correct: the
-    /// stale-token check allows nothing for skew.
+    /// anomaly. The same allowance is made wherever a store time meets
+    /// another clock's: a lease's expiry at another grant, a deadline, a
+    /// schedule's run-at and its pauses. Fencing tokens, not clocks, keep
+    /// results correct: the stale-token check allows nothing for skew.
     pub clock_skew: TimeDelta,
 }
 
 /// [`check`], allowing for what `options` says.
 pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -> Report {
-    let mut tasks: BTreeMap<&str, TaskSteps<'_>> = BTreeMap::new();
-    let mut unknown_claims: Vec<OperationId> = Vec::new();
+    let index = Index::new(history);
+    let stored = StoredReceipts::new(end);
+    let skew = options.clock_skew;
     let mut report = Report {
         anomalies: Vec::new(),
         operations: history.len(),
@@ -186,78 +199,55 @@ pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -
         submitted: 0,
     };
     for step in history.steps() {
-        if matches!(step.completion, Completion::Unknown { .. }) {
-            report.unknown += 1;
+        if !step.completion.may_have_happened() {
+            continue;
         }
-        match (&step.operation, step.completion.outcome()) {
-            (Operation::Claim { .. }, Some(outcome)) => {
-                if let Outcome::Granted {
-                    task,
-                    attempt,
-                    token,
-                    granted_at,
-                    expires_at,
-                } = outcome
-                {
-                    report.granted += 1;
-                    tasks.entry(task).or_default().grants.push(Grant {
-                        step,
-                        attempt: *attempt,
-                        token: *token,
-                        granted_at: *granted_at,
-                        expires_at: *expires_at,
-                    });
-                }
-            }
-            (Operation::Claim { .. }, None) => {
-                if step.completion.may_have_happened() {
-                    unknown_claims.push(step.id);
-                }
-            }
-            (operation, outcome) => {
-                match outcome {
-                    Some(Outcome::Enqueued) => report.enqueued += 1,
-                    Some(Outcome::Accepted { .. } | Outcome::Replayed { .. }) => {
-                        report.submitted += 1;
-                    }
-                    _ => {}
-                }
-                let task = operation
-                    .task()
-                    .expect("every operation but a claim names a task");
-                tasks.entry(task).or_default().named.push(step);
-            }
+        match step.completion.outcome() {
+            None => report.unknown += 1,
+            Some(Outcome::Enqueued) => report.enqueued += 1,
+            Some(Outcome::Granted { .. }) => report.granted += 1,
+            Some(Outcome::Accepted { .. } | Outcome::Replayed { .. }) => report.submitted += 1,
+            Some(_) => {}
         }
     }
     let anomalies = &mut report.anomalies;
+    let fired = schedule::schedules(&index, end, skew, anomalies);
     let mut unexplained_grants = 0;
-    for (task, steps) in &tasks {
+    for (task, steps) in &index.tasks {
         let end_task = end.tasks.get(*task);
-        leases(task, steps, options.clock_skew, anomalies);
-        tokens(task, steps, end_task, anomalies);
-        submits(task, steps, end_task, anomalies);
-        enqueues(task, steps, end_task, anomalies);
+        lease::leases(task, steps, skew, anomalies);
+        lease::tokens(task, steps, end_task, anomalies);
+        receipt::submits(task, steps, &stored, anomalies);
+        enqueues(task, steps, end_task, &stored, anomalies);
         cancels(task, steps, end_task, anomalies);
+        duplicates(steps, end, anomalies);
+        grant::deadline(task, steps, skew, anomalies);
         if let Some(last) = end_task.and_then(|t| t.last_token) {
             let acknowledged = i64::try_from(steps.grants.len()).unwrap_or(i64::MAX);
             unexplained_grants += (last - acknowledged).max(0);
         }
     }
     for (task, end_task) in &end.tasks {
-        let steps = tasks.get(task.as_str());
-        explained(task, steps, end_task, anomalies);
+        let steps = index.tasks.get(task.as_str());
+        explained(task, steps, fired.contains(task.as_str()), anomalies);
         if steps.is_none() {
             unexplained_grants += end_task.last_token.unwrap_or(0).max(0);
         }
     }
+    for task in stored.tasks() {
+        receipt::stored(task, index.tasks.get(task), &stored, end, anomalies);
+    }
+    grant::paused(&index, anomalies);
+    limit::limits(&index, skew, anomalies);
+    unique::unique_keys(&index, end, anomalies);
     // Tokens count grants, so every grant the end shows beyond the
     // acknowledged ones needs a claim whose outcome is unknown.
-    let unknown = i64::try_from(unknown_claims.len()).unwrap_or(i64::MAX);
+    let unknown = i64::try_from(index.unknown_claims.len()).unwrap_or(i64::MAX);
     if unexplained_grants > unknown {
         anomalies.push(Anomaly {
             kind: AnomalyKind::Unexplained,
             task: "*".to_owned(),
-            operations: unknown_claims,
+            operations: index.unknown_claims.clone(),
             detail: format!(
                 "the final token counters show {unexplained_grants} grants nobody acknowledged, \
                  but only {unknown} claims have an unknown outcome"
@@ -273,7 +263,12 @@ pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -
     report
 }
 
-fn anomaly(kind: AnomalyKind, task: &str, operations: Vec<OperationId>, detail: String) -> Anomaly {
+pub(crate) fn anomaly(
+    kind: AnomalyKind,
+    task: &str,
+    operations: Vec<OperationId>,
+    detail: String,
+) -> Anomaly {
     Anomaly {
         kind,
         task: task.to_owned(),
@@ -282,263 +277,11 @@ fn anomaly(kind: AnomalyKind, task: &str, operations: Vec<OperationId>, detail: 
     }
 }
 
-/// The lease token and attempt a step acts under, if it acts under one.
-fn lease_of(step: &Step) -> Option<(u32, i64)> {
-    match step.operation {
-        Operation::Heartbeat { attempt, token, .. }
-        | Operation::Submit { attempt, token, .. }
-        | Operation::Fail { attempt, token, .. } => Some((attempt, token)),
-        _ => None,
-    }
-}
-
-/// Whether `step` may have ended its lease (or every lease, for a cancel).
-fn may_end_lease(step: &Step) -> bool {
-    let ends = match (&step.operation, &step.completion) {
-        (Operation::Fail { .. } | Operation::Cancel { .. }, _) => true,
-        (Operation::Submit { .. }, Completion::Ok { outcome }) => {
-            matches!(outcome, Outcome::Accepted { .. })
-        }
-        (Operation::Submit { .. }, _) => true,
-        _ => false,
-    };
-    ends && step.completion.may_have_happened()
-}
-
-/// The end of `grant`'s lease as its acknowledged heartbeats extended
-/// it, with the heartbeats that did.
-fn lease_end(grant: &Grant<'_>, steps: &TaskSteps<'_>) -> (DateTime<Utc>, Vec<OperationId>) {
-    let mut end = grant.expires_at;
-    let mut extended_by = Vec::new();
-    for step in &steps.named {
-        if lease_of(step) != Some((grant.attempt, grant.token)) {
-            continue;
-        }
-        if let Some(Outcome::Extended { expires_at }) = step.completion.outcome() {
-            end = end.max(*expires_at);
-            extended_by.push(step.id);
-        }
-    }
-    (end, extended_by)
-}
-
-/// Two leases of one attempt overlap when their intervals (grant to
-/// extended expiry, by the store's clock) intersect, unless the one with
-/// the smaller token (granted first: tokens follow the store's order) may
-/// have been ended by its holder or a cancel before the other was
-/// acknowledged, or they overlap by no more than the clock skew allowed. A grant's time is read when the claim starts, so it can
-/// be earlier than an ending that committed before it; the token order
-/// is what the store serialized.
-fn leases(task: &str, steps: &TaskSteps<'_>, skew: TimeDelta, anomalies: &mut Vec<Anomaly>) {
-    let ends: Vec<_> = steps.grants.iter().map(|g| lease_end(g, steps)).collect();
-    for (first, (end, extended_by)) in steps.grants.iter().zip(&ends) {
-        for (second, (second_end, _)) in steps.grants.iter().zip(&ends) {
-            if second.attempt != first.attempt
-                || second.token <= first.token
-                || second.granted_at + skew >= *end
-                || first.granted_at >= *second_end + skew
-            {
-                continue;
-            }
-            let ended = steps.named.iter().any(|step| {
-                let on_first = lease_of(step) == Some((first.attempt, first.token))
-                    || matches!(step.operation, Operation::Cancel { .. });
-                on_first && may_end_lease(step) && second.step.completed > Some(step.invoked)
-            });
-            if ended {
-                continue;
-            }
-            let mut operations = vec![first.step.id, second.step.id];
-            operations.extend(extended_by);
-            anomalies.push(anomaly(
-                AnomalyKind::OverlappingLeases,
-                task,
-                operations,
-                format!(
-                    "attempt {}: token {} valid until {end}, token {} granted at {}",
-                    first.attempt, first.token, second.token, second.granted_at
-                ),
-            ));
-        }
-    }
-}
-
-fn tokens(
-    task: &str,
-    steps: &TaskSteps<'_>,
-    end: Option<&FinalTask>,
-    anomalies: &mut Vec<Anomaly>,
-) {
-    for (n, a) in steps.grants.iter().enumerate() {
-        for b in &steps.grants[n + 1..] {
-            let (first, second) = if a.step.precedes(b.step) {
-                (a, b)
-            } else if b.step.precedes(a.step) {
-                (b, a)
-            } else if a.token == b.token {
-                (a, b)
-            } else {
-                continue;
-            };
-            if first.token >= second.token {
-                anomalies.push(anomaly(
-                    AnomalyKind::TokenNotRising,
-                    task,
-                    vec![first.step.id, second.step.id],
-                    format!("token {} granted, then token {}", first.token, second.token),
-                ));
-            }
-        }
-    }
-    let highest = steps.grants.iter().max_by_key(|grant| grant.token);
-    if let Some(grant) = highest {
-        let last = end.and_then(|t| t.last_token).unwrap_or(0);
-        if last < grant.token {
-            anomalies.push(anomaly(
-                AnomalyKind::GrantLost,
-                task,
-                vec![grant.step.id],
-                format!(
-                    "token {} acknowledged, the counter ends at {last}",
-                    grant.token
-                ),
-            ));
-        }
-    }
-}
-
-fn same_receipt(a: &Receipt, b: &Receipt) -> bool {
-    a == b
-}
-
-fn final_attempt(end: Option<&FinalTask>, number: u32) -> Option<&FinalAttempt> {
-    end?.attempts
-        .iter()
-        .find(|attempt| attempt.number == number)
-}
-
-fn submits(
-    task: &str,
-    steps: &TaskSteps<'_>,
-    end: Option<&FinalTask>,
-    anomalies: &mut Vec<Anomaly>,
-) {
-    // Acknowledged receipts per attempt, with the step that got each.
-    let mut acknowledged: BTreeMap<u32, Vec<(&Receipt, &Step)>> = BTreeMap::new();
-    for step in &steps.named {
-        let Operation::Submit { attempt, token, .. } = step.operation else {
-            continue;
-        };
-        let (receipt, accepted) = match step.completion.outcome() {
-            Some(Outcome::Accepted { receipt }) => (receipt, true),
-            Some(Outcome::Replayed { receipt }) => (receipt, false),
-            _ => continue,
-        };
-        acknowledged
-            .entry(attempt)
-            .or_default()
-            .push((receipt, step));
-        let stored = final_attempt(end, attempt)
-            .is_some_and(|a| a.receipts.iter().any(|r| same_receipt(r, receipt)));
-        if !stored {
-            anomalies.push(anomaly(
-                AnomalyKind::LostSubmit,
-                task,
-                vec![step.id],
-                format!(
-                    "attempt {attempt}: acknowledged receipt under token {token} is not stored"
-                ),
-            ));
-        }
-        if accepted {
-            let superseded = steps.grants.iter().find(|grant| {
-                grant.attempt == attempt && grant.token > token && grant.step.precedes(step)
-            });
-            if let Some(grant) = superseded {
-                anomalies.push(anomaly(
-                    AnomalyKind::StaleSubmitAccepted,
-                    task,
-                    vec![grant.step.id, step.id],
-                    format!(
-                        "attempt {attempt}: token {token} accepted after token {} was granted",
-                        grant.token
-                    ),
-                ));
-            }
-        } else {
-            // A replay returns the receipt stored under its key.
-            let mismatched = steps.named.iter().find(|other| {
-                matches!(other.completion.outcome(),
-                    Some(Outcome::Accepted { receipt: original })
-                        if original.key == receipt.key && original.attempt == receipt.attempt
-                            && !same_receipt(original, receipt))
-            });
-            if let Some(original) = mismatched {
-                anomalies.push(anomaly(
-                    AnomalyKind::ReplayMismatch,
-                    task,
-                    vec![original.id, step.id],
-                    format!("attempt {attempt}: replay of key {} differs", receipt.key),
-                ));
-            }
-        }
-    }
-    for (attempt, receipts) in &acknowledged {
-        let (first, first_step) = receipts[0];
-        for (receipt, step) in &receipts[1..] {
-            if !same_receipt(first, receipt) {
-                anomalies.push(anomaly(
-                    AnomalyKind::DoubledSubmit,
-                    task,
-                    vec![first_step.id, step.id],
-                    format!(
-                        "attempt {attempt}: receipts under tokens {} and {} both acknowledged",
-                        first.token, receipt.token
-                    ),
-                ));
-            }
-        }
-    }
-    for attempt in end.map_or(&[][..], |t| &t.attempts[..]) {
-        if attempt.receipts.len() > 1 {
-            let operations = steps
-                .named
-                .iter()
-                .filter(|step| match &step.operation {
-                    Operation::Submit {
-                        attempt: number,
-                        token,
-                        key,
-                        ..
-                    } => {
-                        *number == attempt.number
-                            && attempt
-                                .receipts
-                                .iter()
-                                .any(|r| r.token == *token && &r.key == key)
-                    }
-                    _ => false,
-                })
-                .map(|step| step.id)
-                .collect();
-            anomalies.push(anomaly(
-                AnomalyKind::DoubledSubmit,
-                task,
-                operations,
-                format!(
-                    "attempt {} holds {} receipts",
-                    attempt.number,
-                    attempt.receipts.len()
-                ),
-            ));
-        }
-    }
-}
-
 fn enqueues(
     task: &str,
     steps: &TaskSteps<'_>,
     end: Option<&FinalTask>,
+    stored: &StoredReceipts<'_>,
     anomalies: &mut Vec<Anomaly>,
 ) {
     let acknowledged: Vec<OperationId> = steps
@@ -582,7 +325,10 @@ fn enqueues(
                 .any(|step| wanted(&step.operation) && step.completion.may_have_happened())
         };
         let unexplained = match attempt.state {
-            AttemptState::Done => attempt.receipts.is_empty().then_some("done without a receipt"),
+            AttemptState::Done => stored
+                .of(task, attempt.number)
+                .is_empty()
+                .then_some("done without a receipt"),
             AttemptState::Failed => (!possible(&|op| {
                 matches!(op, Operation::Fail { attempt: a, retry: false, .. } if *a == attempt.number)
             }))
@@ -598,6 +344,24 @@ fn enqueues(
                 acknowledged.clone(),
                 format!("attempt {}: {what}", attempt.number),
             ));
+        }
+    }
+}
+
+/// An enqueue answered as a duplicate handed its work to the holder it
+/// named, which must be there at the end.
+fn duplicates(steps: &TaskSteps<'_>, end: &FinalState, anomalies: &mut Vec<Anomaly>) {
+    for step in &steps.named {
+        if let Some(Outcome::Duplicate { of }) = step.completion.outcome() {
+            if !end.tasks.contains_key(of) {
+                anomalies.push(anomaly(
+                    AnomalyKind::LostEnqueue,
+                    of,
+                    vec![step.id],
+                    "an enqueue was answered as its duplicate, and it is missing at the end"
+                        .to_owned(),
+                ));
+            }
         }
     }
 }
@@ -625,9 +389,12 @@ fn cancels(
         }
         for step in &steps.named {
             let ran = match step.completion.outcome() {
-                Some(Outcome::Extended { .. } | Outcome::Accepted { .. } | Outcome::Failed) => {
-                    cancel.precedes(step)
-                }
+                Some(
+                    Outcome::Extended { .. }
+                    | Outcome::Accepted { .. }
+                    | Outcome::Failed
+                    | Outcome::Snoozed { .. },
+                ) => cancel.precedes(step),
                 _ => false,
             };
             if ran {
@@ -652,59 +419,16 @@ fn cancels(
     }
 }
 
-/// Every effect the end shows for `task` needs an operation that may have
-/// made it: the task an enqueue, each receipt a submission.
-fn explained(
-    task: &str,
-    steps: Option<&TaskSteps<'_>>,
-    end: &FinalTask,
-    anomalies: &mut Vec<Anomaly>,
-) {
-    let named = steps.map_or(&[][..], |s| &s.named[..]);
-    let enqueued = named.iter().any(|step| {
-        matches!(step.operation, Operation::Enqueue { .. }) && step.completion.may_have_happened()
-    });
-    if !enqueued {
+/// A task at the end needs an operation that may have made it: an
+/// enqueue not answered as a duplicate, or a schedule's fire (`fired`).
+fn explained(task: &str, steps: Option<&TaskSteps<'_>>, fired: bool, anomalies: &mut Vec<Anomaly>) {
+    let enqueued = steps.is_some_and(|s| s.creating_enqueues().next().is_some());
+    if !enqueued && !fired {
         anomalies.push(anomaly(
             AnomalyKind::Unexplained,
             task,
             Vec::new(),
-            "the task exists but no enqueue may have made it".to_owned(),
+            "the task exists but no enqueue or fire may have made it".to_owned(),
         ));
-    }
-    let submitters: HashMap<(u32, i64, &str, &str), OperationId> = named
-        .iter()
-        .filter(|step| step.completion.may_have_happened())
-        .filter_map(|step| match &step.operation {
-            Operation::Submit {
-                attempt,
-                token,
-                key,
-                digest,
-                ..
-            } => Some(((*attempt, *token, key.as_str(), digest.as_str()), step.id)),
-            _ => None,
-        })
-        .collect();
-    for attempt in &end.attempts {
-        for receipt in &attempt.receipts {
-            let made_by = (
-                attempt.number,
-                receipt.token,
-                receipt.key.as_str(),
-                receipt.digest.as_str(),
-            );
-            if receipt.attempt != attempt.number || !submitters.contains_key(&made_by) {
-                anomalies.push(anomaly(
-                    AnomalyKind::Unexplained,
-                    task,
-                    Vec::new(),
-                    format!(
-                        "attempt {}: a receipt under token {} key {} no submission may have made",
-                        attempt.number, receipt.token, receipt.key
-                    ),
-                ));
-            }
-        }
     }
 }

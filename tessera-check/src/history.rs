@@ -27,10 +27,26 @@ impl fmt::Display for OperationId {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Operation {
-    /// Put a task with one attempt into the queue.
+    /// Put a task into a queue. The optional fields are what the checks
+    /// of unique keys, limits and deadlines read; a history that leaves
+    /// them out is checked without those rules.
     Enqueue {
         /// The task's id.
         task: String,
+        /// The queue it goes to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        queue: Option<String>,
+        /// Its partition key, which a queue's per-partition limit counts.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partition: Option<String>,
+        /// Its unique slot: the unique key (with the window's period when
+        /// the key has a window), held in the default counted states
+        /// (waiting or leased) until the task is finished.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unique_key: Option<String>,
+        /// The time after which no lease of it may be granted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<DateTime<Utc>>,
     },
     /// Take the next claimable task of a queue under a lease.
     Claim {
@@ -76,18 +92,81 @@ pub enum Operation {
         /// The task.
         task: String,
     },
+    /// End the lease `token` and put the attempt back to wait, without
+    /// spending a try.
+    Snooze {
+        /// The task.
+        task: String,
+        /// The attempt, from 1.
+        attempt: u32,
+        /// The lease's fencing token.
+        token: i64,
+    },
+    /// Stop a queue's claims from granting until it is resumed.
+    PauseQueue {
+        /// The queue.
+        queue: String,
+    },
+    /// Let a paused queue's claims grant again.
+    ResumeQueue {
+        /// The queue.
+        queue: String,
+    },
+    /// Set a queue's concurrency limits; `None` removes one.
+    SetLimits {
+        /// The queue.
+        queue: String,
+        /// At most this many of the queue's attempts leased at once.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        queue_limit: Option<u32>,
+        /// At most this many leased at once among the queue's tasks of one
+        /// partition key.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partition_limit: Option<u32>,
+    },
+    /// One scheduler pass: fire every unpaused schedule with a run-at due.
+    FireSchedules,
+    /// Stop a schedule from firing until it is resumed.
+    PauseSchedule {
+        /// The schedule's name.
+        schedule: String,
+    },
+    /// Let a paused schedule fire again, its run-ats counted from now.
+    ResumeSchedule {
+        /// The schedule's name.
+        schedule: String,
+    },
 }
 
 impl Operation {
-    /// The task the operation names before it runs (a claim names none).
+    /// An enqueue of `task` that records nothing but its id.
+    pub fn enqueue(task: impl Into<String>) -> Self {
+        Self::Enqueue {
+            task: task.into(),
+            queue: None,
+            partition: None,
+            unique_key: None,
+            deadline: None,
+        }
+    }
+
+    /// The task the operation names before it runs (a claim, a queue's
+    /// or a schedule's setting and a scheduler pass name none).
     pub fn task(&self) -> Option<&str> {
         match self {
-            Self::Enqueue { task }
+            Self::Enqueue { task, .. }
             | Self::Heartbeat { task, .. }
             | Self::Submit { task, .. }
             | Self::Fail { task, .. }
-            | Self::Cancel { task } => Some(task),
-            Self::Claim { .. } => None,
+            | Self::Cancel { task }
+            | Self::Snooze { task, .. } => Some(task),
+            Self::Claim { .. }
+            | Self::PauseQueue { .. }
+            | Self::ResumeQueue { .. }
+            | Self::SetLimits { .. }
+            | Self::FireSchedules
+            | Self::PauseSchedule { .. }
+            | Self::ResumeSchedule { .. } => None,
         }
     }
 }
@@ -147,6 +226,36 @@ pub enum Outcome {
     Failed,
     /// A cancel was applied.
     Cancelled,
+    /// An enqueue created nothing: the task `of` holds its unique slot.
+    Duplicate {
+        /// The task that holds the slot.
+        of: String,
+    },
+    /// A snooze ended the lease; the attempt waits until `until`.
+    Snoozed {
+        /// When the attempt is claimable again, by the store's clock.
+        until: DateTime<Utc>,
+    },
+    /// A queue's or a schedule's setting (pause, resume, limits) was
+    /// stored.
+    Applied,
+    /// A scheduler pass made these fires, each recorded with its task in
+    /// one transaction.
+    Fired {
+        /// The fires, in any order.
+        fires: Vec<Fire>,
+    },
+}
+
+/// One run-at a scheduler pass fired.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fire {
+    /// The schedule's name.
+    pub schedule: String,
+    /// The run-at fired, by the store's clock.
+    pub run_at: DateTime<Utc>,
+    /// The task the fire enqueued.
+    pub task: String,
 }
 
 /// How an operation ended.
@@ -232,6 +341,10 @@ pub struct Step {
     /// The monotonic time of the completion; `None` if none was recorded
     /// (the process was killed first), which counts as never.
     pub completed: Option<u64>,
+    /// The completing process's wall clock at the completion, if one was
+    /// recorded.
+    #[serde(default)]
+    pub completed_wall: Option<DateTime<Utc>>,
     /// How it ended; [`Completion::Unknown`] when no completion was
     /// recorded.
     pub completion: Completion,
@@ -284,6 +397,7 @@ impl History {
                         invoked: record.monotonic,
                         invoked_wall: record.wall,
                         completed: None,
+                        completed_wall: None,
                         completion: Completion::Unknown {
                             reason: "no completion recorded".to_owned(),
                         },
@@ -293,11 +407,11 @@ impl History {
                     }
                 }
                 Event::Complete { completion } => {
-                    completions.push((record.id, record.monotonic, completion));
+                    completions.push((record.id, record.monotonic, record.wall, completion));
                 }
             }
         }
-        for (id, at, completion) in completions {
+        for (id, at, wall, completion) in completions {
             let step = steps
                 .get_mut(&id)
                 .ok_or(HistoryError::CompletedWithoutInvocation(id))?;
@@ -308,6 +422,7 @@ impl History {
                 return Err(HistoryError::CompletedBeforeInvoked(id));
             }
             step.completed = Some(at);
+            step.completed_wall = Some(wall);
             step.completion = completion;
         }
         let mut steps: Vec<Step> = steps.into_values().collect();
@@ -407,6 +522,20 @@ mod tests {
             History::from_records([invoke(1, 0, 5), complete(1, 0, 2)]),
             Err(HistoryError::CompletedBeforeInvoked(id))
         );
+    }
+
+    #[test]
+    fn an_enqueue_recorded_before_queues_had_features_reads_as_plain() {
+        let old = r#"{"op":"enqueue","task":"render-7"}"#;
+        let read: Operation = serde_json::from_str(old).unwrap();
+        assert_eq!(read, Operation::enqueue("render-7"));
+        assert_eq!(serde_json::to_string(&read).unwrap(), old);
+
+        let unique = r#"{"op":"enqueue","task":"t","queue":"q","unique_key":"k"}"#;
+        let read: Operation = serde_json::from_str(unique).unwrap();
+        assert_eq!(serde_json::to_string(&read).unwrap(), unique);
+        let pass = serde_json::to_string(&Operation::FireSchedules).unwrap();
+        assert_eq!(pass, r#"{"op":"fire_schedules"}"#);
     }
 
     #[test]

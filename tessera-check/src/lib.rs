@@ -38,7 +38,20 @@
 //!   still claimable, and nothing runs after an acknowledged cancel;
 //! - every effect at the end (a task, a receipt, a grant counted by the
 //!   token counter) was made by some operation that was acknowledged or
-//!   whose outcome is unknown.
+//!   whose outcome is unknown, or by a schedule's fire;
+//! - no attempt holds two receipt rows, and no more attempts of a task
+//!   hold one than it allows alternatives;
+//! - two tasks never hold one unique key of a queue at once;
+//! - no grant exceeds its queue's or its partition's concurrency limit,
+//!   counting only leases certainly held;
+//! - no grant is made on a queue certainly paused, or after its task's
+//!   deadline;
+//! - each run-at of a schedule fires once, every fire's task is kept, and
+//!   a run-at due while no pause of its schedule could hold is fired.
+//!
+//! An operation whose outcome is unknown may have taken effect once, at
+//! any moment after its invocation, or never: it excuses only what it
+//! could have caused from there (a cancel, one moment's overlaps).
 //!
 //! # Example
 //!
@@ -60,7 +73,7 @@
 //! let ok = |outcome| Event::Complete { completion: Completion::Ok { outcome } };
 //! let task = || "render-7".to_owned();
 //! let records = vec![
-//!     record(0, 0, 1, invoke(Operation::Enqueue { task: task() })),
+//!     record(0, 0, 1, invoke(Operation::enqueue(task()))),
 //!     record(0, 0, 2, ok(Outcome::Enqueued)),
 //!     record(1, 0, 3, invoke(Operation::Claim { queue: "frames".to_owned() })),
 //!     record(1, 0, 4, ok(Outcome::Granted {
@@ -102,12 +115,21 @@
 #![forbid(unsafe_code)]
 
 mod check;
+mod grant;
 mod history;
+mod index;
+mod lease;
+mod limit;
+mod receipt;
+mod schedule;
 mod state;
+mod unique;
 
 pub use check::{Anomaly, AnomalyKind, CheckOptions, Report, check, check_with};
 pub use history::{
-    Completion, Event, History, HistoryError, Operation, OperationId, Outcome, Receipt, Record,
-    Step,
+    Completion, Event, Fire, History, HistoryError, Operation, OperationId, Outcome, Receipt,
+    Record, Step,
 };
-pub use state::{AttemptState, FinalAttempt, FinalState, FinalTask};
+pub use state::{
+    AttemptState, FinalAttempt, FinalFire, FinalReceipt, FinalSchedule, FinalState, FinalTask,
+};

@@ -1,17 +1,72 @@
 //! The store's state at the end of a run, read once every process has
 //! stopped: what the history's operations must explain.
+//!
+//! It is read raw, row by row, not through the store's views that pick
+//! one receipt per done attempt: a doubled row is what the checker looks
+//! for.
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::history::Receipt;
 
-/// Every task of the run's queue as the store holds it at the end.
+/// Every task, receipt row and schedule fire of the run as the store
+/// holds it at the end. Every field but `tasks` may be left empty (and
+/// out of the JSON), which leaves its checks out.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FinalState {
     /// The tasks, by id.
     pub tasks: BTreeMap<String, FinalTask>,
+    /// Receipt rows as read from the store's table, each naming its task
+    /// and attempt. The receipts of an attempt are the rows listed here
+    /// for it and those in its [`FinalAttempt::receipts`]: a run lists
+    /// each row in one place or the other.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub receipts: Vec<FinalReceipt>,
+    /// How many attempts of a task may finish with a receipt (its spec's
+    /// alternatives), by task id; a task not listed is not checked for it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub alternatives: BTreeMap<String, u16>,
+    /// The schedules, by name: the fires recorded and the run-ats that
+    /// must have fired.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub schedules: BTreeMap<String, FinalSchedule>,
+}
+
+/// One receipt row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalReceipt {
+    /// The task it belongs to.
+    pub task: String,
+    /// The row (its attempt, token, key, digest and time).
+    #[serde(flatten)]
+    pub receipt: Receipt,
+}
+
+/// One schedule at the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalSchedule {
+    /// Every fire row the store holds for the schedule, as read raw.
+    #[serde(default)]
+    pub fires: Vec<FinalFire>,
+    /// Run-ats the run expects fired: each fell due while the run's
+    /// schedulers made passes, and a pass ran after it before the next
+    /// run-at of the cron. Listed in any order; a run-at is excused when
+    /// a pause of the schedule may have held between it and the next one
+    /// listed.
+    #[serde(default)]
+    pub due: Vec<DateTime<Utc>>,
+}
+
+/// One fire row: a run-at fired and the task it enqueued.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalFire {
+    /// The run-at, by the store's clock.
+    pub run_at: DateTime<Utc>,
+    /// The task the fire enqueued (`sched-<name>-<run-at in ms>`).
+    pub task: String,
 }
 
 /// One task at the end.
@@ -31,7 +86,8 @@ pub struct FinalAttempt {
     pub number: u32,
     /// Its state.
     pub state: AttemptState,
-    /// Every receipt stored for it.
+    /// Every receipt row stored for it (rows may instead be listed in
+    /// [`FinalState::receipts`]).
     pub receipts: Vec<Receipt>,
 }
 

@@ -5,8 +5,8 @@
 mod script;
 
 use tessera_check::{
-    AnomalyKind, AttemptState, FinalAttempt, FinalState, FinalTask, OperationId, Outcome, Receipt,
-    Report, check,
+    AnomalyKind, AttemptState, FinalAttempt, FinalReceipt, FinalState, FinalTask, OperationId,
+    Outcome, Receipt, Report, check,
 };
 
 use script::{
@@ -253,6 +253,84 @@ fn a_submission_applied_twice() {
 }
 
 #[test]
+fn a_receipt_row_stored_twice_read_raw() {
+    let mut s = Script::default();
+    s.enqueue(T);
+    s.grant(1, 0, T, 1, 1, 60);
+    let (submitted, r) = s.accept(1, 5, T, 1, "k1", "d1");
+    let row = FinalReceipt {
+        task: T.to_owned(),
+        receipt: r.clone(),
+    };
+    let mut end = end_with(1, AttemptState::Done, vec![]);
+    end.receipts = vec![row.clone(), row.clone()];
+    let report = check(&s.history(), &end);
+    only(&report, AnomalyKind::DoubledSubmit, &[submitted]);
+    assert_eq!(report.doubled(), 1);
+
+    // One row, listed raw or under its attempt, is right.
+    end.receipts = vec![row];
+    valid(&check(&s.history(), &end));
+    valid(&check(
+        &s.history(),
+        &end_with(1, AttemptState::Done, vec![r.clone()]),
+    ));
+
+    // A row for an attempt the task does not have.
+    let mut end = end_with(1, AttemptState::Done, vec![r]);
+    end.receipts = vec![FinalReceipt {
+        task: T.to_owned(),
+        receipt: receipt(2, 1, "k1", "d1", 5),
+    }];
+    only(&check(&s.history(), &end), AnomalyKind::Unexplained, &[]);
+}
+
+#[test]
+fn more_attempts_finished_than_the_task_allows_alternatives() {
+    let mut s = Script::default();
+    s.enqueue(T);
+    s.grant(1, 0, T, 1, 1, 60);
+    s.grant(2, 0, T, 2, 2, 60);
+    let (first, r1) = s.accept(1, 5, T, 1, "k1", "d1");
+    let r2 = receipt(2, 2, "k2", "d2", 6);
+    let second = s.ok(
+        2,
+        6,
+        submit(T, 2, 2, "k2", "d2"),
+        Outcome::Accepted {
+            receipt: r2.clone(),
+        },
+    );
+    let mut end = FinalState::default();
+    end.tasks.insert(
+        T.to_owned(),
+        FinalTask {
+            last_token: Some(2),
+            attempts: vec![
+                FinalAttempt {
+                    number: 1,
+                    state: AttemptState::Done,
+                    receipts: vec![r1],
+                },
+                FinalAttempt {
+                    number: 2,
+                    state: AttemptState::Done,
+                    receipts: vec![r2],
+                },
+            ],
+        },
+    );
+    end.alternatives.insert(T.to_owned(), 1);
+    only(
+        &check(&s.history(), &end),
+        AnomalyKind::DoubledSubmit,
+        &[first, second],
+    );
+    end.alternatives.insert(T.to_owned(), 2);
+    valid(&check(&s.history(), &end));
+}
+
+#[test]
 fn a_replay_that_returns_another_receipt() {
     let mut s = Script::default();
     s.enqueue(T);
@@ -361,6 +439,73 @@ fn work_after_an_acknowledged_cancel() {
     );
     let report = check(&s.history(), &end_with(1, AttemptState::Cancelled, vec![]));
     only(&report, AnomalyKind::RanAfterCancel, &[cancelled, beat]);
+}
+
+#[test]
+fn an_unknown_cancel_excuses_only_overlaps_it_could_have_ended() {
+    let granted = |token, wall| tessera_check::Completion::Ok {
+        outcome: Outcome::Granted {
+            task: T.to_owned(),
+            attempt: 1,
+            token,
+            granted_at: at(wall),
+            expires_at: at(wall + 60),
+        },
+    };
+
+    // Invoked after the overlap: it excuses nothing.
+    let mut s = Script::default();
+    s.enqueue(T);
+    let first = s.grant(1, 0, T, 1, 1, 60);
+    let second = s.grant(2, 10, T, 1, 2, 60);
+    s.run(0, 11, cancel(T), unknown());
+    let end = end_with(2, AttemptState::Leased, vec![]);
+    only(
+        &check(&s.history(), &end),
+        AnomalyKind::OverlappingLeases,
+        &[first, second],
+    );
+
+    // Invoked before the second grant was acknowledged: it may have
+    // ended the first lease in between.
+    let mut s = Script::default();
+    s.enqueue(T);
+    s.grant(1, 0, T, 1, 1, 60);
+    let claiming = s.begin(2, 10, claim());
+    s.run(0, 10, cancel(T), unknown());
+    s.end(claiming, 10, granted(2, 10));
+    valid(&check(&s.history(), &end));
+
+    // Acknowledged before the first grant was invoked: it cannot have
+    // ended a lease granted after it.
+    let mut s = Script::default();
+    s.enqueue(T);
+    s.ok(0, 0, cancel(T), Outcome::Cancelled);
+    let first = s.grant(1, 0, T, 1, 1, 60);
+    let second = s.grant(2, 10, T, 1, 2, 60);
+    let report = check(&s.history(), &end_with(2, AttemptState::Cancelled, vec![]));
+    let overlap = report
+        .anomalies
+        .iter()
+        .find(|a| a.kind == AnomalyKind::OverlappingLeases)
+        .unwrap_or_else(|| panic!("{:#?}", report.anomalies));
+    assert_eq!(overlap.operations, [first, second]);
+
+    // One cancel takes effect once: it may end the first overlap's lease
+    // or the second's, not both.
+    let mut s = Script::default();
+    s.enqueue(T);
+    s.grant(1, 0, T, 1, 1, 60);
+    let claiming = s.begin(2, 10, claim());
+    let lost = s.run(0, 10, cancel(T), unknown());
+    s.end(claiming, 10, granted(2, 10));
+    let third = s.grant(3, 100, T, 1, 3, 60);
+    let fourth = s.grant(4, 110, T, 1, 4, 60);
+    only(
+        &check(&s.history(), &end_with(4, AttemptState::Leased, vec![])),
+        AnomalyKind::OverlappingLeases,
+        &[third, fourth, lost],
+    );
 }
 
 #[test]

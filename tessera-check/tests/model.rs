@@ -1,7 +1,8 @@
 //! Property tests against a model of the store: histories a correct store
 //! could produce (random operations of several processes, with some
-//! answers lost whether or not they took effect) pass the checker, and
-//! each way of breaking the end they lead to is found.
+//! answers lost whether or not they took effect, on a queue that is now
+//! and then paused, limited, and fed tasks with unique keys) pass the
+//! checker, and each way of breaking the end they lead to is found.
 
 mod script;
 
@@ -13,7 +14,10 @@ use tessera_check::{
     Receipt, check,
 };
 
-use script::{Script, at, cancel, claim, enqueue, fail, heartbeat, refused, submit, unknown};
+use script::{
+    Enqueued, Script, at, cancel, claim, enqueue_with, fail, heartbeat, pause_queue, refused,
+    resume_queue, set_limits, submit, unknown,
+};
 
 const LEASE: i64 = 60;
 
@@ -32,26 +36,34 @@ enum Fate {
 
 #[derive(Debug, Clone)]
 enum Action {
-    Enqueue,
+    /// An enqueue, unique under one of a few keys or not.
+    Enqueue(Option<usize>),
     Claim(u32),
     Heartbeat(u32, usize),
     Submit(u32, usize),
     Replay(u32, usize),
     Fail(u32, usize),
     Cancel(usize),
+    Pause,
+    Resume,
+    Limit(Option<u32>),
     Advance(i64),
 }
+
+const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 
 fn action() -> impl Strategy<Value = Action> {
     let process = 1..4_u32;
     prop_oneof![
-        2 => Just(Action::Enqueue),
+        2 => prop::option::of(0..KEYS.len()).prop_map(Action::Enqueue),
         4 => process.clone().prop_map(Action::Claim),
         2 => (process.clone(), any::<usize>()).prop_map(|(p, n)| Action::Heartbeat(p, n)),
         3 => (process.clone(), any::<usize>()).prop_map(|(p, n)| Action::Submit(p, n)),
         1 => (process.clone(), any::<usize>()).prop_map(|(p, n)| Action::Replay(p, n)),
         1 => (process, any::<usize>()).prop_map(|(p, n)| Action::Fail(p, n)),
         1 => any::<usize>().prop_map(Action::Cancel),
+        1 => prop_oneof![Just(Action::Pause), Just(Action::Resume)],
+        1 => prop::option::of(1..3_u32).prop_map(Action::Limit),
         2 => (0..90_i64).prop_map(Action::Advance),
     ]
 }
@@ -78,6 +90,7 @@ struct Task {
     last_token: i64,
     state: State,
     receipt: Option<Receipt>,
+    key: Option<&'static str>,
 }
 
 /// The store, one attempt per task, and what each process believes it
@@ -89,6 +102,8 @@ struct Model {
     held: BTreeMap<u32, Vec<(String, i64)>>,
     script: Script,
     enqueued: usize,
+    paused: bool,
+    limit: Option<u32>,
 }
 
 impl Model {
@@ -133,14 +148,35 @@ impl Model {
 
     fn act(&mut self, action: Action, fate: Fate) {
         match action {
-            Action::Enqueue => {
+            Action::Enqueue(key) => {
                 let task = format!("t{}", self.enqueued);
                 self.enqueued += 1;
-                self.step(0, enqueue(&task), fate, |m| {
+                let key = key.map(|k| KEYS[k]);
+                let operation = enqueue_with(
+                    &task,
+                    Enqueued {
+                        queue: Some("frames"),
+                        unique_key: key,
+                        ..Enqueued::default()
+                    },
+                );
+                self.step(0, operation, fate, |m| {
+                    // A key is held while its task is unfinished.
+                    let holder = m.tasks.iter().find(|(_, t)| {
+                        key.is_some()
+                            && t.key == key
+                            && matches!(t.state, State::Ready | State::Leased { .. })
+                    });
+                    if let Some((holder, _)) = holder {
+                        return Completion::Ok {
+                            outcome: Outcome::Duplicate { of: holder.clone() },
+                        };
+                    }
                     let fresh = Task {
                         last_token: 0,
                         state: State::Ready,
                         receipt: None,
+                        key,
                     };
                     m.tasks.insert(task.clone(), fresh);
                     Completion::Ok {
@@ -151,6 +187,19 @@ impl Model {
             Action::Claim(process) => {
                 let outcome = self.step(process, claim(), fate, |m| {
                     let now = m.now;
+                    let live = m
+                        .tasks
+                        .values()
+                        .filter(
+                            |t| matches!(t.state, State::Leased { expires, .. } if expires > now),
+                        )
+                        .count();
+                    let full = m.limit.is_some_and(|limit| live >= limit as usize);
+                    if m.paused || full {
+                        return Completion::Ok {
+                            outcome: Outcome::Empty,
+                        };
+                    }
                     let claimable = m.tasks.iter_mut().find(|(_, t)| match t.state {
                         State::Ready => true,
                         State::Leased { expires, .. } => expires <= now,
@@ -267,6 +316,24 @@ impl Model {
                     None => refused("not_found"),
                 });
             }
+            Action::Pause | Action::Resume => {
+                let pause = matches!(action, Action::Pause);
+                let operation = if pause { pause_queue() } else { resume_queue() };
+                self.step(0, operation, fate, |m| {
+                    m.paused = pause;
+                    Completion::Ok {
+                        outcome: Outcome::Applied,
+                    }
+                });
+            }
+            Action::Limit(limit) => {
+                self.step(0, set_limits(limit, None), fate, |m| {
+                    m.limit = limit;
+                    Completion::Ok {
+                        outcome: Outcome::Applied,
+                    }
+                });
+            }
             Action::Advance(seconds) => self.now += seconds,
         }
     }
@@ -294,7 +361,10 @@ impl Model {
                 (id.clone(), end)
             })
             .collect();
-        FinalState { tasks }
+        FinalState {
+            tasks,
+            ..FinalState::default()
+        }
     }
 }
 

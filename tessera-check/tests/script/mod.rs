@@ -135,9 +135,7 @@ impl Script {
 }
 
 pub(crate) fn enqueue(task: &str) -> Operation {
-    Operation::Enqueue {
-        task: task.to_owned(),
-    }
+    Operation::enqueue(task)
 }
 
 pub(crate) fn claim() -> Operation {
@@ -198,5 +196,83 @@ pub(crate) fn unknown() -> Completion {
 pub(crate) fn refused(code: &str) -> Completion {
     Completion::Fail {
         error: code.to_owned(),
+    }
+}
+
+/// What an enqueue of a queue feature records beside the task.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Enqueued {
+    pub(crate) queue: Option<&'static str>,
+    pub(crate) partition: Option<&'static str>,
+    pub(crate) unique_key: Option<&'static str>,
+    pub(crate) deadline: Option<DateTime<Utc>>,
+}
+
+pub(crate) fn enqueue_with(task: &str, with: Enqueued) -> Operation {
+    Operation::Enqueue {
+        task: task.to_owned(),
+        queue: with.queue.map(str::to_owned),
+        partition: with.partition.map(str::to_owned),
+        unique_key: with.unique_key.map(str::to_owned),
+        deadline: with.deadline,
+    }
+}
+
+pub(crate) fn pause_queue() -> Operation {
+    Operation::PauseQueue {
+        queue: "frames".to_owned(),
+    }
+}
+
+pub(crate) fn resume_queue() -> Operation {
+    Operation::ResumeQueue {
+        queue: "frames".to_owned(),
+    }
+}
+
+pub(crate) fn set_limits(queue_limit: Option<u32>, partition_limit: Option<u32>) -> Operation {
+    Operation::SetLimits {
+        queue: "frames".to_owned(),
+        queue_limit,
+        partition_limit,
+    }
+}
+
+pub(crate) fn snooze(task: &str, attempt: u32, token: i64) -> Operation {
+    Operation::Snooze {
+        task: task.to_owned(),
+        attempt,
+        token,
+    }
+}
+
+pub(crate) fn pause_schedule(schedule: &str) -> Operation {
+    Operation::PauseSchedule {
+        schedule: schedule.to_owned(),
+    }
+}
+
+pub(crate) fn resume_schedule(schedule: &str) -> Operation {
+    Operation::ResumeSchedule {
+        schedule: schedule.to_owned(),
+    }
+}
+
+/// The id a schedule's fire gives its task.
+pub(crate) fn fire_task(schedule: &str, run_at: DateTime<Utc>) -> String {
+    format!("sched-{schedule}-{:013}", run_at.timestamp_millis())
+}
+
+/// A scheduler pass's outcome: these fires.
+pub(crate) fn fired(fires: &[(&str, DateTime<Utc>)]) -> Outcome {
+    Outcome::Fired {
+        fires: fires
+            .iter()
+            .map(|(schedule, run_at)| tessera_check::Fire {
+                schedule: (*schedule).to_owned(),
+                run_at: *run_at,
+                task: fire_task(schedule, *run_at),
+            })
+            .collect(),
     }
 }

@@ -17,6 +17,7 @@
 
 #[path = "../../../tessera-store/tests/harness/mod.rs"]
 mod harness;
+mod landed;
 mod postgres_faults;
 mod run;
 mod worker;
@@ -24,6 +25,7 @@ mod worker;
 use harness::BackendKind;
 use parking_lot::RwLock;
 use run::{Fault, Scenario};
+use tessera_store::faults::InjectedFault;
 
 /// The seed of the short runs.
 const SHORT_SEED: u64 = 29;
@@ -62,6 +64,38 @@ const KILLS: &[Fault] = &[Fault::KillWorker];
 /// The scenarios of both backends.
 fn killed() -> Scenario {
     Scenario::short("workers_killed", KILLS)
+}
+
+const PAUSES: &[Fault] = &[Fault::PauseHolder];
+
+/// A worker stopped while it holds leases, until they lapse and are
+/// granted again, then continued: the classic fencing case. Workers work
+/// a while on each lease, so a stopped one holds some.
+fn paused() -> Scenario {
+    Scenario::short("paused_holder", PAUSES).with_work(20, 120)
+}
+
+/// [`paused`] on a store with a deliberate bug: stale submissions
+/// answered as accepted and stored nowhere. The checker must catch it.
+fn caught(backend: BackendKind) {
+    let _server = SERVER.read();
+    let db = backend.database();
+    let scenario = paused().with_injected(InjectedFault::AcceptStaleSubmits);
+    let executed = run::execute(&db, &scenario, run::seed(SHORT_SEED));
+    assert!(
+        executed.missed.is_empty(),
+        "the pauses never landed: {:?}",
+        executed.missed
+    );
+    assert!(
+        !executed.report.is_valid(),
+        "a store that accepts stale submissions passed the checker"
+    );
+    assert!(
+        executed.report.lost() > 0,
+        "its acknowledged, unstored submissions are lost work: {:?}",
+        executed.report.anomalies
+    );
 }
 
 fn skewed() -> Scenario {
@@ -104,6 +138,16 @@ mod sqlite {
     #[test]
     fn clocks_skewed_within_the_lease_margin() {
         short(B, skewed());
+    }
+
+    #[test]
+    fn a_paused_holder_is_fenced_off() {
+        short(B, paused());
+    }
+
+    #[test]
+    fn a_store_accepting_stale_submissions_is_caught() {
+        caught(B);
     }
 
     #[test]
@@ -187,6 +231,18 @@ mod postgres {
     #[cfg_attr(not(postgres_server), ignore = "needs TESSERA_TEST_POSTGRES_URL")]
     fn clocks_skewed_within_the_lease_margin() {
         short(B, skewed());
+    }
+
+    #[test]
+    #[cfg_attr(not(postgres_server), ignore = "needs TESSERA_TEST_POSTGRES_URL")]
+    fn a_paused_holder_is_fenced_off() {
+        short(B, paused());
+    }
+
+    #[test]
+    #[cfg_attr(not(postgres_server), ignore = "needs TESSERA_TEST_POSTGRES_URL")]
+    fn a_store_accepting_stale_submissions_is_caught() {
+        caught(B);
     }
 
     #[test]

@@ -106,9 +106,10 @@ impl PostgresFaults {
             .map_or(0, |row| row.get::<_, i64>(0) as u64)
     }
 
-    /// `pg_terminate_backend` of every worker connection.
-    pub(crate) fn terminate_backends(&self) {
-        self.terminate(&[]);
+    /// `pg_terminate_backend` of every worker connection; returns how
+    /// many it terminated.
+    pub(crate) fn terminate_backends(&self) -> u64 {
+        self.terminate(&[])
     }
 
     /// Takes every connection slot of the workers' role (terminating

@@ -16,6 +16,7 @@ use tessera_check::{
     AttemptState, CheckOptions, Completion, FinalAttempt, FinalState, FinalTask, History,
     Operation, Outcome, Report, check_with,
 };
+use tessera_store::faults::InjectedFault;
 use tessera_store::lease::StateName;
 use tessera_store::{
     Brief, BriefVersion, Caller, Clock as _, EnqueueOptions, Error, Grant, ListOrder, Namespace,
@@ -64,6 +65,10 @@ pub(crate) enum Fault {
     CutNetwork,
     /// PostgreSQL: the network stalled (no byte moves) for a while.
     StallNetwork,
+    /// A worker process stopped (`SIGSTOP`) until its leases have lapsed
+    /// and been granted again, then continued (`SIGCONT`): its heartbeats
+    /// and submissions under the old tokens must be refused.
+    PauseHolder,
 }
 
 /// A run's shape.
@@ -83,6 +88,12 @@ pub(crate) struct Scenario {
     pub(crate) through_proxy: bool,
     /// The longest the run may take before it counts as stuck.
     pub(crate) deadline: Duration,
+    /// How long a worker works on a lease before it submits, in ms: the
+    /// least and the most.
+    pub(crate) work_millis: (u64, u64),
+    /// A deliberate bug the workers' stores run with (the store's
+    /// `fault-injection`), for a run that must be caught.
+    pub(crate) injected: Option<InjectedFault>,
 }
 
 impl Scenario {
@@ -98,6 +109,8 @@ impl Scenario {
             skew_millis: 0,
             through_proxy: false,
             deadline: Duration::from_secs(600),
+            work_millis: (0, 10),
+            injected: None,
         }
     }
 
@@ -116,6 +129,22 @@ impl Scenario {
     pub(crate) fn with_skew(self, millis: i64) -> Self {
         Self {
             skew_millis: millis,
+            ..self
+        }
+    }
+
+    /// Workers work `least..=most` ms on each lease before submitting.
+    pub(crate) fn with_work(self, least: u64, most: u64) -> Self {
+        Self {
+            work_millis: (least, most),
+            ..self
+        }
+    }
+
+    /// The workers' stores run with `fault`.
+    pub(crate) fn with_injected(self, fault: InjectedFault) -> Self {
+        Self {
+            injected: Some(fault),
             ..self
         }
     }
@@ -144,6 +173,12 @@ pub(crate) struct Struck {
     /// Monotonic nanoseconds when it struck and when it was lifted.
     pub(crate) began: u64,
     pub(crate) lifted: u64,
+    /// The worker process it struck, for a fault that strikes one.
+    pub(crate) process: Option<u32>,
+    /// What it counted: connections terminated.
+    pub(crate) count: u64,
+    /// Whether the history shows it landed ([`crate::landed`]).
+    pub(crate) landed: bool,
     /// From its lifting to the first acknowledged submission invoked
     /// after it, in milliseconds; `None` if none followed.
     pub(crate) recovery_millis: Option<f64>,
@@ -167,11 +202,14 @@ pub(crate) struct Summary {
     pub(crate) anomalies: usize,
     pub(crate) faults: Vec<Struck>,
     pub(crate) worst_recovery_millis: Option<f64>,
+    /// The commit the run ran on (`git rev-parse --short HEAD`, with
+    /// `-dirty` for uncommitted changes), or `unknown`.
+    pub(crate) commit: String,
 }
 
-/// Runs `scenario` on `db` from `seed`, checks its history, prints and
-/// saves its summary, and fails on any anomaly.
-pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
+/// Runs `scenario` on `db` from `seed` and checks its history: what
+/// [`run`] asserts on, and a run with a deliberate bug expects to fail.
+pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
     eprintln!(
         "chaos {} on {}: TESSERA_CHAOS_SEED={seed}",
         scenario.name,
@@ -217,6 +255,8 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
                 skew_millis: skew,
                 threads: scenario.threads,
                 seed: rng.fork(100 + n as u64).next_u64(),
+                work_millis: scenario.work_millis,
+                injected: scenario.injected,
             };
             let child = worker::spawn(&orders);
             (orders, child)
@@ -249,7 +289,7 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
             }
             let fault = scenario.kinds[faults.between(0, scenario.kinds.len() as u64 - 1) as usize];
             let start = monotonic_nanos();
-            strike(
+            let (process, count) = strike(
                 fault,
                 &mut faults,
                 db,
@@ -264,6 +304,9 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
                 fault,
                 began: start,
                 lifted: monotonic_nanos(),
+                process,
+                count,
+                landed: false,
                 recovery_millis: None,
             });
         }
@@ -294,9 +337,21 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
     let report = check_with(&history, &end, &options);
     for fault in &mut struck {
         fault.recovery_millis = recovery(&history, fault.lifted);
+        fault.landed = crate::landed::landed(fault, &history);
+    }
+    let mut missed = crate::landed::missed(&struck, &history);
+    if scenario.kinds.contains(&Fault::KillWorker) && report.unknown == 0 {
+        missed.push("KillWorker: no operation left with an unknown outcome".to_owned());
+    }
+    let refused: usize = struck
+        .iter()
+        .filter(|s| s.fault == Fault::PauseHolder)
+        .map(|s| crate::landed::stale_answers(history.steps(), s).0)
+        .sum();
+    if scenario.injected.is_none() && scenario.kinds.contains(&Fault::PauseHolder) && refused == 0 {
+        missed.push("PauseHolder: no stale heartbeat or submission shown refused".to_owned());
     }
     let summary = summarize(scenario, db.kind(), seed, &report, struck);
-    save(&summary);
     eprintln!(
         "chaos {} on {}: {} operations ({} unknown), {} enqueued, {} granted, {} submitted; \
          lost {}, doubled {}; recovery after each fault (ms): {:?}",
@@ -316,6 +371,44 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
             .collect::<Vec<_>>()
     );
     let kept = keep_history(dir.path(), scenario, db.kind());
+    Executed {
+        summary,
+        report,
+        finished,
+        tasks: end.tasks.len(),
+        missed,
+        kept,
+    }
+}
+
+/// A run as it went, before any of its assertions.
+pub(crate) struct Executed {
+    pub(crate) summary: Summary,
+    pub(crate) report: Report,
+    /// Every task finished before the deadline.
+    pub(crate) finished: bool,
+    /// Tasks in the final state.
+    pub(crate) tasks: usize,
+    /// Each fault kind that struck and never landed, with what was wanted.
+    pub(crate) missed: Vec<String>,
+    /// Where the history was kept.
+    pub(crate) kept: PathBuf,
+}
+
+/// Runs `scenario` on `db` from `seed`, checks its history, and fails on
+/// any anomaly, on a fault that never landed, on a run that did not
+/// finish, or on a task missing; only then prints and saves its summary
+/// for the guarantees table.
+pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
+    let executed = execute(db, scenario, seed);
+    let Executed {
+        summary,
+        report,
+        finished,
+        tasks,
+        missed,
+        kept,
+    } = executed;
     if !report.is_valid() {
         for anomaly in report.anomalies.iter().take(30) {
             eprintln!("  {anomaly}");
@@ -327,13 +420,20 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
         );
     }
     assert!(
+        missed.is_empty(),
+        "faults that never landed, so the run proves nothing: {missed:?} \
+         (history kept in {}); rerun with TESSERA_CHAOS_SEED={seed}",
+        kept.display()
+    );
+    assert!(
         finished,
         "the run did not finish within {:?}",
         scenario.deadline
     );
     // Every task is there: enqueued with an acknowledgement, or by an
     // attempt whose answer was lost (asked again, it is `task_exists`).
-    assert_eq!(end.tasks.len(), scenario.tasks, "every task was enqueued");
+    assert_eq!(tasks, scenario.tasks, "every task was enqueued");
+    save(&summary);
     summary
 }
 
@@ -344,22 +444,42 @@ struct Strike<'a> {
     dir: &'a Path,
 }
 
+/// Strikes `fault`; returns the worker process it struck, if one, and
+/// what it counted.
 fn strike(
     fault: Fault,
     rng: &mut Rng,
     db: &TestDb,
     workers: &mut [(Orders, Child)],
     at: &mut Strike<'_>,
-) {
+) -> (Option<u32>, u64) {
     let hold = rng.between(200, 1_500);
     match fault {
         Fault::KillWorker => {
             let n = rng.between(0, workers.len() as u64 - 1) as usize;
             let (orders, child) = &mut workers[n];
+            // Every other kill waits for an operation under way, so some
+            // outcome is left unknown; the others strike where they fall,
+            // most often while a lease is held.
+            if rng.percent(50) {
+                wait_for_operation_under_way(at.dir, orders.process);
+            }
             child.kill().unwrap();
             child.wait().unwrap();
             orders.seed = rng.next_u64();
             *child = worker::spawn(orders);
+            return (Some(orders.process), 0);
+        }
+        Fault::PauseHolder => {
+            let first = rng.between(0, workers.len() as u64 - 1) as usize;
+            let n = wait_for_a_holder(at.dir, workers, first);
+            let (orders, child) = &workers[n];
+            signal(child, "STOP");
+            // Its leases lapse, and the others take one over.
+            pause(lease_duration().as_millis() as u64);
+            wait_for_a_regrant(at.dir, orders.process);
+            signal(child, "CONT");
+            return (Some(orders.process), 0);
         }
         Fault::KillLockHolder => kill_lock_holder(db.sqlite_path().unwrap(), hold),
         Fault::RefuseWrites => {
@@ -368,7 +488,7 @@ fn strike(
             std::fs::remove_file(refuse_file(at.dir)).unwrap();
         }
         Fault::RestartServer => at.postgres.unwrap().restart_server(hold),
-        Fault::TerminateBackends => at.postgres.unwrap().terminate_backends(),
+        Fault::TerminateBackends => return (None, at.postgres.unwrap().terminate_backends()),
         Fault::ExhaustPool => at.postgres.unwrap().exhaust_pool(hold),
         Fault::CutNetwork | Fault::StallNetwork => {
             let proxy = at.proxy.expect("a network fault needs the proxy");
@@ -381,6 +501,101 @@ fn strike(
             pause(hold);
             proxy.set(Link::Open);
         }
+    }
+    (None, 0)
+}
+
+/// Sends `SIGSTOP` or `SIGCONT` (`signal`) to `child`.
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal}");
+}
+
+/// The worker, from `first` on, whose last record is a granted claim (it
+/// is working on that lease), waited for up to a second; `first` if none.
+fn wait_for_a_holder(dir: &Path, workers: &[(Orders, Child)], first: usize) -> usize {
+    for _ in 0..1_000 {
+        for k in 0..workers.len() {
+            let n = (first + k) % workers.len();
+            let path = Recorder::path(dir, workers[n].0.process);
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text
+                .lines()
+                .last()
+                .is_some_and(|line| line.contains("\"result\":\"granted\""))
+            {
+                return n;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    first
+}
+
+/// Waits, up to 30 s, until a lease `process` holds (granted to it, not
+/// ended by it) has been granted to another process under a newer token.
+fn wait_for_a_regrant(dir: &Path, process: u32) {
+    for _ in 0..600 {
+        pause(50);
+        // A line being written is read as a bad one: read again.
+        let Ok(records) = read_history(dir) else {
+            continue;
+        };
+        let Ok(history) = History::from_records(records) else {
+            continue;
+        };
+        let steps = history.steps();
+        let held = steps
+            .iter()
+            .filter(|step| step.id.process == process)
+            .filter_map(|step| match step.completion.outcome() {
+                Some(Outcome::Granted { task, token, .. }) => Some((task, *token)),
+                _ => None,
+            })
+            .filter(|(task, token)| {
+                !steps.iter().any(|step| {
+                    step.id.process == process
+                        && matches!(step.completion, Completion::Ok { .. })
+                        && matches!(
+                            &step.operation,
+                            Operation::Submit { task: t, token: k, .. }
+                            | Operation::Fail { task: t, token: k, .. }
+                            if t == *task && k == token
+                        )
+                })
+            });
+        let mut regranted = held.filter(|(task, token)| {
+            steps.iter().any(|step| {
+                step.id.process != process
+                    && matches!(
+                        step.completion.outcome(),
+                        Some(Outcome::Granted { task: t, token: k, .. }) if t == *task && k > token
+                    )
+            })
+        });
+        if regranted.next().is_some() {
+            return;
+        }
+    }
+}
+
+/// Waits, up to a second, until the last line of `process`'s history is
+/// an invocation: an operation under way.
+fn wait_for_operation_under_way(dir: &Path, process: u32) {
+    let path = Recorder::path(dir, process);
+    for _ in 0..1_000 {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text
+            .lines()
+            .last()
+            .is_some_and(|line| line.contains("\"phase\":\"invoke\""))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -479,16 +694,11 @@ fn produce(
             .with_lapse_backoff(Duration::ZERO);
         let brief = Brief::Bytes(format!("job {n}").into_bytes());
         loop {
-            let completion = record(
-                Operation::Enqueue {
-                    task: id.as_str().to_owned(),
-                },
-                &|| {
-                    store
-                        .enqueue(caller, &ns, &q, &brief, &options)
-                        .map(|_| Outcome::Enqueued)
-                },
-            );
+            let completion = record(Operation::enqueue(id.as_str()), &|| {
+                store
+                    .enqueue(caller, &ns, &q, &brief, &options)
+                    .map(|_| Outcome::Enqueued)
+            });
             match completion {
                 Completion::Ok { .. } => break,
                 // Asked again: `task_exists` if the first one landed.
@@ -657,6 +867,28 @@ fn summarize(
         anomalies: report.anomalies.len(),
         faults,
         worst_recovery_millis: worst,
+        commit: commit(),
+    }
+}
+
+/// The commit the workspace is at, `-dirty` if it has uncommitted
+/// changes; `unknown` without git.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(head) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(changes) if !changes.is_empty() => format!("{head}-dirty"),
+            _ => head,
+        },
+        None => "unknown".to_owned(),
     }
 }
 
@@ -705,8 +937,8 @@ pub(crate) fn table() -> String {
     };
     summaries.sort_by_key(key);
     let mut out = String::from(
-        "| scenario | backend | processes | tasks | faults | operations (unknown) | lost | doubled | recovery after a fault, median / worst (ms) | seed |\n\
-         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| scenario | backend | processes | tasks | faults (landed) | operations (unknown) | anomalies | lost | doubled | recovery after a fault, median / worst (ms) | seed | commit |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for s in &summaries {
         let mut recoveries: Vec<f64> = s["faults"]
@@ -720,19 +952,24 @@ pub(crate) fn table() -> String {
             [] => "—".to_owned(),
             all => format!("{:.0} / {:.0}", all[all.len() / 2], all[all.len() - 1]),
         };
+        let faults = s["faults"].as_array().map_or(&[][..], Vec::as_slice);
+        let landed = faults.iter().filter(|f| f["landed"] == true).count();
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} |\n",
             s["scenario"].as_str().unwrap_or(""),
             s["backend"].as_str().unwrap_or(""),
             s["processes"],
             s["tasks"],
-            s["faults"].as_array().map_or(0, Vec::len),
+            faults.len(),
+            landed,
             s["operations"],
             s["unknown"],
+            s["anomalies"],
             s["lost"],
             s["doubled"],
             recovery,
             s["seed"],
+            s["commit"].as_str().unwrap_or("unknown"),
         ));
     }
     out

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use parking_lot::RwLock;
 use tessera_chaos::{Recorder, Rng, SkewedClock, pause};
 use tessera_check::{Completion, Operation, Outcome, Receipt};
+use tessera_store::faults::InjectedFault;
 use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
     Caller, ClaimOutcome, Claimed, Clock, Error, IdempotencyKey, Output, Retry, Store, StoreConfig,
@@ -28,6 +29,8 @@ const ENV_PROCESS: &str = "TESSERA_CHAOS_PROCESS";
 const ENV_SKEW: &str = "TESSERA_CHAOS_SKEW_MS";
 const ENV_THREADS: &str = "TESSERA_CHAOS_THREADS";
 const ENV_SEED: &str = "TESSERA_CHAOS_WORKER_SEED";
+const ENV_WORK: &str = "TESSERA_CHAOS_WORK_MS";
+const ENV_INJECT: &str = "TESSERA_CHAOS_INJECT";
 
 /// What a worker process is told.
 #[derive(Debug, Clone)]
@@ -44,6 +47,10 @@ pub(crate) struct Orders {
     pub(crate) skew_millis: i64,
     pub(crate) threads: usize,
     pub(crate) seed: u64,
+    /// How long it works on a lease before submitting, in ms: least, most.
+    pub(crate) work_millis: (u64, u64),
+    /// A deliberate bug its store runs with.
+    pub(crate) injected: Option<InjectedFault>,
 }
 
 /// The control file that asks workers to refuse writes while it exists.
@@ -74,6 +81,20 @@ pub(crate) fn spawn(orders: &Orders) -> Child {
         .env(ENV_SKEW, orders.skew_millis.to_string())
         .env(ENV_THREADS, orders.threads.to_string())
         .env(ENV_SEED, orders.seed.to_string())
+        .env(
+            ENV_WORK,
+            format!("{} {}", orders.work_millis.0, orders.work_millis.1),
+        )
+        .env(
+            ENV_INJECT,
+            orders.injected.map_or_else(String::new, |fault| {
+                serde_json::to_value(fault)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            }),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -143,16 +164,25 @@ struct Worker {
     clock: Arc<SkewedClock>,
     recorder: Recorder,
     store: RwLock<(bool, Arc<Store>, Caller)>,
+    work_millis: (u64, u64),
+    injected: Option<InjectedFault>,
 }
 
 /// Opens the worker's store and logs in, trying again until the
 /// database answers.
-fn connect(db: &TestDb, key: &str, clock: &Arc<SkewedClock>, refuse: bool) -> (Arc<Store>, Caller) {
+fn connect(
+    db: &TestDb,
+    key: &str,
+    clock: &Arc<SkewedClock>,
+    refuse: bool,
+    injected: Option<InjectedFault>,
+) -> (Arc<Store>, Caller) {
     loop {
         let config = StoreConfig::default()
             .with_clock(clock.clone())
             .with_lease_duration(lease_duration())
-            .with_refuse_writes(refuse);
+            .with_refuse_writes(refuse)
+            .with_injected_fault(injected);
         if let Some(store) = open_store(db, config) {
             match store.authenticate(Some(key)) {
                 Ok(caller) => return (Arc::new(store), caller),
@@ -175,7 +205,7 @@ impl Worker {
         }
         let mut current = self.store.write();
         if current.0 != refuse {
-            let (store, caller) = connect(&self.db, &self.key, &self.clock, refuse);
+            let (store, caller) = connect(&self.db, &self.key, &self.clock, refuse, self.injected);
             *current = (refuse, store, caller);
         }
         (Arc::clone(&current.1), current.2.clone())
@@ -301,7 +331,7 @@ impl Worker {
         let id = task.id.as_str().to_owned();
         let t = token.as_i64();
         // The work itself: a kill often lands here, holding the lease.
-        pause(rng.between(0, 10));
+        pause(rng.between(self.work_millis.0, self.work_millis.1));
         if rng.percent(15) {
             for _ in 0..rng.between(1, 3) {
                 pause(rng.between(0, lease_duration().as_millis() as u64 / 4));
@@ -433,7 +463,12 @@ pub(crate) fn child_main() {
     let recorder = Recorder::open(&dir, process).unwrap();
     let key = env(ENV_KEY);
     let refuse = refuse_file(&dir).exists();
-    let (store, caller) = connect(&db, &key, &clock, refuse);
+    let (least, most) = env(ENV_WORK)
+        .split_once(' ')
+        .map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap()))
+        .unwrap();
+    let injected = InjectedFault::parse(&env(ENV_INJECT));
+    let (store, caller) = connect(&db, &key, &clock, refuse, injected);
     let worker = Worker {
         db,
         dir,
@@ -441,6 +476,8 @@ pub(crate) fn child_main() {
         clock,
         recorder,
         store: RwLock::new((refuse, store, caller)),
+        work_millis: (least, most),
+        injected,
     };
     let worker = &worker;
     std::thread::scope(|scope| {

@@ -666,6 +666,20 @@ impl Store {
         })
     }
 
+    /// Whether a deliberate bug is switched on: the one-statement paths
+    /// then step aside, so every acknowledgement meets it.
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn injects_faults(&self) -> bool {
+        self.config.injected_fault().is_some()
+    }
+
+    /// Without the `fault-injection` feature: never.
+    #[cfg(not(feature = "fault-injection"))]
+    #[allow(clippy::unused_self)]
+    pub(crate) fn injects_faults(&self) -> bool {
+        false
+    }
+
     /// Without the `fault-injection` feature: never.
     #[cfg(not(feature = "fault-injection"))]
     #[allow(clippy::unused_self)]

@@ -455,6 +455,7 @@ impl Store {
     ) -> Option<(Result<Acked, Error>, LeaseResult)> {
         if request.count != 1
             || caller.kind() == PrincipalKind::Anonymous
+            || self.injects_faults()
             || self.due_observation(scope, now).is_some()
             || self.due_observation(&ack.scope, now).is_some()
         {

@@ -21,8 +21,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Field, LeaseError, Rule};
 use crate::name::{ScheduleName, TaskId};
 
-/// A cron expression (five fields, minutes to weekdays, or `@hourly` and
-/// the like) evaluated in a named IANA time zone.
+/// A cron expression (five fields, minutes to weekdays; six with a leading
+/// seconds field; or `@hourly` and the like) evaluated in a named IANA time
+/// zone.
+///
+/// Run-ats are whole seconds: the times asked about are read to the second
+/// below, so a schedule has at most one run-at a second, whatever its
+/// expression (`* * * * * *` is the most frequent there is).
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(try_from = "ScheduleText", into = "ScheduleText")]
 pub struct CronSchedule {
@@ -74,18 +79,20 @@ impl CronSchedule {
     }
 
     /// The first run-at strictly after `time`; `None` if the expression
-    /// never matches again.
+    /// never matches again. A whole second.
     pub fn next_after(&self, time: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        // Run-ats are whole seconds, so the first one after the second
+        // `time` falls in is the first one after `time`.
         self.cron
-            .find_next_occurrence(&time.with_timezone(&self.zone), false)
+            .find_next_occurrence(&whole_second(time).with_timezone(&self.zone), false)
             .ok()
             .map(|at| at.with_timezone(&Utc))
     }
 
-    /// The latest run-at at or before `time`.
+    /// The latest run-at at or before `time`. A whole second.
     pub fn latest_at_or_before(&self, time: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.cron
-            .find_previous_occurrence(&time.with_timezone(&self.zone), true)
+            .find_previous_occurrence(&whole_second(time).with_timezone(&self.zone), true)
             .ok()
             .map(|at| at.with_timezone(&Utc))
     }
@@ -137,6 +144,13 @@ impl CronSchedule {
         let since = last_fired.map_or(active_since, |last| last.max(active_since));
         self.due(since, now)
     }
+}
+
+/// `time` read to the second below. The cron search keeps a time's
+/// fraction of a second, so a seconds field would otherwise match `time`
+/// itself and make every instant a run-at.
+fn whole_second(time: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp(time.timestamp(), 0).unwrap_or(time)
 }
 
 /// The id of the task a schedule's fire of `run_at` enqueues:
@@ -281,6 +295,93 @@ mod tests {
                 proptest::prop_assert!(last.is_none_or(|l| run_at > time(l)));
                 proptest::prop_assert_eq!(every_five.latest_at_or_before(time(now)), Some(run_at));
             }
+        }
+    }
+
+    /// A field of a random cron expression, of values in `0..max`.
+    fn cron_field(max: u32) -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just("*".to_owned()),
+            (1..max.min(30)).prop_map(|step| format!("*/{step}")),
+            (0..max).prop_map(|value| value.to_string()),
+            (0..max, 0..max).prop_map(|(a, b)| format!("{}-{}", a.min(b), a.max(b))),
+            (0..max, 0..max).prop_map(|(a, b)| format!("{a},{b}")),
+        ]
+    }
+
+    /// A scheduler's passes, each `steps[i]` ms after the one before,
+    /// from `start`: the run-ats it fires.
+    fn fires(schedule: &CronSchedule, start: DateTime<Utc>, steps: &[i64]) -> Vec<DateTime<Utc>> {
+        let mut now = start;
+        let mut last = None;
+        let mut fired = Vec::new();
+        for step in steps {
+            now += chrono::TimeDelta::milliseconds(*step);
+            if let Some(run_at) = schedule.due_since(start, last, now) {
+                fired.push(run_at);
+                last = Some(run_at);
+            }
+        }
+        fired
+    }
+
+    #[test]
+    fn a_seconds_field_fires_each_run_at_once() {
+        let start = at("2026-12-02T10:00:00.250Z");
+        // A pass every 3 ms for 10 s.
+        let steps = vec![3; 3_334];
+        let every_ten = CronSchedule::parse("*/10 * * * * *", "UTC").unwrap();
+        assert_eq!(
+            fires(&every_ten, start, &steps),
+            vec![at("2026-12-02T10:00:10Z")]
+        );
+        let every_second = CronSchedule::parse("* * * * * *", "UTC").unwrap();
+        let fired = fires(&every_second, start, &steps);
+        assert_eq!(fired.len(), 10);
+        assert_eq!(fired.first(), Some(&at("2026-12-02T10:00:01Z")));
+        assert_eq!(
+            every_second.next_after(at("2026-12-02T10:00:01.999Z")),
+            Some(at("2026-12-02T10:00:02Z"))
+        );
+        assert_eq!(
+            every_second.latest_at_or_before(at("2026-12-02T10:00:01.999Z")),
+            Some(at("2026-12-02T10:00:01Z"))
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Whatever the expression, five fields or six: every run-at is a
+        /// whole second, fires once, in order, after the start and at or
+        /// before the pass that fires it; so a schedule fires at most once
+        /// a second.
+        #[test]
+        fn any_expression_fires_each_run_at_once_and_at_most_once_a_second(
+            seconds in proptest::option::of(cron_field(60)),
+            minutes in cron_field(60),
+            hours in cron_field(24),
+            start in 0_i64..400_000_000,
+            steps in proptest::collection::vec(1_i64..1_500, 1..400),
+        ) {
+            let cron = match &seconds {
+                Some(seconds) => format!("{seconds} {minutes} {hours} * * *"),
+                None => format!("{minutes} {hours} * * *"),
+            };
+            let schedule = CronSchedule::parse(&cron, "Europe/Stockholm").unwrap();
+            let start = at("2026-12-02T10:00:00Z") + chrono::TimeDelta::milliseconds(start);
+            let fired = fires(&schedule, start, &steps);
+            let end = start + chrono::TimeDelta::milliseconds(steps.iter().sum());
+            for (n, run_at) in fired.iter().enumerate() {
+                proptest::prop_assert_eq!(run_at.timestamp_subsec_nanos(), 0, "{}", cron);
+                proptest::prop_assert!(*run_at > start && *run_at <= end);
+                if n > 0 {
+                    proptest::prop_assert!(*run_at >= fired[n - 1] + chrono::TimeDelta::seconds(1));
+                }
+            }
+            let seconds_passed = (end - start).num_seconds() + 1;
+            proptest::prop_assert!(i64::try_from(fired.len()).unwrap() <= seconds_passed);
         }
     }
 

@@ -136,6 +136,26 @@ pub enum Operation {
         /// The schedule's name.
         schedule: String,
     },
+    /// An operator's cancel of every task of `queue` with an attempt in
+    /// `state`. Recorded, not followed: a run uses it only where no check
+    /// reads what it changes (waiting attempts, of tasks with no unique
+    /// key, that a later [`RetryTasks`](Self::RetryTasks) makes claimable
+    /// again), since which tasks it met is not in its answer.
+    CancelTasks {
+        /// The queue.
+        queue: String,
+        /// The attempt state it matched.
+        state: String,
+    },
+    /// An operator's retry of every task of `queue` with an attempt in
+    /// `state`: finished attempts claimable again. Recorded, not followed,
+    /// as [`CancelTasks`](Self::CancelTasks) is.
+    RetryTasks {
+        /// The queue.
+        queue: String,
+        /// The attempt state it matched.
+        state: String,
+    },
 }
 
 impl Operation {
@@ -166,7 +186,9 @@ impl Operation {
             | Self::SetLimits { .. }
             | Self::FireSchedules
             | Self::PauseSchedule { .. }
-            | Self::ResumeSchedule { .. } => None,
+            | Self::ResumeSchedule { .. }
+            | Self::CancelTasks { .. }
+            | Self::RetryTasks { .. } => None,
         }
     }
 }
@@ -239,6 +261,11 @@ pub enum Outcome {
     /// A queue's or a schedule's setting (pause, resume, limits) was
     /// stored.
     Applied,
+    /// A bulk action changed this many tasks.
+    Changed {
+        /// How many.
+        count: u64,
+    },
     /// A scheduler pass made these fires, each recorded with its task in
     /// one transaction.
     Fired {

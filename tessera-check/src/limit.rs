@@ -5,7 +5,11 @@
 //! overlap check reads leases: acknowledged before the grant's claim was
 //! invoked, unexpired at the grant's store time by its expiry as its
 //! acknowledged heartbeats extended it (beyond the clock skew), and not
-//! possibly ended (by its holder or a cancel) before the grant completed.
+//! possibly ended (by its holder, a cancel, or a grant of its attempt
+//! under a newer token, which found it lapsed) before the grant
+//! completed. A grant's store time is read when its claim begins, and
+//! the claim may count the leases much later (a stalled network), so a
+//! lease taken over meanwhile is not counted.
 //! Only heartbeats acknowledged before the claim was invoked count here:
 //! one made later, by a clock behind the granting one, may have extended
 //! a lease the grant rightly found lapsed.
@@ -78,12 +82,24 @@ pub(crate) fn limits(index: &Index<'_>, skew: TimeDelta, anomalies: &mut Vec<Ano
                 .iter()
                 .map(|(_, expires_at)| *expires_at)
                 .fold(grant.expires_at, DateTime::max);
+            // A grant of the same attempt under a newer token found this
+            // lease lapsed: it ended no later than that grant, and may
+            // have from its invocation on.
+            let taken_over = steps
+                .grants
+                .iter()
+                .filter(|other| other.attempt == grant.attempt && other.token > grant.token)
+                .map(|other| other.step.invoked)
+                .min()
+                .unwrap_or(u64::MAX);
             by_queue.entry(grant.queue).or_default().push(Lease {
                 grant: *grant,
                 partition,
                 extensions,
                 end,
-                ended_from: may_end_from(grant, steps).unwrap_or(u64::MAX),
+                ended_from: may_end_from(grant, steps)
+                    .unwrap_or(u64::MAX)
+                    .min(taken_over),
             });
         }
     }

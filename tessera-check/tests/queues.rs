@@ -229,6 +229,39 @@ fn more_leases_than_the_queue_allows() {
         },
     );
     valid(&check(&s.history(), &end));
+
+    // The claim read its store time when it began and counted the leases
+    // later (a stalled network): the first lease, extended past that time,
+    // was taken over under a newer token meanwhile, so it was not held
+    // when the claim counted. With no take-over, it was.
+    let taken_over = |take_over: bool| {
+        let (mut s, set) = setup(1);
+        let first = s.grant(1, 1, "a", 1, 1, 5);
+        s.ok(1, 4, heartbeat("a", 1, 1), extended(at(11)));
+        let racing = s.begin(2, 10, claim());
+        if take_over {
+            s.grant(3, 12, "a", 1, 2, 60);
+        }
+        s.end(
+            racing,
+            13,
+            tessera_check::Completion::Ok {
+                outcome: Outcome::Granted {
+                    task: "b".to_owned(),
+                    attempt: 1,
+                    token: 1,
+                    granted_at: at(10),
+                    expires_at: at(70),
+                },
+            },
+        );
+        let last = if take_over { 2 } else { 1 };
+        let end = ends(&[("a", last, Leased), ("b", 1, Leased)]);
+        (check(&s.history(), &end), [set, first, racing])
+    };
+    valid(&taken_over(true).0);
+    let (report, operations) = taken_over(false);
+    only(&report, AnomalyKind::OverLimit, &operations);
 }
 
 #[test]

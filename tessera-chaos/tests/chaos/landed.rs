@@ -15,9 +15,8 @@ pub(crate) fn evidence_wanted(fault: Fault) -> &'static str {
         Fault::RestartServer => "an operation under way when the server stopped",
         Fault::TerminateBackends => "a connection terminated",
         Fault::ExhaustPool => "a caller kept waiting while the connection slots were held",
-        Fault::CutNetwork | Fault::StallNetwork => {
-            "an operation under way when the network was cut or stalled"
-        }
+        Fault::CutNetwork => "an operation under way when the network was cut",
+        Fault::StallNetwork => "an operation held up while the network stalled",
         Fault::PauseHolder => {
             "a paused worker's heartbeat or submission answered under a token granted again"
         }
@@ -46,9 +45,14 @@ pub(crate) fn landed(struck: &Struck, history: &History) -> bool {
                 && step.invoked < struck.lifted
                 && step.completed.is_none_or(|done| done >= struck.lifted)
         }),
-        Fault::RestartServer | Fault::CutNetwork | Fault::StallNetwork => {
+        Fault::RestartServer | Fault::CutNetwork => {
             steps.iter().any(|step| under_way(step, struck.began))
         }
+        // Held up by the stall: invoked before it was lifted, answered
+        // after it began (or never).
+        Fault::StallNetwork => steps.iter().any(|step| {
+            step.invoked < struck.lifted && step.completed.is_none_or(|done| done > struck.began)
+        }),
         Fault::PauseHolder => {
             let (refused, answered) = stale_answers(steps, struck);
             refused + answered > 0

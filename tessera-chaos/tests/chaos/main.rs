@@ -19,6 +19,7 @@
 mod harness;
 mod landed;
 mod postgres_faults;
+mod raw;
 mod run;
 mod worker;
 

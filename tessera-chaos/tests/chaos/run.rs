@@ -4,28 +4,29 @@
 //! the store's final state go to the checker.
 
 use std::io::{BufRead, BufReader};
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 use tessera_chaos::{Link, Recorder, Rng, TcpProxy, monotonic_nanos, pause, read_history};
-use tessera_check::{
-    AttemptState, CheckOptions, Completion, FinalAttempt, FinalState, FinalTask, History,
-    Operation, Outcome, Report, check_with,
-};
+use tessera_check::{CheckOptions, Completion, History, Operation, Outcome, Report, check_with};
 use tessera_store::faults::InjectedFault;
+use tessera_store::lease::CronSchedule;
 use tessera_store::lease::StateName;
 use tessera_store::{
-    Brief, BriefVersion, Caller, Clock as _, EnqueueOptions, Error, Grant, ListOrder, Namespace,
-    Output, QueueName, Scope, Store, SystemClock, TaskId, TaskQuery, TaskRef, TaskState,
+    Brief, BriefVersion, BulkFilter, Caller, Clock as _, ConcurrencyLimit, EnqueueOptions, Error,
+    Grant, ListOrder, Namespace, PartitionKey, QueueName, ScheduleName, ScheduleSpec, Scope, Store,
+    SystemClock, TaskId, TaskQuery, TaskRef, TaskSpec, UniqueKey, Uniqueness,
 };
 
 use crate::harness::{BackendKind, Fixture, TestDb, namespace, queue};
 use crate::postgres_faults::PostgresFaults;
-use crate::worker::{self, Orders, completion_of, receipt_of, refuse_file, stop_file};
+use crate::worker::{self, Orders, completion_of, refuse_file, stop_file};
 
 /// The namespace and queue of every run.
 pub(crate) fn work_namespace() -> Namespace {
@@ -222,6 +223,13 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
     let producer = setup.login(&setup.key(Scope::ALL, Grant::Namespace(ns.clone())));
     // Opens the namespace, so workers find it.
     let _ = setup.store.health(&producer, &ns);
+    let producing = Producer {
+        store: &setup.store,
+        caller: &producer,
+        recorder: Recorder::open(dir.path(), 0).unwrap(),
+    };
+    let put_at = SystemClock.now_utc();
+    producing.set_up();
 
     let postgres = match db.kind() {
         BackendKind::Postgres => Some(PostgresFaults::new(db, scenario.processes)),
@@ -264,20 +272,15 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
         .collect();
 
     let produced = AtomicBool::new(false);
+    let created = AtomicUsize::new(0);
     let mut struck = Vec::new();
     let finished = std::thread::scope(|scope| {
         scope.spawn(|| {
             // Spread over about as long as the faults take, so each strikes
             // while work remains.
             let pace = scenario.faults as u64 * 1_600_000 / scenario.tasks.max(1) as u64;
-            produce(
-                &setup.store,
-                &producer,
-                dir.path(),
-                scenario.tasks,
-                pace,
-                rng.fork(2),
-            );
+            let made = produce(&producing, scenario.tasks, pace, rng.fork(2));
+            created.store(made, Ordering::SeqCst);
             produced.store(true, Ordering::SeqCst);
         });
         let mut faults = rng.fork(3);
@@ -288,8 +291,8 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
                 break;
             }
             let fault = scenario.kinds[faults.between(0, scenario.kinds.len() as u64 - 1) as usize];
-            let start = monotonic_nanos();
-            let (process, count) = strike(
+            let mut start = monotonic_nanos();
+            let (process, count, aimed) = strike(
                 fault,
                 &mut faults,
                 db,
@@ -300,6 +303,8 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
                     dir: dir.path(),
                 },
             );
+            // An aimed fault struck once it found its mark.
+            start = aimed.unwrap_or(start);
             struck.push(Struck {
                 fault,
                 began: start,
@@ -329,11 +334,13 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
     drop(proxy);
 
     let history = History::from_records(read_history(dir.path()).unwrap()).unwrap();
-    let end = final_state(&setup.store, &setup.admin, &ns);
+    let mut end = crate::raw::final_state(db, ns.as_str());
     // Two workers' clocks differ by up to twice the skew each may have.
     let options = CheckOptions {
-        clock_skew: chrono::TimeDelta::milliseconds(2 * scenario.skew_millis),
+        clock_skew: TimeDelta::milliseconds(2 * scenario.skew_millis),
     };
+    end.schedules.entry(SCHEDULE.to_owned()).or_default().due =
+        due_run_ats(&history, put_at, options.clock_skew);
     let report = check_with(&history, &end, &options);
     for fault in &mut struck {
         fault.recovery_millis = recovery(&history, fault.lifted);
@@ -371,11 +378,14 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
             .collect::<Vec<_>>()
     );
     let kept = keep_history(dir.path(), scenario, db.kind());
+    // The run's own tasks, not the schedule's.
+    let tasks = end.tasks.keys().filter(|id| id.starts_with("c-")).count();
     Executed {
         summary,
         report,
         finished,
-        tasks: end.tasks.len(),
+        tasks,
+        created: created.load(Ordering::SeqCst),
         missed,
         kept,
     }
@@ -387,8 +397,11 @@ pub(crate) struct Executed {
     pub(crate) report: Report,
     /// Every task finished before the deadline.
     pub(crate) finished: bool,
-    /// Tasks in the final state.
+    /// The producer's tasks in the final state.
     pub(crate) tasks: usize,
+    /// The producer's tasks it was told it created (the others were
+    /// duplicates of a unique key's holder).
+    pub(crate) created: usize,
     /// Each fault kind that struck and never landed, with what was wanted.
     pub(crate) missed: Vec<String>,
     /// Where the history was kept.
@@ -406,6 +419,7 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
         report,
         finished,
         tasks,
+        created,
         missed,
         kept,
     } = executed;
@@ -431,8 +445,15 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
         scenario.deadline
     );
     // Every task is there: enqueued with an acknowledgement, or by an
-    // attempt whose answer was lost (asked again, it is `task_exists`).
-    assert_eq!(tasks, scenario.tasks, "every task was enqueued");
+    // attempt whose answer was lost (asked again, it is `task_exists`, or
+    // a duplicate of itself); those answered duplicates of another were
+    // never made.
+    assert_eq!(tasks, created, "every task created is there");
+    assert!(
+        created > scenario.tasks / 2,
+        "{created} of {} tasks created",
+        scenario.tasks
+    );
     save(&summary);
     summary
 }
@@ -444,42 +465,55 @@ struct Strike<'a> {
     dir: &'a Path,
 }
 
-/// Strikes `fault`; returns the worker process it struck, if one, and
-/// what it counted.
+/// Strikes `fault`; returns the worker process it struck, if one, what
+/// it counted, and when it struck, for a fault that waits for its mark.
 fn strike(
     fault: Fault,
     rng: &mut Rng,
     db: &TestDb,
     workers: &mut [(Orders, Child)],
     at: &mut Strike<'_>,
-) -> (Option<u32>, u64) {
+) -> (Option<u32>, u64, Option<u64>) {
     let hold = rng.between(200, 1_500);
     match fault {
         Fault::KillWorker => {
-            let n = rng.between(0, workers.len() as u64 - 1) as usize;
+            // Aimed at a worker in the middle of a submission or heartbeat:
+            // it holds that lease, and the call's outcome is left unknown.
+            // Failing that, at one working on a lease it was granted.
+            let first = rng.between(0, workers.len() as u64 - 1) as usize;
+            let n = wait_for(at.dir, workers, first, |line| {
+                line.contains("\"phase\":\"invoke\"")
+                    && (line.contains("\"op\":\"submit\"") || line.contains("\"op\":\"heartbeat\""))
+            })
+            .or_else(|| {
+                wait_for(at.dir, workers, first, |line| {
+                    line.contains("\"result\":\"granted\"")
+                })
+            })
+            .unwrap_or(first);
             let (orders, child) = &mut workers[n];
-            // Every other kill waits for an operation under way, so some
-            // outcome is left unknown; the others strike where they fall,
-            // most often while a lease is held.
-            if rng.percent(50) {
-                wait_for_operation_under_way(at.dir, orders.process);
-            }
+            let struck_at = monotonic_nanos();
             child.kill().unwrap();
             child.wait().unwrap();
             orders.seed = rng.next_u64();
             *child = worker::spawn(orders);
-            return (Some(orders.process), 0);
+            return (Some(orders.process), 0, Some(struck_at));
         }
         Fault::PauseHolder => {
+            // Aimed at a worker that was just granted a lease.
             let first = rng.between(0, workers.len() as u64 - 1) as usize;
-            let n = wait_for_a_holder(at.dir, workers, first);
+            let n = wait_for(at.dir, workers, first, |line| {
+                line.contains("\"result\":\"granted\"")
+            })
+            .unwrap_or(first);
             let (orders, child) = &workers[n];
+            let struck_at = monotonic_nanos();
             signal(child, "STOP");
             // Its leases lapse, and the others take one over.
             pause(lease_duration().as_millis() as u64);
             wait_for_a_regrant(at.dir, orders.process);
             signal(child, "CONT");
-            return (Some(orders.process), 0);
+            return (Some(orders.process), 0, Some(struck_at));
         }
         Fault::KillLockHolder => kill_lock_holder(db.sqlite_path().unwrap(), hold),
         Fault::RefuseWrites => {
@@ -488,7 +522,9 @@ fn strike(
             std::fs::remove_file(refuse_file(at.dir)).unwrap();
         }
         Fault::RestartServer => at.postgres.unwrap().restart_server(hold),
-        Fault::TerminateBackends => return (None, at.postgres.unwrap().terminate_backends()),
+        Fault::TerminateBackends => {
+            return (None, at.postgres.unwrap().terminate_backends(), None);
+        }
         Fault::ExhaustPool => at.postgres.unwrap().exhaust_pool(hold),
         Fault::CutNetwork | Fault::StallNetwork => {
             let proxy = at.proxy.expect("a network fault needs the proxy");
@@ -502,7 +538,7 @@ fn strike(
             proxy.set(Link::Open);
         }
     }
-    (None, 0)
+    (None, 0, None)
 }
 
 /// Sends `SIGSTOP` or `SIGCONT` (`signal`) to `child`.
@@ -514,25 +550,26 @@ fn signal(child: &Child, signal: &str) {
     assert!(status.success(), "kill -{signal}");
 }
 
-/// The worker, from `first` on, whose last record is a granted claim (it
-/// is working on that lease), waited for up to a second; `first` if none.
-fn wait_for_a_holder(dir: &Path, workers: &[(Orders, Child)], first: usize) -> usize {
+/// The worker, from `first` on, whose history's last line matches
+/// `wanted`, waited for up to a second.
+fn wait_for(
+    dir: &Path,
+    workers: &[(Orders, Child)],
+    first: usize,
+    wanted: impl Fn(&str) -> bool,
+) -> Option<usize> {
     for _ in 0..1_000 {
         for k in 0..workers.len() {
             let n = (first + k) % workers.len();
             let path = Recorder::path(dir, workers[n].0.process);
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if text
-                .lines()
-                .last()
-                .is_some_and(|line| line.contains("\"result\":\"granted\""))
-            {
-                return n;
+            if text.lines().last().is_some_and(&wanted) {
+                return Some(n);
             }
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    first
+    None
 }
 
 /// Waits, up to 30 s, until a lease `process` holds (granted to it, not
@@ -579,23 +616,6 @@ fn wait_for_a_regrant(dir: &Path, process: u32) {
         if regranted.next().is_some() {
             return;
         }
-    }
-}
-
-/// Waits, up to a second, until the last line of `process`'s history is
-/// an invocation: an operation under way.
-fn wait_for_operation_under_way(dir: &Path, process: u32) {
-    let path = Recorder::path(dir, process);
-    for _ in 0..1_000 {
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        if text
-            .lines()
-            .last()
-            .is_some_and(|line| line.contains("\"phase\":\"invoke\""))
-        {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -663,62 +683,304 @@ fn task_id(n: usize) -> TaskId {
     TaskId::parse(&format!("c-{n:06}")).unwrap()
 }
 
-/// Enqueues `tasks` tasks one by one, asking again while an answer is
-/// unknown, and cancels about one in a hundred of those enqueued so far.
-fn produce(
-    store: &Store,
-    caller: &Caller,
-    dir: &Path,
-    tasks: usize,
-    pace_micros: u64,
-    mut rng: Rng,
-) {
-    let recorder = Recorder::open(dir, 0).unwrap();
-    let (ns, q) = (work_namespace(), work_queue());
-    let record = |operation: Operation, run: &dyn Fn() -> Result<Outcome, Error>| {
-        let id = recorder.invoke(SystemClock.now_utc(), operation).unwrap();
+/// The run's queue with concurrency limits: its tasks are partitioned.
+pub(crate) fn limited_queue() -> QueueName {
+    queue("limited")
+}
+
+/// At most this many of the limited queue's attempts leased at once, and
+/// this many of one partition.
+const QUEUE_LIMIT: u32 = 3;
+const PARTITION_LIMIT: u32 = 1;
+
+/// The schedule every worker process's scheduler fires: every two
+/// seconds, into the run's queue.
+const SCHEDULE: &str = "tick";
+const SCHEDULE_CRON: &str = "*/2 * * * * *";
+
+/// Where task `n` goes, and what it carries: one in three goes to the
+/// limited queue in one of four partitions; one in six of the rest holds
+/// one of five unique keys.
+fn placement(n: usize) -> (QueueName, Option<PartitionKey>, Option<UniqueKey>) {
+    match n % 6 {
+        1 | 4 => (
+            limited_queue(),
+            Some(PartitionKey::parse(&format!("p{}", n % 4)).unwrap()),
+            None,
+        ),
+        2 => (
+            work_queue(),
+            None,
+            Some(UniqueKey::parse(&format!("u{}", n % 5)).unwrap()),
+        ),
+        _ => (work_queue(), None, None),
+    }
+}
+
+/// Whether task `n` may be cancelled on its own: one of the run's queue
+/// with no unique key, so a cancel never meets a bulk retry.
+fn cancellable(n: usize) -> bool {
+    matches!(n % 6, 0 | 3 | 5)
+}
+
+/// The producer's store calls, each recorded: the run's own process.
+struct Producer<'a> {
+    store: &'a Store,
+    caller: &'a Caller,
+    recorder: Recorder,
+}
+
+impl Producer<'_> {
+    /// Records `operation`, runs it, and records how it ended.
+    fn record(
+        &self,
+        operation: Operation,
+        run: impl FnOnce() -> Result<Outcome, Error>,
+    ) -> Completion {
+        let id = self
+            .recorder
+            .invoke(SystemClock.now_utc(), operation)
+            .unwrap();
         let completion = match run() {
             Ok(outcome) => Completion::Ok { outcome },
             Err(error) => completion_of(&error),
         };
-        recorder
+        self.recorder
             .complete(id, SystemClock.now_utc(), completion.clone())
             .unwrap();
         completion
-    };
-    for n in 0..tasks {
+    }
+
+    /// Limits the limited queue, and puts the schedule.
+    fn set_up(&self) {
+        let ns = work_namespace();
+        let limit = ConcurrencyLimit {
+            queue: NonZeroU32::new(QUEUE_LIMIT),
+            per_partition: NonZeroU32::new(PARTITION_LIMIT),
+        };
+        let completion = self.record(
+            Operation::SetLimits {
+                queue: limited_queue().to_string(),
+                queue_limit: Some(QUEUE_LIMIT),
+                partition_limit: Some(PARTITION_LIMIT),
+            },
+            || {
+                self.store
+                    .set_queue_limits(self.caller, &ns, &limited_queue(), limit)
+                    .map(|_| Outcome::Applied)
+            },
+        );
+        assert!(
+            matches!(completion, Completion::Ok { .. }),
+            "{completion:?}"
+        );
+        let spec = ScheduleSpec::new(work_queue(), SCHEDULE_CRON, "UTC", Brief::Bytes(vec![]))
+            .with_spec(TaskSpec {
+                max_tries: 50,
+                lapse_backoff: Duration::ZERO,
+                ..TaskSpec::default()
+            });
+        self.store
+            .put_schedule(
+                self.caller,
+                &ns,
+                &ScheduleName::parse(SCHEDULE).unwrap(),
+                &spec,
+            )
+            .unwrap();
+    }
+
+    /// Enqueues task `n` where [`placement`] puts it, asking again while
+    /// the answer is unknown; whether it was created (a duplicate of a
+    /// unique key's holder is not).
+    fn enqueue(&self, n: usize) -> bool {
         let id = task_id(n);
-        let options = EnqueueOptions::default()
+        let (queue, partition, unique) = placement(n);
+        let mut options = EnqueueOptions::default()
             .with_task_id(id.clone())
             .with_max_tries(50)
             .with_lapse_backoff(Duration::ZERO);
+        if let Some(partition) = &partition {
+            options = options.with_partition_key(partition.clone());
+        }
+        if let Some(unique) = &unique {
+            options = options.with_unique(Uniqueness::new(unique.clone()));
+        }
         let brief = Brief::Bytes(format!("job {n}").into_bytes());
+        let ns = work_namespace();
         loop {
-            let completion = record(Operation::enqueue(id.as_str()), &|| {
-                store
-                    .enqueue(caller, &ns, &q, &brief, &options)
-                    .map(|_| Outcome::Enqueued)
-            });
+            let created = std::cell::Cell::new(true);
+            let completion = self.record(
+                Operation::Enqueue {
+                    task: id.as_str().to_owned(),
+                    queue: Some(queue.to_string()),
+                    partition: partition.as_ref().map(ToString::to_string),
+                    unique_key: unique.as_ref().map(ToString::to_string),
+                    deadline: None,
+                },
+                || {
+                    let enqueued =
+                        self.store
+                            .enqueue_one(self.caller, &ns, &queue, &brief, &options)?;
+                    created.set(enqueued.created);
+                    Ok(if enqueued.created {
+                        Outcome::Enqueued
+                    } else {
+                        Outcome::Duplicate {
+                            of: enqueued.task.id.to_string(),
+                        }
+                    })
+                },
+            );
             match completion {
-                Completion::Ok { .. } => break,
+                // A duplicate of itself: the first ask, whose answer was
+                // lost, created it.
+                Completion::Ok {
+                    outcome: Outcome::Duplicate { of },
+                } => return of == id.as_str(),
+                Completion::Ok { .. } => return created.get(),
                 // Asked again: `task_exists` if the first one landed.
                 Completion::Unknown { .. } => pause(50),
-                Completion::Fail { error } if error == "task_exists" => break,
+                Completion::Fail { error } if error == "task_exists" => return true,
                 Completion::Fail { .. } => pause(50),
             }
         }
+    }
+
+    /// A queue's or the schedule's pause or resume, or a bulk action on
+    /// the limited queue, as `step` asks.
+    fn act(&self, step: Act) {
+        let ns = work_namespace();
+        let limited = limited_queue();
+        let schedule = ScheduleName::parse(SCHEDULE).unwrap();
+        let bulk = |state: StateName| {
+            BulkFilter::default()
+                .with_queue(limited.clone())
+                .with_state(state)
+        };
+        match step {
+            Act::PauseQueue => self.record(
+                Operation::PauseQueue {
+                    queue: limited.to_string(),
+                },
+                || {
+                    self.store
+                        .pause_queue(self.caller, &ns, &limited)
+                        .map(|_| Outcome::Applied)
+                },
+            ),
+            Act::ResumeQueue => self.record(
+                Operation::ResumeQueue {
+                    queue: limited.to_string(),
+                },
+                || {
+                    self.store
+                        .resume_queue(self.caller, &ns, &limited)
+                        .map(|_| Outcome::Applied)
+                },
+            ),
+            Act::PauseSchedule => self.record(
+                Operation::PauseSchedule {
+                    schedule: SCHEDULE.to_owned(),
+                },
+                || {
+                    self.store
+                        .pause_schedule(self.caller, &ns, &schedule)
+                        .map(|_| Outcome::Applied)
+                },
+            ),
+            Act::ResumeSchedule => self.record(
+                Operation::ResumeSchedule {
+                    schedule: SCHEDULE.to_owned(),
+                },
+                || {
+                    self.store
+                        .resume_schedule(self.caller, &ns, &schedule)
+                        .map(|_| Outcome::Applied)
+                },
+            ),
+            Act::CancelReady => self.record(
+                Operation::CancelTasks {
+                    queue: limited.to_string(),
+                    state: StateName::Ready.to_string(),
+                },
+                || {
+                    self.store
+                        .cancel_tasks(self.caller, &ns, &bulk(StateName::Ready))
+                        .map(|count| Outcome::Changed { count })
+                },
+            ),
+            Act::RetryCancelled => self.record(
+                Operation::RetryTasks {
+                    queue: limited.to_string(),
+                    state: StateName::Cancelled.to_string(),
+                },
+                || {
+                    self.store
+                        .retry_tasks(self.caller, &ns, &bulk(StateName::Cancelled))
+                        .map(|count| Outcome::Changed { count })
+                },
+            ),
+        };
+    }
+}
+
+/// What the producer does between enqueues now and then.
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    PauseQueue,
+    ResumeQueue,
+    PauseSchedule,
+    ResumeSchedule,
+    CancelReady,
+    RetryCancelled,
+}
+
+/// Enqueues `tasks` tasks one by one, asking again while an answer is
+/// unknown; cancels about one in a hundred of those enqueued so far;
+/// pauses and resumes the limited queue and the schedule, and cancels the
+/// limited queue's ready tasks and retries them, now and then. At the
+/// end the queue is resumed, the schedule paused (so the run can finish)
+/// and every cancelled task of the limited queue retried. Returns how
+/// many tasks were created.
+fn produce(producer: &Producer<'_>, tasks: usize, pace_micros: u64, mut rng: Rng) -> usize {
+    let ns = work_namespace();
+    let mut created = 0;
+    for n in 0..tasks {
+        created += usize::from(producer.enqueue(n));
         std::thread::sleep(Duration::from_micros(rng.between(0, 2 * pace_micros)));
         if n > 0 && rng.percent(1) {
-            let victim = task_id(rng.between(0, n as u64) as usize);
-            let task = TaskRef::new(ns.clone(), victim.clone(), BriefVersion::FIRST);
-            record(
-                Operation::Cancel {
-                    task: victim.as_str().to_owned(),
-                },
-                &|| store.cancel_task(caller, &task).map(|_| Outcome::Cancelled),
-            );
+            let victim = rng.between(0, n as u64) as usize;
+            if cancellable(victim) {
+                let victim = task_id(victim);
+                let task = TaskRef::new(ns.clone(), victim.clone(), BriefVersion::FIRST);
+                producer.record(
+                    Operation::Cancel {
+                        task: victim.as_str().to_owned(),
+                    },
+                    || {
+                        producer
+                            .store
+                            .cancel_task(producer.caller, &task)
+                            .map(|_| Outcome::Cancelled)
+                    },
+                );
+            }
+        }
+        match n % 60 {
+            10 => producer.act(Act::PauseQueue),
+            20 => producer.act(Act::ResumeQueue),
+            25 => producer.act(Act::CancelReady),
+            30 => producer.act(Act::PauseSchedule),
+            35 => producer.act(Act::RetryCancelled),
+            45 => producer.act(Act::ResumeSchedule),
+            _ => {}
         }
     }
+    producer.act(Act::ResumeQueue);
+    producer.act(Act::PauseSchedule);
+    producer.act(Act::RetryCancelled);
+    created
 }
 
 /// Whether no attempt is ready, leased, backing off or scheduled.
@@ -743,87 +1005,35 @@ fn all_finished(store: &Store, admin: &Caller) -> bool {
     })
 }
 
-/// Reads `f` until it answers: the run's own store may meet the tail of
-/// a fault.
-fn retried<T>(mut f: impl FnMut() -> Result<T, Error>) -> T {
-    let mut last = None;
-    for _ in 0..100 {
-        match f() {
-            Ok(value) => return value,
-            Err(error) => last = Some(error),
-        }
-        pause(100);
-    }
-    panic!("the store did not answer: {last:?}");
-}
-
-/// Every task of the namespace as the store holds it, with every
-/// receipt's payload digest read back from the stored payload.
-fn final_state(store: &Store, admin: &Caller, ns: &Namespace) -> FinalState {
-    let mut ids = Vec::new();
-    for state in StateName::ALL {
-        let mut query = TaskQuery {
-            limit: 1_000,
-            order: ListOrder::Oldest,
-            ..TaskQuery::new(state)
-        };
-        loop {
-            let page = retried(|| store.list_tasks(admin, ns, &query));
-            ids.extend(page.tasks.iter().map(|listing| listing.task.clone()));
-            match page.next {
-                Some(next) => query.after = Some(next),
-                None => break,
-            }
-        }
-    }
-    ids.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
-    ids.dedup();
-    let mut end = FinalState::default();
-    for task in ids {
-        let view = retried(|| store.read_task(admin, &task));
-        let stored = retried(|| store.alternatives(admin, &task));
-        let attempts = view
-            .record
-            .attempts
+/// The schedule's run-ats that were due: each after the schedule was put
+/// and before the last pass, with a scheduler pass acknowledged that
+/// began after it and ended before the next run-at, both by more than
+/// `margin` (the most two clocks differ).
+fn due_run_ats(history: &History, put_at: DateTime<Utc>, margin: TimeDelta) -> Vec<DateTime<Utc>> {
+    let schedule = CronSchedule::parse(SCHEDULE_CRON, "UTC").unwrap();
+    let passes: Vec<(DateTime<Utc>, DateTime<Utc>)> = history
+        .steps()
+        .iter()
+        .filter(|step| matches!(step.operation, Operation::FireSchedules))
+        .filter(|step| matches!(step.completion, Completion::Ok { .. }))
+        .filter_map(|step| Some((step.invoked_wall, step.completed_wall?)))
+        .collect();
+    let Some(last) = passes.iter().map(|(_, done)| *done).max() else {
+        return Vec::new();
+    };
+    let mut due = Vec::new();
+    let mut run_at = schedule.next_after(put_at + margin);
+    while let Some(at) = run_at.filter(|at| *at < last) {
+        let next = schedule.next_after(at).unwrap();
+        if passes
             .iter()
-            .map(|attempt| FinalAttempt {
-                number: u32::from(attempt.number.as_u16()),
-                state: state_of(&attempt.state),
-                receipts: stored
-                    .iter()
-                    .filter(|s| s.receipt.attempt == attempt.number)
-                    .map(|s| {
-                        let mut receipt = receipt_of(&s.receipt);
-                        if let Some(bytes) = &s.output {
-                            receipt.digest =
-                                Output::bytes(bytes.clone()).payload_digest().to_string();
-                        }
-                        receipt
-                    })
-                    .collect(),
-            })
-            .collect();
-        end.tasks.insert(
-            task.id.as_str().to_owned(),
-            FinalTask {
-                last_token: view.record.last_token.map(|t| t.as_i64()),
-                attempts,
-            },
-        );
+            .any(|(began, done)| *began > at + margin && *done + margin < next)
+        {
+            due.push(at);
+        }
+        run_at = Some(next);
     }
-    end
-}
-
-fn state_of(state: &TaskState) -> AttemptState {
-    match state {
-        TaskState::Ready => AttemptState::Ready,
-        TaskState::Leased => AttemptState::Leased,
-        TaskState::Done => AttemptState::Done,
-        TaskState::Failed => AttemptState::Failed,
-        TaskState::Discarded { .. } => AttemptState::Discarded,
-        TaskState::Cancelled => AttemptState::Cancelled,
-        _ => AttemptState::Waiting,
-    }
+    due
 }
 
 /// From `lifted` to the first acknowledged submission invoked after it.

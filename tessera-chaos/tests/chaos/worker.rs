@@ -10,16 +10,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use parking_lot::RwLock;
 use tessera_chaos::{Recorder, Rng, SkewedClock, pause};
-use tessera_check::{Completion, Operation, Outcome, Receipt};
+use tessera_check::{Completion, Fire, Operation, Outcome, Receipt};
 use tessera_store::faults::InjectedFault;
 use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
-    Caller, ClaimOutcome, Claimed, Clock, Error, IdempotencyKey, Output, Retry, Store, StoreConfig,
-    SubmitRequest, Submitted, TaskRef,
+    Caller, ClaimOutcome, Claimed, Clock, Error, IdempotencyKey, Output, QueueName, Retry, Store,
+    StoreConfig, SubmitRequest, Submitted, TaskRef,
 };
 
 use crate::harness::{BackendKind, TestDb};
-use crate::run::{lease_duration, work_namespace, work_queue};
+use crate::run::{lease_duration, limited_queue, work_namespace, work_queue};
 
 const ENV_BACKEND: &str = "TESSERA_CHAOS_BACKEND";
 const ENV_DB: &str = "TESSERA_CHAOS_DB";
@@ -236,33 +236,43 @@ impl Worker {
         result.map_err(|_| completion)
     }
 
-    /// Claims and works leases until told to stop; a lease claimed with a
+    /// Claims and works leases until told to stop, from the run's queue
+    /// and, one claim in three, its limited queue; a lease claimed with a
     /// submission (`submit_and_claim`) is worked next.
     fn work(&self, mut rng: Rng) {
         let stop = stop_file(&self.dir);
-        let (ns, q) = (work_namespace(), work_queue());
-        let mut carried: Option<Claimed> = None;
+        let ns = work_namespace();
+        let mut carried: Option<(Claimed, QueueName)> = None;
         while !stop.exists() {
-            let claimed = match carried.take() {
-                Some(claimed) => Ok(ClaimOutcome::Granted(claimed)),
+            let (claimed, q) = match carried.take() {
+                Some((claimed, q)) => (Ok(ClaimOutcome::Granted(claimed)), q),
                 None => {
+                    let q = if rng.percent(33) {
+                        limited_queue()
+                    } else {
+                        work_queue()
+                    };
                     let (store, caller) = self.store();
-                    self.record(
-                        claim_operation(),
+                    let claimed = self.record(
+                        claim_operation(&q),
                         || store.claim(&caller, &ns, &q),
                         claim_outcome,
-                    )
+                    );
+                    (claimed, q)
                 }
             };
             match claimed {
                 Ok(ClaimOutcome::Granted(claimed)) => {
                     let lease = &claimed.lease;
-                    carried = self.hold(
-                        &mut rng,
-                        &claimed.task,
-                        u32::from(lease.attempt().as_u16()),
-                        lease.token(),
-                    );
+                    carried = self
+                        .hold(
+                            &mut rng,
+                            &claimed.task,
+                            &q,
+                            u32::from(lease.attempt().as_u16()),
+                            lease.token(),
+                        )
+                        .map(|next| (next, q));
                 }
                 Ok(_) => pause(rng.between(5, 30)),
                 Err(_) => pause(rng.between(20, 80)),
@@ -277,10 +287,14 @@ impl Worker {
     fn submit_and_claim(
         &self,
         submit: Operation,
+        queue: &QueueName,
         run: impl FnOnce() -> Result<(Submitted, Result<ClaimOutcome, Error>), Error>,
     ) -> (Result<Submitted, Completion>, Option<Claimed>) {
         let submit_id = self.recorder.invoke(self.now(), submit).unwrap();
-        let claim_id = self.recorder.invoke(self.now(), claim_operation()).unwrap();
+        let claim_id = self
+            .recorder
+            .invoke(self.now(), claim_operation(queue))
+            .unwrap();
         let result = run();
         let now = self.now();
         match result {
@@ -325,6 +339,7 @@ impl Worker {
         &self,
         rng: &mut Rng,
         task: &TaskRef,
+        queue: &QueueName,
         attempt: u32,
         token: tessera_store::FencingToken,
     ) -> Option<Claimed> {
@@ -383,15 +398,15 @@ impl Worker {
                 digest: output.payload_digest().to_string(),
             };
             let submitted = if asks == 1 && rng.percent(50) {
-                let (ns, q) = (work_namespace(), work_queue());
+                let ns = work_namespace();
                 let request = SubmitRequest {
                     task: task.clone(),
                     token,
                     key: key.clone(),
                     output: output.clone(),
                 };
-                let (submitted, next) = self.submit_and_claim(operation, || {
-                    store.submit_and_claim(&caller, &request, &ns, &q)
+                let (submitted, next) = self.submit_and_claim(operation, queue, || {
+                    store.submit_and_claim(&caller, &request, &ns, queue)
                 });
                 if next.is_some() {
                     return next;
@@ -414,10 +429,36 @@ impl Worker {
     }
 }
 
-/// A claim of the run's queue, as recorded.
-fn claim_operation() -> Operation {
+impl Worker {
+    /// Makes a scheduler pass every 100 to 300 ms until told to stop, as
+    /// every process of a service does.
+    fn schedule(&self, mut rng: Rng) {
+        let stop = stop_file(&self.dir);
+        while !stop.exists() {
+            pause(rng.between(100, 300));
+            let (store, _) = self.store();
+            let _ = self.record(
+                Operation::FireSchedules,
+                || store.fire_due_schedules(),
+                |fired| Outcome::Fired {
+                    fires: fired
+                        .iter()
+                        .map(|fire| Fire {
+                            schedule: fire.schedule.to_string(),
+                            run_at: fire.run_at,
+                            task: fire.task.id.to_string(),
+                        })
+                        .collect(),
+                },
+            );
+        }
+    }
+}
+
+/// A claim of `queue`, as recorded.
+fn claim_operation(queue: &QueueName) -> Operation {
     Operation::Claim {
-        queue: work_queue().to_string(),
+        queue: queue.to_string(),
     }
 }
 
@@ -485,5 +526,7 @@ pub(crate) fn child_main() {
             let rng = rng.fork(thread as u64);
             scope.spawn(move || worker.work(rng));
         }
+        let rng = rng.fork(threads as u64);
+        scope.spawn(move || worker.schedule(rng));
     });
 }

@@ -464,7 +464,47 @@ fn four_processes_fire_every_run_at_exactly_once(db: &TestDb) {
     assert_eq!(db.count_rows("schedule_fires"), RUN_ATS as u64);
 }
 
+/// A seconds field: `*/10 * * * * *` with a pass every 3 ms for 10 s
+/// fires once, and `* * * * * *` once a second; never a run-at twice, nor
+/// one a pass's own instant.
+fn a_seconds_field_fires_once_per_run_at(db: &TestDb) {
+    let f = Fixture::new(db);
+    let ns = namespace("cr");
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    f.clock.advance(Duration::from_millis(250));
+    for (name_text, cron) in [("ten", "*/10 * * * * *"), ("each", "* * * * * *")] {
+        let spec = ScheduleSpec::new(queue(name_text), cron, "UTC", Brief::Bytes(vec![1]));
+        f.store
+            .put_schedule(&worker, &ns, &name(name_text), &spec)
+            .unwrap();
+    }
+    let mut fired: Vec<Fired> = Vec::new();
+    for _ in 0..3_334 {
+        f.clock.advance(Duration::from_millis(3));
+        fired.extend(f.store.fire_due_schedules().unwrap());
+    }
+    let of = |schedule: &str| -> Vec<DateTime<Utc>> {
+        fired
+            .iter()
+            .filter(|fire| fire.schedule.as_str() == schedule)
+            .map(|fire| fire.run_at)
+            .collect()
+    };
+    assert_eq!(of("ten"), vec![noon() + TimeDelta::seconds(10)]);
+    let each = of("each");
+    assert_eq!(each.len(), 10, "{each:?}");
+    assert!(
+        each.iter()
+            .all(|run_at| run_at.timestamp_subsec_nanos() == 0)
+    );
+    assert!(
+        each.windows(2)
+            .all(|pair| pair[1] - pair[0] == TimeDelta::seconds(1))
+    );
+}
+
 conformance! {
+    a_seconds_field_fires_once_per_run_at,
     a_schedule_fires_each_run_at_once_and_catches_up_once,
     a_paused_schedule_fires_nothing_and_resumes_from_now,
     an_invalid_cron_zone_or_spec_is_a_typed_error,

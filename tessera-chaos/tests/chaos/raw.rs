@@ -1,0 +1,258 @@
+//! The store's final state read raw: every task, attempt, receipt and
+//! schedule-fire row of the run's namespace, straight from the tables,
+//! not through the store's views (which keep one receipt per done
+//! attempt), so a doubled row is there for the checker to see.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use tessera_check::{AttemptState, FinalAttempt, FinalFire, FinalState, FinalTask, Receipt};
+use tessera_store::Output;
+
+use crate::harness::{BackendKind, TestDb};
+
+/// A task row.
+struct TaskRow {
+    id: i64,
+    task_id: String,
+    last_token: i64,
+    alternatives: i64,
+}
+
+/// An attempt row.
+struct AttemptRow {
+    task: i64,
+    number: i64,
+    state: String,
+}
+
+/// A receipt row.
+struct ReceiptRow {
+    task: i64,
+    attempt: i64,
+    token: i64,
+    key: String,
+    digest: String,
+    accepted_at: i64,
+    output: Option<Vec<u8>>,
+}
+
+/// A schedule's fire row.
+struct FireRow {
+    schedule: String,
+    run_at: i64,
+    task_id: String,
+}
+
+/// The rows of one namespace.
+#[derive(Default)]
+struct Rows {
+    tasks: Vec<TaskRow>,
+    attempts: Vec<AttemptRow>,
+    receipts: Vec<ReceiptRow>,
+    fires: Vec<FireRow>,
+}
+
+const TASKS: &str =
+    "SELECT id, task_id, last_token, alternatives FROM tasks WHERE namespace = $1 ORDER BY id";
+const ATTEMPTS: &str =
+    "SELECT task, number, state FROM attempts WHERE namespace = $1 ORDER BY task, number";
+const RECEIPTS: &str = "SELECT r.task, r.attempt, r.token, r.idempotency_key, r.digest, \
+     r.accepted_at, r.output FROM receipts r JOIN tasks t ON t.id = r.task \
+     WHERE t.namespace = $1 ORDER BY r.id";
+const FIRES: &str = "SELECT schedule, run_at, task_id FROM schedule_fires \
+     WHERE namespace = $1 ORDER BY id";
+
+fn sqlite_rows(db: &TestDb, namespace: &str) -> Rows {
+    let connection = rusqlite::Connection::open(db.sqlite_path().unwrap()).unwrap();
+    let sql = |text: &str| text.replace('$', "?");
+    let mut rows = Rows::default();
+    let mut tasks = connection.prepare(&sql(TASKS)).unwrap();
+    rows.tasks = tasks
+        .query_map([namespace], |row| {
+            Ok(TaskRow {
+                id: row.get(0)?,
+                task_id: row.get(1)?,
+                last_token: row.get(2)?,
+                alternatives: row.get(3)?,
+            })
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut attempts = connection.prepare(&sql(ATTEMPTS)).unwrap();
+    rows.attempts = attempts
+        .query_map([namespace], |row| {
+            Ok(AttemptRow {
+                task: row.get(0)?,
+                number: row.get(1)?,
+                state: row.get(2)?,
+            })
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut receipts = connection.prepare(&sql(RECEIPTS)).unwrap();
+    rows.receipts = receipts
+        .query_map([namespace], |row| {
+            Ok(ReceiptRow {
+                task: row.get(0)?,
+                attempt: row.get(1)?,
+                token: row.get(2)?,
+                key: row.get(3)?,
+                digest: row.get(4)?,
+                accepted_at: row.get(5)?,
+                output: row.get(6)?,
+            })
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut fires = connection.prepare(&sql(FIRES)).unwrap();
+    rows.fires = fires
+        .query_map([namespace], |row| {
+            Ok(FireRow {
+                schedule: row.get(0)?,
+                run_at: row.get(1)?,
+                task_id: row.get(2)?,
+            })
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    rows
+}
+
+fn postgres_rows(db: &TestDb, namespace: &str) -> Rows {
+    let (url, schema) = db.postgres_place();
+    let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    client
+        .batch_execute(&format!("SET search_path TO \"{schema}\""))
+        .unwrap();
+    let query =
+        |client: &mut postgres::Client, sql: &str| client.query(sql, &[&namespace]).unwrap();
+    Rows {
+        tasks: query(&mut client, TASKS)
+            .iter()
+            .map(|row| TaskRow {
+                id: row.get(0),
+                task_id: row.get(1),
+                last_token: row.get(2),
+                alternatives: row.get(3),
+            })
+            .collect(),
+        attempts: query(&mut client, ATTEMPTS)
+            .iter()
+            .map(|row| AttemptRow {
+                task: row.get(0),
+                number: row.get(1),
+                state: row.get(2),
+            })
+            .collect(),
+        receipts: query(&mut client, RECEIPTS)
+            .iter()
+            .map(|row| ReceiptRow {
+                task: row.get(0),
+                attempt: row.get(1),
+                token: row.get(2),
+                key: row.get(3),
+                digest: row.get(4),
+                accepted_at: row.get(5),
+                output: row.get(6),
+            })
+            .collect(),
+        fires: query(&mut client, FIRES)
+            .iter()
+            .map(|row| FireRow {
+                schedule: row.get(0),
+                run_at: row.get(1),
+                task_id: row.get(2),
+            })
+            .collect(),
+    }
+}
+
+fn millis(at: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(at).unwrap()
+}
+
+fn state_of(state: &str) -> AttemptState {
+    match state {
+        "ready" => AttemptState::Ready,
+        "leased" => AttemptState::Leased,
+        "done" => AttemptState::Done,
+        "failed" => AttemptState::Failed,
+        "discarded" => AttemptState::Discarded,
+        "cancelled" => AttemptState::Cancelled,
+        "backoff" | "scheduled" => AttemptState::Waiting,
+        other => panic!("an attempt state the checker does not know: {other}"),
+    }
+}
+
+/// Every row of `namespace` on `db`, as the checker reads a final state:
+/// each receipt row on its own (its digest read back from the stored
+/// output where one is kept), each task's alternatives, and each
+/// schedule's fire rows, with no run-at listed as due yet.
+pub(crate) fn final_state(db: &TestDb, namespace: &str) -> FinalState {
+    let rows = match db.kind() {
+        BackendKind::Sqlite => sqlite_rows(db, namespace),
+        BackendKind::Postgres => postgres_rows(db, namespace),
+    };
+    let names: BTreeMap<i64, &str> = rows
+        .tasks
+        .iter()
+        .map(|task| (task.id, task.task_id.as_str()))
+        .collect();
+    let mut end = FinalState::default();
+    for task in &rows.tasks {
+        let attempts = rows
+            .attempts
+            .iter()
+            .filter(|attempt| attempt.task == task.id)
+            .map(|attempt| {
+                FinalAttempt::new(
+                    u32::try_from(attempt.number).unwrap(),
+                    state_of(&attempt.state),
+                )
+            })
+            .collect();
+        end.tasks.insert(
+            task.task_id.clone(),
+            FinalTask {
+                last_token: (task.last_token > 0).then_some(task.last_token),
+                attempts,
+            },
+        );
+        end.alternatives.insert(
+            task.task_id.clone(),
+            u16::try_from(task.alternatives).unwrap(),
+        );
+    }
+    for row in &rows.receipts {
+        let digest = row.output.as_ref().map_or_else(
+            || row.digest.clone(),
+            |bytes| Output::bytes(bytes.clone()).payload_digest().to_string(),
+        );
+        end.receipts.push(tessera_check::FinalReceipt {
+            task: names[&row.task].to_owned(),
+            receipt: Receipt {
+                attempt: u32::try_from(row.attempt).unwrap(),
+                token: row.token,
+                key: row.key.clone(),
+                digest,
+                accepted_at: millis(row.accepted_at),
+            },
+        });
+    }
+    for fire in &rows.fires {
+        end.schedules
+            .entry(fire.schedule.clone())
+            .or_default()
+            .fires
+            .push(FinalFire {
+                run_at: millis(fire.run_at),
+                task: fire.task_id.clone(),
+            });
+    }
+    end
+}

@@ -521,7 +521,12 @@ fn strike(
             pause(hold.max(500));
             std::fs::remove_file(refuse_file(at.dir)).unwrap();
         }
-        Fault::RestartServer => at.postgres.unwrap().restart_server(hold),
+        Fault::RestartServer => {
+            // Aimed at an operation under way.
+            let aimed = under_way_now(at.dir, workers, rng);
+            at.postgres.unwrap().restart_server(hold);
+            return (None, 0, aimed);
+        }
         Fault::TerminateBackends => {
             return (None, at.postgres.unwrap().terminate_backends(), None);
         }
@@ -533,12 +538,27 @@ fn strike(
             } else {
                 Link::Stalled
             };
+            // A cut is aimed at an operation under way.
+            let aimed = (fault == Fault::CutNetwork)
+                .then(|| under_way_now(at.dir, workers, rng))
+                .flatten();
             proxy.set(link);
             pause(hold);
             proxy.set(Link::Open);
+            return (None, 0, aimed);
         }
     }
     (None, 0, None)
+}
+
+/// Waits, up to a second, until some worker has an operation under way
+/// (its history's last line is an invocation); the moment it saw one.
+fn under_way_now(dir: &Path, workers: &[(Orders, Child)], rng: &mut Rng) -> Option<u64> {
+    let first = rng.between(0, workers.len() as u64 - 1) as usize;
+    wait_for(dir, workers, first, |line| {
+        line.contains("\"phase\":\"invoke\"")
+    })
+    .map(|_| monotonic_nanos())
 }
 
 /// Sends `SIGSTOP` or `SIGCONT` (`signal`) to `child`.
@@ -1127,6 +1147,25 @@ fn keep_history(dir: &Path, scenario: &Scenario, backend: BackendKind) -> PathBu
         let _ = std::fs::copy(entry.path(), kept.join(entry.file_name()));
     }
     kept
+}
+
+/// Where the guarantees page's table begins and ends.
+const TABLE_BEGINS: &str = "<!-- chaos_table: begins -->";
+const TABLE_ENDS: &str = "<!-- chaos_table: ends -->";
+
+/// `page` with the text between its table markers replaced by `table`.
+pub(crate) fn with_table(page: &str, table: &str) -> String {
+    let begins = page
+        .find(TABLE_BEGINS)
+        .expect("the page has the table's first marker");
+    let ends = page
+        .find(TABLE_ENDS)
+        .expect("the page has the table's last marker");
+    format!(
+        "{}{TABLE_BEGINS}\n{table}{}",
+        &page[..begins],
+        &page[ends..]
+    )
 }
 
 /// The markdown table of every saved summary, sorted by scenario,

@@ -387,6 +387,8 @@ impl Store {
         let acks = std::slice::from_ref(ack);
         let due = self.due_observation(scope, now);
         let result = self.write_with_tail(|writer| {
+            // The clock again, now the transaction has begun (see `lease`).
+            let now = self.now_utc().max(now);
             let (decided, writes) = self.decide_unwritten(writer, acks, now)?;
             if decided.answers.iter().any(Result::is_err) {
                 writes.write_with(writer, &[], &[])?;
@@ -753,6 +755,11 @@ impl Store {
             }
         }
         self.perform_or_count(scope, now, |writer| {
+            // The clock again, now the transaction has begun: a claim that
+            // waited for a connection or the writer would otherwise stamp
+            // its lease with the time it began waiting, before the end of a
+            // lease whose lapse another process recorded meanwhile.
+            let now = self.now_utc().max(now);
             self.lease_in(writer, scope, caller, request, None, now)
         })
     }

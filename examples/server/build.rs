@@ -22,7 +22,10 @@ fn main() {
         Some(dir) => println!("cargo::rerun-if-changed={}", dir.join("chromium").display()),
         None => {
             // Looked at again once Debian's package puts it in place.
-            println!("cargo::rerun-if-changed={}", Path::new("/usr/bin/chromium").display());
+            println!(
+                "cargo::rerun-if-changed={}",
+                Path::new("/usr/bin/chromium").display()
+            );
             println!("cargo::rustc-cfg=no_chromium");
         }
     }

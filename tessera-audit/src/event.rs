@@ -135,6 +135,8 @@ named_enum!(
     DeleteSchedule = "delete_schedule",
     /// A scheduler fired one run-at of a schedule: enqueued its task.
     FireSchedule = "fire_schedule",
+    /// Retention purged a queue's finished tasks past their keep time.
+    PurgeTasks = "purge_tasks",
 );
 
 named_enum!(
@@ -151,6 +153,9 @@ named_enum!(
     Forbidden = "forbidden",
     /// What it named does not exist (`404`).
     NotFound = "not_found",
+    /// A call under a fencing token named a task purged after its
+    /// retention (`410`).
+    TaskPurged = "task_purged",
     /// The request contradicts the current state in a way none of the
     /// conflicts below names (`409 conflict`).
     Conflict = "conflict",

@@ -271,6 +271,8 @@ pub enum Field {
     UniqueWindow,
     /// A debounce delay of [`UniqueMode::Debounce`](crate::UniqueMode::Debounce).
     Debounce,
+    /// A keep time of a [`Retention`](crate::Retention), in seconds.
+    Retention,
 }
 
 impl Field {
@@ -305,6 +307,7 @@ impl Field {
             Self::Progress => "progress",
             Self::UniqueWindow => "uniqueness window",
             Self::Debounce => "debounce delay",
+            Self::Retention => "retention keep time",
         }
     }
 }

@@ -108,6 +108,7 @@ mod lease;
 mod limit;
 mod name;
 mod receipt;
+mod retention;
 #[cfg(feature = "schedule")]
 mod schedule;
 mod spec;
@@ -130,6 +131,7 @@ pub use name::{
     check_brief_size, check_output_size, check_progress_size,
 };
 pub use receipt::{Idempotency, Receipt, Submission, Submitted, decide_idempotency};
+pub use retention::Retention;
 #[cfg(feature = "schedule")]
 pub use schedule::{CronSchedule, ScheduleText, fire_task_id};
 pub use spec::{Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, TaskRecord, TaskSpec};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig};
 use tessera_audit::Secret;
-use tessera_lease::Namespace;
+use tessera_lease::{Namespace, Retention};
 
 use crate::clock::{Clock, SystemClock};
 
@@ -92,6 +92,7 @@ pub struct StoreConfig {
     session_practice_tasks: u16,
     retry_jitter_seed: Option<u64>,
     ack_batching: AckBatching,
+    retention: Retention,
     #[cfg(feature = "fault-injection")]
     injected_fault: Option<crate::faults::InjectedFault>,
 }
@@ -114,6 +115,7 @@ impl Default for StoreConfig {
             session_practice_tasks: 3,
             retry_jitter_seed: None,
             ack_batching: AckBatching::default(),
+            retention: Retention::default(),
             #[cfg(feature = "fault-injection")]
             injected_fault: None,
         }
@@ -236,6 +238,21 @@ impl StoreConfig {
         self
     }
 
+    /// How long finished tasks are kept before retention purges them,
+    /// by the state they ended in (default [`Retention::default`]: done a
+    /// day, discarded, failed and cancelled a week;
+    /// [`Retention::FOREVER`] keeps them all). A keep time above
+    /// [`Retention::MAX`] is refused when the store opens.
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long finished tasks are kept.
+    pub fn retention(&self) -> Retention {
+        self.retention
+    }
+
     /// Switches on a deliberate bug (`fault-injection` feature; for tests
     /// of the checks that must catch it).
     #[cfg(feature = "fault-injection")]
@@ -293,6 +310,9 @@ impl StoreConfig {
                 "session lifetime must be at least 1 s, got {:?}",
                 self.session_lifetime
             ));
+        }
+        if let Err(error) = self.retention.check() {
+            return invalid(format!("retention: {error}"));
         }
         Ok(())
     }
@@ -387,6 +407,7 @@ impl fmt::Debug for StoreConfig {
             .field("session_practice_tasks", &self.session_practice_tasks)
             .field("retry_jitter_seed", &self.retry_jitter_seed)
             .field("ack_batching", &self.ack_batching)
+            .field("retention", &self.retention)
             .finish_non_exhaustive()
     }
 }

@@ -34,6 +34,16 @@ pub enum Error {
         /// What was looked for.
         what: String,
     },
+    /// A call under a fencing token (a heartbeat, submission, failure
+    /// report or snooze) names a task that is not there: finished and
+    /// purged after its retention, since a token names a task that once
+    /// was (`410 task_purged`). Nothing was done; a replayed submission
+    /// is never run again.
+    #[error("gone: {what} (finished and purged after its retention)")]
+    TaskPurged {
+        /// The task named.
+        what: String,
+    },
     /// The request contradicts the current state (`409`), e.g. an
     /// idempotency key replayed with a different payload. Each
     /// [`ConflictKind`] has its own code.
@@ -215,6 +225,7 @@ impl Error {
             Self::Unauthorized => 401,
             Self::Forbidden { .. } => 403,
             Self::NotFound { .. } => 404,
+            Self::TaskPurged { .. } => 410,
             Self::Conflict { .. } => 409,
             Self::InvalidInput { .. } => 400,
             Self::RateLimited { .. } => 429,
@@ -233,6 +244,7 @@ impl Error {
             Self::Unauthorized => "unauthorized",
             Self::Forbidden { .. } => "forbidden",
             Self::NotFound { .. } => "not_found",
+            Self::TaskPurged { .. } => "task_purged",
             Self::Conflict { kind, .. } => kind.as_str(),
             Self::InvalidInput { .. } => "invalid_input",
             Self::RateLimited { .. } => "rate_limited",
@@ -275,6 +287,7 @@ impl Error {
             Self::Unauthorized => Outcome::Unauthorized,
             Self::Forbidden { .. } => Outcome::Forbidden,
             Self::NotFound { .. } => Outcome::NotFound,
+            Self::TaskPurged { .. } => Outcome::TaskPurged,
             Self::Conflict { kind, .. } => kind.outcome(),
             Self::InvalidInput { .. } => Outcome::InvalidInput,
             Self::RateLimited { .. } => Outcome::RateLimited,

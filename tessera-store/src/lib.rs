@@ -183,8 +183,11 @@
 //!   1,024 distinct counters wait. Retention deletes rows older than 24 hours, and
 //!   anonymous principals, their keys and limit rows past their purge time
 //!   (with a session's namespace, its practice tasks, their attempts and
-//!   receipts),
-//!   at most every five minutes in batches of 500, through indexes.
+//!   receipts), and finished tasks past their keep time
+//!   ([`StoreConfig::with_retention`]: done a day, discarded, failed and
+//!   cancelled a week, by default) with their attempts, receipts and
+//!   unique slot, at most every five minutes in batches of 500, through
+//!   indexes.
 //! - **Storage quota**: `SQLITE_FULL`, a configured daily rows-written
 //!   allowance, a host [`QuotaClassifier`](sqlite::QuotaClassifier) and [`Store::refuse_writes`] are
 //!   all `503 storage_quota_exhausted` with the next 00:00 UTC as
@@ -258,8 +261,8 @@ pub use tessera_admission::{AdmissionConfig, IdleConfig, MintConfig, Stats, Tick
 pub use tessera_audit::{Action, AuditEvent, Counter, IpHash, Outcome, Secret};
 pub use tessera_lease::{
     AttemptNumber, BriefVersion, ConcurrencyLimit, DiscardReason, Failure, FencingToken,
-    IdempotencyKey, Lease, LeaseError, Namespace, PartitionKey, QueueName, Receipt, Retry,
-    ScheduleName, StateName, Submitted, TaskId, TaskSpec, TaskState, UniqueKey, UniqueMode,
+    IdempotencyKey, Lease, LeaseError, Namespace, PartitionKey, QueueName, Receipt, Retention,
+    Retry, ScheduleName, StateName, Submitted, TaskId, TaskSpec, TaskState, UniqueKey, UniqueMode,
     UniqueStates, Uniqueness,
 };
 #[cfg(feature = "schedule")]

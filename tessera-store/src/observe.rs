@@ -211,8 +211,10 @@ pub(crate) fn counters_flushed(written: u64) {
     metric!(register_counter, "tessera_counter_rows_written_total").increment(written);
 }
 
-/// A shared commit of `batch` operations took `took`.
+/// A shared commit of `batch` operations took `took` (SQLite's group
+/// commit).
 #[allow(unused_variables)]
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) fn commit(batch: usize, took: Duration) {
     #[cfg(feature = "tracing")]
     tracing::trace!(batch, took_us = took.as_micros() as u64, "commit");

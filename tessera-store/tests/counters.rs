@@ -1,5 +1,6 @@
 //! Counter flushes that happen whatever else happens, and a maintenance
-//! time a host can set a timer on.
+//! time a host can set a timer on. On the embedded SQLite store.
+#![cfg(feature = "sqlite")]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! `metrics`): claims granted, empty and rejected with their reason, the
 //! gate's gauges, limit changes and quota refusals, seen by a subscriber
 //! and a recorder of the test's own.
-#![cfg(all(feature = "tracing", feature = "metrics"))]
+#![cfg(all(feature = "tracing", feature = "metrics", feature = "sqlite"))]
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

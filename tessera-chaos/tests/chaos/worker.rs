@@ -331,8 +331,8 @@ impl Worker {
         }
     }
 
-    /// Works one lease: heartbeats it a few times now and then, fails it
-    /// for a retry now and then, and otherwise submits, asking again with
+    /// Works one lease: heartbeats it a few times now and then, snoozes it
+    /// or fails it for a retry now and then, and otherwise submits, asking again with
     /// the same key while the answer is unknown. Half the last asks carry
     /// the next claim; its lease, if one was granted, is returned.
     fn hold(
@@ -366,6 +366,21 @@ impl Worker {
                     return None;
                 }
             }
+        }
+        if rng.percent(3) {
+            // Stepped back unstarted: claimable again at once, the try
+            // given back.
+            let (store, caller) = self.store();
+            let _ = self.record(
+                Operation::Snooze {
+                    task: id,
+                    attempt,
+                    token: t,
+                },
+                || store.fail(&caller, task, token, Retry::Snooze(Duration::ZERO)),
+                |_| Outcome::Snoozed { until: self.now() },
+            );
+            return None;
         }
         if rng.percent(5) {
             let (store, caller) = self.store();

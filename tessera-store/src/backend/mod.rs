@@ -260,7 +260,9 @@ pub(crate) struct OpenPolicy {
     pub(crate) now: DateTime<Utc>,
     pub(crate) refuse_writes: bool,
     pub(crate) daily_rows_written_allowance: u64,
-    /// How the backend coalesces what one process's threads commit.
+    /// How the backend coalesces what one process's threads commit (the
+    /// PostgreSQL backend's coalesced statements).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) ack_batching: crate::config::AckBatching,
 }
 
@@ -343,7 +345,9 @@ pub(crate) struct NewTask<'a> {
     /// The store drew its id (`t-` and the enqueue time, then random
     /// bits): no stored task has its reference, so a backend may insert
     /// it without looking for one (a collision, with an id someone chose
-    /// by hand, fails the transaction and writes nothing).
+    /// by hand, fails the transaction and writes nothing). The PostgreSQL
+    /// backend's set-based insert reads it.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) drawn_id: bool,
 }
 
@@ -684,6 +688,21 @@ pub(crate) trait ReadTransaction {
         limit: usize,
     ) -> Result<Vec<TaskHandle>>;
 
+    /// Namespace names after `after` in name order, at most `limit`.
+    fn namespace_names(&self, after: Option<&Namespace>, limit: usize) -> Result<Vec<Namespace>>;
+
+    /// Attempts of `namespace` in `state` (a final one) that reached it at
+    /// or before `cutoff`, after `after` in (changed_at, task) order, at
+    /// most `limit`: one range of the `attempts_changed` index.
+    fn finished_attempts(
+        &self,
+        namespace: &Namespace,
+        state: StateName,
+        cutoff: DateTime<Utc>,
+        after: FinishedPosition,
+        limit: usize,
+    ) -> Result<Vec<FinishedPosition>>;
+
     /// The task at `handle`, with its brief; in a write transaction a
     /// backend that locks rows locks it, or answers `None` if another
     /// transaction holds it.
@@ -710,6 +729,20 @@ pub(crate) trait ReadTransaction {
     ) -> Result<Vec<ScheduleRow>>;
 }
 
+/// A finished task's place and what retention weighs: each attempt's
+/// state and when it was reached.
+#[derive(Debug, Clone)]
+pub(crate) struct FinishedTask {
+    pub(crate) handle: TaskHandle,
+    pub(crate) namespace: Namespace,
+    pub(crate) queue: QueueName,
+    pub(crate) attempts: Vec<(StateName, DateTime<Utc>)>,
+}
+
+/// Where a search of finished attempts stands: the (changed_at in ms,
+/// task row) of the last entry read.
+pub(crate) type FinishedPosition = (i64, i64);
+
 /// A row a read-modify-write changes, named whether or not it exists yet
 /// (see [`WriteTransaction::lock_row`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -727,6 +760,8 @@ pub(crate) enum RowLock<'a> {
 
 impl RowLock<'_> {
     /// The lock's name: distinct for distinct rows (names hold no `/`).
+    /// PostgreSQL locks by it; SQLite's writer is alone.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn name(self) -> String {
         match self {
             Self::QueueSettings(namespace, queue) => format!("queue/{namespace}/{queue}"),
@@ -943,6 +978,15 @@ pub(crate) trait WriteTransaction: ReadTransaction {
 
     /// Counts `window.subject` once more in its window.
     fn bump_limit(&self, window: &LimitWindow<'_>) -> Result<()>;
+
+    /// The tasks of `handles` another transaction does not hold, locked
+    /// for the rest of this one, each with its attempts' states and when
+    /// each was reached; gone ones left out.
+    fn lock_finished(&self, handles: &[TaskHandle]) -> Result<Vec<FinishedTask>>;
+
+    /// Deletes the tasks of `handles` with every row of their own: their
+    /// attempts, receipts and unique slot. Returns the rows deleted.
+    fn delete_tasks(&self, handles: &[TaskHandle]) -> Result<usize>;
 
     /// Holds `row`'s lock until the transaction ends, whether or not the
     /// row exists yet, so read-modify-writes of it take turns and each

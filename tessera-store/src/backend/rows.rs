@@ -282,6 +282,25 @@ pub(crate) fn corrupt(what: &str) -> StorageError {
     )
 }
 
+/// A finished task's row as read (its row id, namespace and queue), with
+/// no attempt yet.
+pub(crate) fn finished_task(id: i64, namespace: &str, queue: &str) -> Result<super::FinishedTask> {
+    Ok(super::FinishedTask {
+        handle: TaskHandle(id),
+        namespace: Namespace::parse(namespace).map_err(|_| corrupt("a task's namespace"))?,
+        queue: QueueName::parse(queue).map_err(|_| corrupt("a task's queue"))?,
+        attempts: Vec::new(),
+    })
+}
+
+/// An attempt's stored state name and the time it was reached.
+pub(crate) fn attempt_end(state: &str, changed_at: i64) -> Result<(StateName, DateTime<Utc>)> {
+    let state = state
+        .parse::<StateName>()
+        .map_err(|_| corrupt("an attempt's state"))?;
+    Ok((state, from_millis(changed_at)))
+}
+
 pub(crate) fn count(value: usize) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }

@@ -199,6 +199,9 @@ pub struct Maintenance {
     pub counters_written: u64,
     /// Whether a retention run started (at most once per five minutes).
     pub retention_ran: bool,
-    /// Expired rows retention deleted.
+    /// Expired rows retention deleted, finished tasks' rows included.
     pub rows_deleted: u64,
+    /// Finished tasks retention purged (each with its attempts, receipts
+    /// and unique slot, counted in `rows_deleted`).
+    pub tasks_purged: u64,
 }

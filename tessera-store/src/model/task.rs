@@ -428,6 +428,13 @@ pub(crate) fn not_found(task: &TaskRef) -> Error {
     }
 }
 
+/// A call under a fencing token found no such task: it was purged.
+pub(crate) fn purged(task: &TaskRef) -> Error {
+    Error::TaskPurged {
+        what: format!("task {task}"),
+    }
+}
+
 /// `duration` in the whole milliseconds times are stored at.
 pub(crate) fn whole_millis(duration: Duration) -> Duration {
     Duration::from_millis(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))

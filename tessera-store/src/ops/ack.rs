@@ -31,7 +31,7 @@ use crate::backend::{
 use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::model::access::{Caller, PrincipalId, Scope};
 use crate::model::audit::ActionScope;
-use crate::model::task::{MAX_SUBMIT_BATCH, SubmitRequest, TaskRef, not_found, whole_millis};
+use crate::model::task::{MAX_SUBMIT_BATCH, SubmitRequest, TaskRef, purged, whole_millis};
 use crate::ops::task::leaves_slot;
 use crate::store::Store;
 
@@ -231,7 +231,7 @@ impl Store {
             // answered from a read connection.
             let stored = self
                 .read(|reader| {
-                    let handle = reader.find_task(task)?.ok_or_else(|| not_found(task))?;
+                    let handle = reader.find_task(task)?.ok_or_else(|| purged(task))?;
                     Ok(reader.receipt(task, handle, &submission.principal, &request.key)?)
                 })
                 .inspect_err(|error| self.count(&scope, error.outcome()))?;
@@ -405,7 +405,8 @@ impl Store {
         let mut held: HashMap<&TaskRef, Result<Held, Error>> = HashMap::with_capacity(refs.len());
         for (task, loaded) in refs.iter().zip(loaded) {
             let entry = match loaded {
-                None => Err(not_found(task)),
+                // Every acknowledgement carries a fencing token.
+                None => Err(purged(task)),
                 Some(loaded) => Task::restore(loaded.record.clone())
                     .map(|rules| Held {
                         handle: loaded.handle,

@@ -30,6 +30,9 @@ impl Store {
         if let Some(run) = run {
             report.retention_ran = true;
             report.rows_deleted = self.run_retention(run)?;
+            let (tasks, rows) = self.purge_finished(&run)?;
+            report.tasks_purged = tasks;
+            report.rows_deleted += rows;
             crate::observe::retention_ran(report.rows_deleted);
         }
         Ok(report)

@@ -9,6 +9,7 @@ pub(crate) mod claim;
 pub(crate) mod claim_async;
 mod health;
 mod queue;
+mod retention;
 #[cfg(feature = "schedule")]
 pub(crate) mod schedule;
 mod session;

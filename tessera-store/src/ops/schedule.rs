@@ -38,7 +38,8 @@ impl Store {
     /// Needs the `enqueue` scope and the namespace grant; an anonymous
     /// session's key is refused (`403`): its namespace is deleted with the
     /// session, and a schedule would outlive it. An invalid cron
-    /// expression or time zone, an oversized brief, a task spec the lease
+    /// expression or time zone, one that never fires again (`0 0 0 30 2
+    /// *`), an oversized brief, a task spec the lease
     /// rules refuse or a not-before time is `400 invalid_input`, and
     /// nothing is written. A replacement keeps the schedule's creation time
     /// and whether it is paused; its run-ats count from now, as a new
@@ -60,7 +61,18 @@ impl Store {
                     reason: "an anonymous session cannot keep a schedule".to_owned(),
                 });
             }
-            CronSchedule::try_from(spec.schedule.clone())?;
+            let cron = CronSchedule::try_from(spec.schedule.clone())?;
+            // An expression that never matches (`0 0 0 30 2 *`) would cost
+            // every scheduler pass a search to the end of the cron search's
+            // horizon; it is refused once, here.
+            if cron.next_after(now).is_none() {
+                return Err(Error::InvalidInput {
+                    reason: format!(
+                        "the cron expression {:?} never fires after {now}",
+                        spec.schedule.cron
+                    ),
+                });
+            }
             if spec.spec.not_before.is_some() {
                 return Err(Error::InvalidInput {
                     reason: "a schedule's tasks are claimable at their run-at: \

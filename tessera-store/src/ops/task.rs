@@ -22,7 +22,7 @@ use crate::model::audit::Trail;
 use crate::model::bulk::AttemptProgress;
 use crate::model::task::{
     Brief, EnqueueOptions, Enqueued, MAX_ENQUEUE_BATCH, MAX_TASKS_LISTED, Output, PRACTICE_QUEUE,
-    StoredReceipt, SubmitRequest, TaskPage, TaskQuery, TaskRef, TaskView, not_found,
+    StoredReceipt, SubmitRequest, TaskPage, TaskQuery, TaskRef, TaskView, not_found, purged,
 };
 use crate::ops::ack::{Ack, Acked, Checked};
 use crate::store::Store;
@@ -50,6 +50,15 @@ fn load(
         Task::restore(loaded.record)?,
         loaded.unique_held,
     ))
+}
+
+/// `error`, a call under a fencing token's: a task not found was purged
+/// (`410`), since a token names a task that once was.
+fn under_token(error: Error, task: &TaskRef) -> Error {
+    match error {
+        Error::NotFound { .. } => purged(task),
+        other => other,
+    }
 }
 
 /// Where a task is, without its attempts; `404` if none.
@@ -268,19 +277,46 @@ impl Store {
                         Some(&first) => Plan::Earlier(first),
                         None => {
                             first_of_slot.insert(&unique.slot, place);
-                            match writer.take_unique_slot(
-                                namespace,
-                                queue,
-                                &unique.slot,
-                                &task.task,
-                            )? {
-                                None => Plan::Insert,
-                                Some(holder) => Plan::Stored(holder),
-                            }
+                            // Taken below, in slot order.
+                            Plan::Insert
                         }
                     },
                 };
                 plans.push(plan);
+            }
+            // Slots are taken in their own order, so two batches of the
+            // same keys in other orders never wait on each other in a
+            // circle (PostgreSQL would end one as a deadlock).
+            let mut taking: Vec<(&UniqueSlot, usize)> = first_of_slot.into_iter().collect();
+            taking.sort_unstable();
+            for (slot, place) in taking {
+                if let Some(holder) =
+                    writer.take_unique_slot(namespace, queue, slot, &prepared[place].task)?
+                {
+                    plans[place] = Plan::Stored(holder);
+                }
+            }
+            // The holders a replacing or debouncing duplicate changes are
+            // locked at once, in one order, for the same reason.
+            let mut holders: Vec<&TaskRef> = plans
+                .iter()
+                .zip(&prepared)
+                .filter_map(|(plan, task)| match plan {
+                    Plan::Stored(holder)
+                        if task
+                            .unique
+                            .as_ref()
+                            .is_some_and(|unique| unique.rule.mode != UniqueMode::Keep) =>
+                    {
+                        Some(holder)
+                    }
+                    _ => None,
+                })
+                .collect();
+            holders.sort_unstable();
+            holders.dedup();
+            if !holders.is_empty() {
+                writer.lock_tasks(&holders)?;
             }
             let new: Vec<NewTask<'_>> = prepared
                 .iter()
@@ -455,7 +491,8 @@ impl Store {
         let holder = caller.lease_principal();
         let extension = self.config.lease_duration();
         let lease = self.perform(&scope, now, |writer| {
-            let (handle, mut rules, held) = load(writer.reads(), task)?;
+            let (handle, mut rules, held) =
+                load(writer.reads(), task).map_err(|error| under_token(error, task))?;
             let before = rules.record().clone();
             let lease = rules.heartbeat(&holder, token, now, extension)?;
             match &progress {

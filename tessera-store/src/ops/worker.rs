@@ -172,8 +172,8 @@ pub struct WorkerStats {
 /// (counted in [`WorkerStats::let_go`]) and its lease lapses, so the task
 /// comes back to the queue under the lease rules (the lapse ends that
 /// try, as any lapse does). [`release`](Self::release) hands the whole
-/// buffer back at once (a failure report with no backoff each, which ends
-/// the try too), for a worker that stops.
+/// buffer back at once (a snooze of zero each, which gives the try back,
+/// since those tasks never ran), for a worker that stops.
 ///
 /// # Held acknowledgements
 ///

@@ -836,6 +836,33 @@ pub(super) const PUT_QUEUE_SETTINGS: &str = "INSERT INTO queue_settings \
      VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (namespace, queue) DO UPDATE SET \
      paused_at = excluded.paused_at, queue_limit = excluded.queue_limit, \
      partition_limit = excluded.partition_limit, updated_at = excluded.updated_at";
+/// Attempts of namespace `$6` in state `$1` that reached it at or before
+/// `$2`, after `($3, $4)` in (changed_at, task) order, at most `$5`: one
+/// range of `attempts_changed`, the state read beside it.
+pub(super) const FINISHED_ATTEMPTS: &str = "SELECT changed_at, task FROM attempts \
+     WHERE namespace = $6 AND (changed_at, task) > ($3, $4) AND changed_at <= $2 \
+     AND state = $1 ORDER BY changed_at, task LIMIT $5";
+/// A page of namespace names, after `$1`, at most `$2`.
+pub(super) const NAMESPACE_NAMES: &str =
+    "SELECT name FROM namespaces WHERE name > $1 ORDER BY name LIMIT $2";
+/// The tasks of `$1` no other transaction holds, locked.
+pub(super) const LOCK_FINISHED: &str = "SELECT id, namespace, queue FROM tasks \
+     WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED";
+/// The attempts of the tasks of `$1`: state and when it was reached.
+pub(super) const ATTEMPT_ENDS: &str =
+    "SELECT task, state, changed_at FROM attempts WHERE task = ANY($1) ORDER BY task, number";
+/// Deletes the tasks of `$1` with their receipts, attempts and unique
+/// slot; answers the rows deleted.
+pub(super) const DELETE_TASKS: &str = "WITH gone AS (SELECT id, namespace, queue, task_id, \
+     unique_slot FROM tasks WHERE id = ANY($1)), \
+     r AS (DELETE FROM receipts WHERE task IN (SELECT id FROM gone) RETURNING 1), \
+     a AS (DELETE FROM attempts WHERE task IN (SELECT id FROM gone) RETURNING 1), \
+     u AS (DELETE FROM unique_slots s USING gone g WHERE g.unique_slot IS NOT NULL \
+     AND s.namespace = g.namespace AND s.queue = g.queue AND s.slot = g.unique_slot \
+     AND s.task_id = g.task_id RETURNING 1), \
+     t AS (DELETE FROM tasks WHERE id IN (SELECT id FROM gone) RETURNING 1) \
+     SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM a) + (SELECT count(*) FROM u) \
+     + (SELECT count(*) FROM t)";
 /// A row's lock by name, held to the transaction's end (see
 /// [`RowLock`](crate::backend::RowLock)).
 pub(super) const LOCK_ROW: &str = "SELECT pg_advisory_xact_lock(hashtext('tessera row ' || $1))";
@@ -1059,6 +1086,26 @@ mod tests {
             if !plan.contains("using attempts_lapse_order") {
                 failures.push(format!("{name}: attempts_lapse_order wanted\n{plan}"));
             }
+        }
+        // Retention's search of one namespace's final state is one range
+        // of `attempts_changed`, in a generic plan too.
+        client
+            .batch_execute(&format!("PREPARE finished AS {FINISHED_ATTEMPTS}"))
+            .unwrap();
+        let plan: Vec<String> = client
+            .query(
+                "EXPLAIN EXECUTE finished('done', 5, 0, 0, 10, 'renders')",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        if !plan.contains("using attempts_changed") {
+            failures.push(format!(
+                "finished attempts: attempts_changed wanted\n{plan}"
+            ));
         }
         client
             .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))

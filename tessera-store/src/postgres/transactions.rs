@@ -24,9 +24,9 @@ use crate::backend::rows::{
     state_counts, to_json,
 };
 use crate::backend::{
-    KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire, NewKey, NewReceipt, NewTask, Purge,
-    ReadTransaction, ReceiptKey, Result, RowLock, ScheduleRow, StoredKey, TaskChange, TaskHandle,
-    WriteTransaction,
+    FinishedPosition, FinishedTask, KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire,
+    NewKey, NewReceipt, NewTask, Purge, ReadTransaction, ReceiptKey, Result, RowLock, ScheduleRow,
+    StoredKey, TaskChange, TaskHandle, WriteTransaction,
 };
 use crate::error::{StorageError, StorageErrorKind};
 use crate::key::KeyId;
@@ -198,6 +198,41 @@ impl<'a> PgTransaction<'a> {
 }
 
 impl ReadTransaction for PgTransaction<'_> {
+    fn namespace_names(&self, after: Option<&Namespace>, limit: usize) -> Result<Vec<Namespace>> {
+        let after = after.map_or("", Namespace::as_str);
+        self.query(NAMESPACE_NAMES, &[&after, &count(limit)])?
+            .iter()
+            .map(|row| {
+                let name: String = row.try_get(0)?;
+                Namespace::parse(&name).map_err(|_| corrupt("a namespace's name"))
+            })
+            .collect()
+    }
+
+    fn finished_attempts(
+        &self,
+        namespace: &Namespace,
+        state: StateName,
+        cutoff: DateTime<Utc>,
+        after: FinishedPosition,
+        limit: usize,
+    ) -> Result<Vec<FinishedPosition>> {
+        self.query(
+            FINISHED_ATTEMPTS,
+            &[
+                &state.as_str(),
+                &millis(cutoff),
+                &after.0,
+                &after.1,
+                &count(limit),
+                &namespace.as_str(),
+            ],
+        )?
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
+    }
+
     fn key(&self, key_id: &KeyId) -> Result<Option<StoredKey>> {
         self.query_opt(KEY_BY_KEY_ID, &[&key_id.as_str()])?
             .map(|row| key_row(&row)?.stored())
@@ -1008,6 +1043,33 @@ impl WriteTransaction for PgTransaction<'_> {
             &[&window.subject, &millis(window.start), &millis(window.end)],
         )?;
         Ok(())
+    }
+
+    fn lock_finished(&self, handles: &[TaskHandle]) -> Result<Vec<FinishedTask>> {
+        let ids: Vec<i64> = handles.iter().map(|handle| handle.0).collect();
+        let mut tasks = Vec::with_capacity(ids.len());
+        for row in self.query(LOCK_FINISHED, &[&ids])? {
+            let (namespace, queue): (String, String) = (row.try_get(1)?, row.try_get(2)?);
+            tasks.push(rows::finished_task(row.try_get(0)?, &namespace, &queue)?);
+        }
+        let locked: Vec<i64> = tasks.iter().map(|task| task.handle.0).collect();
+        for row in self.query(ATTEMPT_ENDS, &[&locked])? {
+            let (task, state, at): (i64, String, i64) =
+                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            if let Some(finished) = tasks.iter_mut().find(|t| t.handle.0 == task) {
+                finished.attempts.push(rows::attempt_end(&state, at)?);
+            }
+        }
+        Ok(tasks)
+    }
+
+    fn delete_tasks(&self, handles: &[TaskHandle]) -> Result<usize> {
+        let ids: Vec<i64> = handles.iter().map(|handle| handle.0).collect();
+        let deleted: i64 = match self.query_opt(DELETE_TASKS, &[&ids])? {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
+        Ok(usize::try_from(deleted).unwrap_or(0))
     }
 
     fn lock_row(&self, row: RowLock<'_>) -> Result<()> {

@@ -458,7 +458,8 @@ pub(crate) const INDEXES: &[Index] = &[
     },
     // Bulk actions by filter: a namespace's attempts by when their state
     // last changed, a time range being one range of it, paged by
-    // (changed_at, task, number).
+    // (changed_at, task, number). Retention reads its finished attempts
+    // by when they ended from it too.
     Index {
         name: "attempts_changed",
         table: "attempts",

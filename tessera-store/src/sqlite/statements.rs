@@ -215,6 +215,14 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::LAPSED_LEASES,
     },
     HotStatement {
+        name: "finished attempts",
+        sql: tasks::FINISHED_ATTEMPTS,
+    },
+    HotStatement {
+        name: "namespace names",
+        sql: tasks::NAMESPACE_NAMES,
+    },
+    HotStatement {
         name: "lapsed leases of a queue",
         sql: tasks::LAPSED_IN_QUEUE,
     },

@@ -73,6 +73,35 @@ pub(crate) const PURGE_SESSION_TASKS: [&str; 3] = [
     concat!("DELETE FROM tasks WHERE id IN ", session_tasks!()),
 ];
 
+/// Attempts of namespace `?6` in state `?1` that reached it at or before
+/// `?2`, after `(?3, ?4)` in (changed_at, task) order, at most `?5`: one
+/// range of `attempts_changed`, the state read beside it.
+pub(crate) const FINISHED_ATTEMPTS: &str = "SELECT changed_at, task FROM attempts \
+     WHERE namespace = ?6 AND (changed_at, task) > (?3, ?4) AND changed_at <= ?2 \
+     AND state = ?1 ORDER BY changed_at, task LIMIT ?5";
+
+/// A page of namespace names, after `?1`, at most `?2`.
+pub(crate) const NAMESPACE_NAMES: &str =
+    "SELECT name FROM namespaces WHERE name > ?1 ORDER BY name LIMIT ?2";
+
+/// A task's namespace and queue.
+pub(crate) const TASK_PLACE: &str = "SELECT namespace, queue FROM tasks WHERE id = ?1";
+
+/// A task's attempts: state and when it was reached.
+pub(crate) const ATTEMPT_ENDS: &str =
+    "SELECT state, changed_at FROM attempts WHERE task = ?1 ORDER BY number";
+
+/// The deletes of one task with every row of its own: receipts,
+/// attempts, its unique slot, the task.
+pub(crate) const DELETE_TASK: [&str; 4] = [
+    "DELETE FROM receipts WHERE task = ?1",
+    "DELETE FROM attempts WHERE task = ?1",
+    "DELETE FROM unique_slots WHERE (namespace, queue, slot, task_id) IN \
+     (SELECT namespace, queue, unique_slot, task_id FROM tasks \
+     WHERE id = ?1 AND unique_slot IS NOT NULL)",
+    "DELETE FROM tasks WHERE id = ?1",
+];
+
 /// Namespaces past their purge time with no task left, at most `?2`.
 pub(crate) const PURGE_NAMESPACES: &str = "DELETE FROM namespaces WHERE id IN \
      (SELECT id FROM namespaces WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
@@ -432,6 +461,53 @@ pub(crate) fn purge_session_tasks(
     writer.execute(receipts, params![threshold, limit])?;
     writer.execute(attempts, params![threshold, limit])?;
     writer.execute(tasks, params![threshold, limit])
+}
+
+/// Finished attempts' positions (see [`FINISHED_ATTEMPTS`]).
+pub(crate) fn finished_attempts(
+    reader: &Reader<'_>,
+    namespace: &str,
+    state: &str,
+    cutoff: i64,
+    after: (i64, i64),
+    limit: i64,
+) -> rusqlite::Result<Vec<(i64, i64)>> {
+    reader.all(
+        FINISHED_ATTEMPTS,
+        params![state, cutoff, after.0, after.1, limit, namespace],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+}
+
+/// A page of namespace names (see [`NAMESPACE_NAMES`]).
+pub(crate) fn namespace_names(
+    reader: &Reader<'_>,
+    after: &str,
+    limit: i64,
+) -> rusqlite::Result<Vec<String>> {
+    reader.all(NAMESPACE_NAMES, params![after, limit], |row| row.get(0))
+}
+
+/// A task's namespace and queue, if it is there.
+pub(crate) fn task_place(
+    reader: &Reader<'_>,
+    id: i64,
+) -> rusqlite::Result<Option<(String, String)>> {
+    reader.optional(TASK_PLACE, [id], |row| Ok((row.get(0)?, row.get(1)?)))
+}
+
+/// A task's attempts' states and when each was reached.
+pub(crate) fn attempt_ends(reader: &Reader<'_>, id: i64) -> rusqlite::Result<Vec<(String, i64)>> {
+    reader.all(ATTEMPT_ENDS, [id], |row| Ok((row.get(0)?, row.get(1)?)))
+}
+
+/// Deletes a task with every row of its own; the rows deleted.
+pub(crate) fn delete_task(writer: &Writer<'_>, id: i64) -> rusqlite::Result<usize> {
+    let mut deleted = 0;
+    for statement in DELETE_TASK {
+        deleted += writer.execute(statement, [id])?;
+    }
+    Ok(deleted)
 }
 
 /// Whether a namespace row exists.

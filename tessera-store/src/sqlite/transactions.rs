@@ -23,8 +23,9 @@ use crate::backend::rows::{
     state_counts, to_json,
 };
 use crate::backend::{
-    KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire, NewKey, NewTask, Purge,
-    ReadTransaction, Result, ScheduleRow, StoredKey, TaskHandle, WriteTransaction,
+    FinishedPosition, FinishedTask, KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire,
+    NewKey, NewTask, Purge, ReadTransaction, Result, ScheduleRow, StoredKey, TaskHandle,
+    WriteTransaction,
 };
 use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
@@ -41,6 +42,32 @@ fn load(reader: &Reader<'_>, row: TaskRow) -> Result<LoadedTask> {
 }
 
 impl ReadTransaction for Reader<'_> {
+    fn namespace_names(&self, after: Option<&Namespace>, limit: usize) -> Result<Vec<Namespace>> {
+        let after = after.map_or("", Namespace::as_str);
+        sql::namespace_names(self, after, count(limit))?
+            .iter()
+            .map(|name| Namespace::parse(name).map_err(|_| corrupt("a namespace's name")))
+            .collect()
+    }
+
+    fn finished_attempts(
+        &self,
+        namespace: &Namespace,
+        state: StateName,
+        cutoff: DateTime<Utc>,
+        after: FinishedPosition,
+        limit: usize,
+    ) -> Result<Vec<FinishedPosition>> {
+        Ok(sql::finished_attempts(
+            self,
+            namespace.as_str(),
+            state.as_str(),
+            millis(cutoff),
+            after,
+            count(limit),
+        )?)
+    }
+
     fn key(&self, key_id: &KeyId) -> Result<Option<StoredKey>> {
         keys::key_by_key_id(self, key_id.as_str())?
             .map(KeyRow::stored)
@@ -384,6 +411,8 @@ reads_through_writer! {
     leased_in_queue(namespace: &Namespace, queue: &QueueName) -> Result<u32>;
     leased_in_partition(namespace: &Namespace, queue: &QueueName, key: &PartitionKey) -> Result<u32>;
     claim_candidates(namespace: &Namespace, queue: &QueueName, now: DateTime<Utc>, limit: usize) -> Result<Vec<TaskHandle>>;
+    namespace_names(after: Option<&Namespace>, limit: usize) -> Result<Vec<Namespace>>;
+    finished_attempts(namespace: &Namespace, state: StateName, cutoff: DateTime<Utc>, after: FinishedPosition, limit: usize) -> Result<Vec<FinishedPosition>>;
     task_by_handle(handle: TaskHandle) -> Result<Option<LoadedTask>>;
     schedule(namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>>;
     schedules_of(namespace: &Namespace, after: Option<&ScheduleName>, limit: usize) -> Result<Vec<ScheduleRow>>;
@@ -499,6 +528,30 @@ impl WriteTransaction for Writer<'_> {
             Purge::Counters => events::purge_counters(self, minute_number(threshold), limit),
             Purge::SessionTasks => sql::purge_session_tasks(self, at, limit),
         }?)
+    }
+
+    fn lock_finished(&self, handles: &[TaskHandle]) -> Result<Vec<FinishedTask>> {
+        // The writer holds the database: nothing else can change them.
+        let mut tasks = Vec::with_capacity(handles.len());
+        for handle in handles {
+            let Some((namespace, queue)) = sql::task_place(self, handle.0)? else {
+                continue;
+            };
+            let mut task = rows::finished_task(handle.0, &namespace, &queue)?;
+            for (state, at) in sql::attempt_ends(self, handle.0)? {
+                task.attempts.push(rows::attempt_end(&state, at)?);
+            }
+            tasks.push(task);
+        }
+        Ok(tasks)
+    }
+
+    fn delete_tasks(&self, handles: &[TaskHandle]) -> Result<usize> {
+        let mut deleted = 0;
+        for handle in handles {
+            deleted += sql::delete_task(self, handle.0)?;
+        }
+        Ok(deleted)
     }
 
     fn insert_namespace(

@@ -162,6 +162,7 @@ impl<T, R: Clone> Completer<T, R> {
     /// yielding first: for commits that take longer than a park and a
     /// wake-up (a round trip to a server), where yielding only takes the
     /// processor from the work being waited for.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn parking(mut self) -> Self {
         self.spins = 0;
         self

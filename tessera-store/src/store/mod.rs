@@ -22,6 +22,7 @@
 //!   is held.
 
 use std::fmt;
+#[cfg(feature = "sqlite")]
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -352,7 +353,7 @@ impl Store {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
 

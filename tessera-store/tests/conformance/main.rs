@@ -88,6 +88,7 @@ mod reliability_input;
 mod reliability_processes;
 mod reliability_security;
 mod reliability_threads;
+mod retention;
 #[cfg(feature = "schedule")]
 mod schedules;
 mod sessions;

@@ -11,8 +11,8 @@ use std::sync::Barrier;
 use tessera_store::lease::StateName;
 use tessera_store::{
     AuditQuery, Brief, BulkFilter, Caller, ClaimOutcome, Clock, ConcurrencyLimit, EnqueueOptions,
-    Grant, ManualClock, MintConfig, ScheduleName, ScheduleSpec, Secret, Store, TaskRef, UniqueKey,
-    UniqueMode, UniqueStates, Uniqueness,
+    Grant, ManualClock, MintConfig, Secret, Store, TaskRef, UniqueKey, UniqueMode, UniqueStates,
+    Uniqueness,
 };
 
 use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
@@ -113,82 +113,6 @@ fn a_pause_and_a_limit_change_at_once_both_land(db: &TestDb) {
             "round {round}: the limit was lost"
         );
     }
-}
-
-fn schedule(cron: &str) -> ScheduleSpec {
-    ScheduleSpec::new(queue("reports"), cron, "UTC", Brief::Bytes(vec![]))
-}
-
-/// A replacement of a schedule and its pause at once: the replacement
-/// keeps the pause whichever comes first, and its expression lands too.
-fn a_schedule_replaced_while_paused_stays_paused(db: &TestDb) {
-    let f = Fixture::new(db);
-    let pair = Pair::new(&f);
-    let ns = namespace("ops");
-    for round in 0..ROUNDS {
-        let name = ScheduleName::parse(&format!("s{round}")).unwrap();
-        f.store
-            .put_schedule(&pair.callers.0, &ns, &name, &schedule("0 * * * *"))
-            .unwrap();
-        let ((_, created), _) = pair.race(
-            |store, caller| {
-                store
-                    .put_schedule(caller, &ns, &name, &schedule("30 * * * *"))
-                    .unwrap()
-            },
-            |store, caller| store.pause_schedule(caller, &ns, &name).unwrap(),
-        );
-        assert!(!created);
-        let view = f.store.read_schedule(&pair.callers.0, &ns, &name).unwrap();
-        assert!(view.paused, "round {round}: the pause was lost");
-        assert_eq!(view.schedule.cron, "30 * * * *");
-    }
-}
-
-/// A replacement and a delete of one schedule at once: the schedule is
-/// there at the end exactly when the put created it (it came second).
-fn a_schedule_put_and_deleted_at_once_agrees_with_its_answer(db: &TestDb) {
-    let f = Fixture::new(db);
-    let pair = Pair::new(&f);
-    let ns = namespace("ops");
-    for round in 0..ROUNDS {
-        let name = ScheduleName::parse(&format!("s{round}")).unwrap();
-        f.store
-            .put_schedule(&pair.callers.0, &ns, &name, &schedule("0 * * * *"))
-            .unwrap();
-        let ((_, created), deleted) = pair.race(
-            |store, caller| {
-                store
-                    .put_schedule(caller, &ns, &name, &schedule("30 * * * *"))
-                    .unwrap()
-            },
-            |store, caller| store.delete_schedule(caller, &ns, &name),
-        );
-        deleted.unwrap();
-        let exists = f.store.read_schedule(&pair.callers.0, &ns, &name).is_ok();
-        assert_eq!(exists, created, "round {round}");
-    }
-}
-
-/// A scheduler's fire and a delete at once leave no fire row behind.
-fn a_fire_and_a_delete_at_once_leave_no_fire_row(db: &TestDb) {
-    let f = Fixture::new(db);
-    let pair = Pair::new(&f);
-    let ns = namespace("ops");
-    for round in 0..ROUNDS {
-        let name = ScheduleName::parse(&format!("s{round}")).unwrap();
-        f.store
-            .put_schedule(&pair.callers.0, &ns, &name, &schedule("* * * * *"))
-            .unwrap();
-        f.clock.advance(std::time::Duration::from_secs(60));
-        let (fired, deleted) = pair.race(
-            |store, _| store.fire_due_schedules().unwrap(),
-            |store, caller| store.delete_schedule(caller, &ns, &name),
-        );
-        deleted.unwrap();
-        assert!(fired.len() <= 1);
-    }
-    assert_eq!(db.count_rows("schedule_fires"), 0);
 }
 
 /// Two revokes of one key at once: one changes it and is audited, the
@@ -401,14 +325,138 @@ fn enqueues_into_a_session_while_it_is_purged_leave_no_task_behind(db: &TestDb) 
     assert_eq!(db.count_rows("namespaces"), 0);
 }
 
+/// Two batches of the same new unique keys, one in the other's reverse
+/// order, at once: both are answered (no deadlock ends one), and each key
+/// has one task.
+fn batches_of_one_keys_in_other_orders_never_deadlock(db: &TestDb) {
+    let f = Fixture::new(db);
+    let pair = Pair::new(&f);
+    let ns = namespace("renders");
+    for round in 0..ROUNDS / 5 {
+        let q = queue(&format!("q{round}"));
+        let batch = |reverse: bool| -> Vec<(Brief, EnqueueOptions)> {
+            let mut keys: Vec<usize> = (0..30).collect();
+            if reverse {
+                keys.reverse();
+            }
+            keys.into_iter()
+                .map(|n| {
+                    let unique = Uniqueness::new(UniqueKey::parse(&format!("k{n}")).unwrap());
+                    (json_brief(n), EnqueueOptions::default().with_unique(unique))
+                })
+                .collect()
+        };
+        let (forward, backward) = (batch(false), batch(true));
+        let (a, b) = pair.race(
+            |store, caller| store.enqueue_batch(caller, &ns, &q, &forward),
+            |store, caller| store.enqueue_batch(caller, &ns, &q, &backward),
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(
+            a.iter().chain(&b).filter(|answer| answer.created).count(),
+            30,
+            "round {round}: one task per key"
+        );
+    }
+}
+
 conformance! {
+    batches_of_one_keys_in_other_orders_never_deadlock,
     enqueues_into_a_session_while_it_is_purged_leave_no_task_behind,
     a_pause_and_a_limit_change_at_once_both_land,
-    a_schedule_replaced_while_paused_stays_paused,
-    a_schedule_put_and_deleted_at_once_agrees_with_its_answer,
-    a_fire_and_a_delete_at_once_leave_no_fire_row,
     two_revokes_at_once_revoke_and_audit_once,
     mints_from_one_address_on_two_stores_keep_its_limit,
     a_bulk_cancel_of_ready_tasks_spares_a_lease_granted_meanwhile,
     a_replacing_duplicate_and_a_claim_at_once_lose_no_brief,
+}
+
+/// Races of schedule changes (store feature `schedule`).
+#[cfg(feature = "schedule")]
+mod schedules {
+    use tessera_store::{Brief, ScheduleName, ScheduleSpec};
+
+    use super::{Pair, ROUNDS};
+    use crate::harness::{Fixture, TestDb, namespace, queue};
+
+    fn schedule(cron: &str) -> ScheduleSpec {
+        ScheduleSpec::new(queue("reports"), cron, "UTC", Brief::Bytes(vec![]))
+    }
+
+    /// A replacement of a schedule and its pause at once: the replacement
+    /// keeps the pause whichever comes first, and its expression lands too.
+    fn a_schedule_replaced_while_paused_stays_paused(db: &TestDb) {
+        let f = Fixture::new(db);
+        let pair = Pair::new(&f);
+        let ns = namespace("ops");
+        for round in 0..ROUNDS {
+            let name = ScheduleName::parse(&format!("s{round}")).unwrap();
+            f.store
+                .put_schedule(&pair.callers.0, &ns, &name, &schedule("0 * * * *"))
+                .unwrap();
+            let ((_, created), _) = pair.race(
+                |store, caller| {
+                    store
+                        .put_schedule(caller, &ns, &name, &schedule("30 * * * *"))
+                        .unwrap()
+                },
+                |store, caller| store.pause_schedule(caller, &ns, &name).unwrap(),
+            );
+            assert!(!created);
+            let view = f.store.read_schedule(&pair.callers.0, &ns, &name).unwrap();
+            assert!(view.paused, "round {round}: the pause was lost");
+            assert_eq!(view.schedule.cron, "30 * * * *");
+        }
+    }
+
+    /// A replacement and a delete of one schedule at once: the schedule is
+    /// there at the end exactly when the put created it (it came second).
+    fn a_schedule_put_and_deleted_at_once_agrees_with_its_answer(db: &TestDb) {
+        let f = Fixture::new(db);
+        let pair = Pair::new(&f);
+        let ns = namespace("ops");
+        for round in 0..ROUNDS {
+            let name = ScheduleName::parse(&format!("s{round}")).unwrap();
+            f.store
+                .put_schedule(&pair.callers.0, &ns, &name, &schedule("0 * * * *"))
+                .unwrap();
+            let ((_, created), deleted) = pair.race(
+                |store, caller| {
+                    store
+                        .put_schedule(caller, &ns, &name, &schedule("30 * * * *"))
+                        .unwrap()
+                },
+                |store, caller| store.delete_schedule(caller, &ns, &name),
+            );
+            deleted.unwrap();
+            let exists = f.store.read_schedule(&pair.callers.0, &ns, &name).is_ok();
+            assert_eq!(exists, created, "round {round}");
+        }
+    }
+
+    /// A scheduler's fire and a delete at once leave no fire row behind.
+    fn a_fire_and_a_delete_at_once_leave_no_fire_row(db: &TestDb) {
+        let f = Fixture::new(db);
+        let pair = Pair::new(&f);
+        let ns = namespace("ops");
+        for round in 0..ROUNDS {
+            let name = ScheduleName::parse(&format!("s{round}")).unwrap();
+            f.store
+                .put_schedule(&pair.callers.0, &ns, &name, &schedule("* * * * *"))
+                .unwrap();
+            f.clock.advance(std::time::Duration::from_secs(60));
+            let (fired, deleted) = pair.race(
+                |store, _| store.fire_due_schedules().unwrap(),
+                |store, caller| store.delete_schedule(caller, &ns, &name),
+            );
+            deleted.unwrap();
+            assert!(fired.len() <= 1);
+        }
+        assert_eq!(db.count_rows("schedule_fires"), 0);
+    }
+
+    conformance! {
+        a_schedule_replaced_while_paused_stays_paused,
+        a_schedule_put_and_deleted_at_once_agrees_with_its_answer,
+        a_fire_and_a_delete_at_once_leave_no_fire_row,
+    }
 }

@@ -175,6 +175,14 @@ fn an_invalid_cron_zone_or_spec_is_a_typed_error(db: &TestDb) {
         Brief::Bytes(vec![1]),
     ));
     assert!(error.to_string().contains("zone"), "{error}");
+    // The thirtieth of February never comes.
+    let error = bad(ScheduleSpec::new(
+        queue("q"),
+        "0 0 0 30 2 *",
+        "UTC",
+        Brief::Bytes(vec![1]),
+    ));
+    assert!(error.to_string().contains("never fires"), "{error}");
     bad(ScheduleSpec::new(
         queue("q"),
         "",

@@ -1,0 +1,134 @@
+//! Retention of finished work: tasks whose every attempt is final are
+//! purged, with every row of their own, once their keep time has passed
+//! ([`Retention`]).
+
+use std::collections::BTreeMap;
+
+use tessera_audit::{Action, Resource, RetentionRun};
+use tessera_lease::{Namespace, QueueName, StateName};
+
+use crate::backend::{FinishedPosition, TaskHandle};
+use crate::error::Error;
+use crate::model::audit::ActionScope;
+use crate::store::Store;
+
+/// The final states, each searched in a namespace as one range of
+/// `attempts_changed`.
+const FINAL_STATES: [StateName; 4] = [
+    StateName::Done,
+    StateName::Failed,
+    StateName::Discarded,
+    StateName::Cancelled,
+];
+
+/// What one batch did: tasks purged, rows deleted, and the namespaces
+/// changed.
+type Batch = (u64, u64, Vec<Namespace>);
+
+/// Namespaces read at a time.
+const NAMESPACE_PAGE: usize = 100;
+
+impl Store {
+    /// Purges the finished tasks whose keep time has passed at the run's
+    /// start: namespace by namespace, for each final state, the attempts
+    /// that reached it at or before its cutoff (found in the namespace's
+    /// range of `attempts_changed`), a batch of at most [`RetentionRun::batch_size`]
+    /// (500) at a time, each batch its own transaction. A batch locks the
+    /// tasks it found (on PostgreSQL, passing over those another
+    /// transaction holds), weighs each by all its attempts
+    /// ([`Retention::purgeable`](tessera_lease::Retention::purgeable): every
+    /// attempt final and past its keep time), deletes those due with their
+    /// attempts, receipts and unique slot, and writes one audit row
+    /// `purge_tasks` per queue it purged from, naming the queue and the
+    /// count, by the store (principal `-`). Returns the tasks purged and
+    /// the rows deleted.
+    pub(crate) fn purge_finished(&self, run: &RetentionRun) -> Result<(u64, u64), Error> {
+        let retention = self.config.retention();
+        let now = run.started_at();
+        let limit = run.batch_size();
+        let (mut tasks, mut rows) = (0, 0);
+        let mut after_namespace: Option<Namespace> = None;
+        loop {
+            let namespaces = self.read(|reader| {
+                Ok(reader.namespace_names(after_namespace.as_ref(), NAMESPACE_PAGE)?)
+            })?;
+            for namespace in &namespaces {
+                for state in FINAL_STATES {
+                    let Some(cutoff) = retention.cutoff(state, now) else {
+                        continue;
+                    };
+                    let mut after: FinishedPosition = (i64::MIN, i64::MIN);
+                    loop {
+                        // The search reads; a write transaction is opened only
+                        // when it found something, and weighs it again under its
+                        // locks.
+                        let found = self.read(|reader| {
+                            Ok(reader.finished_attempts(namespace, state, cutoff, after, limit)?)
+                        })?;
+                        let next = (found.len() >= limit)
+                            .then(|| found.last().copied())
+                            .flatten();
+                        let mut handles: Vec<TaskHandle> =
+                            found.iter().map(|(_, task)| TaskHandle(*task)).collect();
+                        handles.sort_unstable();
+                        handles.dedup();
+                        let (purged, deleted, changed): Batch = if handles.is_empty() {
+                            (0, 0, Vec::new())
+                        } else {
+                            self.write(|writer| {
+                                let locked = writer.lock_finished(&handles)?;
+                                let due: Vec<_> = locked
+                                    .iter()
+                                    .filter(|task| {
+                                        retention.purgeable(task.attempts.iter().copied(), now)
+                                    })
+                                    .collect();
+                                if due.is_empty() {
+                                    return Ok((0, 0, Vec::new()));
+                                }
+                                let ids: Vec<TaskHandle> =
+                                    due.iter().map(|task| task.handle).collect();
+                                let deleted = writer.delete_tasks(&ids)?;
+                                let mut by_queue: BTreeMap<(&Namespace, &QueueName), u64> =
+                                    BTreeMap::new();
+                                for task in &due {
+                                    *by_queue.entry((&task.namespace, &task.queue)).or_default() +=
+                                        1;
+                                }
+                                for ((namespace, queue), count) in &by_queue {
+                                    let scope =
+                                        ActionScope::new(None, Some(namespace), Action::PurgeTasks);
+                                    let resource =
+                                        Resource::new(&format!("queue:{queue}/n{count}")).ok();
+                                    writer.insert_event(&scope.event(now, resource))?;
+                                }
+                                let mut changed: Vec<Namespace> = by_queue
+                                    .keys()
+                                    .map(|(namespace, _)| (*namespace).clone())
+                                    .collect();
+                                changed.dedup();
+                                Ok((ids.len() as u64, deleted as u64, changed))
+                            })?
+                        };
+                        tasks += purged;
+                        rows += deleted;
+                        for namespace in &changed {
+                            self.namespace_changed(namespace);
+                        }
+                        match next {
+                            Some(position) => after = position,
+                            None => break,
+                        }
+                    }
+                }
+            }
+            match namespaces.last() {
+                Some(last) if namespaces.len() >= NAMESPACE_PAGE => {
+                    after_namespace = Some(last.clone());
+                }
+                _ => break,
+            }
+        }
+        Ok((tasks, rows))
+    }
+}

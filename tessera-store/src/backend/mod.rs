@@ -1030,6 +1030,13 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     /// unique index already.
     fn insert_fire(&self, fire: &NewFire<'_>) -> Result<bool>;
 
+    /// Deletes a schedule's fire rows but its latest, at most `limit`:
+    /// a fire is due only after the latest fire, which a scheduler reads
+    /// under the schedule's lock, so the older rows decide nothing. One
+    /// range of `schedule_fires_run_at`. Returns the rows deleted.
+    fn trim_fires(&self, namespace: &Namespace, name: &ScheduleName, limit: usize)
+    -> Result<usize>;
+
     /// Runs `work` as the transaction's optional tail: a write it may carry
     /// but must never fail for (an observation). If it fails it alone is
     /// rolled back; if the transaction fits the daily allowance only

@@ -33,6 +33,10 @@ impl Store {
             let (tasks, rows) = self.purge_finished(&run)?;
             report.tasks_purged = tasks;
             report.rows_deleted += rows;
+            #[cfg(feature = "schedule")]
+            {
+                report.rows_deleted += self.trim_schedule_fires(&run)?;
+            }
             crate::observe::retention_ran(report.rows_deleted);
         }
         Ok(report)

@@ -131,4 +131,42 @@ impl Store {
         }
         Ok((tasks, rows))
     }
+
+    /// Deletes every unpaused schedule's fire rows but its latest, a
+    /// batch of at most [`RetentionRun::batch_size`] at a time: only the
+    /// latest fire decides the next one (a scheduler reads it under the
+    /// schedule's lock), so a schedule keeps one row however long it
+    /// runs. A paused schedule gains no fire. Returns the rows deleted.
+    #[cfg(feature = "schedule")]
+    pub(crate) fn trim_schedule_fires(&self, run: &RetentionRun) -> Result<u64, Error> {
+        let limit = run.batch_size();
+        let mut deleted = 0;
+        let mut after: Option<(Namespace, tessera_lease::ScheduleName)> = None;
+        loop {
+            let page = self.read(|reader| {
+                Ok(reader.active_schedules(
+                    after.as_ref().map(|(namespace, name)| (namespace, name)),
+                    NAMESPACE_PAGE,
+                )?)
+            })?;
+            for row in &page {
+                loop {
+                    let rows = self.write(|writer| {
+                        Ok(writer.trim_fires(&row.namespace, &row.name, limit)?)
+                    })?;
+                    deleted += rows as u64;
+                    if rows < limit {
+                        break;
+                    }
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() >= NAMESPACE_PAGE => {
+                    after = Some((last.namespace.clone(), last.name.clone()));
+                }
+                _ => break,
+            }
+        }
+        Ok(deleted)
+    }
 }

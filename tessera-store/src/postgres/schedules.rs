@@ -47,6 +47,12 @@ const PUT_SCHEDULE: &str = "INSERT INTO schedules (namespace, name, queue, cron,
 
 const DELETE_FIRES: &str = "DELETE FROM schedule_fires WHERE namespace = $1 AND schedule = $2";
 
+/// A schedule's fire rows before its latest, at most `$3`.
+const TRIM_FIRES: &str = "DELETE FROM schedule_fires WHERE id IN (SELECT f.id FROM schedule_fires f \
+     WHERE f.namespace = $1 AND f.schedule = $2 AND f.run_at < (SELECT max(l.run_at) \
+     FROM schedule_fires l WHERE l.namespace = $1 AND l.schedule = $2) \
+     ORDER BY f.run_at LIMIT $3 FOR UPDATE SKIP LOCKED)";
+
 const DELETE_SCHEDULE: &str = "DELETE FROM schedules WHERE namespace = $1 AND name = $2";
 
 const INSERT_FIRE: &str = "INSERT INTO schedule_fires \
@@ -160,6 +166,19 @@ impl PgTransaction<'_> {
         let deleted = self.execute(DELETE_SCHEDULE, &params)? > 0;
         self.execute(DELETE_FIRES, &params)?;
         Ok(deleted)
+    }
+
+    pub(super) fn remove_old_fires(
+        &self,
+        namespace: &Namespace,
+        name: &ScheduleName,
+        limit: usize,
+    ) -> Result<usize> {
+        let deleted = self.execute(
+            TRIM_FIRES,
+            &[&namespace.as_str(), &name.as_str(), &count(limit)],
+        )?;
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
     pub(super) fn record_fire(&self, fire: &NewFire<'_>) -> Result<bool> {

@@ -1129,6 +1129,15 @@ impl WriteTransaction for PgTransaction<'_> {
         self.record_fire(fire)
     }
 
+    fn trim_fires(
+        &self,
+        namespace: &Namespace,
+        name: &ScheduleName,
+        limit: usize,
+    ) -> Result<usize> {
+        self.remove_old_fires(namespace, name, limit)
+    }
+
     fn optional(&self, work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<()>) -> bool {
         debug_assert!(self.tail.get().is_none(), "one optional tail");
         if self.batch("SAVEPOINT optional_tail").is_err() {

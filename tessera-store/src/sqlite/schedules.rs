@@ -141,6 +141,22 @@ pub(crate) fn delete_schedule(writer: &Writer<'_>, namespace: &str, name: &str) 
     Ok(deleted)
 }
 
+/// A schedule's fire rows before its latest, at most `?3`.
+pub(crate) const TRIM_FIRES: &str = "DELETE FROM schedule_fires WHERE id IN (SELECT f.id \
+     FROM schedule_fires f WHERE f.namespace = ?1 AND f.schedule = ?2 AND f.run_at < \
+     (SELECT max(l.run_at) FROM schedule_fires l WHERE l.namespace = ?1 AND l.schedule = ?2) \
+     ORDER BY f.run_at LIMIT ?3)";
+
+/// Deletes a schedule's fire rows before its latest, at most `limit`.
+pub(crate) fn trim_fires(
+    writer: &Writer<'_>,
+    namespace: &str,
+    name: &str,
+    limit: i64,
+) -> Result<usize> {
+    Ok(writer.execute(TRIM_FIRES, params![namespace, name, limit])?)
+}
+
 pub(crate) fn insert_fire(writer: &Writer<'_>, fire: &NewFire<'_>) -> Result<bool> {
     let inserted = writer.execute(
         INSERT_FIRE,

@@ -782,6 +782,15 @@ impl WriteTransaction for Writer<'_> {
         schedules::insert_fire(self, fire)
     }
 
+    fn trim_fires(
+        &self,
+        namespace: &Namespace,
+        name: &ScheduleName,
+        limit: usize,
+    ) -> Result<usize> {
+        schedules::trim_fires(self, namespace.as_str(), name.as_str(), count(limit))
+    }
+
     fn optional(&self, work: &mut dyn FnMut(&dyn WriteTransaction) -> Result<()>) -> bool {
         self.run_optional(|writer| work(writer))
     }

@@ -511,8 +511,69 @@ fn a_seconds_field_fires_once_per_run_at(db: &TestDb) {
     );
 }
 
+/// Retention keeps a schedule's latest fire row alone, and purges its
+/// finished tasks: each run-at still fires once.
+fn retention_keeps_the_latest_fire_and_each_run_at_fires_once(db: &TestDb) {
+    let f = Fixture::with(db, |config| {
+        config.with_retention(tessera_store::Retention {
+            done: Some(Duration::from_secs(60)),
+            ..tessera_store::Retention::default()
+        })
+    });
+    let ns = namespace("ops");
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let every_minute = ScheduleSpec::new(queue("ticks"), "* * * * *", "UTC", Brief::Bytes(vec![]));
+    f.store
+        .put_schedule(&worker, &ns, &name("tick"), &every_minute)
+        .unwrap();
+    let mut fired = Vec::new();
+    for _ in 0..12 {
+        f.clock.advance(Duration::from_secs(60));
+        for fire in f.store.fire_due_schedules().unwrap() {
+            fired.push(fire.run_at);
+            // Each fired task is claimed and done.
+            let ClaimOutcome::Granted(claimed) =
+                f.store.claim(&worker, &ns, &queue("ticks")).unwrap()
+            else {
+                panic!("the fired task");
+            };
+            let _ = f
+                .store
+                .submit(
+                    &worker,
+                    &claimed.task,
+                    claimed.lease.token(),
+                    &tessera_store::IdempotencyKey::parse("done").unwrap(),
+                    &tessera_store::Output::bytes("ok"),
+                )
+                .unwrap();
+        }
+        // Again at the same time: nothing more.
+        assert!(f.store.fire_due_schedules().unwrap().is_empty());
+        f.store.maintain().unwrap();
+    }
+    assert_eq!(fired.len(), 12);
+    assert!(
+        fired
+            .windows(2)
+            .all(|pair| pair[1] - pair[0] == TimeDelta::minutes(1))
+    );
+    // Retention ran along the way, every five minutes: at its next run
+    // one fire row is left, and the done tasks are gone.
+    f.clock.advance(Duration::from_secs(5 * 60));
+    assert!(f.store.maintain().unwrap().retention_ran);
+    assert_eq!(db.count_rows("schedule_fires"), 1);
+    assert_eq!(db.count_rows("tasks"), 0);
+    // The next pass fires the latest run-at once, never an older one.
+    let again = f.store.fire_due_schedules().unwrap();
+    assert_eq!(again.len(), 1);
+    assert!(again[0].run_at > *fired.last().unwrap());
+    assert!(f.store.fire_due_schedules().unwrap().is_empty());
+}
+
 conformance! {
     a_seconds_field_fires_once_per_run_at,
+    retention_keeps_the_latest_fire_and_each_run_at_fires_once,
     a_schedule_fires_each_run_at_once_and_catches_up_once,
     a_paused_schedule_fires_nothing_and_resumes_from_now,
     an_invalid_cron_zone_or_spec_is_a_typed_error,

@@ -193,13 +193,17 @@ pub(crate) fn quota_refused(action: Action) {
     metric!(register_counter, "tessera_storage_quota_exhausted_total").increment(1);
 }
 
-/// A retention run deleted `deleted` expired rows.
+/// A retention run deleted `deleted` expired rows, `tasks_purged` finished
+/// tasks among them.
 #[allow(unused_variables)]
-pub(crate) fn retention_ran(deleted: u64) {
+pub(crate) fn retention_ran(deleted: u64, tasks_purged: u64) {
     #[cfg(feature = "tracing")]
-    tracing::info!(deleted, "retention ran");
+    tracing::info!(deleted, tasks_purged, "retention ran");
     #[cfg(feature = "metrics")]
-    metric!(register_counter, "tessera_retention_rows_deleted_total").increment(deleted);
+    {
+        metric!(register_counter, "tessera_retention_rows_deleted_total").increment(deleted);
+        metric!(register_counter, "tessera_retention_tasks_purged_total").increment(tasks_purged);
+    }
 }
 
 /// `written` counter rows were flushed.

@@ -37,7 +37,7 @@ impl Store {
             {
                 report.rows_deleted += self.trim_schedule_fires(&run)?;
             }
-            crate::observe::retention_ran(report.rows_deleted);
+            crate::observe::retention_ran(report.rows_deleted, report.tasks_purged);
         }
         Ok(report)
     }

@@ -223,10 +223,10 @@ pub const ORDER: Input = Input {
     name: "order",
     limit: Limit::OneOf(&["oldest", "newest"]),
 };
-/// A failure's retry.
+/// A failure's retry: `snooze` steps back without spending the try.
 pub const RETRY: Input = Input {
     name: "retry",
-    limit: Limit::OneOf(&["never", "backoff", "after"]),
+    limit: Limit::OneOf(&["never", "backoff", "after", "snooze"]),
 };
 /// A brief's version.
 pub const VERSION: Input = integer("version", 1, u32::MAX as i64);
@@ -519,16 +519,18 @@ pub fn order(word: &str) -> Result<ListOrder, Error> {
     }
 }
 
-/// Parses a word of [`RETRY`], with the backoff of `after`
-/// ([`BACKOFF_MS`], counted for `after` alone).
+/// Parses a word of [`RETRY`], with the wait of `after` and `snooze`
+/// ([`BACKOFF_MS`], counted for those alone).
 pub fn retry(word: &str, after_ms: i64) -> Result<Retry, Error> {
     let after_ms = BACKOFF_MS.integer(after_ms)? as u64;
+    let wait = std::time::Duration::from_millis(after_ms);
     match word {
         "never" => Ok(Retry::Never),
         "backoff" => Ok(Retry::Backoff),
-        "after" => Ok(Retry::After(std::time::Duration::from_millis(after_ms))),
+        "after" => Ok(Retry::After(wait)),
+        "snooze" => Ok(Retry::Snooze(wait)),
         other => Err(Error::InvalidInput {
-            reason: format!("retry {other:?} is none of never, backoff, after"),
+            reason: format!("retry {other:?} is none of never, backoff, after, snooze"),
         }),
     }
 }

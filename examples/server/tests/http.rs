@@ -945,6 +945,36 @@ fn tasks_are_listed_by_state_page_by_page_cancelled_and_retried() {
     assert_eq!(read.status, 200, "{}", read.text());
     assert_eq!(read.json()["task"]["id"], id);
 
+    // A snooze steps back without spending the try: the task is ready
+    // again, and the old token is done with.
+    let snoozed = &leases[2];
+    let id = snoozed["task"]["id"].as_str().unwrap();
+    let token = &snoozed["lease"]["token"];
+    let report = json!({ "version": 1, "token": token, "retry": "snooze", "after_ms": 0 });
+    let reply = service.send(
+        "POST",
+        &format!("/v1/ns/renders/tasks/{id}/fail"),
+        Some(&worker),
+        &[],
+        Some(&report),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        reply.json()["state"],
+        json!({ "state": "ready" }),
+        "{}",
+        reply.text()
+    );
+    let beat = json!({ "version": 1, "token": token });
+    let late = service.send(
+        "POST",
+        &format!("/v1/ns/renders/tasks/{id}/heartbeat"),
+        Some(&worker),
+        &[],
+        Some(&beat),
+    );
+    assert_eq!(late.status, 409, "{}", late.text());
+
     // Work is there, so a long-poll answers at once.
     let wait = service.send(
         "POST",

@@ -95,7 +95,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/tasks/{task}/fail",
             Some("fail"),
-            task_doc(Doc::new("fail", "end a lease with a failure: retry never, after the default backoff, or after `after_ms` (which counts for `after` alone, 0 if absent)"))
+            task_doc(Doc::new("fail", "end a lease with a failure: retry never, after the default backoff, or after `after_ms` (which counts for `after` and `snooze` alone, 0 if absent); `snooze` steps back without spending the try, claimable again after `after_ms`"))
                 .keyed()
                 .body(object(failure, &["version", "token", "retry"]))
                 .answers("200", "the attempt's new state", Some(json!({ "type": "object", "required": ["state"] }))),

@@ -71,6 +71,9 @@ pub enum AnomalyKind {
     GrantWhilePaused,
     /// A grant was made after the deadline its task was enqueued with.
     GrantAfterDeadline,
+    /// A one-attempt task's tries at the end differ from its grants less
+    /// its snoozes: a snooze spent a try, or a grant was not counted.
+    TriesMiscounted,
     /// One run-at of a schedule was fired twice: two fires acknowledged,
     /// or two fire rows stored.
     DoubledFire,
@@ -222,6 +225,7 @@ pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -
         cancels(task, steps, end_task, anomalies);
         duplicates(steps, end, anomalies);
         grant::deadline(task, steps, skew, anomalies);
+        grant::tries(task, steps, end_task, anomalies);
         if let Some(last) = end_task.and_then(|t| t.last_token) {
             let acknowledged = i64::try_from(steps.grants.len()).unwrap_or(i64::MAX);
             unexplained_grants += (last - acknowledged).max(0);

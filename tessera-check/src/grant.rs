@@ -4,8 +4,9 @@
 use chrono::TimeDelta;
 
 use crate::check::{Anomaly, AnomalyKind, anomaly};
-use crate::history::{Operation, Step};
+use crate::history::{Operation, Outcome, Step};
 use crate::index::{Grant, Index, TaskSteps, acknowledged};
+use crate::state::FinalTask;
 
 /// No grant is acknowledged whose claim was invoked after a pause of its
 /// queue was acknowledged, unless a resume that may have happened can be
@@ -94,5 +95,56 @@ pub(crate) fn deadline(
                 ),
             ));
         }
+    }
+}
+
+/// A one-attempt task's tries at the end, where the final state gives
+/// them, are its grants (its last token: tokens count one per grant) less
+/// the snoozes applied to it: every acknowledged snooze, and any of those
+/// whose answer was lost. Anything else means a snooze spent a try, or a
+/// grant was not counted as one.
+pub(crate) fn tries(
+    task: &str,
+    steps: &TaskSteps<'_>,
+    end: Option<&FinalTask>,
+    anomalies: &mut Vec<Anomaly>,
+) {
+    let Some(end) = end else {
+        return;
+    };
+    let [attempt] = end.attempts.as_slice() else {
+        return;
+    };
+    let Some(tries) = attempt.tries else {
+        return;
+    };
+    let grants = end.last_token.unwrap_or(0);
+    let snoozes: Vec<&Step> = steps
+        .named
+        .iter()
+        .copied()
+        .filter(|step| matches!(step.operation, Operation::Snooze { .. }))
+        .collect();
+    let acknowledged = snoozes
+        .iter()
+        .filter(|step| matches!(step.completion.outcome(), Some(Outcome::Snoozed { .. })))
+        .count();
+    let unknown = snoozes
+        .iter()
+        .filter(|step| step.completion.may_have_happened() && step.completion.outcome().is_none())
+        .count();
+    let most = grants - i64::try_from(acknowledged).unwrap_or(i64::MAX);
+    let least = most - i64::try_from(unknown).unwrap_or(i64::MAX);
+    let tries = i64::from(tries);
+    if tries < least || tries > most {
+        anomalies.push(anomaly(
+            AnomalyKind::TriesMiscounted,
+            task,
+            snoozes.iter().map(|step| step.id).collect(),
+            format!(
+                "{tries} tries at the end after {grants} grants and {acknowledged} snoozes \
+                 ({unknown} more unknown)"
+            ),
+        ));
     }
 }

@@ -86,6 +86,10 @@ pub struct FinalAttempt {
     pub number: u32,
     /// Its state.
     pub state: AttemptState,
+    /// The tries the store counts it has had, where the run read them: a
+    /// grant is a try, and a snooze gives its try back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tries: Option<u32>,
     /// Every receipt row stored for it (rows may instead be listed in
     /// [`FinalState::receipts`]).
     pub receipts: Vec<Receipt>,
@@ -133,6 +137,7 @@ impl FinalAttempt {
         Self {
             number,
             state,
+            tries: None,
             receipts: Vec::new(),
         }
     }

@@ -23,6 +23,7 @@ fn end_with(last_token: i64, state: AttemptState, receipts: Vec<Receipt>) -> Fin
             last_token: (last_token > 0).then_some(last_token),
             attempts: vec![FinalAttempt {
                 number: 1,
+                tries: None,
                 state,
                 receipts,
             }],
@@ -309,11 +310,13 @@ fn more_attempts_finished_than_the_task_allows_alternatives() {
             attempts: vec![
                 FinalAttempt {
                     number: 1,
+                    tries: None,
                     state: AttemptState::Done,
                     receipts: vec![r1],
                 },
                 FinalAttempt {
                     number: 2,
+                    tries: None,
                     state: AttemptState::Done,
                     receipts: vec![r2],
                 },

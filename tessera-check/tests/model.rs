@@ -352,6 +352,7 @@ impl Model {
                 let attempt = FinalAttempt {
                     number: 1,
                     state,
+                    tries: None,
                     receipts: task.receipt.iter().cloned().collect(),
                 };
                 let end = FinalTask {

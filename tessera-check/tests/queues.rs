@@ -409,6 +409,47 @@ fn a_snooze_ends_its_lease() {
     );
 }
 
+#[test]
+fn a_snooze_spends_no_try() {
+    // Granted twice, snoozed once: one try at the end.
+    let with_tries = |tries: u32| {
+        let mut end = ends(&[(T, 2, AttemptState::Leased)]);
+        end.tasks.get_mut(T).unwrap().attempts[0].tries = Some(tries);
+        end
+    };
+    let script = |answer: Option<Outcome>| {
+        let mut s = Script::default();
+        s.enqueue(T);
+        s.grant(1, 0, T, 1, 1, 60);
+        let snoozed = match answer {
+            Some(outcome) => s.ok(1, 5, snooze(T, 1, 1), outcome),
+            None => s.run(1, 5, snooze(T, 1, 1), unknown()),
+        };
+        s.grant(2, 10, T, 1, 2, 60);
+        (s, snoozed)
+    };
+    let snoozed = Some(Outcome::Snoozed { until: at(5) });
+    let (s, _) = script(snoozed.clone());
+    valid(&check(&s.history(), &with_tries(1)));
+    // The snooze spent its try: two tries after two grants and a snooze.
+    let (s, id) = script(snoozed);
+    only(
+        &check(&s.history(), &with_tries(2)),
+        AnomalyKind::TriesMiscounted,
+        &[id],
+    );
+    // A snooze whose answer was lost may or may not have given it back.
+    let (s, _) = script(None);
+    valid(&check(&s.history(), &with_tries(1)));
+    valid(&check(&s.history(), &with_tries(2)));
+    let (s, id) = script(None);
+    only(
+        &check(&s.history(), &with_tries(3)),
+        AnomalyKind::TriesMiscounted,
+        &[id],
+    );
+}
+
 /// The end of a run with schedule [`SCHEDULE`]: a fire row and a ready
 /// task for each of `rows`, and the run-ats `due`.
 fn schedule_end(rows: &[DateTime<Utc>], due: &[DateTime<Utc>]) -> FinalState {

@@ -24,6 +24,7 @@ struct AttemptRow {
     task: i64,
     number: i64,
     state: String,
+    tries: i64,
 }
 
 /// A receipt row.
@@ -56,7 +57,7 @@ struct Rows {
 const TASKS: &str =
     "SELECT id, task_id, last_token, alternatives FROM tasks WHERE namespace = $1 ORDER BY id";
 const ATTEMPTS: &str =
-    "SELECT task, number, state FROM attempts WHERE namespace = $1 ORDER BY task, number";
+    "SELECT task, number, state, tries FROM attempts WHERE namespace = $1 ORDER BY task, number";
 const RECEIPTS: &str = "SELECT r.task, r.attempt, r.token, r.idempotency_key, r.digest, \
      r.accepted_at, r.output FROM receipts r JOIN tasks t ON t.id = r.task \
      WHERE t.namespace = $1 ORDER BY r.id";
@@ -87,6 +88,7 @@ fn sqlite_rows(db: &TestDb, namespace: &str) -> Rows {
                 task: row.get(0)?,
                 number: row.get(1)?,
                 state: row.get(2)?,
+                tries: row.get(3)?,
             })
         })
         .unwrap()
@@ -147,6 +149,7 @@ fn postgres_rows(db: &TestDb, namespace: &str) -> Rows {
                 task: row.get(0),
                 number: row.get(1),
                 state: row.get(2),
+                tries: row.get(3),
             })
             .collect(),
         receipts: query(&mut client, RECEIPTS)
@@ -209,8 +212,9 @@ pub(crate) fn final_state(db: &TestDb, namespace: &str) -> FinalState {
             .attempts
             .iter()
             .filter(|attempt| attempt.task == task.id)
-            .map(|attempt| {
-                FinalAttempt::new(
+            .map(|attempt| FinalAttempt {
+                tries: Some(u32::try_from(attempt.tries).unwrap()),
+                ..FinalAttempt::new(
                     u32::try_from(attempt.number).unwrap(),
                     state_of(&attempt.state),
                 )

@@ -74,8 +74,10 @@ pub(crate) fn schedules<'a>(
                 ));
             }
         }
+        // Retention keeps a schedule's latest fire row alone: a row is
+        // missing rightly when a later run-at's row is there.
         let rows = end.schedules.get(*schedule);
-        if rows.is_some_and(|rows| rows.fires.iter().all(|row| row.run_at != *run_at)) {
+        if rows.is_some_and(|rows| rows.fires.iter().all(|row| row.run_at < *run_at)) {
             anomalies.push(anomaly(
                 AnomalyKind::LostFire,
                 &fire.task,
@@ -89,6 +91,22 @@ pub(crate) fn schedules<'a>(
         for row in &stored.fires {
             rows.entry(row.run_at).or_default().push(&row.task);
             made.insert(&row.task);
+        }
+        // Retention keeps a schedule's latest fire row alone: a task of an
+        // earlier run-at (named `sched-<name>-<run-at in ms>`) was made by
+        // a fire whose row it deleted.
+        let latest = rows.keys().next_back().copied();
+        let prefix = format!("sched-{schedule}-");
+        let mut trimmed: Vec<DateTime<Utc>> = Vec::new();
+        for task in end.tasks.keys() {
+            let run_at = task
+                .strip_prefix(&prefix)
+                .and_then(|millis| millis.parse::<i64>().ok())
+                .and_then(DateTime::from_timestamp_millis);
+            if let Some(run_at) = run_at.filter(|at| latest.is_some_and(|latest| *at < latest)) {
+                made.insert(task);
+                trimmed.push(run_at);
+            }
         }
         for (run_at, tasks) in &rows {
             let passes = fires.get(&(schedule.as_str(), *run_at));
@@ -127,8 +145,9 @@ pub(crate) fn schedules<'a>(
         due.sort_unstable();
         due.dedup();
         for (n, run_at) in due.iter().enumerate() {
-            let fired =
-                rows.contains_key(run_at) || fires.contains_key(&(schedule.as_str(), *run_at));
+            let fired = rows.contains_key(run_at)
+                || fires.contains_key(&(schedule.as_str(), *run_at))
+                || trimmed.contains(run_at);
             let from = *run_at - skew;
             let until = due.get(n + 1).map(|next| *next + skew);
             let excused = paused.iter().any(|(start, stop)| {

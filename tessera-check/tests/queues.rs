@@ -542,6 +542,40 @@ fn a_fire_whose_row_or_task_is_lost() {
     let mut end = schedule_end(&[run_at], &[]);
     end.schedules.get_mut(SCHEDULE).unwrap().fires.clear();
     only(&check(&s.history(), &end), AnomalyKind::LostFire, &[pass]);
+
+    // Retention keeps the latest fire row alone: an earlier run-at's row
+    // may be gone, its task there, whether its fire was acknowledged or
+    // its answer lost; a due run-at so fired was fired.
+    let later = at(120);
+    let mut s = Script::default();
+    s.ok(
+        1,
+        61,
+        Operation::FireSchedules,
+        fired(&[(SCHEDULE, run_at)]),
+    );
+    s.ok(
+        1,
+        121,
+        Operation::FireSchedules,
+        fired(&[(SCHEDULE, later)]),
+    );
+    let mut end = schedule_end(&[run_at, later], &[run_at, later]);
+    end.schedules
+        .get_mut(SCHEDULE)
+        .unwrap()
+        .fires
+        .retain(|row| row.run_at == later);
+    valid(&check(&s.history(), &end));
+    let mut s = Script::default();
+    s.run(1, 61, Operation::FireSchedules, unknown());
+    s.ok(
+        1,
+        121,
+        Operation::FireSchedules,
+        fired(&[(SCHEDULE, later)]),
+    );
+    valid(&check(&s.history(), &end));
 }
 
 #[test]

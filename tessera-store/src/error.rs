@@ -39,7 +39,7 @@ pub enum Error {
     /// purged after its retention, since a token names a task that once
     /// was (`410 task_purged`). Nothing was done; a replayed submission
     /// is never run again.
-    #[error("gone: {what} (finished and purged after its retention)")]
+    #[error("gone: {what} is not there: purged after its retention, or never made")]
     TaskPurged {
         /// The task named.
         what: String,

@@ -128,6 +128,16 @@ impl Doc {
         self
     }
 
+    /// A call under a fencing token may find its task gone: `410
+    /// task_purged`, finished and purged after its retention.
+    pub(crate) fn gone(mut self) -> Self {
+        self.operation["responses"]["410"] = json!({
+            "description": "task_purged: the task is gone, finished and purged after its retention (nothing was done; a replay is never run again)",
+            "content": { "application/json": { "schema": error_body() } },
+        });
+        self
+    }
+
     /// The operation object, with the refusals every route can give.
     fn finish(mut self) -> Value {
         let responses = &mut self.operation["responses"];

@@ -43,6 +43,7 @@ pub(super) fn routes() -> Vec<Route> {
             Some("heartbeat"),
             task_doc(Doc::new("heartbeat", "extend a lease, with the task's version and the fencing token from the claim, and optionally report progress: a small JSON value (at most 4096 bytes as compact text) kept on the attempt, shown by the task view and listings"))
                 .keyed()
+                .gone()
                 .body(object(beat, &["version", "token"]))
                 .answers("200", "the lease as it now stands", Some(lease)),
             post(heartbeat),
@@ -53,6 +54,7 @@ pub(super) fn routes() -> Vec<Route> {
             Some("submit"),
             task_doc(Doc::new("submit", "submit the output under an Idempotency-Key: the same key and output replay the receipt (Idempotent-Replayed: true); the same key with another output is 409"))
                 .keyed()
+                .gone()
                 .header(IDEMPOTENCY_KEY)
                 .body(object(output, &["version", "token", "output"]))
                 .answers("200", "the receipt", Some(json!({ "type": "object", "required": ["task", "token", "artifact"] })))
@@ -97,6 +99,7 @@ pub(super) fn routes() -> Vec<Route> {
             Some("fail"),
             task_doc(Doc::new("fail", "end a lease with a failure: retry never, after the default backoff, or after `after_ms` (which counts for `after` and `snooze` alone, 0 if absent); `snooze` steps back without spending the try, claimable again after `after_ms`"))
                 .keyed()
+                .gone()
                 .body(object(failure, &["version", "token", "retry"]))
                 .answers("200", "the attempt's new state", Some(json!({ "type": "object", "required": ["state"] }))),
             post(fail),

@@ -101,7 +101,9 @@ fn a_schedule_fires_each_run_at_once_and_catches_up_once(db: &TestDb) {
             fire_task_id(&name("sales"), noon() + minutes(65)).to_string(),
         ]
     );
-    assert_eq!(db.count_rows("schedule_fires"), 2);
+    // Two fire rows, or the latest alone once retention has run (it keeps
+    // each schedule's latest fire row only).
+    assert!((1..=2).contains(&db.count_rows("schedule_fires")));
 }
 
 fn a_paused_schedule_fires_nothing_and_resumes_from_now(db: &TestDb) {
@@ -469,7 +471,9 @@ fn four_processes_fire_every_run_at_exactly_once(db: &TestDb) {
     assert_eq!(claimed_sorted, expected_ids);
     let view = f.store.read_schedule(&worker, &ns, &name("tick")).unwrap();
     assert_eq!(view.last_run_at, Some(noon() + minutes(RUN_ATS)));
-    assert_eq!(db.count_rows("schedule_fires"), RUN_ATS as u64);
+    // A row per fire, less those retention trimmed (it keeps each
+    // schedule's latest fire row only).
+    assert!((1..=RUN_ATS as u64).contains(&db.count_rows("schedule_fires")));
 }
 
 /// A seconds field: `*/10 * * * * *` with a pass every 3 ms for 10 s

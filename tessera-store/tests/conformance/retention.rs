@@ -60,6 +60,19 @@ fn retention_run(f: &Fixture<'_>) -> tessera_store::Maintenance {
     report
 }
 
+/// The store's audit rows, newest first (`purge_tasks` among them).
+fn purges(f: &Fixture<'_>) -> tessera_store::AuditPage {
+    f.store
+        .audit(
+            &f.admin,
+            &AuditQuery {
+                limit: 100,
+                ..AuditQuery::default()
+            },
+        )
+        .unwrap()
+}
+
 fn exists(f: &Fixture<'_>, caller: &Caller, task: &TaskRef) -> bool {
     match f.store.read_task(caller, task) {
         Ok(_) => true,
@@ -120,16 +133,7 @@ fn finished_work_is_purged_by_state_and_age_and_cancelled_is_kept(db: &TestDb) {
     assert!(!exists(&f, &worker, &discarded));
     assert!(!exists(&f, &worker, &failed));
     // Each purge is audited by the store, naming the queue and the count.
-    let events = f
-        .store
-        .audit(
-            &f.admin,
-            &AuditQuery {
-                limit: 100,
-                ..AuditQuery::default()
-            },
-        )
-        .unwrap();
+    let events = purges(&f);
     let mut purges: Vec<String> = events
         .events
         .iter()
@@ -208,16 +212,7 @@ fn a_purge_runs_in_batches_of_500_each_audited_and_metered(db: &TestDb) {
             f.store.rows_written_today()
         );
     }
-    let events = f
-        .store
-        .audit(
-            &f.admin,
-            &AuditQuery {
-                limit: 100,
-                ..AuditQuery::default()
-            },
-        )
-        .unwrap();
+    let events = purges(&f);
     let mut counts: Vec<u64> = events
         .events
         .iter()

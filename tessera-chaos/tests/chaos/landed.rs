@@ -104,18 +104,23 @@ fn held_a_lease(steps: &[Step], process: u32, at: u64) -> bool {
 /// answered after its pause, under a token of its own whose task another
 /// process was granted meanwhile: how many were refused, and how many
 /// answered otherwise (accepted, or unknown).
+///
+/// The worker was stopped from `began` to `lifted`, so its own leases are
+/// those of claims it invoked before the pause, answered before it or
+/// recorded only after it was continued (a claim the store granted while
+/// the worker was stopped).
 pub(crate) fn stale_answers(steps: &[Step], struck: &Struck) -> (usize, usize) {
     let (Some(process), at) = (struck.process, struck.began) else {
         return (0, 0);
     };
     let own: Vec<(&str, i64)> = steps
         .iter()
-        .filter(|step| step.id.process == process && step.completed.is_some_and(|done| done < at))
+        .filter(|step| step.id.process == process && step.invoked < at)
         .filter_map(grant)
         .collect();
     let stale = steps.iter().filter(|step| {
         step.id.process == process
-            && step.completed.is_some_and(|done| done > struck.lifted)
+            && step.completed.is_some_and(|done| done > at)
             && acts_under(&step.operation).is_some_and(|(task, token)| {
                 own.contains(&(task, token))
                     && steps.iter().any(|other| {

@@ -57,13 +57,24 @@ pub fn is_visible(row_time: DateTime<Utc>, now: DateTime<Utc>) -> bool {
 /// assert!(schedule.start(now).is_none());
 /// assert_eq!(schedule.poll_timeout(), Some(now + RetentionSchedule::INTERVAL));
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RetentionSchedule {
     last_start: Option<DateTime<Utc>>,
+    interval: TimeDelta,
+}
+
+impl Default for RetentionSchedule {
+    fn default() -> Self {
+        Self {
+            last_start: None,
+            interval: Self::INTERVAL,
+        }
+    }
 }
 
 impl RetentionSchedule {
-    /// The shortest time between two runs.
+    /// The shortest time between two runs, unless
+    /// [`with_interval`](Self::with_interval) says otherwise.
     pub const INTERVAL: TimeDelta = TimeDelta::minutes(5);
 
     /// Rows deleted per statement.
@@ -74,13 +85,29 @@ impl RetentionSchedule {
         Self::default()
     }
 
+    /// A schedule that has never run, with `interval` (not below zero)
+    /// between two runs instead of [`INTERVAL`](Self::INTERVAL): for a
+    /// test or a chaos run that must see retention at work within seconds.
+    #[must_use]
+    pub fn with_interval(interval: TimeDelta) -> Self {
+        Self {
+            last_start: None,
+            interval: interval.max(TimeDelta::zero()),
+        }
+    }
+
+    /// The shortest time between two runs.
+    pub fn interval(&self) -> TimeDelta {
+        self.interval
+    }
+
     /// Whether [`start`](Self::start) would begin a run at `now`.
     #[must_use]
     pub fn due(&self, now: DateTime<Utc>) -> bool {
         match self.last_start {
             None => true,
             // A clock stepped back also runs, so a jump cannot stall retention.
-            Some(last) => now < last || now - last >= Self::INTERVAL,
+            Some(last) => now < last || now - last >= self.interval,
         }
     }
 
@@ -100,7 +127,7 @@ impl RetentionSchedule {
     /// When the schedule next allows a run, for a driver's timer: before the
     /// first run, [`DateTime::MIN_UTC`] (a time already past: due now, as
     /// [`CounterBuffer::poll_timeout`](crate::CounterBuffer::poll_timeout)
-    /// answers); after one, its start plus [`INTERVAL`](Self::INTERVAL).
+    /// answers); after one, its start plus the [`interval`](Self::interval).
     /// `None` if that lies past the end of `DateTime`, when no run comes due
     /// unless the clock steps back.
     ///
@@ -111,7 +138,7 @@ impl RetentionSchedule {
     pub fn poll_timeout(&self) -> Option<DateTime<Utc>> {
         match self.last_start {
             None => Some(DateTime::<Utc>::MIN_UTC),
-            Some(last) => last.checked_add_signed(Self::INTERVAL),
+            Some(last) => last.checked_add_signed(self.interval),
         }
     }
 

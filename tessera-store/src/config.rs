@@ -93,6 +93,7 @@ pub struct StoreConfig {
     retry_jitter_seed: Option<u64>,
     ack_batching: AckBatching,
     retention: Retention,
+    retention_interval: Duration,
     #[cfg(feature = "fault-injection")]
     injected_fault: Option<crate::faults::InjectedFault>,
 }
@@ -116,6 +117,7 @@ impl Default for StoreConfig {
             retry_jitter_seed: None,
             ack_batching: AckBatching::default(),
             retention: Retention::default(),
+            retention_interval: Duration::from_secs(5 * 60),
             #[cfg(feature = "fault-injection")]
             injected_fault: None,
         }
@@ -253,6 +255,20 @@ impl StoreConfig {
         self.retention
     }
 
+    /// The shortest time between two retention runs of this store
+    /// (default five minutes, the most a day; whole milliseconds). A
+    /// shorter one purges sooner after a keep time passes and costs a few
+    /// index reads a run when nothing is due.
+    pub fn with_retention_interval(mut self, interval: Duration) -> Self {
+        self.retention_interval = interval;
+        self
+    }
+
+    /// The shortest time between two retention runs.
+    pub fn retention_interval(&self) -> Duration {
+        self.retention_interval
+    }
+
     /// Switches on a deliberate bug (`fault-injection` feature; for tests
     /// of the checks that must catch it).
     #[cfg(feature = "fault-injection")]
@@ -313,6 +329,14 @@ impl StoreConfig {
         }
         if let Err(error) = self.retention.check() {
             return invalid(format!("retention: {error}"));
+        }
+        if self.retention_interval > Duration::from_secs(24 * 60 * 60)
+            || self.retention_interval.subsec_nanos() % 1_000_000 != 0
+        {
+            return invalid(format!(
+                "retention interval must be whole milliseconds up to a day, got {:?}",
+                self.retention_interval
+            ));
         }
         Ok(())
     }
@@ -408,6 +432,7 @@ impl fmt::Debug for StoreConfig {
             .field("retry_jitter_seed", &self.retry_jitter_seed)
             .field("ack_batching", &self.ack_batching)
             .field("retention", &self.retention)
+            .field("retention_interval", &self.retention_interval)
             .finish_non_exhaustive()
     }
 }

@@ -194,11 +194,15 @@ impl Store {
         let backend = open()?;
         backend.listen(Self::signal_sink(&gate, &health, &signals));
         let completer = Completer::new(config.ack_batching());
+        let retention = RetentionSchedule::with_interval(
+            chrono::TimeDelta::from_std(config.retention_interval())
+                .expect("checked: a day at most"),
+        );
         Ok(Self {
             config,
             backend,
             counters: Mutex::new(CounterBuffer::new()),
-            retention: Mutex::new(RetentionSchedule::new()),
+            retention: Mutex::new(retention),
             observations: Mutex::new(observations),
             gate,
             health,

@@ -89,6 +89,8 @@ named_enum!(
     ResumeQueue = "resume_queue",
     /// Set a queue's concurrency limits.
     SetQueueLimits = "set_queue_limits",
+    /// Set or clear a queue's own keep times for finished work.
+    SetQueueRetention = "set_queue_retention",
     /// Read a queue's settings.
     ReadQueueSettings = "read_queue_settings",
     /// Read a task.

@@ -241,7 +241,7 @@ pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance};
 pub use model::bulk::{AttemptProgress, BulkFilter};
 pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason};
 pub use model::health::{HealthSnapshot, StateCounts};
-pub use model::queue::QueueSettings;
+pub use model::queue::{QueueRetention, QueueSettings};
 #[cfg(feature = "schedule")]
 pub use model::schedule::{Fired, SchedulePage, ScheduleSpec, ScheduleView};
 pub use model::session::Session;

@@ -136,8 +136,8 @@ pub(crate) fn rejected(rejection: impl IntoResponse + std::fmt::Display) -> ApiE
 }
 
 /// A JSON request body: `415` unless it is `application/json`, `413` over
-/// the limit, the store's `400` for a malformed one or one with a field
-/// the route does not know.
+/// the limit, the store's `400` for a malformed one, one that is not a
+/// JSON object, or one with a field the route does not know.
 #[derive(Debug)]
 pub struct JsonBody<T>(pub T);
 
@@ -165,6 +165,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         let body = Bytes::from_request(request, state)
             .await
             .map_err(rejected)?;
+        // Every body is an object: serde would read an array as the
+        // struct's fields by position.
+        if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(invalid(
+                "request body: a JSON object is expected".to_owned(),
+            ));
+        }
         serde_json::from_slice(&body).map(Self).map_err(|error| {
             // A field's own parse error already reads "invalid input: …".
             let error = error.to_string();

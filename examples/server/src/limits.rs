@@ -244,6 +244,13 @@ pub const MAX_TRIES_INPUT: Input = integer("max_tries", 1, MAX_TRIES as i64);
 pub const QUEUE_LIMIT: Input = integer("queue", 0, u32::MAX as i64);
 /// A queue's concurrency limit per partition key; 0 or null is none.
 pub const PARTITION_LIMIT: Input = integer("per_partition", 0, u32::MAX as i64);
+/// How long a queue keeps finished tasks of one final state, in
+/// milliseconds; null keeps them for good.
+pub const KEEP_MS: Input = integer(
+    "keep_ms",
+    0,
+    tessera_store::Retention::MAX.as_millis() as i64,
+);
 /// Tasks in one claim.
 pub const CLAIM_COUNT: Input = integer("count", 1, MAX_CLAIM_BATCH as i64);
 /// A long-poll's wait, in milliseconds.
@@ -329,6 +336,7 @@ pub const ALL: &[Input] = &[
     CLAIM_COUNT,
     QUEUE_LIMIT,
     PARTITION_LIMIT,
+    KEEP_MS,
     TIMEOUT_MS,
     BACKOFF_MS,
     AUDIT_LIMIT,

@@ -404,6 +404,54 @@ fn a_paused_queue_answers_204_paused_and_a_full_one_204_limited() {
 }
 
 #[test]
+fn a_queue_gets_keep_times_of_its_own_and_hands_them_back() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let path = "/v1/ns/renders/queues/frames/retention";
+    let read = service.send("GET", path, Some(&worker), &[], None);
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert_eq!(read.json()["own"], false);
+    assert_eq!(read.json()["retention"]["done"], 24 * 60 * 60 * 1000);
+    let set = service.send(
+        "PUT",
+        path,
+        Some(&worker),
+        &[],
+        Some(&json!({ "done": 60_000, "discarded": null, "cancelled": 0 })),
+    );
+    assert_eq!(set.status, 200, "{}", set.text());
+    assert_eq!(
+        set.json()["retention"],
+        json!({ "done": 60_000, "discarded": null, "cancelled": 0 })
+    );
+    assert_eq!(set.json()["own"], true);
+    assert_eq!(
+        service.send("GET", path, Some(&worker), &[], None).json(),
+        set.json()
+    );
+    // Every keep time must be said: a missing one would silently mean
+    // "for good". Unknown fields, arrays and keep times past ten years
+    // are refused, and change nothing.
+    for body in [
+        json!({ "done": 60_000, "discarded": null }),
+        json!({ "done": 1, "discarded": 1, "cancelled": 1, "failed": 1 }),
+        json!([60_000, null, 0]),
+        json!({ "done": -1, "discarded": 1, "cancelled": 1 }),
+        json!({ "done": 400_000_000_000_i64, "discarded": 1, "cancelled": 1 }),
+    ] {
+        let bad = service.send("PUT", path, Some(&worker), &[], Some(&body));
+        assert_eq!(bad.status, 400, "{body}: {}", bad.text());
+    }
+    assert_eq!(
+        service.send("GET", path, Some(&worker), &[], None).json(),
+        set.json()
+    );
+    let reset = service.send("DELETE", path, Some(&worker), &[], None);
+    assert_eq!(reset.status, 200, "{}", reset.text());
+    assert_eq!(reset.json(), read.json());
+}
+
+#[test]
 fn overload_is_429_with_retry_after() {
     let legacy_quota = AdmissionConfig {
         claims_per_minute: 1,

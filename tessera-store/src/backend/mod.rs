@@ -661,6 +661,19 @@ pub(crate) trait ReadTransaction {
     /// Every stored queue setting of a namespace, by queue name.
     fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>>;
 
+    /// A queue's own keep times for finished work, if it has them.
+    fn queue_retention(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<Option<tessera_lease::Retention>>;
+
+    /// Every queue of a namespace with keep times of its own, by name.
+    fn namespace_retention(
+        &self,
+        namespace: &Namespace,
+    ) -> Result<Vec<(QueueName, tessera_lease::Retention)>>;
+
     /// How many of the queue's attempts are stored as leased (lapsed ones
     /// whose lapse is not yet recorded included): the slots
     /// [`ConcurrencyLimit`](tessera_lease::ConcurrencyLimit) counts.
@@ -1004,6 +1017,16 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         &self,
         namespace: &Namespace,
         settings: &QueueSettings,
+        now: DateTime<Utc>,
+    ) -> Result<()>;
+
+    /// Stores a queue's own keep times at `now`, or deletes them (`None`:
+    /// the store's apply).
+    fn put_queue_retention(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        retention: Option<&tessera_lease::Retention>,
         now: DateTime<Utc>,
     ) -> Result<()>;
 

@@ -687,6 +687,48 @@ impl QueueSettingsRow {
     }
 }
 
+/// A `queue_retention` row as stored: the queue and its keep times in
+/// milliseconds by final state (`NULL`: kept forever).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueRetentionRow {
+    pub(crate) queue: String,
+    pub(crate) done_ms: Option<i64>,
+    pub(crate) discarded_ms: Option<i64>,
+    pub(crate) cancelled_ms: Option<i64>,
+}
+
+impl QueueRetentionRow {
+    /// The keep times of a row, in the columns' order.
+    pub(crate) fn columns(retention: &tessera_lease::Retention) -> [Option<i64>; 3] {
+        let ms = |keep: Option<Duration>| keep.map(|keep| keep.as_millis() as i64);
+        [
+            ms(retention.done),
+            ms(retention.discarded),
+            ms(retention.cancelled),
+        ]
+    }
+
+    /// The queue and keep times it stores.
+    pub(crate) fn retention(self) -> Result<(QueueName, tessera_lease::Retention)> {
+        let keep = |value: Option<i64>| match value {
+            None => Ok(None),
+            Some(ms) => u64::try_from(ms)
+                .map(|ms| Some(Duration::from_millis(ms)))
+                .map_err(|_| corrupt("keep time")),
+        };
+        let retention = tessera_lease::Retention {
+            done: keep(self.done_ms)?,
+            discarded: keep(self.discarded_ms)?,
+            cancelled: keep(self.cancelled_ms)?,
+        };
+        retention.check().map_err(|_| corrupt("keep time"))?;
+        Ok((
+            QueueName::parse(&self.queue).map_err(|_| corrupt("queue name"))?,
+            retention,
+        ))
+    }
+}
+
 /// Claim candidates in claim order, each task once, about `limit` of
 /// them: `search(priority, limit)` gives a priority's due entries of the
 /// claim index (task row id, `claimable_at`) and of the lapsed leases

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tessera_lease::{ConcurrencyLimit, QueueName};
+use tessera_lease::{ConcurrencyLimit, QueueName, Retention};
 
 /// A queue's settings, as stored in `queue_settings`.
 ///
@@ -43,4 +43,16 @@ impl QueueSettings {
     pub fn is_unset(&self) -> bool {
         self.paused_at.is_none() && !self.limit.is_limited()
     }
+}
+
+/// How long a queue's finished tasks are kept: its own keep times, or the
+/// store's ([`StoreConfig::with_retention`](crate::StoreConfig::with_retention)).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct QueueRetention {
+    /// The queue.
+    pub queue: QueueName,
+    /// The keep times in force for it.
+    pub retention: Retention,
+    /// Whether they are the queue's own (`true`) or the store's.
+    pub own: bool,
 }

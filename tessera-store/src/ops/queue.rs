@@ -2,12 +2,12 @@
 //! hold across restarts and processes.
 
 use tessera_audit::{Action, Resource};
-use tessera_lease::{ConcurrencyLimit, Namespace, QueueName};
+use tessera_lease::{ConcurrencyLimit, Namespace, QueueName, Retention};
 
 use crate::backend::RowLock;
 use crate::error::Error;
 use crate::model::access::{Caller, Scope};
-use crate::model::queue::QueueSettings;
+use crate::model::queue::{QueueRetention, QueueSettings};
 use crate::store::Store;
 
 /// The audit resource naming a queue.
@@ -107,6 +107,66 @@ impl Store {
                 .unwrap_or_else(|| QueueSettings::unset(queue.clone()));
             Ok((settings, queue_resource(queue)))
         })
+    }
+
+    /// Gives `queue` keep times of its own for finished work, or (`None`)
+    /// hands it back to the store's
+    /// ([`StoreConfig::with_retention`](crate::StoreConfig::with_retention)),
+    /// and returns the keep times now in force for it.
+    ///
+    /// Retention weighs each finished task by its queue's keep times, from
+    /// its next run on: a shorter keep purges the queue's finished work
+    /// sooner, a longer one (or [`Retention::FOREVER`]) keeps it although
+    /// the store's would purge it. Tasks already purged stay purged. Keep
+    /// times above [`Retention::MAX`] are refused
+    /// ([`Error::InvalidInput`]). Needs the `enqueue` scope and the
+    /// namespace grant; audited as `set_queue_retention` (resource
+    /// `queue:<name>`).
+    pub fn set_queue_retention(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+        retention: Option<Retention>,
+    ) -> Result<QueueRetention, Error> {
+        if let Some(retention) = &retention {
+            retention.check()?;
+        }
+        let scope = self.admit(caller, namespace, Scope::Enqueue, Action::SetQueueRetention)?;
+        let now = self.now_utc();
+        self.perform(&scope, now, |writer| {
+            writer.lock_row(RowLock::QueueSettings(namespace, queue))?;
+            writer.put_queue_retention(namespace, queue, retention.as_ref(), now)?;
+            Ok((
+                self.queue_retention_of(queue, retention),
+                queue_resource(queue),
+            ))
+        })
+    }
+
+    /// The keep times in force for `queue`'s finished work: its own, or
+    /// the store's. Needs the `read` scope; audited as
+    /// `read_queue_settings`.
+    pub fn queue_retention(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<QueueRetention, Error> {
+        let scope = self.admit(caller, namespace, Scope::Read, Action::ReadQueueSettings)?;
+        self.perform_read(&scope, |reader| {
+            let own = reader.queue_retention(namespace, queue)?;
+            Ok((self.queue_retention_of(queue, own), queue_resource(queue)))
+        })
+    }
+
+    /// What a queue with keep times `own` (or none) keeps.
+    fn queue_retention_of(&self, queue: &QueueName, own: Option<Retention>) -> QueueRetention {
+        QueueRetention {
+            queue: queue.clone(),
+            retention: own.unwrap_or_else(|| self.config.retention()),
+            own: own.is_some(),
+        }
     }
 
     /// Reads a queue's settings, changes them and stores them (a row only

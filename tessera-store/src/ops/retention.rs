@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use tessera_audit::{Action, Resource, RetentionRun};
-use tessera_lease::{Namespace, QueueName, StateName};
+use tessera_lease::{Namespace, QueueName, Retention, StateName};
 
 use crate::backend::{FinishedPosition, TaskHandle};
 use crate::error::Error;
@@ -30,10 +30,15 @@ const NAMESPACE_PAGE: usize = 100;
 
 impl Store {
     /// Purges the finished tasks whose keep time has passed at the run's
-    /// start: namespace by namespace, for each final state, the attempts
-    /// that reached it at or before its cutoff (found in the namespace's
-    /// range of `attempts_changed`), a batch of at most [`RetentionRun::batch_size`]
-    /// (500) at a time, each batch its own transaction. A batch locks the
+    /// start, by their queue's keep times ([`Store::set_queue_retention`])
+    /// or the store's: namespace by namespace, for each final state, the
+    /// attempts that reached it at or before its latest cutoff (found in
+    /// the namespace's range of `attempts_changed`), a batch of at most
+    /// [`RetentionRun::batch_size`] (500) at a time, each batch its own
+    /// transaction. Attempts kept longer than the shortest keep time of
+    /// their state in the namespace (another state's, or a queue that
+    /// keeps longer) lie in that range too and are read again by each run
+    /// until they are due. A batch locks the
     /// tasks it found (on PostgreSQL, passing over those another
     /// transaction holds), weighs each by all its attempts
     /// ([`Retention::purgeable`](tessera_lease::Retention::purgeable): every
@@ -53,8 +58,20 @@ impl Store {
                 Ok(reader.namespace_names(after_namespace.as_ref(), NAMESPACE_PAGE)?)
             })?;
             for namespace in &namespaces {
+                // Queues with keep times of their own: the search of a
+                // state reaches up to the latest cutoff of any of them,
+                // and each task found is weighed by its queue's.
+                let own: BTreeMap<QueueName, Retention> = self
+                    .read(|reader| Ok(reader.namespace_retention(namespace)?))?
+                    .into_iter()
+                    .collect();
+                let retention_of = |queue: &QueueName| own.get(queue).copied().unwrap_or(retention);
                 for state in FINAL_STATES {
-                    let Some(cutoff) = retention.cutoff(state, now) else {
+                    let Some(cutoff) = std::iter::once(&retention)
+                        .chain(own.values())
+                        .filter_map(|keep| keep.cutoff(state, now))
+                        .max()
+                    else {
                         continue;
                     };
                     let mut after: FinishedPosition = (i64::MIN, i64::MIN);
@@ -80,7 +97,8 @@ impl Store {
                                 let due: Vec<_> = locked
                                     .iter()
                                     .filter(|task| {
-                                        retention.purgeable(task.attempts.iter().copied(), now)
+                                        retention_of(&task.queue)
+                                            .purgeable(task.attempts.iter().copied(), now)
                                     })
                                     .collect();
                                 if due.is_empty() {

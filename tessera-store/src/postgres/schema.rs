@@ -87,6 +87,12 @@ const TABLES: &[(&str, &str)] = &[
          partition_limit BIGINT, updated_at BIGINT NOT NULL)",
     ),
     (
+        "queue_retention",
+        "CREATE TABLE IF NOT EXISTS queue_retention (namespace TEXT NOT NULL, \
+         queue TEXT NOT NULL, done_ms BIGINT, discarded_ms BIGINT, cancelled_ms BIGINT, \
+         updated_at BIGINT NOT NULL, PRIMARY KEY (namespace, queue))",
+    ),
+    (
         "receipts",
         "CREATE TABLE IF NOT EXISTS receipts (id BIGSERIAL PRIMARY KEY, \
          task BIGINT NOT NULL, attempt BIGINT NOT NULL, token BIGINT NOT NULL, \

@@ -866,6 +866,21 @@ pub(super) const DELETE_TASKS: &str = "WITH gone AS (SELECT id, namespace, queue
 /// A row's lock by name, held to the transaction's end (see
 /// [`RowLock`](crate::backend::RowLock)).
 pub(super) const LOCK_ROW: &str = "SELECT pg_advisory_xact_lock(hashtext('tessera row ' || $1))";
+/// A queue's own keep times.
+pub(super) const QUEUE_RETENTION: &str = "SELECT queue, done_ms, discarded_ms, cancelled_ms \
+     FROM queue_retention WHERE namespace = $1 AND queue = $2";
+/// Every queue of a namespace with keep times of its own.
+pub(super) const NAMESPACE_RETENTION: &str = "SELECT queue, done_ms, discarded_ms, \
+     cancelled_ms FROM queue_retention WHERE namespace = $1 ORDER BY queue";
+/// Stores a queue's keep times.
+pub(super) const PUT_QUEUE_RETENTION: &str = "INSERT INTO queue_retention \
+     (namespace, queue, done_ms, discarded_ms, cancelled_ms, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (namespace, queue) DO UPDATE SET \
+     done_ms = excluded.done_ms, discarded_ms = excluded.discarded_ms, \
+     cancelled_ms = excluded.cancelled_ms, updated_at = excluded.updated_at";
+/// Deletes a queue's keep times: the store's apply again.
+pub(super) const DELETE_QUEUE_RETENTION: &str =
+    "DELETE FROM queue_retention WHERE namespace = $1 AND queue = $2";
 pub(super) const DELETE_QUEUE_SETTINGS: &str =
     "DELETE FROM queue_settings WHERE namespace = $1 AND queue = $2";
 /// The leased attempts of one partition of a queue.

@@ -19,9 +19,9 @@ use tessera_lease::{
 };
 
 use crate::backend::rows::{
-    self, AttemptRow, AttemptWrite, CounterRow, EventRow, ListingRow, QueueSettingsRow, TaskRow,
-    TaskWrites, claimable_column, corrupt, count, duration_millis, millis, minute_number,
-    state_counts, to_json,
+    self, AttemptRow, AttemptWrite, CounterRow, EventRow, ListingRow, QueueRetentionRow,
+    QueueSettingsRow, TaskRow, TaskWrites, claimable_column, corrupt, count, duration_millis,
+    millis, minute_number, state_counts, to_json,
 };
 use crate::backend::{
     FinishedPosition, FinishedTask, KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire,
@@ -42,6 +42,15 @@ use super::rows::{attempt_row, counter_row, event_row, key_row, receipt_row, tas
 use super::statements::*;
 
 /// A `queue_settings` row's columns.
+fn retention_row(row: &Row) -> Result<QueueRetentionRow> {
+    Ok(QueueRetentionRow {
+        queue: row.try_get(0)?,
+        done_ms: row.try_get(1)?,
+        discarded_ms: row.try_get(2)?,
+        cancelled_ms: row.try_get(3)?,
+    })
+}
+
 fn settings_row(row: &Row) -> Result<QueueSettingsRow> {
     Ok(QueueSettingsRow {
         queue: row.try_get(0)?,
@@ -581,6 +590,26 @@ impl ReadTransaction for PgTransaction<'_> {
             .transpose()
     }
 
+    fn queue_retention(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<Option<tessera_lease::Retention>> {
+        self.query_opt(QUEUE_RETENTION, &[&namespace.as_str(), &queue.as_str()])?
+            .map(|row| Ok(retention_row(&row)?.retention()?.1))
+            .transpose()
+    }
+
+    fn namespace_retention(
+        &self,
+        namespace: &Namespace,
+    ) -> Result<Vec<(QueueName, tessera_lease::Retention)>> {
+        self.query(NAMESPACE_RETENTION, &[&namespace.as_str()])?
+            .iter()
+            .map(|row| retention_row(row)?.retention())
+            .collect()
+    }
+
     fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>> {
         self.query(NAMESPACE_QUEUE_SETTINGS, &[&namespace.as_str()])?
             .iter()
@@ -1070,6 +1099,31 @@ impl WriteTransaction for PgTransaction<'_> {
             None => 0,
         };
         Ok(usize::try_from(deleted).unwrap_or(0))
+    }
+
+    fn put_queue_retention(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        retention: Option<&tessera_lease::Retention>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let (namespace, queue) = (namespace.as_str(), queue.as_str());
+        match retention.map(QueueRetentionRow::columns) {
+            Some([done, discarded, cancelled]) => self.execute(
+                PUT_QUEUE_RETENTION,
+                &[
+                    &namespace,
+                    &queue,
+                    &done,
+                    &discarded,
+                    &cancelled,
+                    &millis(now),
+                ],
+            )?,
+            None => self.execute(DELETE_QUEUE_RETENTION, &[&namespace, &queue])?,
+        };
+        Ok(())
     }
 
     fn lock_row(&self, row: RowLock<'_>) -> Result<()> {

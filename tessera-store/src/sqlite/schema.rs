@@ -277,6 +277,20 @@ pub(crate) const TABLES: &[Table] = &[
         ],
         clustered_key: None,
     },
+    // A queue's own keep times for finished work, in milliseconds by final
+    // state (NULL: forever); a row only while the queue has them.
+    Table {
+        name: "queue_retention",
+        columns: &[
+            ("namespace", "TEXT NOT NULL"),
+            ("queue", "TEXT NOT NULL"),
+            ("done_ms", "INTEGER"),
+            ("discarded_ms", "INTEGER"),
+            ("cancelled_ms", "INTEGER"),
+            ("updated_at", "INTEGER NOT NULL"),
+        ],
+        clustered_key: Some(&["namespace", "queue"]),
+    },
     Table {
         name: "receipts",
         columns: &[

@@ -4,7 +4,7 @@ use rusqlite::params;
 
 use super::readers::Reader;
 use super::writer::Writer;
-use crate::backend::rows::QueueSettingsRow;
+use crate::backend::rows::{QueueRetentionRow, QueueSettingsRow};
 
 pub(crate) const META_VALUE: &str = "SELECT value FROM tessera_meta WHERE key = ?1";
 
@@ -180,4 +180,64 @@ pub(crate) fn candidates(
     let indexed = reader.all(CANDIDATE_TASKS, args, |row| Ok((row.get(0)?, row.get(1)?)))?;
     let lapsed = reader.all(CANDIDATE_LAPSED, args, |row| Ok((row.get(0)?, row.get(1)?)))?;
     Ok((indexed, lapsed))
+}
+
+pub(crate) const QUEUE_RETENTION: &str = "SELECT queue, done_ms, discarded_ms, cancelled_ms \
+     FROM queue_retention WHERE namespace = ?1 AND queue = ?2";
+
+pub(crate) const NAMESPACE_RETENTION: &str = "SELECT queue, done_ms, discarded_ms, \
+     cancelled_ms FROM queue_retention WHERE namespace = ?1 ORDER BY queue";
+
+pub(crate) const PUT_QUEUE_RETENTION: &str = "INSERT INTO queue_retention \
+     (namespace, queue, done_ms, discarded_ms, cancelled_ms, updated_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (namespace, queue) DO UPDATE SET \
+     done_ms = excluded.done_ms, discarded_ms = excluded.discarded_ms, \
+     cancelled_ms = excluded.cancelled_ms, updated_at = excluded.updated_at";
+
+pub(crate) const DELETE_QUEUE_RETENTION: &str =
+    "DELETE FROM queue_retention WHERE namespace = ?1 AND queue = ?2";
+
+fn retention_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<QueueRetentionRow> {
+    Ok(QueueRetentionRow {
+        queue: row.get(0)?,
+        done_ms: row.get(1)?,
+        discarded_ms: row.get(2)?,
+        cancelled_ms: row.get(3)?,
+    })
+}
+
+/// A queue's keep-times row.
+pub(crate) fn queue_retention(
+    reader: &Reader<'_>,
+    namespace: &str,
+    queue: &str,
+) -> rusqlite::Result<Option<QueueRetentionRow>> {
+    reader.optional(QUEUE_RETENTION, params![namespace, queue], retention_row)
+}
+
+/// A namespace's keep-times rows, by queue.
+pub(crate) fn namespace_retention(
+    reader: &Reader<'_>,
+    namespace: &str,
+) -> rusqlite::Result<Vec<QueueRetentionRow>> {
+    reader.all(NAMESPACE_RETENTION, params![namespace], retention_row)
+}
+
+/// Stores a queue's keep times (the columns of
+/// [`QueueRetentionRow::columns`]), or deletes them (`None`).
+pub(crate) fn put_queue_retention(
+    writer: &Writer<'_>,
+    namespace: &str,
+    queue: &str,
+    columns: Option<[Option<i64>; 3]>,
+    now: i64,
+) -> rusqlite::Result<()> {
+    match columns {
+        Some([done, discarded, cancelled]) => writer.execute(
+            PUT_QUEUE_RETENTION,
+            params![namespace, queue, done, discarded, cancelled, now],
+        )?,
+        None => writer.execute(DELETE_QUEUE_RETENTION, params![namespace, queue])?,
+    };
+    Ok(())
 }

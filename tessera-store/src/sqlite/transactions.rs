@@ -18,9 +18,9 @@ use super::session as meta;
 use super::tasks::{self as sql, NewReceipt};
 use super::writer::Writer;
 use crate::backend::rows::{
-    self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, QueueSettingsRow, TaskRow,
-    TaskWrites, claimable_column, corrupt, count, duration_millis, millis, minute_number,
-    state_counts, to_json,
+    self, AttemptRow, AttemptWrite, CounterRow, EventRow, KeyRow, QueueRetentionRow,
+    QueueSettingsRow, TaskRow, TaskWrites, claimable_column, corrupt, count, duration_millis,
+    millis, minute_number, state_counts, to_json,
 };
 use crate::backend::{
     FinishedPosition, FinishedTask, KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire,
@@ -331,6 +331,26 @@ impl ReadTransaction for Reader<'_> {
             .collect()
     }
 
+    fn queue_retention(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<Option<tessera_lease::Retention>> {
+        meta::queue_retention(self, namespace.as_str(), queue.as_str())?
+            .map(|row| Ok(row.retention()?.1))
+            .transpose()
+    }
+
+    fn namespace_retention(
+        &self,
+        namespace: &Namespace,
+    ) -> Result<Vec<(QueueName, tessera_lease::Retention)>> {
+        meta::namespace_retention(self, namespace.as_str())?
+            .into_iter()
+            .map(QueueRetentionRow::retention)
+            .collect()
+    }
+
     fn leased_in_queue(&self, namespace: &Namespace, queue: &QueueName) -> Result<u32> {
         let leased = meta::leased_in_queue(self, namespace.as_str(), queue.as_str())?;
         Ok(u32::try_from(leased).unwrap_or(u32::MAX))
@@ -408,6 +428,8 @@ reads_through_writer! {
     limit_count(subject: &str, start: DateTime<Utc>) -> Result<u64>;
     queue_settings(namespace: &Namespace, queue: &QueueName) -> Result<Option<QueueSettings>>;
     namespace_queue_settings(namespace: &Namespace) -> Result<Vec<QueueSettings>>;
+    queue_retention(namespace: &Namespace, queue: &QueueName) -> Result<Option<tessera_lease::Retention>>;
+    namespace_retention(namespace: &Namespace) -> Result<Vec<(QueueName, tessera_lease::Retention)>>;
     leased_in_queue(namespace: &Namespace, queue: &QueueName) -> Result<u32>;
     leased_in_partition(namespace: &Namespace, queue: &QueueName, key: &PartitionKey) -> Result<u32>;
     claim_candidates(namespace: &Namespace, queue: &QueueName, now: DateTime<Utc>, limit: usize) -> Result<Vec<TaskHandle>>;
@@ -766,6 +788,22 @@ impl WriteTransaction for Writer<'_> {
             namespace.as_str(),
             settings.queue.as_str(),
             row.as_ref(),
+            millis(now),
+        )?)
+    }
+
+    fn put_queue_retention(
+        &self,
+        namespace: &Namespace,
+        queue: &QueueName,
+        retention: Option<&tessera_lease::Retention>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        Ok(meta::put_queue_retention(
+            self,
+            namespace.as_str(),
+            queue.as_str(),
+            retention.map(QueueRetentionRow::columns),
             millis(now),
         )?)
     }

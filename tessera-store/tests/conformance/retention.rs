@@ -258,7 +258,71 @@ fn a_unique_key_held_for_good_is_free_again_after_its_purge(db: &TestDb) {
     assert!(after.created, "the key is free once its holder is purged");
 }
 
+fn a_queue_keeps_its_finished_work_by_its_own_keep_times(db: &TestDb) {
+    let f = Fixture::with(db, |config| config.with_retention(short()));
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let ns = namespace("renders");
+    let (fast, kept, plain) = (queue("fast"), queue("kept"), queue("plain"));
+    // Unset, a queue keeps what the store keeps.
+    let read = f.store.queue_retention(&worker, &ns, &fast).unwrap();
+    assert_eq!((read.retention, read.own), (short(), false));
+    let one_minute = Retention {
+        done: Some(MINUTE),
+        ..short()
+    };
+    let set = f
+        .store
+        .set_queue_retention(&worker, &ns, &fast, Some(one_minute))
+        .unwrap();
+    assert_eq!((set.retention, set.own), (one_minute, true));
+    f.store
+        .set_queue_retention(&worker, &ns, &kept, Some(Retention::FOREVER))
+        .unwrap();
+    // A keep time past the bound is refused and changes nothing.
+    let too_long = Retention {
+        done: Some(Retention::MAX + MINUTE),
+        ..short()
+    };
+    let refused = f
+        .store
+        .set_queue_retention(&worker, &ns, &plain, Some(too_long))
+        .unwrap_err();
+    assert_eq!(refused.status(), 400, "{refused}");
+    assert!(!f.store.queue_retention(&worker, &ns, &plain).unwrap().own);
+    // Each queue's done task, two minutes old.
+    let mut tasks = Vec::new();
+    for q in [&fast, &kept, &plain] {
+        f.enqueue(&worker, &ns, q, 1);
+        let claimed = f.claim(&worker, &ns, q);
+        done(&f, &worker, &claimed);
+        tasks.push(claimed.task);
+    }
+    f.clock.advance(2 * MINUTE);
+    f.store.maintain().unwrap();
+    // Retention last ran when the first write of the fixture did; five
+    // minutes on it runs again: only the one-minute queue's task is due.
+    assert_eq!(retention_run(&f).tasks_purged, 1);
+    assert!(!exists(&f, &worker, &tasks[0]));
+    assert!(exists(&f, &worker, &tasks[1]) && exists(&f, &worker, &tasks[2]));
+    // Ten minutes on, the store's keep time takes the plain queue's;
+    // the queue kept forever keeps its own.
+    f.clock.advance(10 * MINUTE);
+    assert_eq!(retention_run(&f).tasks_purged, 1);
+    assert!(!exists(&f, &worker, &tasks[2]));
+    assert!(exists(&f, &worker, &tasks[1]));
+    // Handed back to the store's keep times, it is purged by them.
+    let back = f
+        .store
+        .set_queue_retention(&worker, &ns, &kept, None)
+        .unwrap();
+    assert_eq!((back.retention, back.own), (short(), false));
+    assert_eq!(retention_run(&f).tasks_purged, 1);
+    assert!(!exists(&f, &worker, &tasks[1]));
+    assert_eq!(db.count_rows("queue_retention"), 1);
+}
+
 conformance! {
+    a_queue_keeps_its_finished_work_by_its_own_keep_times,
     finished_work_is_purged_by_state_and_age_and_cancelled_is_kept,
     keep_forever_keeps_every_finished_task,
     a_purge_runs_in_batches_of_500_each_audited_and_metered,

@@ -11,14 +11,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::time::Duration;
 use tessera_store::{
-    Caller, ConcurrencyLimit, Error as StoreError, Namespace, QueueName, QueueSettings, Store,
+    Caller, ConcurrencyLimit, Error as StoreError, Namespace, QueueName, QueueRetention,
+    QueueSettings, Retention, Store,
 };
 
 use super::{AppState, Route, object, queue_doc, queue_names};
 use crate::auth::Authenticated;
 use crate::errors::{ApiError, JsonBody, path};
-use crate::limits::{PARTITION_LIMIT, QUEUE_LIMIT};
+use crate::limits::{KEEP_MS, PARTITION_LIMIT, QUEUE_LIMIT};
 use crate::openapi::Doc;
 
 /// The schema of a queue's settings.
@@ -33,6 +35,34 @@ fn settings_schema() -> Value {
                 "queue": { "type": "integer", "nullable": true },
                 "per_partition": { "type": "integer", "nullable": true },
             } },
+        },
+    })
+}
+
+/// The keep times of each final state, in milliseconds (null: forever).
+fn keep_times_schema() -> Value {
+    let keep = || {
+        let mut schema = KEEP_MS.schema();
+        schema["nullable"] = json!(true);
+        schema
+    };
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["done", "discarded", "cancelled"],
+        "properties": { "done": keep(), "discarded": keep(), "cancelled": keep() },
+    })
+}
+
+/// The schema of a queue's keep times.
+fn retention_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["queue", "retention", "own"],
+        "properties": {
+            "queue": { "type": "string" },
+            "retention": keep_times_schema(),
+            "own": { "type": "boolean" },
         },
     })
 }
@@ -75,6 +105,43 @@ pub(super) fn routes() -> Vec<Route> {
             ))
             .answers("200", "the queue's settings", Some(settings_schema())),
             put(set_limits),
+        ),
+        Route::new(
+            Method::PUT,
+            "/v1/ns/{ns}/queues/{queue}/retention",
+            Some("set_queue_retention"),
+            queue_doc(Doc::new(
+                "set_queue_retention",
+                "give a queue keep times of its own for finished tasks, in milliseconds by final state (done; discarded, also failed; cancelled), each required, null keeping them for good; retention purges the queue's finished tasks by them from its next run on",
+            ))
+            .keyed()
+            .body(keep_times_schema())
+            .answers("200", "the keep times in force for the queue", Some(retention_schema())),
+            put(set_retention),
+        ),
+        Route::new(
+            Method::DELETE,
+            "/v1/ns/{ns}/queues/{queue}/retention",
+            Some("set_queue_retention"),
+            queue_doc(Doc::new(
+                "reset_queue_retention",
+                "hand a queue back to the server's keep times for finished tasks",
+            ))
+            .keyed()
+            .answers("200", "the keep times in force for the queue", Some(retention_schema())),
+            axum::routing::delete(reset_retention),
+        ),
+        Route::new(
+            Method::GET,
+            "/v1/ns/{ns}/queues/{queue}/retention",
+            Some("queue_retention"),
+            queue_doc(Doc::new(
+                "queue_retention",
+                "how long a queue's finished tasks are kept: its own keep times, or the server's (`own` false)",
+            ))
+            .keyed()
+            .answers("200", "the keep times in force for the queue", Some(retention_schema())),
+            get(retention),
         ),
         Route::new(
             Method::GET,
@@ -158,4 +225,78 @@ async fn settings(
     parts: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Response, ApiError> {
     on_queue(state, caller, parts, Store::queue_settings).await
+}
+
+/// `PUT .../retention`: every field required, null keeping for good.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeepTimes {
+    #[serde(deserialize_with = "Option::deserialize")]
+    done: Option<i64>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    discarded: Option<i64>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    cancelled: Option<i64>,
+}
+
+impl KeepTimes {
+    /// The keep times, each checked against [`KEEP_MS`].
+    fn retention(&self) -> Result<Retention, StoreError> {
+        let keep = |value: Option<i64>| -> Result<Option<Duration>, StoreError> {
+            value
+                .map(|ms| Ok(Duration::from_millis(KEEP_MS.integer(ms)? as u64)))
+                .transpose()
+        };
+        Ok(Retention {
+            done: keep(self.done)?,
+            discarded: keep(self.discarded)?,
+            cancelled: keep(self.cancelled)?,
+        })
+    }
+}
+
+/// Sets (`Some`) or resets a queue's keep times and answers those in force.
+async fn put_retention(
+    state: Arc<AppState>,
+    caller: Caller,
+    parts: Result<Path<(String, String)>, PathRejection>,
+    retention: Option<Retention>,
+) -> Result<Response, ApiError> {
+    let (ns, queue) = path(parts)?;
+    let (ns, queue) = queue_names(&ns, &queue)?;
+    let kept: QueueRetention = state
+        .call(move |store| store.set_queue_retention(&caller, &ns, &queue, retention))
+        .await?;
+    Ok(Json(kept).into_response())
+}
+
+async fn set_retention(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    parts: Result<Path<(String, String)>, PathRejection>,
+    JsonBody(request): JsonBody<KeepTimes>,
+) -> Result<Response, ApiError> {
+    let retention = request.retention()?;
+    put_retention(state, caller, parts, Some(retention)).await
+}
+
+async fn reset_retention(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    parts: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    put_retention(state, caller, parts, None).await
+}
+
+async fn retention(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    parts: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let (ns, queue) = path(parts)?;
+    let (ns, queue) = queue_names(&ns, &queue)?;
+    let kept = state
+        .call(move |store| store.queue_retention(&caller, &ns, &queue))
+        .await?;
+    Ok(Json(kept).into_response())
 }

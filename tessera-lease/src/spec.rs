@@ -41,6 +41,45 @@ pub struct TaskSpec {
     /// ended backoff is. `None` (the default): ready at once.
     #[serde(default)]
     pub not_before: Option<DateTime<Utc>>,
+    /// How long a grant of this task lasts, and how far a heartbeat
+    /// extends it: 1 ms to [`MAX_LEASE_DURATION`](crate::MAX_LEASE_DURATION).
+    /// `None` (the default): the length the store passes to
+    /// [`Task::claim`](crate::Task::claim) and
+    /// [`Task::heartbeat`](crate::Task::heartbeat).
+    #[serde(default, with = "optional_millis")]
+    pub lease_duration: Option<Duration>,
+    /// The time by which the task must be finished: no grant at or after
+    /// it, no lease runs past it, and at it every attempt not yet final
+    /// is [`Discarded`](crate::TaskState::Discarded) with
+    /// [`DiscardReason::DeadlineExceeded`](crate::DiscardReason::DeadlineExceeded).
+    /// `None` (the default): no deadline.
+    #[serde(default)]
+    pub deadline: Option<DateTime<Utc>>,
+}
+
+/// An optional duration as whole milliseconds (`null` for none).
+mod optional_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(duration) => {
+                serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+            }
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(deserializer)?.map(Duration::from_millis))
+    }
 }
 
 impl Default for TaskSpec {
@@ -51,6 +90,8 @@ impl Default for TaskSpec {
             max_tries: DEFAULT_MAX_TRIES,
             priority: 0,
             not_before: None,
+            lease_duration: None,
+            deadline: None,
         }
     }
 }
@@ -123,6 +164,12 @@ pub struct TaskRecord {
     /// The task's priority ([`TaskSpec::priority`]).
     #[serde(default)]
     pub priority: u8,
+    /// The task's own lease length ([`TaskSpec::lease_duration`]).
+    #[serde(default, with = "optional_millis")]
+    pub lease_duration: Option<Duration>,
+    /// The task's deadline ([`TaskSpec::deadline`]).
+    #[serde(default)]
+    pub deadline: Option<DateTime<Utc>>,
     /// The highest fencing token ever granted for this task; `None` (stored
     /// as 0) before the first claim. The next grant gets the one after it.
     pub last_token: Option<FencingToken>,

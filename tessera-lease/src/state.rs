@@ -75,17 +75,21 @@ pub enum DiscardReason {
     Lapsed,
     /// Its worker reported a failure and asked for a retry.
     Failed,
+    /// The task's deadline passed before the attempt was done
+    /// ([`TaskSpec::deadline`](crate::TaskSpec::deadline)).
+    DeadlineExceeded,
 }
 
 impl DiscardReason {
-    /// Both reasons.
-    pub const ALL: [Self; 2] = [Self::Lapsed, Self::Failed];
+    /// Every reason.
+    pub const ALL: [Self; 3] = [Self::Lapsed, Self::Failed, Self::DeadlineExceeded];
 
     /// The stable lowercase name, as stored.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Lapsed => "lapsed",
             Self::Failed => "failed",
+            Self::DeadlineExceeded => "deadline_exceeded",
         }
     }
 }

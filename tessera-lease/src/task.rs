@@ -65,6 +65,9 @@ impl Task {
         time::check_backoff(spec.lapse_backoff)?;
         check_max_tries(spec.max_tries)?;
         check_priority(spec.priority)?;
+        if let Some(duration) = spec.lease_duration {
+            time::check_lease_duration(duration, Field::LeaseDuration)?;
+        }
         let attempts = (1..=spec.alternatives)
             .map(|n| {
                 let mut attempt = AttemptRecord::new(AttemptNumber(n));
@@ -80,6 +83,8 @@ impl Task {
             lapse_backoff: spec.lapse_backoff,
             max_tries: spec.max_tries,
             priority: spec.priority,
+            lease_duration: spec.lease_duration,
+            deadline: spec.deadline,
             last_token: None,
             attempts,
         }))
@@ -93,8 +98,9 @@ impl Task {
     /// two attempts; a lease that does not end after it starts; a lease on
     /// an attempt never tried; `max_tries` outside 1 to [`MAX_TRIES`]; more
     /// tries than `max_tries`, or a ready, backoff or scheduled attempt with
-    /// no try left; a priority above [`MAX_PRIORITY`]; and an error text
-    /// over [`MAX_ERROR_BYTES`].
+    /// no try left; a priority above [`MAX_PRIORITY`]; an own lease length
+    /// of zero or above [`MAX_LEASE_DURATION`](crate::MAX_LEASE_DURATION);
+    /// and an error text over [`MAX_ERROR_BYTES`].
     pub fn restore(record: TaskRecord) -> Result<Self, LeaseError> {
         let invalid = |reason| Err(LeaseError::InvalidRecord { reason });
         let count = record.attempts.len();
@@ -109,6 +115,12 @@ impl Task {
         }
         if check_priority(record.priority).is_err() {
             return invalid("a task's priority is 0 to MAX_PRIORITY");
+        }
+        if record
+            .lease_duration
+            .is_some_and(|d| time::check_lease_duration(d, Field::LeaseDuration).is_err())
+        {
+            return invalid("a task's lease is 1 ms to MAX_LEASE_DURATION");
         }
         for (index, attempt) in record.attempts.iter().enumerate() {
             if attempt.number.index() != index {
@@ -261,14 +273,35 @@ impl Task {
     }
 
     /// When an attempt can next be claimed: `now` if one can be claimed now,
-    /// the earliest backoff end or lapse otherwise, `None` once finished.
+    /// the earliest backoff end or lapse otherwise, `None` once finished,
+    /// at or past the task's deadline, or when no attempt can be claimed
+    /// before it.
     pub fn next_claimable_at(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        if self.past_deadline(now) {
+            return None;
+        }
         self.0
             .attempts
             .iter()
             .filter_map(|attempt| self.claimable_at(attempt))
             .min()
             .map(|at| at.max(now))
+            .filter(|at| self.0.deadline.is_none_or(|deadline| *at < deadline))
+    }
+
+    /// The task's own lease length, or `default` (the store's) without one.
+    pub fn lease_duration(&self, default: Duration) -> Duration {
+        self.0.lease_duration.unwrap_or(default)
+    }
+
+    /// The task's deadline, if it has one.
+    pub fn deadline(&self) -> Option<DateTime<Utc>> {
+        self.0.deadline
+    }
+
+    /// Whether the task's deadline has come at `now`.
+    pub fn past_deadline(&self, now: DateTime<Utc>) -> bool {
+        self.0.deadline.is_some_and(|deadline| now >= deadline)
     }
 
     /// Grants a lease on the lowest-numbered claimable attempt: one that is
@@ -280,10 +313,12 @@ impl Task {
     /// that was later: a claim whose time reads earlier (a clock behind
     /// another's, or a time read before a wait for the server) still
     /// stamps its lease after the one it follows, so an attempt's leases
-    /// start in token order, and the lease runs `lease_duration` from its
-    /// grant.
+    /// start in token order, and the lease runs the task's own lease length
+    /// ([`TaskSpec::lease_duration`]), or `lease_duration` without one,
+    /// from its grant, ending at the task's deadline at the latest.
     ///
-    /// Errors: [`TaskFinished`](LeaseError::TaskFinished),
+    /// Errors: [`TaskFinished`](LeaseError::TaskFinished) (also at or
+    /// past the deadline, which [`expire`](Self::expire) records),
     /// [`NoAttemptReady`](LeaseError::NoAttemptReady) with the time one will
     /// be, an invalid `lease_duration` (zero or above
     /// [`MAX_LEASE_DURATION`](crate::MAX_LEASE_DURATION)).
@@ -294,11 +329,13 @@ impl Task {
         lease_duration: Duration,
     ) -> Result<Lease, LeaseError> {
         time::check_lease_duration(lease_duration, Field::LeaseDuration)?;
+        let lease_duration = self.lease_duration(lease_duration);
         let index = self
             .0
             .attempts
             .iter()
-            .position(|a| self.claimable_at(a).is_some_and(|at| at <= now));
+            .position(|a| self.claimable_at(a).is_some_and(|at| at <= now))
+            .filter(|_| !self.past_deadline(now));
         let Some(index) = index else {
             return Err(match self.next_claimable_at(now) {
                 Some(next_at) => LeaseError::NoAttemptReady { next_at },
@@ -313,7 +350,14 @@ impl Task {
             .lease
             .as_ref()
             .map_or(now, |latest| latest.granted_at.max(now));
+        if self.past_deadline(granted_at) {
+            return Err(LeaseError::TaskFinished);
+        }
         let expires_at = time::add(granted_at, lease_duration)?;
+        let expires_at = self
+            .0
+            .deadline
+            .map_or(expires_at, |deadline| expires_at.min(deadline));
         let record = LeaseRecord {
             holder: holder.clone(),
             token,
@@ -331,7 +375,9 @@ impl Task {
 
     /// Extends the live lease `token` held by `holder` to
     /// `max(expiry, now + extension)`, so a clock that stepped backwards never
-    /// shortens it. Returns the lease as it now stands (unchanged if the
+    /// shortens it, and never past the task's deadline. The task's own
+    /// lease length ([`TaskSpec::lease_duration`]) replaces `extension`
+    /// when it has one. Returns the lease as it now stands (unchanged if the
     /// expiry already lies further out).
     ///
     /// Errors: those of [`Task::submit`]'s lease check, and an invalid
@@ -344,14 +390,17 @@ impl Task {
         extension: Duration,
     ) -> Result<Lease, LeaseError> {
         time::check_lease_duration(extension, Field::Extension)?;
+        let extension = self.lease_duration(extension);
         let TaskRecord {
             id,
             attempts,
             last_token,
+            deadline,
             ..
         } = &mut self.0;
         let live = live_attempt(attempts, *last_token, holder, token, now)?;
         let candidate = time::add(now, extension)?;
+        let candidate = deadline.map_or(candidate, |deadline| candidate.min(deadline));
         live.lease.expires_at = live.lease.expires_at.max(candidate);
         Ok(Lease::new(id, live.number, live.lease))
     }
@@ -549,7 +598,9 @@ impl Task {
     /// its attempt ready, or puts it in backoff until `expires_at +
     /// lapse_backoff`, or discards it ([`DiscardReason::Lapsed`]) if that
     /// was its last try; an ended backoff or schedule makes its attempt
-    /// ready. Returns
+    /// ready. At or past the task's deadline, every attempt not final
+    /// whose lease (if any) has expired is discarded instead
+    /// ([`DiscardReason::DeadlineExceeded`]). Returns
     /// the attempts that changed (empty: nothing to write).
     ///
     /// Optional: [`Task::claim`] treats lapsed leases and ended backoffs the
@@ -560,8 +611,24 @@ impl Task {
         let mut changed = Vec::new();
         let lapse_backoff = self.0.lapse_backoff;
         let max_tries = self.0.max_tries;
+        let past_deadline = self.past_deadline(now);
         for attempt in &mut self.0.attempts {
             let next = match (attempt.state, &attempt.lease) {
+                // A lease never runs past the deadline, so one held then
+                // has expired (unless a clock stepped back: it ends when
+                // it expires).
+                (TaskState::Leased, Some(lease)) if past_deadline && lease.is_expired(now) => {
+                    TaskState::Discarded {
+                        reason: DiscardReason::DeadlineExceeded,
+                    }
+                }
+                (TaskState::Ready | TaskState::Backoff { .. } | TaskState::Scheduled { .. }, _)
+                    if past_deadline =>
+                {
+                    TaskState::Discarded {
+                        reason: DiscardReason::DeadlineExceeded,
+                    }
+                }
                 (TaskState::Leased, Some(lease))
                     if lease.is_expired(now) && attempt.tries >= max_tries =>
                 {

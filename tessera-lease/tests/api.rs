@@ -118,6 +118,8 @@ impl Rows {
             lapse_backoff: Duration::from_millis(u64::try_from(row.lapse_backoff_ms).unwrap()),
             max_tries: row.max_tries,
             priority: 0,
+            lease_duration: None,
+            deadline: None,
             last_token: (row.last_token > 0).then(|| FencingToken::new(row.last_token).unwrap()),
             attempts,
         })

@@ -72,6 +72,8 @@ fn record() -> impl Strategy<Value = TaskRecord> {
                 lapse_backoff: Duration::from_secs(backoff),
                 max_tries: tessera_lease::DEFAULT_MAX_TRIES,
                 priority,
+                lease_duration: None,
+                deadline: None,
                 last_token: Some(FencingToken::new(attempts.len() as i64).unwrap()),
                 attempts,
             }

@@ -82,6 +82,16 @@ mod optional_millis {
     }
 }
 
+impl TaskSpec {
+    /// Whether a task made at `now` to this spec can run before its
+    /// deadline: none, or one after both `now` and the not-before time. A
+    /// store refuses a new task that cannot.
+    pub fn can_meet_deadline(&self, now: DateTime<Utc>) -> bool {
+        self.deadline
+            .is_none_or(|deadline| deadline > now && self.not_before.is_none_or(|at| at < deadline))
+    }
+}
+
 impl Default for TaskSpec {
     fn default() -> Self {
         Self {

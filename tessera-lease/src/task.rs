@@ -143,8 +143,15 @@ impl Task {
                 return invalid("an error text longer than MAX_ERROR_BYTES");
             }
             let Some(lease) = &attempt.lease else {
-                // A cancel may end an attempt never claimed.
-                if (attempt.state.is_final() && attempt.state != TaskState::Cancelled)
+                // A cancel or a deadline may end an attempt never claimed.
+                let unclaimed_end = matches!(
+                    attempt.state,
+                    TaskState::Cancelled
+                        | TaskState::Discarded {
+                            reason: DiscardReason::DeadlineExceeded
+                        }
+                );
+                if (attempt.state.is_final() && !unclaimed_end)
                     || attempt.state == TaskState::Leased
                 {
                     return invalid("a leased or final attempt needs its lease");

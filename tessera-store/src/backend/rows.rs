@@ -58,6 +58,18 @@ pub(crate) struct TaskRow {
     pub(crate) unique_key: Option<String>,
     /// The `UniqueStates` bits while the task holds its slot.
     pub(crate) unique_states: Option<i64>,
+    /// Its own lease length in milliseconds.
+    pub(crate) lease_ms: Option<i64>,
+    /// Its deadline.
+    pub(crate) deadline_at: Option<i64>,
+}
+
+/// The `lease_ms` and `deadline_at` columns of a task.
+pub(crate) fn timing_columns(record: &TaskRecord) -> (Option<i64>, Option<i64>) {
+    (
+        record.lease_duration.map(duration_millis),
+        record.deadline.map(millis),
+    )
 }
 
 /// An `attempts` row; times in Unix milliseconds.
@@ -381,6 +393,12 @@ impl TaskRow {
             ),
             max_tries: u32::try_from(self.max_tries).map_err(|_| corrupt("task row"))?,
             priority: u8::try_from(self.priority).map_err(|_| corrupt("task row"))?,
+            lease_duration: self
+                .lease_ms
+                .map(|ms| u64::try_from(ms).map(Duration::from_millis))
+                .transpose()
+                .map_err(|_| corrupt("task row"))?,
+            deadline: self.deadline_at.map(from_millis),
             last_token: match self.last_token {
                 0 => None,
                 token => Some(FencingToken::new(token).map_err(|_| corrupt("task row"))?),

@@ -121,6 +121,7 @@ pub struct EnqueueOptions {
     pub(crate) spec: TaskSpec,
     pub(crate) partition_key: Option<PartitionKey>,
     pub(crate) unique: Option<Uniqueness>,
+    pub(crate) timeout: Option<Duration>,
 }
 
 impl EnqueueOptions {
@@ -178,6 +179,41 @@ impl EnqueueOptions {
     pub fn with_not_before(mut self, at: DateTime<Utc>) -> Self {
         self.spec.not_before =
             Some(DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at));
+        self
+    }
+
+    /// How long each grant of this task lasts, and how far a heartbeat
+    /// extends it (default: the store's,
+    /// [`StoreConfig::with_lease_duration`](crate::StoreConfig::with_lease_duration);
+    /// whole milliseconds, 1 ms to
+    /// [`MAX_LEASE_DURATION`](tessera_lease::MAX_LEASE_DURATION)). A queue
+    /// that mixes 2-second and 20-minute jobs gives each its own, so a
+    /// short one lapses soon after its worker goes away and a long one
+    /// needs few heartbeats.
+    pub fn with_lease_duration(mut self, duration: Duration) -> Self {
+        self.spec.lease_duration = Some(duration);
+        self
+    }
+
+    /// The time by which the task must be finished (whole milliseconds).
+    /// No claim grants it at or after the deadline, no lease or heartbeat
+    /// runs past it, and its attempts not done by then end `discarded`
+    /// with the reason `deadline_exceeded`, recorded by the lease rules
+    /// when a claim next reaches the task or its lease lapses: a late
+    /// holder is fenced off as after any lapse. A deadline that has
+    /// passed, or that is not after [`with_not_before`](Self::with_not_before),
+    /// is refused (`400`).
+    pub fn with_deadline(mut self, at: DateTime<Utc>) -> Self {
+        self.spec.deadline =
+            Some(DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at));
+        self
+    }
+
+    /// A deadline `timeout` after the enqueue (see
+    /// [`with_deadline`](Self::with_deadline); the earlier of the two if
+    /// both are set).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
         self
     }
 

@@ -1088,9 +1088,16 @@ fn grant_by_partition(
         }
         let mut rules = Task::restore(loaded.record)?;
         if rules.next_claimable_at(now) != Some(now) {
-            // Stored claim times the rules disagree with: corrected, and
-            // left for a later claim.
-            writer.resync_task(handle, rules.record())?;
+            // A lapse on the last try or a passed deadline is recorded;
+            // otherwise the stored claim times the rules disagree with
+            // are corrected. Either way it is left for a later claim.
+            if apply(writer, handle, unique_held, &mut rules, now, |rules| {
+                Ok(rules.expire(now))
+            })?
+            .is_empty()
+            {
+                writer.resync_task(handle, rules.record())?;
+            }
             continue;
         }
         let held = held_slots(

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use tessera_audit::{Action, Outcome, Resource};
 use tessera_lease::{
     AttemptNumber, BriefVersion, Duplicate, Failure, FencingToken, IdempotencyKey, Lease,
@@ -859,7 +859,31 @@ fn prepare<'a>(
         None => ids.next()?,
     };
     let version = options.version.unwrap_or(BriefVersion::FIRST);
-    let record = Task::new(id.clone(), version, options.spec)?.into_record();
+    let mut spec = options.spec;
+    if let Some(timeout) = options.timeout {
+        let at = TimeDelta::from_std(timeout)
+            .ok()
+            .and_then(|timeout| now.checked_add_signed(timeout))
+            .ok_or_else(|| Error::InvalidInput {
+                reason: format!("timeout {timeout:?} is out of range"),
+            })?;
+        let at = DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at);
+        spec.deadline = Some(spec.deadline.map_or(at, |deadline| deadline.min(at)));
+    }
+    if !spec.can_meet_deadline(now) {
+        return Err(Error::InvalidInput {
+            reason: "a task's deadline must come after its enqueue and its not-before time"
+                .to_owned(),
+        });
+    }
+    if let Some(duration) = spec.lease_duration
+        && duration.subsec_nanos() % 1_000_000 != 0
+    {
+        return Err(Error::InvalidInput {
+            reason: format!("a task's lease duration must be whole milliseconds, got {duration:?}"),
+        });
+    }
+    let record = Task::new(id.clone(), version, spec)?.into_record();
     let unique = options
         .unique
         .as_ref()

@@ -33,9 +33,12 @@ pub struct WorkerOptions {
     /// [`MAX_CLAIM_BATCH`]; the buffer never holds more. Default 10.
     pub fetch: usize,
     /// A buffered task is handed out only while its lease has at least
-    /// this long left; one with less is let go (its lease lapses and the
-    /// task comes back to the queue). `min_lease_left_ms` in serde.
-    /// Default 10 seconds; below the store's lease duration.
+    /// this long left, or half its lease's length if that is less (a task
+    /// with a short lease of its own,
+    /// [`EnqueueOptions::with_lease_duration`](crate::EnqueueOptions::with_lease_duration));
+    /// one with less is let go (its lease lapses and the task comes back
+    /// to the queue). `min_lease_left_ms` in serde. Default 10 seconds;
+    /// below the store's lease duration.
     #[serde(rename = "min_lease_left_ms", with = "crate::model::millis")]
     pub min_lease_left: Duration,
     /// How long the worker holds an acknowledgement made with
@@ -653,7 +656,9 @@ impl<S: Deref<Target = Store>> Worker<S> {
     }
 
     fn has_time_left(&self, lease: &Lease, now: DateTime<Utc>) -> bool {
-        let left = TimeDelta::from_std(self.options.min_lease_left).unwrap_or(TimeDelta::MAX);
+        let left = TimeDelta::from_std(self.options.min_lease_left)
+            .unwrap_or(TimeDelta::MAX)
+            .min((lease.expires_at() - lease.granted_at()) / 2);
         now.checked_add_signed(left)
             .is_some_and(|needed| lease.expires_at() > needed)
     }

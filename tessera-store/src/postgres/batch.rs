@@ -12,7 +12,7 @@ use super::statements::{each_priority, lapse_floor, lapsed_leases};
 use super::transactions::PgTransaction;
 use crate::backend::rows::{
     AttemptRow, AttemptWrite, EventRow, TaskRow, TaskWrites, claimable_column, corrupt,
-    duration_millis, millis,
+    duration_millis, millis, timing_columns,
 };
 use crate::backend::{LoadedTask, NewReceipt, NewTask, ReceiptKey, Result, TaskChange};
 use crate::model::task::{StoredReceipt, TaskRef};
@@ -27,7 +27,8 @@ use crate::model::task::{StoredReceipt, TaskRef};
 /// grant the other transaction wrote unseen, a stale token accepted).
 const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, t.task_id, \
      t.version, t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
-     t.max_tries, t.priority, t.namespace, t.partition_key, t.unique_key, t.unique_states \
+     t.max_tries, t.priority, t.namespace, t.partition_key, t.unique_key, t.unique_states, \
+     t.lease_ms, t.deadline_at \
      FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(namespace, task_id, version) \
      JOIN tasks t ON t.namespace = r.namespace AND t.task_id = r.task_id \
      AND t.version = r.version ORDER BY t.id FOR UPDATE OF t) \
@@ -35,7 +36,7 @@ const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, 
      l.lapse_backoff_ms, l.last_token, l.claimable_at, l.created_at, l.max_tries, l.priority, \
      l.namespace, a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, \
      a.expires_at, a.lapses_at, a.discarded, a.last_error, \
-     l.partition_key, l.unique_key, l.unique_states \
+     l.partition_key, l.unique_key, l.unique_states, l.lease_ms, l.deadline_at \
      FROM locked l JOIN attempts a ON a.task = l.id ORDER BY l.id, a.number FOR UPDATE OF a";
 /// Where the attempt's columns start in [`LOCK_AND_LOAD`] and
 /// [`LOCK_CLAIMABLE`].
@@ -52,7 +53,7 @@ const LOCK_CLAIMABLE: &str = concat!(
     each_priority!(
         "SELECT id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, \
          last_token, claimable_at, created_at, max_tries, priority, namespace, \
-         partition_key, unique_key, unique_states FROM tasks \
+         partition_key, unique_key, unique_states, lease_ms, deadline_at FROM tasks \
          WHERE namespace = $1 AND queue = $2 AND claimable_at IS NOT NULL \
          AND claimable_at <= $3 AND NOT EXISTS (SELECT 1 FROM queue_settings s \
          WHERE s.namespace = $1 AND s.queue = $2)",
@@ -67,6 +68,7 @@ const LOCK_CLAIMABLE: &str = concat!(
      p.last_token, p.claimable_at, p.created_at, p.max_tries, p.priority, p.namespace, \
      a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, a.expires_at, \
      a.lapses_at, a.discarded, a.last_error, p.partition_key, p.unique_key, p.unique_states, \
+     p.lease_ms, p.deadline_at, \
      EXISTS (",
     each_priority!(
         lapsed_leases!(),
@@ -135,16 +137,18 @@ macro_rules! insert_tasks {
             "INSERT INTO tasks (namespace, queue, task_id, version, \
              brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, \
              claimable_at, created_at, enqueued_by, priority, partition_key, unique_key, \
-             unique_slot, unique_states) \
+             unique_slot, unique_states, lease_ms, deadline_at) \
              SELECT namespace, queue, task_id, version, brief, brief_format, alternatives, \
              lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority, \
-             partition_key, unique_key, unique_slot, unique_states \
+             partition_key, unique_key, unique_slot, unique_states, lease_ms, deadline_at \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], \
              $6::text[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], \
-             $12::text[], $13::bigint[], $14::text[], $15::text[], $16::text[], $17::bigint[]) \
+             $12::text[], $13::bigint[], $14::text[], $15::text[], $16::text[], $17::bigint[], \
+             $18::bigint[], $19::bigint[]) \
              WITH ORDINALITY AS n(namespace, queue, task_id, version, brief, brief_format, \
              alternatives, lapse_backoff_ms, max_tries, claimable_at, created_at, enqueued_by, \
-             priority, partition_key, unique_key, unique_slot, unique_states, place) \
+             priority, partition_key, unique_key, unique_slot, unique_states, lease_ms, \
+             deadline_at, place) \
              ORDER BY place ",
             $conflict,
             "RETURNING id, namespace, task_id, version"
@@ -489,6 +493,8 @@ impl PgTransaction<'_> {
             .iter()
             .map(|t| t.unique.map(|u| i64::from(u.states.bits())))
             .collect();
+        let (lease, deadline): (Vec<Option<i64>>, Vec<Option<i64>>) =
+            tasks.iter().map(|t| timing_columns(t.record)).unzip();
         let statement = if tasks.iter().all(|task| task.drawn_id) {
             INSERT_NEW_TASKS
         } else {
@@ -514,6 +520,8 @@ impl PgTransaction<'_> {
                 &unique_key,
                 &unique_slot,
                 &unique_states,
+                &lease,
+                &deadline,
             ],
         )?;
         self.add_rows(inserted.len() as u64);

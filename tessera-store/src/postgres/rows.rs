@@ -30,6 +30,8 @@ pub(super) fn task_row_at(row: &Row, first: usize) -> Result<TaskRow> {
         partition_key: row.try_get("partition_key")?,
         unique_key: row.try_get("unique_key")?,
         unique_states: row.try_get("unique_states")?,
+        lease_ms: row.try_get("lease_ms")?,
+        deadline_at: row.try_get("deadline_at")?,
     })
 }
 

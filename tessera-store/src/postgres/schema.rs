@@ -246,6 +246,10 @@ const ALTERATIONS: &[&str] = &[
     // older than the column), and the last progress a heartbeat carried.
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS changed_at BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS progress TEXT",
+    // A task's own lease length and its deadline (NULL: the store's
+    // lease, no deadline).
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS lease_ms BIGINT",
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS deadline_at BIGINT",
 ];
 
 /// Indexes earlier builds created and this one drops where it finds them,

@@ -7,7 +7,8 @@
 macro_rules! task_columns {
     () => {
         "id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, last_token, \
-         claimable_at, created_at, max_tries, priority, partition_key, unique_key, unique_states"
+         claimable_at, created_at, max_tries, priority, partition_key, unique_key, unique_states, \
+         lease_ms, deadline_at"
     };
 }
 
@@ -228,6 +229,7 @@ macro_rules! claim_one_ctes {
              WHERE p.alternatives = 1 AND p.claimable_at = 0 \
              AND a.state = 'ready' AND (a.granted_at IS NULL OR a.granted_at <= $3::bigint) \
              AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
+             AND p.lease_ms IS NULL AND p.deadline_at IS NULL \
              AND (h.lapsed IS NULL OR h.lapsed <= p.priority) AND NOT h.configured",
             $gate,
             "), leased AS (UPDATE attempts SET state = 'leased', until_at = NULL, \
@@ -263,7 +265,7 @@ macro_rules! claim_one_answer {
             attempt_columns_of!("a"),
             ", ",
             attempt_columns_of!("l"),
-            ", l.resource, p.partition_key, p.unique_key, p.unique_states"
+            ", l.resource, p.partition_key, p.unique_key, p.unique_states, p.lease_ms, p.deadline_at"
         )
     };
 }
@@ -333,7 +335,8 @@ macro_rules! submission_answer {
             attempt_columns_of!("d"),
             ", CASE WHEN d.number IS NOT NULL THEN ",
             $resource,
-            " END, st.partition_key, st.unique_key, st.unique_states, d.accepted_at, 's' AS role"
+            " END, st.partition_key, st.unique_key, st.unique_states, st.lease_ms, st.deadline_at, \
+             d.accepted_at, 's' AS role"
         )
     };
 }
@@ -370,7 +373,7 @@ macro_rules! submission_answer {
 pub(super) const SUBMIT_AND_CLAIM_ONE: &str = concat!(
     "WITH st AS MATERIALIZED (SELECT id, queue, task_id, version, NULL::bytea AS brief, \
      brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries, priority, \
-     partition_key, unique_key, unique_states, alternatives FROM tasks \
+     partition_key, unique_key, unique_states, lease_ms, deadline_at, alternatives FROM tasks \
      WHERE namespace = $11 AND task_id = $12 AND version = $13 FOR KEY SHARE), \
      sa AS MATERIALIZED (SELECT ",
     attempt_columns_of!("a"),
@@ -447,7 +450,8 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
      e_ip_hash, i)), \
      st AS MATERIALIZED (SELECT c.i, t.id, t.queue, t.task_id, t.version, NULL::bytea AS brief, \
      t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
-     t.max_tries, t.priority, t.partition_key, t.unique_key, t.unique_states, t.alternatives \
+     t.max_tries, t.priority, t.partition_key, t.unique_key, t.unique_states, t.lease_ms, \
+     t.deadline_at, t.alternatives \
      FROM c JOIN tasks t ON t.namespace = c.s_namespace AND t.task_id = c.s_task_id \
      AND t.version = c.s_version ORDER BY t.id FOR KEY SHARE OF t), \
      sa AS MATERIALIZED (SELECT s.i, a.* FROM (SELECT i, id FROM st ORDER BY id) AS s \
@@ -490,6 +494,7 @@ pub(super) const SUBMIT_AND_CLAIM_MANY: &str = concat!(
      WHERE p.alternatives = 1 AND p.claimable_at = 0 \
      AND a.state = 'ready' AND (a.granted_at IS NULL OR a.granted_at <= c.now) \
      AND p.last_token < 9223372036854775807 AND p.unique_states IS NULL \
+             AND p.lease_ms IS NULL AND p.deadline_at IS NULL \
      AND (h.lapsed IS NULL OR h.lapsed <= p.priority) AND NOT h.configured), \
      ok AS MATERIALIZED (SELECT f.* FROM fit f WHERE f.rank < coalesce((SELECT min(s.rank) \
      FROM sok s WHERE NOT EXISTS (SELECT 1 FROM fit g WHERE g.i = s.i)), 9223372036854775807)), \
@@ -556,8 +561,10 @@ pub(super) const INSERT_NAMESPACE: &str = "INSERT INTO namespaces (name, kind, c
 pub(super) const NAMESPACE_EXISTS: &str = "SELECT 1 FROM namespaces WHERE name = $1";
 pub(super) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, brief, \
      brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
-     created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, $12, $9, $10, $13, $14, $15, $16, $17) \
+     created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states, \
+     lease_ms, deadline_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $11, 0, $12, $9, $10, $13, $14, $15, $16, $17, \
+     $18, $19) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING RETURNING id";
 /// Takes a unique slot unless it is held; waits for a transaction that is
 /// taking it.

@@ -846,6 +846,7 @@ impl WriteTransaction for PgTransaction<'_> {
     fn insert_task(&self, task: &NewTask<'_>) -> Result<bool> {
         let (reference, record) = (task.task, task.record);
         let priority = i64::from(record.priority);
+        let (lease, deadline) = rows::timing_columns(record);
         let statement = self.statement(INSERT_TASK)?;
         let row = self.transaction.borrow_mut().query_opt(
             &statement,
@@ -867,6 +868,8 @@ impl WriteTransaction for PgTransaction<'_> {
                 &task.unique_key.map(UniqueKey::as_str),
                 &task.unique.map(|unique| unique.slot.as_str()),
                 &task.unique.map(|unique| i64::from(unique.states.bits())),
+                &lease,
+                &deadline,
             ],
         )?;
         let Some(row) = row else {

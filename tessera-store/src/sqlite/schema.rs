@@ -202,6 +202,10 @@ pub(crate) const TABLES: &[Table] = &[
             // The states in which it holds the slot (`UniqueStates` bits),
             // set and cleared with `unique_slot`.
             ("unique_states", "INTEGER"),
+            // Its own lease length in milliseconds, and its deadline
+            // (NULL: the store's lease, no deadline).
+            ("lease_ms", "INTEGER"),
+            ("deadline_at", "INTEGER"),
         ],
         clustered_key: None,
     },

@@ -112,8 +112,10 @@ pub(crate) const NAMESPACE_EXISTS: &str = "SELECT id FROM namespaces WHERE name 
 
 pub(crate) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_id, version, \
      brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, claimable_at, \
-     created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?11, 0, ?12, ?9, ?10, ?13, ?14, ?15, ?16, ?17) \
+     created_at, enqueued_by, priority, partition_key, unique_key, unique_slot, unique_states, \
+     lease_ms, deadline_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?11, 0, ?12, ?9, ?10, ?13, ?14, ?15, ?16, ?17, \
+     ?18, ?19) \
      ON CONFLICT (namespace, task_id, version) DO NOTHING";
 
 pub(crate) const TAKE_UNIQUE_SLOT: &str = "INSERT INTO unique_slots \
@@ -144,7 +146,7 @@ macro_rules! select_tasks {
             "SELECT id, queue, task_id, version, ",
             $brief,
             ", brief_format, lapse_backoff_ms, last_token, claimable_at, created_at, max_tries, ",
-            "priority, partition_key, unique_key, unique_states ",
+            "priority, partition_key, unique_key, unique_states, lease_ms, deadline_at ",
             "FROM tasks ",
             $tail
         )
@@ -344,6 +346,8 @@ impl TaskRow {
             partition_key: row.get(12)?,
             unique_key: row.get(13)?,
             unique_states: row.get(14)?,
+            lease_ms: row.get(15)?,
+            deadline_at: row.get(16)?,
         })
     }
 }
@@ -369,6 +373,8 @@ pub(crate) struct NewTask<'a> {
     pub(crate) unique_key: Option<&'a str>,
     pub(crate) unique_slot: Option<&'a str>,
     pub(crate) unique_states: Option<i64>,
+    pub(crate) lease_ms: Option<i64>,
+    pub(crate) deadline_at: Option<i64>,
 }
 
 impl AttemptRow {
@@ -542,6 +548,8 @@ pub(crate) fn insert_task(
             task.unique_key,
             task.unique_slot,
             task.unique_states,
+            task.lease_ms,
+            task.deadline_at,
         ],
     )?;
     Ok((changed == 1).then(|| writer.last_insert_rowid()))

@@ -615,6 +615,8 @@ impl WriteTransaction for Writer<'_> {
                 unique_key: task.unique_key.map(UniqueKey::as_str),
                 unique_slot: task.unique.map(|unique| unique.slot.as_str()),
                 unique_states: task.unique.map(|unique| i64::from(unique.states.bits())),
+                lease_ms: rows::timing_columns(record).0,
+                deadline_at: rows::timing_columns(record).1,
             },
         )?;
         let Some(id) = inserted else {

@@ -93,6 +93,7 @@ mod retention;
 mod schedules;
 mod sessions;
 mod tasks;
+mod timing;
 mod unique;
 mod worker_loop;
 

@@ -1,0 +1,236 @@
+//! Each task its own time: a lease length of its own, a deadline, through
+//! every claim path (one at a time, a batch, a claim carried by a
+//! submission, a partition-limited queue).
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use chrono::TimeDelta;
+use tessera_store::{
+    Claimed, ConcurrencyLimit, DiscardReason, EnqueueOptions, Grant, IdempotencyKey, Output,
+    PartitionKey, SubmitRequest, TaskRef, TaskState,
+};
+
+use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn length(claimed: &Claimed) -> TimeDelta {
+    claimed.lease.expires_at() - claimed.lease.granted_at()
+}
+
+fn states(f: &Fixture<'_>, caller: &tessera_store::Caller, task: &TaskRef) -> Vec<TaskState> {
+    f.store
+        .read_task(caller, task)
+        .unwrap()
+        .record
+        .attempts
+        .iter()
+        .map(|attempt| attempt.state)
+        .collect()
+}
+
+const DEADLINE_EXCEEDED: TaskState = TaskState::Discarded {
+    reason: DiscardReason::DeadlineExceeded,
+};
+
+fn each_claim_grants_a_task_its_own_lease_and_a_heartbeat_extends_by_it(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("mixed"));
+    let default = TimeDelta::from_std(f.config().lease_duration()).unwrap();
+    let short = EnqueueOptions::default().with_lease_duration(5 * SECOND);
+    let long = EnqueueOptions::default().with_lease_duration(20 * 60 * SECOND);
+    let enqueue = |n: usize, options: &EnqueueOptions| {
+        f.store
+            .enqueue(&worker, &ns, &q, &json_brief(n), options)
+            .unwrap()
+    };
+    let (a, b, c, d, e) = (
+        enqueue(0, &short),
+        enqueue(1, &EnqueueOptions::default()),
+        enqueue(2, &long),
+        enqueue(3, &short),
+        enqueue(4, &EnqueueOptions::default()),
+    );
+    // One at a time.
+    let first = f.claim(&worker, &ns, &q);
+    assert_eq!(
+        (first.task.clone(), length(&first)),
+        (a, TimeDelta::seconds(5))
+    );
+    let second = f.claim(&worker, &ns, &q);
+    assert_eq!((second.task.clone(), length(&second)), (b, default));
+    // A batch grants each its own.
+    let batch = f.store.claim_batch(&worker, &ns, &q, 2).unwrap().claimed;
+    let lengths: Vec<_> = batch.iter().map(|c| (c.task.clone(), length(c))).collect();
+    assert_eq!(
+        lengths,
+        [(c, TimeDelta::minutes(20)), (d, TimeDelta::seconds(5))]
+    );
+    // A heartbeat extends by the task's own length.
+    f.clock.advance(3 * SECOND);
+    let beat = f
+        .store
+        .heartbeat(&worker, &first.task, first.lease.token())
+        .unwrap();
+    assert_eq!(
+        beat.expires_at(),
+        tessera_store::Clock::now_utc(&f.clock) + TimeDelta::seconds(5)
+    );
+    // A claim carried by a submission grants by the same rule.
+    let (_, next) = f
+        .store
+        .submit_and_claim(
+            &worker,
+            &SubmitRequest {
+                task: first.task.clone(),
+                token: first.lease.token(),
+                key: IdempotencyKey::parse("done").unwrap(),
+                output: Output::bytes("ok"),
+            },
+            &ns,
+            &q,
+        )
+        .unwrap();
+    let next = match next.unwrap() {
+        tessera_store::ClaimOutcome::Granted(claimed) => claimed,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((next.task.clone(), length(&next)), (e, default));
+    // The short lease lapses on its own time: five seconds after its last
+    // heartbeat the task is claimable again, under a newer token.
+    f.clock.advance(6 * SECOND);
+    let again = f.claim(&worker, &ns, &q);
+    assert_eq!(again.task, batch[1].task);
+    assert!(again.lease.token() > batch[1].lease.token());
+}
+
+fn a_deadline_bounds_grants_and_heartbeats_and_discards_what_is_not_done(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("timed"));
+    let timed = EnqueueOptions::default()
+        .with_timeout(30 * SECOND)
+        .with_max_tries(5);
+    let held = f
+        .store
+        .enqueue(&worker, &ns, &q, &json_brief(0), &timed)
+        .unwrap();
+    let waiting = f
+        .store
+        .enqueue(&worker, &ns, &q, &json_brief(1), &timed)
+        .unwrap();
+    let plain = f
+        .store
+        .enqueue(&worker, &ns, &q, &json_brief(2), &EnqueueOptions::default())
+        .unwrap();
+    let deadline = tessera_store::Clock::now_utc(&f.clock) + TimeDelta::seconds(30);
+    f.clock.advance(25 * SECOND);
+    // Granted five seconds before its deadline, the lease ends at it.
+    let claimed = f.claim(&worker, &ns, &q);
+    assert_eq!(claimed.task, held);
+    assert_eq!(claimed.lease.expires_at(), deadline);
+    f.clock.advance(4 * SECOND);
+    let beat = f
+        .store
+        .heartbeat(&worker, &held, claimed.lease.token())
+        .unwrap();
+    assert_eq!(beat.expires_at(), deadline, "no heartbeat runs past it");
+    // At the deadline: the holder is fenced off, the waiting task is not
+    // granted, and the claim takes the plain task behind it.
+    f.clock.advance(SECOND);
+    let late = f
+        .store
+        .submit(
+            &worker,
+            &held,
+            claimed.lease.token(),
+            &IdempotencyKey::parse("late").unwrap(),
+            &Output::bytes("late"),
+        )
+        .unwrap_err();
+    assert_eq!(late.status(), 409, "{late}");
+    let next = f.claim(&worker, &ns, &q);
+    assert_eq!(next.task, plain);
+    assert_eq!(states(&f, &worker, &waiting), [DEADLINE_EXCEEDED]);
+    // The held task's lapse is recorded by the same rules: discarded for
+    // its deadline, with tries left.
+    assert!(matches!(
+        f.store.claim(&worker, &ns, &q).unwrap(),
+        tessera_store::ClaimOutcome::Empty { .. }
+    ));
+    assert_eq!(states(&f, &worker, &held), [DEADLINE_EXCEEDED]);
+}
+
+fn a_partition_limited_queue_ends_a_task_past_its_deadline_and_grants_the_next(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("parted"));
+    f.store
+        .set_queue_limits(
+            &worker,
+            &ns,
+            &q,
+            ConcurrencyLimit {
+                queue: None,
+                per_partition: NonZeroU32::new(1),
+            },
+        )
+        .unwrap();
+    let key = PartitionKey::parse("customer-1").unwrap();
+    let timed = EnqueueOptions::default()
+        .with_partition_key(key.clone())
+        .with_timeout(10 * SECOND);
+    let gone = f
+        .store
+        .enqueue(&worker, &ns, &q, &json_brief(0), &timed)
+        .unwrap();
+    let kept = f
+        .store
+        .enqueue(
+            &worker,
+            &ns,
+            &q,
+            &json_brief(1),
+            &EnqueueOptions::default().with_partition_key(key),
+        )
+        .unwrap();
+    f.clock.advance(11 * SECOND);
+    let claimed = f.claim(&worker, &ns, &q);
+    assert_eq!(claimed.task, kept);
+    assert_eq!(states(&f, &worker, &gone), [DEADLINE_EXCEEDED]);
+}
+
+fn a_lease_or_deadline_out_of_bounds_is_refused_and_writes_nothing(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("bad"));
+    let now = tessera_store::Clock::now_utc(&f.clock);
+    let refused = [
+        EnqueueOptions::default().with_lease_duration(Duration::ZERO),
+        EnqueueOptions::default().with_lease_duration(tessera_store::lease::MAX_LEASE_DURATION * 2),
+        EnqueueOptions::default().with_lease_duration(Duration::from_micros(1_500)),
+        EnqueueOptions::default().with_deadline(now),
+        EnqueueOptions::default().with_deadline(now - TimeDelta::seconds(1)),
+        EnqueueOptions::default()
+            .with_not_before(now + TimeDelta::seconds(60))
+            .with_deadline(now + TimeDelta::seconds(30)),
+        EnqueueOptions::default().with_timeout(Duration::ZERO),
+    ];
+    for options in &refused {
+        let error = f
+            .store
+            .enqueue(&worker, &ns, &q, &json_brief(0), options)
+            .unwrap_err();
+        assert_eq!(error.status(), 400, "{options:?}: {error}");
+    }
+    assert_eq!(db.count_rows("tasks"), 0);
+}
+
+conformance! {
+    each_claim_grants_a_task_its_own_lease_and_a_heartbeat_extends_by_it,
+    a_deadline_bounds_grants_and_heartbeats_and_discards_what_is_not_done,
+    a_partition_limited_queue_ends_a_task_past_its_deadline_and_grants_the_next,
+    a_lease_or_deadline_out_of_bounds_is_refused_and_writes_nothing,
+}

@@ -91,6 +91,9 @@ named_enum!(
     SetQueueLimits = "set_queue_limits",
     /// Set or clear a queue's own keep times for finished work.
     SetQueueRetention = "set_queue_retention",
+    /// Hand a leased task back to its queue for a while without spending
+    /// its try.
+    Snooze = "snooze",
     /// Read a queue's settings.
     ReadQueueSettings = "read_queue_settings",
     /// Read a task.

@@ -296,6 +296,26 @@ impl Task {
             .filter(|at| self.0.deadline.is_none_or(|deadline| *at < deadline))
     }
 
+    /// The state an attempt waits in after `holder` ended its lease
+    /// `token` and handed it back to the queue (a snooze, or a failure
+    /// report asking for a retry): the attempt whose latest lease is
+    /// `token`, held by `holder`, now ready or waiting out a backoff and
+    /// not granted again. `None` otherwise. A retried snooze whose first
+    /// call took effect answers this state again, and changes nothing.
+    pub fn handed_back(&self, holder: &Principal, token: FencingToken) -> Option<TaskState> {
+        self.0
+            .attempts
+            .iter()
+            .find(|attempt| {
+                attempt
+                    .lease
+                    .as_ref()
+                    .is_some_and(|lease| lease.token == token && &lease.holder == holder)
+            })
+            .map(|attempt| attempt.state)
+            .filter(|state| matches!(state, TaskState::Ready | TaskState::Backoff { .. }))
+    }
+
     /// The task's own lease length, or `default` (the store's) without one.
     pub fn lease_duration(&self, default: Duration) -> Duration {
         self.0.lease_duration.unwrap_or(default)

@@ -251,6 +251,19 @@ pub const KEEP_MS: Input = integer(
     0,
     tessera_store::Retention::MAX.as_millis() as i64,
 );
+/// A task's own lease length, in milliseconds.
+pub const LEASE_MS: Input = integer(
+    "lease_ms",
+    1,
+    tessera_store::lease::MAX_LEASE_DURATION.as_millis() as i64,
+);
+/// A task's deadline after its enqueue, in milliseconds (at most ten
+/// years).
+pub const TASK_TIMEOUT_MS: Input = integer(
+    "timeout_ms",
+    1,
+    tessera_store::Retention::MAX.as_millis() as i64,
+);
 /// Tasks in one claim.
 pub const CLAIM_COUNT: Input = integer("count", 1, MAX_CLAIM_BATCH as i64);
 /// A long-poll's wait, in milliseconds.
@@ -258,6 +271,12 @@ pub const TIMEOUT_MS: Input = integer("timeout_ms", 0, MAX_LONG_POLL.as_millis()
 /// A retry's backoff, in milliseconds.
 pub const BACKOFF_MS: Input = integer(
     "after_ms",
+    0,
+    tessera_store::lease::MAX_BACKOFF.as_millis() as i64,
+);
+/// A snooze's delay, in milliseconds.
+pub const SNOOZE_MS: Input = integer(
+    "delay_ms",
     0,
     tessera_store::lease::MAX_BACKOFF.as_millis() as i64,
 );
@@ -337,8 +356,11 @@ pub const ALL: &[Input] = &[
     QUEUE_LIMIT,
     PARTITION_LIMIT,
     KEEP_MS,
+    LEASE_MS,
+    TASK_TIMEOUT_MS,
     TIMEOUT_MS,
     BACKOFF_MS,
+    SNOOZE_MS,
     AUDIT_LIMIT,
     TASKS_LIMIT,
     KEYS_LIMIT,

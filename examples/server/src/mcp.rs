@@ -69,10 +69,12 @@ pub(crate) fn tools() -> Vec<Value> {
     vec![
         tool(
             "enqueue",
-            "enqueue a task: a JSON brief, optionally its id, priority and tries",
+            "enqueue a task: a JSON brief, optionally its id, priority, tries, its own lease length (lease_ms) and a deadline (deadline, RFC 3339, or timeout_ms from now) after which what is not done ends discarded",
             json!({ "namespace": ns, "queue": queue, "brief": {},
                 "id": limits::TASK_ID.schema(), "priority": limits::PRIORITY.schema(),
-                "max_tries": limits::MAX_TRIES_INPUT.schema() }),
+                "max_tries": limits::MAX_TRIES_INPUT.schema(),
+                "lease_ms": limits::LEASE_MS.schema(), "deadline": limits::TIME.schema(),
+                "timeout_ms": limits::TASK_TIMEOUT_MS.schema() }),
             &["namespace", "queue", "brief"],
         ),
         tool(
@@ -94,6 +96,13 @@ pub(crate) fn tools() -> Vec<Value> {
             json!({ "namespace": ns, "task": task, "version": version, "token": token,
                 "output": {}, "idempotency_key": limits::IDEMPOTENCY_KEY.schema() }),
             &["namespace", "task", "token", "output", "idempotency_key"],
+        ),
+        tool(
+            "snooze",
+            "hand a leased task back to its queue, claimable again after delay_ms, without spending its try: for work that cannot run now",
+            json!({ "namespace": ns, "task": task, "version": version, "token": token,
+                "delay_ms": limits::SNOOZE_MS.schema() }),
+            &["namespace", "task", "token", "delay_ms"],
         ),
         tool(
             "cancel",
@@ -293,7 +302,14 @@ async fn call(
             let ns = namespace()?;
             let queue = QueueName::parse(text(&arguments, "queue")?)?;
             let mut fields = json!({ "brief": arguments["brief"].clone() });
-            for optional in ["id", "priority", "max_tries"] {
+            for optional in [
+                "id",
+                "priority",
+                "max_tries",
+                "lease_ms",
+                "deadline",
+                "timeout_ms",
+            ] {
                 if !arguments[optional].is_null() {
                     fields[optional] = arguments[optional].clone();
                 }
@@ -342,6 +358,18 @@ async fn call(
             Ok(
                 json!({ "receipt": with_task_ref(json!(receipt), &reference), "replayed": replayed }),
             )
+        }
+        "snooze" => {
+            let task = task_ref(namespace()?.as_str(), text(&arguments, "task")?, version)?;
+            let token =
+                FencingToken::new(TOKEN.integer(integer(&arguments, "token")?.unwrap_or(0))?)?;
+            let delay = integer(&arguments, "delay_ms")?
+                .ok_or_else(|| invalid("delay_ms: an integer is required"))?;
+            let delay = Duration::from_millis(limits::SNOOZE_MS.integer(delay)? as u64);
+            let new_state = state
+                .call(move |store| store.snooze(&caller, &task, token, delay))
+                .await?;
+            Ok(json!({ "state": new_state }))
         }
         "cancel" => {
             let task = task_ref(namespace()?.as_str(), text(&arguments, "task")?, version)?;

@@ -472,6 +472,47 @@ fn overload_is_429_with_retry_after() {
 }
 
 #[test]
+fn a_task_s_own_lease_and_deadline_hold_and_a_snooze_keeps_its_try() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let body = json!({ "brief": 1, "id": "quick", "lease_ms": 5000, "timeout_ms": 30000,
+        "max_tries": 1 });
+    let reply = service.send("POST", TASKS, Some(&worker), &[], Some(&body));
+    assert_eq!(reply.status, 201, "{}", reply.text());
+    // Out of bounds, refused before anything is written.
+    for bad in [
+        json!({ "brief": 1, "lease_ms": 0 }),
+        json!({ "brief": 1, "timeout_ms": -5 }),
+        json!({ "brief": 1, "deadline": "2026-10-29T11:00:00Z" }),
+        json!({ "brief": 1, "deadline": "soon" }),
+    ] {
+        let refused = service.send("POST", TASKS, Some(&worker), &[], Some(&bad));
+        assert_eq!(refused.status, 400, "{bad}: {}", refused.text());
+    }
+    let claimed = service.claim(&worker, CLAIMS).json();
+    assert_eq!(claimed["lease"]["expires_at"], "2026-10-29T12:00:05Z");
+    let token = claimed["lease"]["token"].as_i64().unwrap();
+    let snooze = "/v1/ns/renders/tasks/quick/snooze";
+    let request = json!({ "version": 1, "token": token, "delay_ms": 2000 });
+    let first = service.send("POST", snooze, Some(&worker), &[], Some(&request));
+    assert_eq!(first.status, 200, "{}", first.text());
+    // Retried, the same answer; a bad delay is a 400.
+    let again = service.send("POST", snooze, Some(&worker), &[], Some(&request));
+    assert_eq!((again.status, again.json()), (200, first.json()));
+    let bad = json!({ "version": 1, "token": token, "delay_ms": -1 });
+    let refused = service.send("POST", snooze, Some(&worker), &[], Some(&bad));
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    // Its only try kept, it is granted again after the delay.
+    service.clock.advance(Duration::from_secs(2));
+    let claimed = service.claim(&worker, CLAIMS);
+    assert_eq!(claimed.status, 200, "{}", claimed.text());
+    assert_eq!(
+        claimed.json()["lease"]["expires_at"],
+        "2026-10-29T12:00:07Z"
+    );
+}
+
+#[test]
 fn heartbeat_extends_and_submit_is_idempotent() {
     let service = Service::start(AdmissionConfig::default(), START);
     let worker = service.worker("renders");

@@ -267,7 +267,19 @@ impl Store {
         token: FencingToken,
         failure: Failure,
     ) -> Result<Ack, Error> {
-        let scope = self.admit(caller, &task.namespace, Scope::Claim, Action::Fail)?;
+        self.failure_report_as(caller, task, token, failure, Action::Fail)
+    }
+
+    /// [`failure_report`](Self::failure_report) audited as `action`.
+    pub(crate) fn failure_report_as(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        token: FencingToken,
+        failure: Failure,
+        action: Action,
+    ) -> Result<Ack, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Claim, action)?;
         let mut failure = failure;
         // Whole milliseconds from a whole-millisecond now.
         match failure.retry {

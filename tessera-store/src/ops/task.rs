@@ -598,6 +598,53 @@ impl Store {
         }
     }
 
+    /// Hands the leased task back to its queue, claimable again after
+    /// `delay` (whole milliseconds, at most
+    /// [`MAX_BACKOFF`](tessera_lease::MAX_BACKOFF); zero: at once), without
+    /// spending the try its lease took ([`Retry::Snooze`](tessera_lease::Retry::Snooze)):
+    /// for a worker that cannot run it now (a rate limit upstream, a
+    /// resource not ready). Returns the attempt's new state.
+    ///
+    /// Fenced as a submission is: only the live lease `token`, held by
+    /// the caller, is snoozed (`409 stale_token`, `lease_expired`, …
+    /// otherwise, and nothing changes). Idempotent: a snooze retried
+    /// after its first call took effect (a lost answer) answers the state
+    /// the attempt waits in, as long as it was not granted again, and
+    /// changes nothing. Needs the `claim` scope; audited as `snooze`.
+    pub fn snooze(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+        token: FencingToken,
+        delay: std::time::Duration,
+    ) -> Result<TaskState, Error> {
+        let snooze = tessera_lease::Retry::Snooze(delay);
+        let ack = self.failure_report_as(caller, task, token, snooze.into(), Action::Snooze)?;
+        let answer = match self.acknowledge(vec![ack]).pop() {
+            Some(answer) => answer,
+            None => unreachable!("one answer per acknowledgement"),
+        };
+        match answer? {
+            Ok(Acked::Failed(state)) => Ok(state),
+            Ok(Acked::Submitted(_)) => unreachable!("a snooze is answered as a failure report"),
+            Err(Error::Conflict {
+                kind: ConflictKind::LeaseEnded,
+                reason,
+            }) => {
+                let holder = caller.lease_principal();
+                let replayed = self.read(|reader| {
+                    let (_, rules, _) = load(reader, task)?;
+                    Ok(rules.handed_back(&holder, token))
+                })?;
+                replayed.ok_or(Error::Conflict {
+                    kind: ConflictKind::LeaseEnded,
+                    reason,
+                })
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     /// An operator's retry: every failed, discarded or cancelled attempt of
     /// `task` becomes ready again, with one more try than it has had if it
     /// was out of tries ([`Task::retry`]). Its next claim grants a fresh

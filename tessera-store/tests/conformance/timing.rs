@@ -228,9 +228,97 @@ fn a_lease_or_deadline_out_of_bounds_is_refused_and_writes_nothing(db: &TestDb) 
     assert_eq!(db.count_rows("tasks"), 0);
 }
 
+fn a_snooze_is_fenced_spends_no_try_is_idempotent_and_audited(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let other = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("later"));
+    let task = f
+        .store
+        .enqueue(
+            &worker,
+            &ns,
+            &q,
+            &json_brief(0),
+            &EnqueueOptions::default().with_max_tries(1),
+        )
+        .unwrap();
+    let claimed = f.claim(&worker, &ns, &q);
+    let token = claimed.lease.token();
+    // Another principal, or a token never granted, snoozes nothing.
+    let wrong = f
+        .store
+        .snooze(&other, &task, token, 10 * SECOND)
+        .unwrap_err();
+    assert_eq!(wrong.status(), 409, "{wrong}");
+    let unknown = f
+        .store
+        .snooze(
+            &worker,
+            &task,
+            tessera_store::FencingToken::new(token.as_i64() + 1).unwrap(),
+            10 * SECOND,
+        )
+        .unwrap_err();
+    assert_eq!(unknown.status(), 409, "{unknown}");
+    // On its last try, the snooze hands it back with the try.
+    let state = f.store.snooze(&worker, &task, token, 10 * SECOND).unwrap();
+    let until = tessera_store::Clock::now_utc(&f.clock) + TimeDelta::seconds(10);
+    assert_eq!(state, TaskState::Backoff { until });
+    // Retried (its answer lost), it answers the same and changes nothing.
+    let before = f.store.read_task(&worker, &task).unwrap().record;
+    assert_eq!(
+        f.store.snooze(&worker, &task, token, 10 * SECOND).unwrap(),
+        state
+    );
+    assert_eq!(f.store.read_task(&worker, &task).unwrap().record, before);
+    assert_eq!(before.attempts[0].tries, 0);
+    // Not claimable before the delay, then granted again and done.
+    assert!(matches!(
+        f.store.claim(&worker, &ns, &q).unwrap(),
+        tessera_store::ClaimOutcome::Empty { .. }
+    ));
+    f.clock.advance(10 * SECOND);
+    let again = f.claim(&worker, &ns, &q);
+    assert_eq!(again.task, task);
+    // Once granted again, the old token's snooze is stale, not a replay.
+    let stale = f.store.snooze(&worker, &task, token, SECOND).unwrap_err();
+    assert_eq!(stale.status(), 409, "{stale}");
+    let done = f
+        .store
+        .submit(
+            &worker,
+            &task,
+            again.lease.token(),
+            &IdempotencyKey::parse("done").unwrap(),
+            &Output::bytes("ok"),
+        )
+        .unwrap();
+    assert!(matches!(done, tessera_store::Submitted::Accepted(_)));
+    // Audited as a snooze.
+    let events = f
+        .store
+        .audit(
+            &f.admin,
+            &tessera_store::AuditQuery {
+                limit: 100,
+                ..tessera_store::AuditQuery::default()
+            },
+        )
+        .unwrap()
+        .events;
+    let snoozes: Vec<_> = events
+        .iter()
+        .filter(|event| event.action.as_str() == "snooze")
+        .map(|event| event.outcome.as_str())
+        .collect();
+    assert!(snoozes.contains(&"ok"), "{snoozes:?}");
+}
+
 conformance! {
     each_claim_grants_a_task_its_own_lease_and_a_heartbeat_extends_by_it,
     a_deadline_bounds_grants_and_heartbeats_and_discards_what_is_not_done,
     a_partition_limited_queue_ends_a_task_past_its_deadline_and_grants_the_next,
     a_lease_or_deadline_out_of_bounds_is_refused_and_writes_nothing,
+    a_snooze_is_fenced_spends_no_try_is_idempotent_and_audited,
 }

@@ -17,7 +17,7 @@ use super::{AppState, Route, object, task_doc, task_ref, with_task_ref};
 use crate::auth::Authenticated;
 use crate::errors::{ApiError, JsonBody, invalid, path};
 use crate::limits::{
-    self, BACKOFF_MS, ERROR_TEXT, IDEMPOTENCY_KEY, RETRY, TOKEN, VERSION, any_value,
+    self, BACKOFF_MS, ERROR_TEXT, IDEMPOTENCY_KEY, RETRY, SNOOZE_MS, TOKEN, VERSION, any_value,
 };
 use crate::limits::{NAMESPACE, SUBMIT_BATCH, TASK};
 use crate::openapi::Doc;
@@ -36,6 +36,8 @@ pub(super) fn routes() -> Vec<Route> {
     failure["retry"] = RETRY.schema();
     failure["after_ms"] = BACKOFF_MS.schema();
     failure["error"] = ERROR_TEXT.schema();
+    let mut snoozed = held();
+    snoozed["delay_ms"] = SNOOZE_MS.schema();
     vec![
         Route::new(
             Method::POST,
@@ -103,6 +105,17 @@ pub(super) fn routes() -> Vec<Route> {
                 .body(object(failure, &["version", "token", "retry"]))
                 .answers("200", "the attempt's new state", Some(json!({ "type": "object", "required": ["state"] }))),
             post(fail),
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/ns/{ns}/tasks/{task}/snooze",
+            Some("snooze"),
+            task_doc(Doc::new("snooze", "hand a leased task back to its queue, claimable again after `delay_ms`, without spending the try its lease took; fenced as a submit, and a retried snooze answers the state its first call left"))
+                .keyed()
+                .gone()
+                .body(object(snoozed, &["version", "token", "delay_ms"]))
+                .answers("200", "the attempt's new state", Some(json!({ "type": "object", "required": ["state"] }))),
+            post(snooze),
         ),
     ]
 }
@@ -285,6 +298,31 @@ async fn fail(
     };
     let new_state = state
         .call(move |store| store.fail(&caller, &task, token, failure))
+        .await?;
+    Ok(Json(json!({ "state": new_state })).into_response())
+}
+
+/// A snooze.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnoozeRequest {
+    version: i64,
+    token: i64,
+    delay_ms: i64,
+}
+
+async fn snooze(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task_path: Result<Path<(String, String)>, PathRejection>,
+    JsonBody(request): JsonBody<SnoozeRequest>,
+) -> Result<Response, ApiError> {
+    let (ns, task) = path(task_path)?;
+    let task = task_ref(&ns, &task, request.version)?;
+    let token = FencingToken::new(TOKEN.integer(request.token)?)?;
+    let delay = std::time::Duration::from_millis(SNOOZE_MS.integer(request.delay_ms)? as u64);
+    let new_state = state
+        .call(move |store| store.snooze(&caller, &task, token, delay))
         .await?;
     Ok(Json(json!({ "state": new_state })).into_response())
 }

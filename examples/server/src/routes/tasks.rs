@@ -25,9 +25,10 @@ use super::{AppState, Route, object, queue_doc, queue_names, task_doc, task_ref}
 use crate::auth::Authenticated;
 use crate::errors::{ApiError, JsonBody, path, query};
 use crate::limits::{
-    self, ALTERNATIVES, ATTEMPT, DEBOUNCE_MS, ENQUEUE_BATCH, MAX_DEBOUNCE_MS, MAX_TRIES_INPUT,
-    NAMESPACE, ORDER, PARTITION_KEY, PRIORITY, QUEUE, STATE, TASK_CURSOR, TASK_ID, TASKS_LIMIT,
-    TIME, UNIQUE_KEY, UNIQUE_MODE, UNIQUE_WINDOW_MS, VERSION, any_value,
+    self, ALTERNATIVES, ATTEMPT, DEBOUNCE_MS, ENQUEUE_BATCH, LEASE_MS, MAX_DEBOUNCE_MS,
+    MAX_TRIES_INPUT, NAMESPACE, ORDER, PARTITION_KEY, PRIORITY, QUEUE, STATE, TASK_CURSOR, TASK_ID,
+    TASK_TIMEOUT_MS, TASKS_LIMIT, TIME, UNIQUE_KEY, UNIQUE_MODE, UNIQUE_WINDOW_MS, VERSION,
+    any_value,
 };
 use crate::openapi::Doc;
 
@@ -42,6 +43,9 @@ fn new_task() -> Value {
             "priority": PRIORITY.schema(),
             "max_tries": MAX_TRIES_INPUT.schema(),
             "not_before": TIME.schema(),
+            "lease_ms": LEASE_MS.schema(),
+            "deadline": TIME.schema(),
+            "timeout_ms": TASK_TIMEOUT_MS.schema(),
             "partition_key": PARTITION_KEY.schema(),
             "unique": unique_schema(),
         }),
@@ -244,6 +248,9 @@ pub(crate) struct NewTask {
     priority: Option<i64>,
     max_tries: Option<i64>,
     not_before: Option<DateTime<Utc>>,
+    lease_ms: Option<i64>,
+    deadline: Option<DateTime<Utc>>,
+    timeout_ms: Option<i64>,
     partition_key: Option<String>,
     unique: Option<UniqueField>,
 }
@@ -302,6 +309,17 @@ impl NewTask {
         }
         if let Some(at) = self.not_before {
             options = options.with_not_before(at);
+        }
+        if let Some(ms) = self.lease_ms {
+            options =
+                options.with_lease_duration(Duration::from_millis(LEASE_MS.integer(ms)? as u64));
+        }
+        if let Some(at) = self.deadline {
+            options = options.with_deadline(at);
+        }
+        if let Some(ms) = self.timeout_ms {
+            options =
+                options.with_timeout(Duration::from_millis(TASK_TIMEOUT_MS.integer(ms)? as u64));
         }
         if let Some(key) = &self.partition_key {
             options = options.with_partition_key(PartitionKey::parse(key)?);

@@ -71,6 +71,7 @@ fn initialize_ping_tools_list_and_notifications_make_no_storage_call() {
                 "claim",
                 "heartbeat",
                 "submit",
+                "snooze",
                 "cancel",
                 "list_tasks",
                 "health",

@@ -222,6 +222,19 @@ impl Uniqueness {
         }
     }
 
+    /// When the window of the slot of a task enqueued at `enqueued_at`
+    /// ends (`None` without a window): no enqueue after it maps to that
+    /// slot, so its row may go.
+    pub fn slot_ends_at(&self, enqueued_at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let window = self.window?;
+        let width = i64::try_from(window.as_millis()).unwrap_or(i64::MAX).max(1);
+        let period = enqueued_at.timestamp_millis().div_euclid(width);
+        period
+            .checked_add(1)
+            .and_then(|next| next.checked_mul(width))
+            .and_then(DateTime::from_timestamp_millis)
+    }
+
     /// Whether a task whose attempts are in `states` holds its slot.
     pub fn holds(&self, states: impl IntoIterator<Item = StateName>) -> bool {
         holds(self.states, states)

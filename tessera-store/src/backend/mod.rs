@@ -852,8 +852,13 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         namespace: &Namespace,
         queue: &QueueName,
         slot: &UniqueSlot,
+        ends_at: Option<DateTime<Utc>>,
         task: &TaskRef,
     ) -> Result<Option<TaskRef>>;
+
+    /// Deletes up to `limit` unique slots whose window ended at or before
+    /// `cutoff`, in the order they ended; answers how many.
+    fn purge_ended_slots(&self, cutoff: DateTime<Utc>, limit: usize) -> Result<usize>;
 
     /// Gives back the unique `slot` of `queue` taken for a task that was not
     /// inserted after all (its reference existed).

@@ -12,8 +12,9 @@ use crate::store::Store;
 
 impl Store {
     /// Does what is due now: writes counters whose minute has passed (or all,
-    /// once 1,024 distinct counters wait) and runs retention if five minutes
-    /// have passed since the last run. The store calls it after every
+    /// once 1,024 distinct counters wait) and runs retention if the
+    /// retention interval ([`StoreConfig::with_retention_interval`](crate::StoreConfig::with_retention_interval),
+    /// five minutes by default) has passed since the last run. The store calls it after every
     /// successful write; a request that writes nothing (a denial, an empty
     /// claim, a replay) never does, so a host runs it at
     /// [`next_maintenance`](Self::next_maintenance) for counters to reach
@@ -33,6 +34,7 @@ impl Store {
             let (tasks, rows) = self.purge_finished(&run)?;
             report.tasks_purged = tasks;
             report.rows_deleted += rows;
+            report.rows_deleted += self.purge_ended_slots(&run)?;
             #[cfg(feature = "schedule")]
             {
                 report.rows_deleted += self.trim_schedule_fires(&run)?;

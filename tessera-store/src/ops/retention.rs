@@ -25,6 +25,9 @@ const FINAL_STATES: [StateName; 4] = [
 /// changed.
 type Batch = (u64, u64, Vec<Namespace>);
 
+/// How long after its window ends a unique slot is kept.
+const SLOT_MARGIN: chrono::TimeDelta = chrono::TimeDelta::minutes(1);
+
 /// Namespaces read at a time.
 const NAMESPACE_PAGE: usize = 100;
 
@@ -148,6 +151,26 @@ impl Store {
             }
         }
         Ok((tasks, rows))
+    }
+
+    /// Deletes the unique slots whose window ended at least
+    /// [`SLOT_MARGIN`] before the run started, a batch of at most
+    /// [`RetentionRun::batch_size`] at a time: no enqueue maps to such a
+    /// slot again (a later one falls in a later period), so a windowed
+    /// key held for good costs a row only while its window lasts. The
+    /// margin covers a process whose clock reads behind. Returns the rows
+    /// deleted.
+    pub(crate) fn purge_ended_slots(&self, run: &RetentionRun) -> Result<u64, Error> {
+        let cutoff = run.started_at() - SLOT_MARGIN;
+        let limit = run.batch_size();
+        let mut deleted = 0;
+        loop {
+            let rows = self.write(|writer| Ok(writer.purge_ended_slots(cutoff, limit)?))?;
+            deleted += rows as u64;
+            if rows < limit {
+                return Ok(deleted);
+            }
+        }
     }
 
     /// Deletes every unpaused schedule's fire rows but its latest, a

@@ -290,9 +290,14 @@ impl Store {
             let mut taking: Vec<(&UniqueSlot, usize)> = first_of_slot.into_iter().collect();
             taking.sort_unstable();
             for (slot, place) in taking {
-                if let Some(holder) =
-                    writer.take_unique_slot(namespace, queue, slot, &prepared[place].task)?
-                {
+                let ends_at = prepared[place].unique.as_ref().and_then(|u| u.ends_at);
+                if let Some(holder) = writer.take_unique_slot(
+                    namespace,
+                    queue,
+                    slot,
+                    ends_at,
+                    &prepared[place].task,
+                )? {
                     plans[place] = Plan::Stored(holder);
                 }
             }
@@ -872,6 +877,8 @@ struct Prepared<'a> {
 struct PreparedUnique<'a> {
     rule: &'a Uniqueness,
     slot: UniqueSlot,
+    /// When the slot's window ends, if it has one.
+    ends_at: Option<DateTime<Utc>>,
 }
 
 /// What a batch does with one of its tasks.
@@ -938,6 +945,7 @@ fn prepare<'a>(
         .map(|rule| PreparedUnique {
             rule,
             slot: rule.slot(now),
+            ends_at: rule.slot_ends_at(now),
         });
     Ok(Prepared {
         task: TaskRef::new(namespace.clone(), id, version),
@@ -978,8 +986,13 @@ fn take_or_duplicate(
     now: DateTime<Utc>,
 ) -> Result<Option<(TaskRef, bool)>, Error> {
     for _ in 0..UNIQUE_TURNS {
-        let Some(holder) =
-            writer.take_unique_slot(namespace, queue, &unique.slot, &prepared.task)?
+        let Some(holder) = writer.take_unique_slot(
+            namespace,
+            queue,
+            &unique.slot,
+            unique.ends_at,
+            &prepared.task,
+        )?
         else {
             return Ok(None);
         };

@@ -192,6 +192,11 @@ const INDEXES: &[(&str, &str)] = &[
          ON attempts (namespace, changed_at, task, number)",
     ),
     (
+        "unique_slots_ending",
+        "CREATE INDEX IF NOT EXISTS unique_slots_ending ON unique_slots (ends_at) \
+         WHERE ends_at IS NOT NULL",
+    ),
+    (
         "receipts_key",
         "CREATE UNIQUE INDEX IF NOT EXISTS receipts_key \
          ON receipts (principal, task, idempotency_key)",
@@ -250,6 +255,8 @@ const ALTERATIONS: &[&str] = &[
     // lease, no deadline).
     "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS lease_ms BIGINT",
     "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS deadline_at BIGINT",
+    // When a windowed unique slot's window ends (NULL: no window).
+    "ALTER TABLE unique_slots ADD COLUMN IF NOT EXISTS ends_at BIGINT",
 ];
 
 /// Indexes earlier builds created and this one drops where it finds them,

@@ -569,8 +569,13 @@ pub(super) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_
 /// Takes a unique slot unless it is held; waits for a transaction that is
 /// taking it.
 pub(super) const TAKE_UNIQUE_SLOT: &str = "INSERT INTO unique_slots \
-     (namespace, queue, slot, task_id, version) VALUES ($1, $2, $3, $4, $5) \
+     (namespace, queue, slot, task_id, version, ends_at) VALUES ($1, $2, $3, $4, $5, $6) \
      ON CONFLICT (namespace, queue, slot) DO NOTHING";
+/// Up to `$2` unique slots whose window ended at or before `$1`, oldest
+/// first: one range of the partial `unique_slots_ending` index.
+pub(super) const PURGE_ENDED_SLOTS: &str = "DELETE FROM unique_slots WHERE (namespace, queue, slot) \
+     IN (SELECT namespace, queue, slot FROM unique_slots WHERE ends_at IS NOT NULL \
+     AND ends_at <= $1 ORDER BY ends_at LIMIT $2)";
 pub(super) const UNIQUE_SLOT_HOLDER: &str = "SELECT task_id, version FROM unique_slots \
      WHERE namespace = $1 AND queue = $2 AND slot = $3";
 pub(super) const FREE_UNIQUE_SLOT: &str =
@@ -1128,6 +1133,20 @@ mod tests {
             failures.push(format!(
                 "finished attempts: attempts_changed wanted\n{plan}"
             ));
+        }
+        // And the slots whose window ended are one range of theirs.
+        client
+            .batch_execute(&format!("PREPARE ended AS {PURGE_ENDED_SLOTS}"))
+            .unwrap();
+        let plan: Vec<String> = client
+            .query("EXPLAIN EXECUTE ended(5, 500)", &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        if !plan.contains("using unique_slots_ending") {
+            failures.push(format!("ended slots: unique_slots_ending wanted\n{plan}"));
         }
         client
             .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))

@@ -933,15 +933,24 @@ impl WriteTransaction for PgTransaction<'_> {
         namespace: &Namespace,
         queue: &QueueName,
         slot: &UniqueSlot,
+        ends_at: Option<DateTime<Utc>>,
         task: &TaskRef,
     ) -> Result<Option<TaskRef>> {
         let (ns, queue, slot) = (namespace.as_str(), queue.as_str(), slot.as_str());
+        let ends_at = ends_at.map(millis);
         // A holder may release the slot between the insert that met it and
         // the read of who holds it: then the insert is tried again.
         for _ in 0..8 {
             let taken = self.execute(
                 TAKE_UNIQUE_SLOT,
-                &[&ns, &queue, &slot, &task.id.as_str(), &version(task)],
+                &[
+                    &ns,
+                    &queue,
+                    &slot,
+                    &task.id.as_str(),
+                    &version(task),
+                    &ends_at,
+                ],
             )?;
             if taken == 1 {
                 return Ok(None);
@@ -956,6 +965,11 @@ impl WriteTransaction for PgTransaction<'_> {
             None,
             "a unique slot changed hands too often".to_owned(),
         ))
+    }
+
+    fn purge_ended_slots(&self, cutoff: DateTime<Utc>, limit: usize) -> Result<usize> {
+        let deleted = self.execute(PURGE_ENDED_SLOTS, &[&millis(cutoff), &(limit as i64)])?;
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
     fn free_unique_slot(

@@ -263,6 +263,9 @@ pub(crate) const TABLES: &[Table] = &[
             ("slot", "TEXT NOT NULL"),
             ("task_id", "TEXT NOT NULL"),
             ("version", "INTEGER NOT NULL"),
+            // When a windowed slot's window ends (NULL: no window); its
+            // row goes then, found by `unique_slots_ending`.
+            ("ends_at", "INTEGER"),
         ],
         clustered_key: Some(&["namespace", "queue", "slot"]),
     },
@@ -484,6 +487,14 @@ pub(crate) const INDEXES: &[Index] = &[
         unique: false,
         columns: &["namespace", "changed_at", "task", "number"],
         filter: None,
+    },
+    // Windowed unique slots by when their window ends, for retention.
+    Index {
+        name: "unique_slots_ending",
+        table: "unique_slots",
+        unique: false,
+        columns: &["ends_at"],
+        filter: Some("ends_at IS NOT NULL"),
     },
     Index {
         name: "queue_settings_queue",

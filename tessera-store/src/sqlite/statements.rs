@@ -219,6 +219,10 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::FINISHED_ATTEMPTS,
     },
     HotStatement {
+        name: "unique slots whose window ended",
+        sql: tasks::PURGE_ENDED_SLOTS,
+    },
+    HotStatement {
         name: "namespace names",
         sql: tasks::NAMESPACE_NAMES,
     },

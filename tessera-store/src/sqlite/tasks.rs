@@ -119,8 +119,14 @@ pub(crate) const INSERT_TASK: &str = "INSERT INTO tasks (namespace, queue, task_
      ON CONFLICT (namespace, task_id, version) DO NOTHING";
 
 pub(crate) const TAKE_UNIQUE_SLOT: &str = "INSERT INTO unique_slots \
-     (namespace, queue, slot, task_id, version) VALUES (?1, ?2, ?3, ?4, ?5) \
+     (namespace, queue, slot, task_id, version, ends_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
      ON CONFLICT (namespace, queue, slot) DO NOTHING";
+
+/// Up to `?2` unique slots whose window ended at or before `?1`, oldest
+/// first: one range of the partial `unique_slots_ending` index.
+pub(crate) const PURGE_ENDED_SLOTS: &str = "DELETE FROM unique_slots WHERE (namespace, queue, slot) \
+     IN (SELECT namespace, queue, slot FROM unique_slots WHERE ends_at IS NOT NULL \
+     AND ends_at <= ?1 ORDER BY ends_at LIMIT ?2)";
 
 pub(crate) const UNIQUE_SLOT_HOLDER: &str = "SELECT task_id, version FROM unique_slots \
      WHERE namespace = ?1 AND queue = ?2 AND slot = ?3";

@@ -641,13 +641,21 @@ impl WriteTransaction for Writer<'_> {
         namespace: &Namespace,
         queue: &QueueName,
         slot: &UniqueSlot,
+        ends_at: Option<DateTime<Utc>>,
         task: &TaskRef,
     ) -> Result<Option<TaskRef>> {
         let (ns, queue, slot) = (namespace.as_str(), queue.as_str(), slot.as_str());
         let version = i64::from(task.version.as_u32());
         let taken = self.execute(
             sql::TAKE_UNIQUE_SLOT,
-            params![ns, queue, slot, task.id.as_str(), version],
+            params![
+                ns,
+                queue,
+                slot,
+                task.id.as_str(),
+                version,
+                ends_at.map(millis)
+            ],
         )?;
         if taken == 1 {
             return Ok(None);
@@ -658,6 +666,13 @@ impl WriteTransaction for Writer<'_> {
         })?;
         let (id, version) = holder.ok_or_else(|| corrupt("unique slot"))?;
         Ok(Some(rows::task_ref(namespace, &id, version)?))
+    }
+
+    fn purge_ended_slots(&self, cutoff: DateTime<Utc>, limit: usize) -> Result<usize> {
+        Ok(self.execute(
+            sql::PURGE_ENDED_SLOTS,
+            params![millis(cutoff), limit as i64],
+        )?)
     }
 
     fn free_unique_slot(

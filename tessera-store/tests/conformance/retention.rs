@@ -321,7 +321,42 @@ fn a_queue_keeps_its_finished_work_by_its_own_keep_times(db: &TestDb) {
     assert_eq!(db.count_rows("queue_retention"), 1);
 }
 
+fn a_windowed_slot_goes_once_its_window_has_ended(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let mut unique = Uniqueness::new(UniqueKey::parse("hourly").unwrap());
+    unique.states = UniqueStates::ANY;
+    unique.window = Some(10 * MINUTE);
+    let options = EnqueueOptions::default().with_unique(unique);
+    let first = f
+        .store
+        .enqueue_one(&worker, &ns, &q, &json_brief(0), &options)
+        .unwrap();
+    let claimed = f.claim(&worker, &ns, &q);
+    done(&f, &worker, &claimed);
+    assert_eq!(db.count_rows("unique_slots"), 1);
+    // Its window ends within ten minutes; a minute after that the slot
+    // goes, while the done task is kept for its day.
+    f.clock.advance(7 * MINUTE);
+    retention_run(&f);
+    assert_eq!(db.count_rows("unique_slots"), 0, "the ended window's slot");
+    assert!(exists(&f, &worker, &first.task));
+    // A new window takes a new slot, which holds.
+    let second = f
+        .store
+        .enqueue_one(&worker, &ns, &q, &json_brief(1), &options)
+        .unwrap();
+    assert!(second.created);
+    let third = f
+        .store
+        .enqueue_one(&worker, &ns, &q, &json_brief(2), &options)
+        .unwrap();
+    assert_eq!((third.task, third.created), (second.task, false));
+}
+
 conformance! {
+    a_windowed_slot_goes_once_its_window_has_ended,
     a_queue_keeps_its_finished_work_by_its_own_keep_times,
     finished_work_is_purged_by_state_and_age_and_cancelled_is_kept,
     keep_forever_keeps_every_finished_task,

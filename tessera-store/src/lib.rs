@@ -237,7 +237,7 @@ pub use meter::MeterSnapshot;
 pub use model::access::{
     Caller, Grant, IssuedKey, KeyFilter, KeyInfo, KeySpec, PrincipalId, PrincipalKind, Scope,
 };
-pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance};
+pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance, RetentionSummary};
 pub use model::bulk::{AttemptProgress, BulkFilter};
 pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason};
 pub use model::health::{HealthSnapshot, StateCounts};

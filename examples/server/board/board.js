@@ -105,6 +105,10 @@
       text(document.querySelector('[data-admission="' + field + '"]'), feed.admission[field]);
     });
     document.getElementById("refused").hidden = !feed.writes_refused;
+    var retention = feed.retention || {};
+    ["ran_at", "tasks_purged", "rows_deleted"].forEach(function (field) {
+      text(document.querySelector('[data-retention="' + field + '"]'), retention[field]);
+    });
     if (feed.account !== undefined) {
       document.getElementById("keyed").hidden = false;
       showDetails(feed);

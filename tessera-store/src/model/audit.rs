@@ -197,11 +197,24 @@ impl TryFrom<String> for AuditCursor {
 pub struct Maintenance {
     /// Counter rows written (each a row upserted).
     pub counters_written: u64,
-    /// Whether a retention run started (at most once per five minutes).
+    /// Whether a retention run started (at most once per retention
+    /// interval, five minutes by default).
     pub retention_ran: bool,
     /// Expired rows retention deleted, finished tasks' rows included.
     pub rows_deleted: u64,
     /// Finished tasks retention purged (each with its attempts, receipts
     /// and unique slot, counted in `rows_deleted`).
     pub tasks_purged: u64,
+}
+
+/// This store's latest retention run: when it started and what it
+/// deleted ([`Store::last_retention`](crate::Store::last_retention)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionSummary {
+    /// When the run started.
+    pub ran_at: DateTime<Utc>,
+    /// Finished tasks it purged.
+    pub tasks_purged: u64,
+    /// Rows it deleted, finished tasks' rows included.
+    pub rows_deleted: u64,
 }

@@ -40,8 +40,21 @@ impl Store {
                 report.rows_deleted += self.trim_schedule_fires(&run)?;
             }
             crate::observe::retention_ran(report.rows_deleted, report.tasks_purged);
+            *self.last_retention.lock() = Some(crate::model::audit::RetentionSummary {
+                ran_at: run.started_at(),
+                tasks_purged: report.tasks_purged,
+                rows_deleted: report.rows_deleted,
+            });
         }
         Ok(report)
+    }
+
+    /// This store's latest completed retention run (`None` before the
+    /// first): when it started, the finished tasks it purged and the rows
+    /// it deleted. Each store runs its own; with several processes on one
+    /// database, each answers its own runs. Not audited.
+    pub fn last_retention(&self) -> Option<crate::model::audit::RetentionSummary> {
+        *self.last_retention.lock()
     }
 
     /// When [`maintain`](Self::maintain) next has something to do without

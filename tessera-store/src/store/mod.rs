@@ -68,6 +68,8 @@ pub struct Store {
     /// Counts of requests that are not audited, waiting to be written.
     pub(crate) counters: Mutex<CounterBuffer>,
     pub(crate) retention: Mutex<RetentionSchedule>,
+    /// This store's latest retention run.
+    pub(crate) last_retention: Mutex<Option<crate::model::audit::RetentionSummary>>,
     /// When each principal's `last_used_at` is next written. A changed
     /// account or kind ([`Observation::Changed`](tessera_audit::Observation))
     /// is written when the key is resolved, in a transaction of its own; a
@@ -203,6 +205,7 @@ impl Store {
             backend,
             counters: Mutex::new(CounterBuffer::new()),
             retention: Mutex::new(retention),
+            last_retention: Mutex::new(None),
             observations: Mutex::new(observations),
             gate,
             health,

@@ -170,6 +170,7 @@ async fn feed(
         "namespace": namespace,
         "writes_refused": state.store.is_refusing_writes(),
         "admission": super::public::admission(&state.store, state.public.max_pending),
+        "retention": state.store.last_retention(),
         "health": null,
     });
     if !keyed {
@@ -379,6 +380,10 @@ fn render(
 <section>
 <h2>Admission</h2>
 <table class="admission">{admission_rows}</table>
+</section>
+<section>
+<h2>Finished work</h2>
+<p id="retention">Last purge: <time data-retention="ran_at">–</time> · <span data-retention="tasks_purged">–</span> tasks, <span data-retention="rows_deleted">–</span> rows deleted (this server's retention runs)</p>
 </section>
 <section id="operator">
 <h2>Operator</h2>

@@ -135,6 +135,10 @@ pub const NOT_ROUTED: &[(&str, &str)] = &[
     ),
     ("maintain", "the server runs it on its own timer"),
     (
+        "last_retention",
+        "the board's feed shows it (`retention`), and /metrics counts what retention deleted",
+    ),
+    (
         "next_maintenance",
         "the server's maintenance timer reads it",
     ),

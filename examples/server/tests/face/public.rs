@@ -40,6 +40,12 @@ fn public_reads_outlive_refused_writes(service: &Service) {
     let feed = service.send("GET", "/board/feed.json", None, None);
     assert_eq!(feed.status, 200, "{}", feed.text());
     assert_eq!(feed.json()["health"]["attempts"]["ready"], 2);
+    // The enqueues ran this server's first retention run, which the
+    // board shows.
+    let retention = &feed.json()["retention"];
+    assert!(retention["ran_at"].is_string(), "{retention}");
+    assert_eq!(retention["tasks_purged"], 0, "{retention}");
+    assert!(board.text().contains("data-retention=\"ran_at\""));
 
     // A write is refused as the provider's quota.
     let refused = service.enqueue(&worker, json!(3));

@@ -360,7 +360,109 @@ fn batches_of_one_keys_in_other_orders_never_deadlock(db: &TestDb) {
     }
 }
 
+/// A purge and an operator's retry of the same finished task at once:
+/// either the retry lands first (the task is ready again and kept) or the
+/// purge does (the retry finds no task). Never a retry answered and its
+/// task gone.
+fn a_purge_and_a_retry_at_once_never_lose_the_retry(db: &TestDb) {
+    let keep = tessera_store::Retention {
+        done: Some(std::time::Duration::from_secs(60)),
+        discarded: Some(std::time::Duration::from_secs(60)),
+        cancelled: Some(std::time::Duration::from_secs(60)),
+    };
+    let config = |config: tessera_store::StoreConfig| {
+        config
+            .with_retention(keep)
+            .with_retention_interval(std::time::Duration::ZERO)
+    };
+    let f = Fixture::with(db, config);
+    let pair = Pair::with(&f, config(f.config()));
+    let (ns, q) = (namespace("renders"), queue("purged"));
+    let (mut retried, mut purged) = (0, 0);
+    for round in 0..ROUNDS {
+        let task = f
+            .store
+            .enqueue(
+                &pair.callers.0,
+                &ns,
+                &q,
+                &json_brief(round),
+                &EnqueueOptions::default(),
+            )
+            .unwrap();
+        f.store.cancel_task(&pair.callers.0, &task).unwrap();
+        f.clock.advance(std::time::Duration::from_secs(61));
+        let (retry, purge) = pair.race(
+            |store, caller| store.retry_task(caller, &task),
+            |store, _| store.maintain(),
+        );
+        purge.unwrap();
+        let kept = f.store.read_task(&pair.callers.0, &task);
+        match retry {
+            Ok(_) => {
+                retried += 1;
+                let kept = kept.expect("a retried task is kept");
+                assert!(
+                    kept.record
+                        .attempts
+                        .iter()
+                        .all(|a| a.state.name() == StateName::Ready)
+                );
+            }
+            Err(error) => {
+                purged += 1;
+                assert!(matches!(error.status(), 404 | 410), "{error}");
+                assert!(kept.is_err(), "a retry refused, yet its task is there");
+            }
+        }
+        // Whatever won, the task is either claimable or gone for good.
+        if let Ok(ClaimOutcome::Granted(claimed)) = f.store.claim(&pair.callers.0, &ns, &q) {
+            f.store.cancel_task(&pair.callers.0, &claimed.task).unwrap();
+        }
+    }
+    assert_eq!(retried + purged, ROUNDS);
+}
+
+/// The same snooze sent from two stores at once (a retry racing its
+/// first send): one hands the task back, the other answers the same, and
+/// the try is given back once.
+fn a_snooze_sent_twice_at_once_gives_the_try_back_once(db: &TestDb) {
+    let f = Fixture::new(db);
+    let pair = Pair::new(&f);
+    let (ns, q) = (namespace("renders"), queue("snoozed"));
+    for round in 0..ROUNDS {
+        let task = f
+            .store
+            .enqueue(
+                &pair.callers.0,
+                &ns,
+                &q,
+                &json_brief(round),
+                &EnqueueOptions::default().with_max_tries(2),
+            )
+            .unwrap();
+        let claimed = match f.store.claim(&pair.callers.0, &ns, &q).unwrap() {
+            ClaimOutcome::Granted(claimed) => claimed,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(claimed.task, task);
+        let token = claimed.lease.token();
+        let delay = std::time::Duration::from_secs(3600);
+        let (a, b) = pair.race(
+            |store, caller| store.snooze(caller, &task, token, delay),
+            |store, caller| store.snooze(caller, &task, token, delay),
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b);
+        let record = f.store.read_task(&pair.callers.0, &task).unwrap().record;
+        assert_eq!(record.attempts[0].tries, 0, "round {round}");
+        f.store.cancel_task(&pair.callers.0, &task).unwrap();
+    }
+}
+
 conformance! {
+    a_purge_and_a_retry_at_once_never_lose_the_retry,
+    a_snooze_sent_twice_at_once_gives_the_try_back_once,
     batches_of_one_keys_in_other_orders_never_deadlock,
     enqueues_into_a_session_while_it_is_purged_leave_no_task_behind,
     a_pause_and_a_limit_change_at_once_both_land,

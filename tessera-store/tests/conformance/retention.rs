@@ -355,7 +355,55 @@ fn a_windowed_slot_goes_once_its_window_has_ended(db: &TestDb) {
     assert_eq!((third.task, third.created), (second.task, false));
 }
 
+fn a_replay_after_the_purge_is_410_task_purged_and_runs_nothing(db: &TestDb) {
+    let f = Fixture::with(db, |config| config.with_retention(short()));
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    f.enqueue(&worker, &ns, &q, 1);
+    let claimed = f.claim(&worker, &ns, &q);
+    done(&f, &worker, &claimed);
+    let replay = || {
+        f.store.submit(
+            &worker,
+            &claimed.task,
+            claimed.lease.token(),
+            &key("done"),
+            &Output::bytes("ok"),
+        )
+    };
+    // Within the keep time, the receipt answers again.
+    assert!(matches!(replay().unwrap(), Submitted::Replayed(_)));
+    f.clock.advance(10 * MINUTE);
+    assert_eq!(retention_run(&f).tasks_purged, 1);
+    let written = db.count_rows("receipts") + db.count_rows("tasks");
+    for error in [
+        replay().unwrap_err(),
+        f.store
+            .heartbeat(&worker, &claimed.task, claimed.lease.token())
+            .unwrap_err(),
+        f.store
+            .fail(
+                &worker,
+                &claimed.task,
+                claimed.lease.token(),
+                Retry::Backoff,
+            )
+            .unwrap_err(),
+        f.store
+            .snooze(&worker, &claimed.task, claimed.lease.token(), MINUTE)
+            .unwrap_err(),
+    ] {
+        assert_eq!(
+            (error.status(), error.code()),
+            (410, "task_purged"),
+            "{error}"
+        );
+    }
+    assert_eq!(db.count_rows("receipts") + db.count_rows("tasks"), written);
+}
+
 conformance! {
+    a_replay_after_the_purge_is_410_task_purged_and_runs_nothing,
     a_windowed_slot_goes_once_its_window_has_ended,
     a_queue_keeps_its_finished_work_by_its_own_keep_times,
     finished_work_is_purged_by_state_and_age_and_cancelled_is_kept,

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::history::{History, Operation, OperationId, Outcome};
 use crate::index::{Index, TaskSteps};
+use crate::purge::Purges;
 use crate::receipt::StoredReceipts;
 use crate::state::{AttemptState, FinalState, FinalTask};
 use crate::{grant, lease, limit, receipt, schedule, unique};
@@ -141,6 +142,11 @@ pub struct Report {
     pub granted: usize,
     /// Acknowledged submissions, accepted or replayed.
     pub submitted: usize,
+    /// The tasks the history made that are missing at the end and that
+    /// the store's retention may have purged ([`FinalState::retention`]),
+    /// in id order.
+    #[serde(default)]
+    pub purged: Vec<String>,
 }
 
 impl Report {
@@ -200,6 +206,7 @@ pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -
         enqueued: 0,
         granted: 0,
         submitted: 0,
+        purged: Vec::new(),
     };
     for step in history.steps() {
         if !step.completion.may_have_happened() {
@@ -214,16 +221,19 @@ pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -
         }
     }
     let anomalies = &mut report.anomalies;
-    let fired = schedule::schedules(&index, end, skew, anomalies);
+    let purges = Purges::new(&index, end, skew, anomalies);
+    report.purged = purges.excused().map(str::to_owned).collect();
+    let fired = schedule::schedules(&index, end, &purges, skew, anomalies);
     let mut unexplained_grants = 0;
     for (task, steps) in &index.tasks {
         let end_task = end.tasks.get(*task);
+        let purged = purges.excuses(task);
         lease::leases(task, steps, skew, anomalies);
-        lease::tokens(task, steps, end_task, anomalies);
-        receipt::submits(task, steps, &stored, anomalies);
-        enqueues(task, steps, end_task, &stored, anomalies);
+        lease::tokens(task, steps, end_task, purged, anomalies);
+        receipt::submits(task, steps, &stored, purged, anomalies);
+        enqueues(task, steps, end_task, &stored, &purges, anomalies);
         cancels(task, steps, end_task, anomalies);
-        duplicates(steps, end, anomalies);
+        duplicates(steps, end, &purges, anomalies);
         grant::deadline(task, steps, skew, anomalies);
         grant::tries(task, steps, end_task, anomalies);
         if let Some(last) = end_task.and_then(|t| t.last_token) {
@@ -286,6 +296,7 @@ fn enqueues(
     steps: &TaskSteps<'_>,
     end: Option<&FinalTask>,
     stored: &StoredReceipts<'_>,
+    purges: &Purges<'_>,
     anomalies: &mut Vec<Anomaly>,
 ) {
     let acknowledged: Vec<OperationId> = steps
@@ -295,6 +306,9 @@ fn enqueues(
         .map(|step| step.id)
         .collect();
     let Some(end) = end else {
+        if purges.excuses(task) {
+            return;
+        }
         // Missing: lost if anything acknowledged the task existed.
         let mut witnesses: Vec<OperationId> = steps.grants.iter().map(|g| g.step.id).collect();
         witnesses.extend(acknowledged);
@@ -309,12 +323,13 @@ fn enqueues(
                 .map(|step| step.id),
         );
         if !witnesses.is_empty() {
-            anomalies.push(anomaly(
-                AnomalyKind::LostEnqueue,
-                task,
-                witnesses,
-                "the task is missing at the end".to_owned(),
-            ));
+            let detail = match purges.refusal(task) {
+                Some(why) => {
+                    format!("the task is missing at the end, and cannot have been purged: {why}")
+                }
+                None => "the task is missing at the end".to_owned(),
+            };
+            anomalies.push(anomaly(AnomalyKind::LostEnqueue, task, witnesses, detail));
         }
         return;
     };
@@ -353,11 +368,16 @@ fn enqueues(
 }
 
 /// An enqueue answered as a duplicate handed its work to the holder it
-/// named, which must be there at the end.
-fn duplicates(steps: &TaskSteps<'_>, end: &FinalState, anomalies: &mut Vec<Anomaly>) {
+/// named, which must be there at the end, or may have been purged.
+fn duplicates(
+    steps: &TaskSteps<'_>,
+    end: &FinalState,
+    purges: &Purges<'_>,
+    anomalies: &mut Vec<Anomaly>,
+) {
     for step in &steps.named {
         if let Some(Outcome::Duplicate { of }) = step.completion.outcome() {
-            if !end.tasks.contains_key(of) {
+            if !end.tasks.contains_key(of) && !purges.excuses(of) {
                 anomalies.push(anomaly(
                     AnomalyKind::LostEnqueue,
                     of,

@@ -47,6 +47,18 @@ pub enum Operation {
         /// The time after which no lease of it may be granted.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline: Option<DateTime<Utc>>,
+        /// How many attempts it has (its spec's alternatives); left out,
+        /// one (the store's default) or as many as the history shows.
+        /// Read by the check of purges: a task is purged only once every
+        /// attempt has ended.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        alternatives: Option<u16>,
+        /// How many tries each attempt gets. Read by the check of purges:
+        /// an attempt may have been discarded (out of tries) only once it
+        /// may have been granted this many times; left out, the history
+        /// shows no discard of the task.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_tries: Option<u32>,
     },
     /// Take the next claimable task of a queue under a lease.
     Claim {
@@ -167,6 +179,8 @@ impl Operation {
             partition: None,
             unique_key: None,
             deadline: None,
+            alternatives: None,
+            max_tries: None,
         }
     }
 

@@ -61,6 +61,8 @@ pub(crate) struct Index<'h> {
     pub(crate) schedules: BTreeMap<&'h str, Vec<&'h Step>>,
     /// Scheduler passes.
     pub(crate) passes: Vec<&'h Step>,
+    /// Bulk cancels, each of a queue's tasks in one state.
+    pub(crate) bulk_cancels: Vec<&'h Step>,
 }
 
 impl<'h> Index<'h> {
@@ -100,6 +102,7 @@ impl<'h> Index<'h> {
                     index.schedules.entry(schedule).or_default().push(step);
                 }
                 Operation::FireSchedules => index.passes.push(step),
+                Operation::CancelTasks { .. } => index.bulk_cancels.push(step),
                 operation => {
                     if let Some(task) = operation.task() {
                         index.tasks.entry(task).or_default().named.push(step);

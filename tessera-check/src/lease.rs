@@ -208,6 +208,7 @@ pub(crate) fn tokens(
     task: &str,
     steps: &TaskSteps<'_>,
     end: Option<&FinalTask>,
+    purged: bool,
     anomalies: &mut Vec<Anomaly>,
 ) {
     for (n, a) in steps.grants.iter().enumerate() {
@@ -231,8 +232,9 @@ pub(crate) fn tokens(
             }
         }
     }
+    // A purged task's counter went with it.
     let highest = steps.grants.iter().max_by_key(|grant| grant.token);
-    if let Some(grant) = highest {
+    if let Some(grant) = highest.filter(|_| !purged) {
         let last = end.and_then(|t| t.last_token).unwrap_or(0);
         if last < grant.token {
             anomalies.push(anomaly(

@@ -36,6 +36,12 @@
 //!   and a superseded token's submission is never accepted;
 //! - an acknowledged enqueue's task ends done, discarded, cancelled or
 //!   still claimable, and nothing runs after an acknowledged cancel;
+//! - a task is missing at the end only where the store's retention may
+//!   have purged it ([`FinalRetention`]): every attempt may have ended
+//!   early enough for its state's keep time to have passed before the end
+//!   was read, and no more tasks of a queue are missing so than the
+//!   store's audit counts purged (a purged task's receipts and token
+//!   counter went with it);
 //! - every effect at the end (a task, a receipt, a grant counted by the
 //!   token counter) was made by some operation that was acknowledged or
 //!   whose outcome is unknown, or by a schedule's fire;
@@ -120,6 +126,7 @@ mod history;
 mod index;
 mod lease;
 mod limit;
+mod purge;
 mod receipt;
 mod schedule;
 mod state;
@@ -131,5 +138,6 @@ pub use history::{
     Record, Step,
 };
 pub use state::{
-    AttemptState, FinalAttempt, FinalFire, FinalReceipt, FinalSchedule, FinalState, FinalTask,
+    AttemptState, FinalAttempt, FinalFire, FinalReceipt, FinalRetention, FinalSchedule, FinalState,
+    FinalTask,
 };

@@ -69,6 +69,7 @@ pub(crate) fn submits(
     task: &str,
     steps: &TaskSteps<'_>,
     stored: &StoredReceipts<'_>,
+    purged: bool,
     anomalies: &mut Vec<Anomaly>,
 ) {
     // Acknowledged receipts per attempt, with the step that got each.
@@ -86,7 +87,8 @@ pub(crate) fn submits(
             .entry(attempt)
             .or_default()
             .push((receipt, step));
-        if !stored.of(task, attempt).contains(&receipt) {
+        // A purged task's receipts went with it.
+        if !purged && !stored.of(task, attempt).contains(&receipt) {
             anomalies.push(anomaly(
                 AnomalyKind::LostSubmit,
                 task,

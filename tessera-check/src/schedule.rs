@@ -20,6 +20,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use crate::check::{Anomaly, AnomalyKind, anomaly};
 use crate::history::{Fire, Operation, OperationId, Outcome, Step};
 use crate::index::{Index, acknowledged};
+use crate::purge::Purges;
 use crate::state::FinalState;
 
 /// A stretch of store time a pause may have held: from, and until
@@ -30,10 +31,12 @@ type Window = (DateTime<Utc>, Option<DateTime<Utc>>);
 type FiresByRunAt<'a> = BTreeMap<(&'a str, DateTime<Utc>), Vec<(&'a Fire, &'a Step)>>;
 
 /// Checks every schedule and returns the tasks fires made (acknowledged,
-/// or recorded in a fire row), which explains them at the end.
+/// or recorded in a fire row), which explains them at the end. A fire's
+/// task missing at the end may have been purged (`purges`).
 pub(crate) fn schedules<'a>(
     index: &Index<'a>,
     end: &'a FinalState,
+    purges: &Purges<'a>,
     skew: TimeDelta,
     anomalies: &mut Vec<Anomaly>,
 ) -> HashSet<&'a str> {
@@ -65,7 +68,7 @@ pub(crate) fn schedules<'a>(
             ));
         }
         for (fire, step) in acknowledged {
-            if !end.tasks.contains_key(&fire.task) {
+            if !end.tasks.contains_key(&fire.task) && !purges.excuses(&fire.task) {
                 anomalies.push(anomaly(
                     AnomalyKind::LostEnqueue,
                     &fire.task,
@@ -94,11 +97,12 @@ pub(crate) fn schedules<'a>(
         }
         // Retention keeps a schedule's latest fire row alone: a task of an
         // earlier run-at (named `sched-<name>-<run-at in ms>`) was made by
-        // a fire whose row it deleted.
+        // a fire whose row it deleted, whether it is there at the end or
+        // may have been purged since.
         let latest = rows.keys().next_back().copied();
         let prefix = format!("sched-{schedule}-");
         let mut trimmed: Vec<DateTime<Utc>> = Vec::new();
-        for task in end.tasks.keys() {
+        for task in end.tasks.keys().map(String::as_str).chain(purges.excused()) {
             let run_at = task
                 .strip_prefix(&prefix)
                 .and_then(|millis| millis.parse::<i64>().ok())
@@ -127,7 +131,7 @@ pub(crate) fn schedules<'a>(
                 ));
             }
             for task in tasks {
-                if !end.tasks.contains_key(*task) && !reported(task) {
+                if !end.tasks.contains_key(*task) && !reported(task) && !purges.excuses(task) {
                     anomalies.push(anomaly(
                         AnomalyKind::LostEnqueue,
                         task,

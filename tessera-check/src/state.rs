@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::history::Receipt;
@@ -33,6 +33,57 @@ pub struct FinalState {
     /// must have fired.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub schedules: BTreeMap<String, FinalSchedule>,
+    /// The store's retention of finished work, where it was on: the only
+    /// thing that lets a task the history made be missing at the end.
+    /// Left out, every such task must be there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<FinalRetention>,
+}
+
+/// What excuses a task missing at the end: the keep times every store
+/// process of the run purged finished tasks by, when the end was read,
+/// and how many tasks the store's audit says it purged.
+///
+/// A task is excused only when its history shows that every attempt may
+/// have ended (a submission that may have been accepted, a failure for
+/// good, a discard, a cancel) early enough for its keep time to have
+/// passed before the end was read; and no more tasks of a queue are
+/// excused than the audit counts purged from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalRetention {
+    /// How long a task whose attempts ended done is kept, in milliseconds
+    /// from when its last attempt ended; `None` keeps it for good.
+    pub done_ms: Option<u64>,
+    /// The same for attempts that failed for good or were discarded.
+    pub discarded_ms: Option<u64>,
+    /// The same for cancelled attempts.
+    pub cancelled_ms: Option<u64>,
+    /// When the end was read, by the reading process's clock, taken once
+    /// the last row was read: every purge the end shows ran before it.
+    pub read_at: DateTime<Utc>,
+    /// Tasks purged, by queue: the counts of the store's `purge_tasks`
+    /// audit rows of the run, added up.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub purged: BTreeMap<String, u64>,
+}
+
+impl FinalRetention {
+    /// How long a task whose attempt ended in `state` is kept after it:
+    /// `None` for good, or for a state that is not final.
+    pub fn keep(&self, state: AttemptState) -> Option<TimeDelta> {
+        let millis = match state {
+            AttemptState::Done => self.done_ms,
+            AttemptState::Failed | AttemptState::Discarded => self.discarded_ms,
+            AttemptState::Cancelled => self.cancelled_ms,
+            AttemptState::Ready | AttemptState::Leased | AttemptState::Waiting => None,
+        }?;
+        TimeDelta::try_milliseconds(i64::try_from(millis).ok()?)
+    }
+
+    /// Every task the audit counts purged, in all queues.
+    pub fn purged_total(&self) -> u64 {
+        self.purged.values().sum()
+    }
 }
 
 /// One receipt row.

@@ -1,17 +1,20 @@
 //! Property tests against a model of the store: histories a correct store
 //! could produce (random operations of several processes, with some
 //! answers lost whether or not they took effect, on a queue that is now
-//! and then paused, limited, and fed tasks with unique keys) pass the
-//! checker, and each way of breaking the end they lead to is found.
+//! and then paused, limited, and fed tasks with unique keys, whose
+//! finished tasks retention purges once their keep time has passed) pass
+//! the checker, and each way of breaking the end they lead to is found.
 
 mod script;
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, TimeDelta, Utc};
+
 use proptest::prelude::*;
 use tessera_check::{
-    AnomalyKind, AttemptState, Completion, FinalAttempt, FinalState, FinalTask, Operation, Outcome,
-    Receipt, check,
+    AnomalyKind, AttemptState, Completion, FinalAttempt, FinalRetention, FinalState, FinalTask,
+    Operation, Outcome, Receipt, check,
 };
 
 use script::{
@@ -20,6 +23,10 @@ use script::{
 };
 
 const LEASE: i64 = 60;
+/// How long retention keeps done and cancelled tasks, in seconds.
+const KEEP_DONE: i64 = 30;
+const KEEP_CANCELLED: i64 = 60;
+const QUEUE: &str = "frames";
 
 /// What happens to one operation's answer.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +55,8 @@ enum Action {
     Resume,
     Limit(Option<u32>),
     Advance(i64),
+    /// A retention pass: finished tasks past their keep time purged.
+    Purge,
 }
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
@@ -65,6 +74,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => prop_oneof![Just(Action::Pause), Just(Action::Resume)],
         1 => prop::option::of(1..3_u32).prop_map(Action::Limit),
         2 => (0..90_i64).prop_map(Action::Advance),
+        1 => Just(Action::Purge),
     ]
 }
 
@@ -91,6 +101,8 @@ struct Task {
     state: State,
     receipt: Option<Receipt>,
     key: Option<&'static str>,
+    /// When it was done or cancelled.
+    finished_at: Option<i64>,
 }
 
 /// The store, one attempt per task, and what each process believes it
@@ -104,6 +116,8 @@ struct Model {
     enqueued: usize,
     paused: bool,
     limit: Option<u32>,
+    /// Tasks retention purged.
+    purged: u64,
 }
 
 impl Model {
@@ -155,7 +169,7 @@ impl Model {
                 let operation = enqueue_with(
                     &task,
                     Enqueued {
-                        queue: Some("frames"),
+                        queue: Some(QUEUE),
                         unique_key: key,
                         ..Enqueued::default()
                     },
@@ -177,6 +191,7 @@ impl Model {
                         state: State::Ready,
                         receipt: None,
                         key,
+                        finished_at: None,
                     };
                     m.tasks.insert(task.clone(), fresh);
                     Completion::Ok {
@@ -235,6 +250,9 @@ impl Model {
                     return;
                 };
                 self.step(process, heartbeat(&task, 1, token), fate, |m| {
+                    if !m.tasks.contains_key(&task) {
+                        return refused("task_purged");
+                    }
                     if !m.live(&task, token) {
                         return refused("lease_ended");
                     }
@@ -258,7 +276,9 @@ impl Model {
                 self.step(process, submit(&task, 1, token, &key, &digest), fate, |m| {
                     let now = m.now;
                     let live = m.live(&task, token);
-                    let stored = m.tasks.get_mut(&task).unwrap();
+                    let Some(stored) = m.tasks.get_mut(&task) else {
+                        return refused("task_purged");
+                    };
                     if let Some(receipt) = &stored.receipt {
                         if receipt.key == key && receipt.token == token {
                             return Completion::Ok {
@@ -280,6 +300,7 @@ impl Model {
                     };
                     stored.receipt = Some(receipt.clone());
                     stored.state = State::Done;
+                    stored.finished_at = Some(now);
                     Completion::Ok {
                         outcome: Outcome::Accepted { receipt },
                     }
@@ -291,6 +312,9 @@ impl Model {
                 };
                 self.held.get_mut(&process).unwrap().retain(|h| h.0 != task);
                 self.step(process, fail(&task, 1, token, true), fate, |m| {
+                    if !m.tasks.contains_key(&task) {
+                        return refused("task_purged");
+                    }
                     if !m.live(&task, token) {
                         return refused("lease_ended");
                     }
@@ -305,15 +329,17 @@ impl Model {
                     return;
                 }
                 let task = format!("t{}", pick % self.enqueued);
+                let now = self.now;
                 self.step(0, cancel(&task), fate, |m| match m.tasks.get_mut(&task) {
                     Some(t) if !matches!(t.state, State::Done | State::Cancelled) => {
                         t.state = State::Cancelled;
+                        t.finished_at = Some(now);
                         Completion::Ok {
                             outcome: Outcome::Cancelled,
                         }
                     }
                     Some(_) => refused("nothing_to_cancel"),
-                    None => refused("not_found"),
+                    None => refused("task_purged"),
                 });
             }
             Action::Pause | Action::Resume => {
@@ -335,6 +361,19 @@ impl Model {
                 });
             }
             Action::Advance(seconds) => self.now += seconds,
+            Action::Purge => {
+                let now = self.now;
+                let before = self.tasks.len();
+                self.tasks.retain(|_, task| {
+                    let keep = match task.state {
+                        State::Done => KEEP_DONE,
+                        State::Cancelled => KEEP_CANCELLED,
+                        _ => return true,
+                    };
+                    task.finished_at.is_none_or(|at| at + keep > now)
+                });
+                self.purged += (before - self.tasks.len()) as u64;
+            }
         }
     }
 
@@ -362,8 +401,16 @@ impl Model {
                 (id.clone(), end)
             })
             .collect();
+        let retention = FinalRetention {
+            done_ms: Some(KEEP_DONE as u64 * 1_000),
+            discarded_ms: None,
+            cancelled_ms: Some(KEEP_CANCELLED as u64 * 1_000),
+            read_at: at(self.now),
+            purged: [(QUEUE.to_owned(), self.purged)].into(),
+        };
         FinalState {
             tasks,
+            retention: Some(retention),
             ..FinalState::default()
         }
     }
@@ -393,9 +440,11 @@ proptest! {
     fn a_dropped_acknowledged_receipt_is_a_lost_submission(actions in actions(), pick: usize) {
         let model = run(actions);
         let history = model.script.history();
+        // Of tasks still there: a purged task's receipts went with it.
         let acknowledged: Vec<Receipt> = history
             .steps()
             .iter()
+            .filter(|step| step.operation.task().is_some_and(|t| model.tasks.contains_key(t)))
             .filter_map(|step| match step.completion.outcome() {
                 Some(Outcome::Accepted { receipt } | Outcome::Replayed { receipt }) => {
                     Some(receipt.clone())
@@ -423,9 +472,13 @@ proptest! {
             .iter()
             .filter(|step| step.completion.outcome() == Some(&Outcome::Enqueued))
             .filter_map(|step| step.operation.task())
+            .filter(|task| model.tasks.contains_key(*task))
             .collect();
         prop_assume!(!acknowledged.is_empty());
         let mut end = model.end();
+        // Every purge the audit counts shows in the history: none left
+        // over to excuse a task lost.
+        prop_assume!(check(&history, &end).purged.len() as u64 == model.purged);
         end.tasks.remove(acknowledged[pick % acknowledged.len()]);
         let report = check(&history, &end);
         prop_assert!(report.anomalies.iter().any(|a| a.kind == AnomalyKind::LostEnqueue));
@@ -442,6 +495,7 @@ proptest! {
                 Some(Outcome::Granted { task, token, .. }) => Some((task.clone(), *token)),
                 _ => None,
             })
+            .filter(|(task, _)| model.tasks.contains_key(task))
             .collect();
         prop_assume!(!granted.is_empty());
         let (task, token) = &granted[pick % granted.len()];
@@ -449,5 +503,102 @@ proptest! {
         end.tasks.get_mut(task).unwrap().last_token = Some(token - 1).filter(|t| *t > 0);
         let report = check(&history, &end);
         prop_assert!(report.anomalies.iter().any(|a| a.kind == AnomalyKind::GrantLost));
+    }
+
+    #[test]
+    fn a_task_missing_while_unfinished_is_lost(actions in actions(), pick: usize) {
+        let model = run(actions);
+        let history = model.script.history();
+        // Unfinished, acknowledged as made, and nothing that may have
+        // finished it: no submission or cancel that may have happened.
+        let unfinished: Vec<&String> = model
+            .tasks
+            .iter()
+            .filter(|(_, task)| matches!(task.state, State::Ready | State::Leased { .. }))
+            .map(|(id, _)| id)
+            .filter(|id| {
+                history.steps().iter().any(|step| {
+                    step.operation.task() == Some(id.as_str())
+                        && step.completion.outcome() == Some(&Outcome::Enqueued)
+                })
+            })
+            .filter(|id| {
+                !history.steps().iter().any(|step| {
+                    step.operation.task() == Some(id.as_str())
+                        && matches!(step.operation, Operation::Submit { .. } | Operation::Cancel { .. })
+                        && step.completion.may_have_happened()
+                })
+            })
+            .collect();
+        prop_assume!(!unfinished.is_empty());
+        let gone = unfinished[pick % unfinished.len()];
+        let mut end = model.end();
+        end.tasks.remove(gone);
+        // Counted as purged, so the count does not give it away.
+        *end.retention.as_mut().unwrap().purged.get_mut(QUEUE).unwrap() += 1;
+        let report = check(&history, &end);
+        prop_assert!(
+            report.anomalies.iter().any(|a| a.kind == AnomalyKind::LostEnqueue && a.task == *gone),
+            "{:#?}", report.anomalies
+        );
+    }
+
+    #[test]
+    fn a_done_task_missing_before_its_keep_time_is_lost(actions in actions(), pick: usize) {
+        let model = run(actions);
+        let history = model.script.history();
+        // Done, with an acknowledged acceptance.
+        let done: Vec<(&str, DateTime<Utc>)> = history
+            .steps()
+            .iter()
+            .filter_map(|step| match step.completion.outcome() {
+                Some(Outcome::Accepted { receipt }) => {
+                    Some((step.operation.task()?, receipt.accepted_at))
+                }
+                _ => None,
+            })
+            .filter(|(task, _)| model.tasks.contains_key(*task))
+            .collect();
+        prop_assume!(!done.is_empty());
+        let (gone, accepted_at) = done[pick % done.len()];
+        let mut end = model.end();
+        end.tasks.remove(gone);
+        // Counted as purged, and read a second before its keep time
+        // passed.
+        let retention = end.retention.as_mut().unwrap();
+        *retention.purged.get_mut(QUEUE).unwrap() += 1;
+        retention.read_at = accepted_at + TimeDelta::seconds(KEEP_DONE - 1);
+        let report = check(&history, &end);
+        prop_assert!(
+            report.anomalies.iter().any(|a| a.kind == AnomalyKind::LostEnqueue && a.task == gone),
+            "{:#?}", report.anomalies
+        );
+        prop_assert!(report.anomalies.iter().any(|a| a.kind == AnomalyKind::LostSubmit));
+        // Read when its keep time has passed, it is excused.
+        end.retention.as_mut().unwrap().read_at = accepted_at + TimeDelta::seconds(KEEP_DONE);
+        let report = check(&history, &end);
+        prop_assert!(report.purged.iter().any(|t| t == gone), "{:#?}", report);
+    }
+
+    #[test]
+    fn purges_beyond_the_audits_count_are_lost(actions in actions()) {
+        let model = run(actions);
+        prop_assume!(model.purged > 0);
+        let history = model.script.history();
+        let end = model.end();
+        let report = check(&history, &end);
+        // Every task a correct store purged is excused, unless nothing
+        // acknowledged showed it was made (then it needs no excuse).
+        prop_assert!(report.purged.len() as u64 <= model.purged);
+        prop_assume!(!report.purged.is_empty());
+        let mut short = end;
+        short.retention.as_mut().unwrap().purged =
+            [(QUEUE.to_owned(), report.purged.len() as u64 - 1)].into();
+        let report = check(&history, &short);
+        prop_assert!(
+            report.anomalies.iter().any(|a| a.kind == AnomalyKind::LostEnqueue
+                && a.task == format!("queue {QUEUE}")),
+            "{:#?}", report.anomalies
+        );
     }
 }

@@ -206,6 +206,8 @@ pub(crate) struct Enqueued {
     pub(crate) partition: Option<&'static str>,
     pub(crate) unique_key: Option<&'static str>,
     pub(crate) deadline: Option<DateTime<Utc>>,
+    pub(crate) alternatives: Option<u16>,
+    pub(crate) max_tries: Option<u32>,
 }
 
 pub(crate) fn enqueue_with(task: &str, with: Enqueued) -> Operation {
@@ -215,6 +217,8 @@ pub(crate) fn enqueue_with(task: &str, with: Enqueued) -> Operation {
         partition: with.partition.map(str::to_owned),
         unique_key: with.unique_key.map(str::to_owned),
         deadline: with.deadline,
+        alternatives: with.alternatives,
+        max_tries: with.max_tries,
     }
 }
 

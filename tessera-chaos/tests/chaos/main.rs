@@ -1,6 +1,8 @@
 //! Chaos runs on both backends: worker processes work one queue while
-//! faults drawn from a seed strike, every operation is recorded, and the
-//! checker must find no anomaly in the history.
+//! faults drawn from a seed strike, every store purges finished tasks a
+//! second or so after they end ([`run::short_retention`]), every
+//! operation is recorded, and the checker must find no anomaly in the
+//! history. A run fails too when no task was purged.
 //!
 //! Each scenario runs short by default (4 worker processes, 300 tasks,
 //! a fixed seed; `TESSERA_CHAOS_SEED` replays another) and long under
@@ -23,9 +25,12 @@ mod raw;
 mod run;
 mod worker;
 
+use std::time::Duration;
+
 use harness::BackendKind;
 use parking_lot::RwLock;
 use run::{Fault, Scenario};
+use tessera_store::Retention;
 use tessera_store::faults::InjectedFault;
 
 /// The seed of the short runs.
@@ -78,10 +83,22 @@ fn paused() -> Scenario {
 
 /// [`paused`] on a store with a deliberate bug: stale submissions
 /// answered as accepted and stored nowhere. The checker must catch it.
+///
+/// Done tasks are kept ten minutes here, longer than the run (other
+/// states as in every run): an acknowledged stale submission shows as
+/// lost only while its task, done by the newer holder, is there to show
+/// its receipt missing. Purged, the task takes its receipts with it, and
+/// the checker rightly excuses what it can no longer see.
 fn caught(backend: BackendKind) {
     let _server = SERVER.read();
     let db = backend.database();
-    let scenario = paused().with_injected(InjectedFault::AcceptStaleSubmits);
+    let keep_done = Retention {
+        done: Some(Duration::from_secs(600)),
+        ..run::short_retention()
+    };
+    let scenario = paused()
+        .with_injected(InjectedFault::AcceptStaleSubmits)
+        .with_retention(keep_done);
     let executed = run::execute(&db, &scenario, run::seed(SHORT_SEED));
     assert!(
         executed.missed.is_empty(),

@@ -1,13 +1,18 @@
 //! The store's final state read raw: every task, attempt, receipt and
 //! schedule-fire row of the run's namespace, straight from the tables,
 //! not through the store's views (which keep one receipt per done
-//! attempt), so a doubled row is there for the checker to see.
+//! attempt), so a doubled row is there for the checker to see; and the
+//! store's `purge_tasks` audit rows, which with the run's retention
+//! settings and the time of the read excuse a purged task. Every row is
+//! read in one snapshot.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use tessera_check::{AttemptState, FinalAttempt, FinalFire, FinalState, FinalTask, Receipt};
-use tessera_store::Output;
+use tessera_check::{
+    AttemptState, FinalAttempt, FinalFire, FinalRetention, FinalState, FinalTask, Receipt,
+};
+use tessera_store::{Clock as _, Output, Retention, SystemClock};
 
 use crate::harness::{BackendKind, TestDb};
 
@@ -52,6 +57,8 @@ struct Rows {
     attempts: Vec<AttemptRow>,
     receipts: Vec<ReceiptRow>,
     fires: Vec<FireRow>,
+    /// The resources of the `purge_tasks` audit rows (`queue:<q>/n<count>`).
+    purges: Vec<Option<String>>,
 }
 
 const TASKS: &str =
@@ -63,9 +70,13 @@ const RECEIPTS: &str = "SELECT r.task, r.attempt, r.token, r.idempotency_key, r.
      WHERE t.namespace = $1 ORDER BY r.id";
 const FIRES: &str = "SELECT schedule, run_at, task_id FROM schedule_fires \
      WHERE namespace = $1 ORDER BY id";
+const PURGES: &str = "SELECT resource FROM access_audit \
+     WHERE namespace = $1 AND action = 'purge_tasks' ORDER BY id";
 
 fn sqlite_rows(db: &TestDb, namespace: &str) -> Rows {
     let connection = rusqlite::Connection::open(db.sqlite_path().unwrap()).unwrap();
+    // One read transaction: one snapshot of every table.
+    connection.execute_batch("BEGIN").unwrap();
     let sql = |text: &str| text.replace('$', "?");
     let mut rows = Rows::default();
     let mut tasks = connection.prepare(&sql(TASKS)).unwrap();
@@ -122,6 +133,14 @@ fn sqlite_rows(db: &TestDb, namespace: &str) -> Rows {
         .unwrap()
         .map(Result::unwrap)
         .collect();
+    let mut purges = connection.prepare(&sql(PURGES)).unwrap();
+    rows.purges = purges
+        .query_map([namespace], |row| row.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    drop((tasks, attempts, receipts, fires, purges));
+    connection.execute_batch("COMMIT").unwrap();
     rows
 }
 
@@ -131,10 +150,19 @@ fn postgres_rows(db: &TestDb, namespace: &str) -> Rows {
     client
         .batch_execute(&format!("SET search_path TO \"{schema}\""))
         .unwrap();
-    let query =
-        |client: &mut postgres::Client, sql: &str| client.query(sql, &[&namespace]).unwrap();
-    Rows {
-        tasks: query(&mut client, TASKS)
+    // One repeatable-read transaction: one snapshot of every table.
+    let mut snapshot = client
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .unwrap();
+    let query = |client: &mut postgres::Transaction<'_>, sql: &str| {
+        client.query(sql, &[&namespace]).unwrap()
+    };
+    let client = &mut snapshot;
+    let rows = Rows {
+        tasks: query(client, TASKS)
             .iter()
             .map(|row| TaskRow {
                 id: row.get(0),
@@ -143,7 +171,7 @@ fn postgres_rows(db: &TestDb, namespace: &str) -> Rows {
                 alternatives: row.get(3),
             })
             .collect(),
-        attempts: query(&mut client, ATTEMPTS)
+        attempts: query(client, ATTEMPTS)
             .iter()
             .map(|row| AttemptRow {
                 task: row.get(0),
@@ -152,7 +180,7 @@ fn postgres_rows(db: &TestDb, namespace: &str) -> Rows {
                 tries: row.get(3),
             })
             .collect(),
-        receipts: query(&mut client, RECEIPTS)
+        receipts: query(client, RECEIPTS)
             .iter()
             .map(|row| ReceiptRow {
                 task: row.get(0),
@@ -164,7 +192,7 @@ fn postgres_rows(db: &TestDb, namespace: &str) -> Rows {
                 output: row.get(6),
             })
             .collect(),
-        fires: query(&mut client, FIRES)
+        fires: query(client, FIRES)
             .iter()
             .map(|row| FireRow {
                 schedule: row.get(0),
@@ -172,7 +200,10 @@ fn postgres_rows(db: &TestDb, namespace: &str) -> Rows {
                 task_id: row.get(2),
             })
             .collect(),
-    }
+        purges: query(client, PURGES).iter().map(|row| row.get(0)).collect(),
+    };
+    snapshot.commit().unwrap();
+    rows
 }
 
 fn millis(at: i64) -> DateTime<Utc> {
@@ -195,12 +226,15 @@ fn state_of(state: &str) -> AttemptState {
 /// Every row of `namespace` on `db`, as the checker reads a final state:
 /// each receipt row on its own (its digest read back from the stored
 /// output where one is kept), each task's alternatives, and each
-/// schedule's fire rows, with no run-at listed as due yet.
-pub(crate) fn final_state(db: &TestDb, namespace: &str) -> FinalState {
+/// schedule's fire rows, with no run-at listed as due yet; and the
+/// run's `retention` with the tasks the audit counts purged, by queue,
+/// and the time the read ended.
+pub(crate) fn final_state(db: &TestDb, namespace: &str, retention: &Retention) -> FinalState {
     let rows = match db.kind() {
         BackendKind::Sqlite => sqlite_rows(db, namespace),
         BackendKind::Postgres => postgres_rows(db, namespace),
     };
+    let read_at = SystemClock.now_utc();
     let names: BTreeMap<i64, &str> = rows
         .tasks
         .iter()
@@ -258,5 +292,25 @@ pub(crate) fn final_state(db: &TestDb, namespace: &str) -> FinalState {
                 task: fire.task_id.clone(),
             });
     }
+    let millis = |keep: Option<std::time::Duration>| {
+        keep.map(|keep| u64::try_from(keep.as_millis()).unwrap())
+    };
+    let mut purged: BTreeMap<String, u64> = BTreeMap::new();
+    for resource in &rows.purges {
+        let (queue, count) = resource
+            .as_deref()
+            .and_then(|r| r.strip_prefix("queue:"))
+            .and_then(|r| r.rsplit_once("/n"))
+            .and_then(|(queue, count)| Some((queue, count.parse::<u64>().ok()?)))
+            .unwrap_or_else(|| panic!("a purge_tasks audit row names no count: {resource:?}"));
+        *purged.entry(queue.to_owned()).or_default() += count;
+    }
+    end.retention = Some(FinalRetention {
+        done_ms: millis(retention.done),
+        discarded_ms: millis(retention.discarded),
+        cancelled_ms: millis(retention.cancelled),
+        read_at,
+        purged,
+    });
     end
 }

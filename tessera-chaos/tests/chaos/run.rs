@@ -1,7 +1,8 @@
 //! One chaos run: a producer in this process enqueues (and now and then
-//! cancels) tasks, worker processes claim and finish them, faults drawn
-//! from the seed strike meanwhile, and at the end the merged history and
-//! the store's final state go to the checker.
+//! cancels) tasks, worker processes claim and finish them, every store
+//! purges finished tasks a second or so after they end, faults drawn from
+//! the seed strike meanwhile, and at the end the merged history and the
+//! store's final state go to the checker.
 
 use std::io::{BufRead, BufReader};
 use std::num::NonZeroU32;
@@ -14,14 +15,17 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Serialize;
 use tessera_chaos::{Link, Recorder, Rng, TcpProxy, monotonic_nanos, pause, read_history};
-use tessera_check::{CheckOptions, Completion, History, Operation, Outcome, Report, check_with};
+use tessera_check::{
+    AnomalyKind, CheckOptions, Completion, FinalState, History, Operation, Outcome, Report,
+    check_with,
+};
 use tessera_store::faults::InjectedFault;
 use tessera_store::lease::CronSchedule;
 use tessera_store::lease::StateName;
 use tessera_store::{
     Brief, BriefVersion, BulkFilter, Caller, Clock as _, ConcurrencyLimit, EnqueueOptions, Error,
-    Grant, ListOrder, Namespace, PartitionKey, QueueName, ScheduleName, ScheduleSpec, Scope, Store,
-    SystemClock, TaskId, TaskQuery, TaskRef, TaskSpec, UniqueKey, Uniqueness,
+    Grant, ListOrder, Namespace, PartitionKey, QueueName, Retention, ScheduleName, ScheduleSpec,
+    Scope, Store, SystemClock, TaskId, TaskQuery, TaskRef, TaskSpec, UniqueKey, Uniqueness,
 };
 
 use crate::harness::{BackendKind, Fixture, TestDb, namespace, queue};
@@ -42,6 +46,28 @@ pub(crate) fn work_queue() -> QueueName {
 pub(crate) fn lease_duration() -> Duration {
     Duration::from_secs(2)
 }
+
+/// How long the runs keep finished tasks: done ones a second, discarded,
+/// failed and cancelled ones three, so purges race with claims, submits,
+/// replays, cancels and faults (a paused holder's lease lapses in 2 s,
+/// and its task may be done and purged before it wakes).
+pub(crate) fn short_retention() -> Retention {
+    Retention {
+        done: Some(Duration::from_secs(1)),
+        discarded: Some(Duration::from_secs(3)),
+        cancelled: Some(Duration::from_secs(3)),
+    }
+}
+
+/// How often each store of a run purges (a retention run at most this
+/// often, after a write).
+pub(crate) fn retention_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+/// Tries each task gets: more than a run ever spends, so nothing is
+/// discarded.
+const MAX_TRIES: u32 = 50;
 
 /// A fault a run injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -95,6 +121,11 @@ pub(crate) struct Scenario {
     /// A deliberate bug the workers' stores run with (the store's
     /// `fault-injection`), for a run that must be caught.
     pub(crate) injected: Option<InjectedFault>,
+    /// How long every store of the run keeps finished tasks.
+    pub(crate) retention: Retention,
+    /// Whether the run fails when no task was purged: retention that
+    /// never purged proves nothing.
+    pub(crate) purges_must_land: bool,
 }
 
 impl Scenario {
@@ -112,6 +143,8 @@ impl Scenario {
             deadline: Duration::from_secs(600),
             work_millis: (0, 10),
             injected: None,
+            retention: short_retention(),
+            purges_must_land: true,
         }
     }
 
@@ -146,6 +179,16 @@ impl Scenario {
     pub(crate) fn with_injected(self, fault: InjectedFault) -> Self {
         Self {
             injected: Some(fault),
+            ..self
+        }
+    }
+
+    /// Every store keeps finished tasks as `retention` says, and the run
+    /// does not ask that any was purged.
+    pub(crate) fn with_retention(self, retention: Retention) -> Self {
+        Self {
+            retention,
+            purges_must_land: false,
             ..self
         }
     }
@@ -201,6 +244,10 @@ pub(crate) struct Summary {
     pub(crate) lost: usize,
     pub(crate) doubled: usize,
     pub(crate) anomalies: usize,
+    /// Tasks the store purged during the run, as its audit counts them.
+    pub(crate) purged: u64,
+    /// Tasks missing at the end that the checker excused as purged.
+    pub(crate) purged_missing: usize,
     pub(crate) faults: Vec<Struck>,
     pub(crate) worst_recovery_millis: Option<f64>,
     /// The commit the run ran on (`git rev-parse --short HEAD`, with
@@ -218,7 +265,12 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
     );
     let rng = Rng::new(seed);
     let dir = tempfile::tempdir().unwrap();
-    let setup = Fixture::with(db, |config| config.with_clock(Arc::new(SystemClock)));
+    let setup = Fixture::with(db, |config| {
+        config
+            .with_clock(Arc::new(SystemClock))
+            .with_retention(scenario.retention)
+            .with_retention_interval(retention_interval())
+    });
     let ns = work_namespace();
     let producer = setup.login(&setup.key(Scope::ALL, Grant::Namespace(ns.clone())));
     // Opens the namespace, so workers find it.
@@ -265,6 +317,7 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
                 seed: rng.fork(100 + n as u64).next_u64(),
                 work_millis: scenario.work_millis,
                 injected: scenario.injected,
+                retention: scenario.retention,
             };
             let child = worker::spawn(&orders);
             (orders, child)
@@ -334,7 +387,7 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
     drop(proxy);
 
     let history = History::from_records(read_history(dir.path()).unwrap()).unwrap();
-    let mut end = crate::raw::final_state(db, ns.as_str());
+    let mut end = crate::raw::final_state(db, ns.as_str(), &scenario.retention);
     // Two workers' clocks differ by up to twice the skew each may have.
     let options = CheckOptions {
         clock_skew: TimeDelta::milliseconds(2 * scenario.skew_millis),
@@ -358,10 +411,16 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
     if scenario.injected.is_none() && scenario.kinds.contains(&Fault::PauseHolder) && refused == 0 {
         missed.push("PauseHolder: no stale heartbeat or submission shown refused".to_owned());
     }
-    let summary = summarize(scenario, db.kind(), seed, &report, struck);
+    let purged = end.retention.as_ref().map_or(0, |r| r.purged_total());
+    if scenario.purges_must_land && purged == 0 {
+        missed.push("Retention: no task purged while the run went on".to_owned());
+    }
+    let toothless = purge_teeth(&history, &end, &options, &report, put_at);
+    let summary = summarize(scenario, db.kind(), seed, &report, purged, struck);
     eprintln!(
         "chaos {} on {}: {} operations ({} unknown), {} enqueued, {} granted, {} submitted; \
-         lost {}, doubled {}; recovery after each fault (ms): {:?}",
+         lost {}, doubled {}; purged {} ({} missing at the end, each excused); \
+         recovery after each fault (ms): {:?}",
         summary.scenario,
         summary.backend,
         summary.operations,
@@ -371,6 +430,8 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
         summary.submitted,
         summary.lost,
         summary.doubled,
+        summary.purged,
+        summary.purged_missing,
         summary
             .faults
             .iter()
@@ -379,16 +440,77 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
     );
     let kept = keep_history(dir.path(), scenario, db.kind());
     // The run's own tasks, not the schedule's.
-    let tasks = end.tasks.keys().filter(|id| id.starts_with("c-")).count();
+    let own = |id: &&String| id.starts_with("c-");
+    let tasks = end.tasks.keys().filter(own).count();
+    let purged_tasks = report.purged.iter().filter(own).count();
     Executed {
         summary,
         report,
         finished,
         tasks,
+        purged_tasks,
         created: created.load(Ordering::SeqCst),
         missed,
+        toothless,
         kept,
     }
+}
+
+/// What shows that the run's excuses of purged tasks rest on their
+/// evidence: the same end read with retention off, with an audit that
+/// counts no purge, or as if read before the run began (before any keep
+/// time could pass) must each have the checker report those tasks
+/// lost. Returns each way it did not.
+fn purge_teeth(
+    history: &History,
+    end: &FinalState,
+    options: &CheckOptions,
+    report: &Report,
+    put_at: DateTime<Utc>,
+) -> Vec<String> {
+    if report.purged.is_empty() {
+        return Vec::new();
+    }
+    let lost = |end: &FinalState| {
+        let found = check_with(history, end, options);
+        let named = |task: &String| {
+            found
+                .anomalies
+                .iter()
+                .any(|a| a.kind == AnomalyKind::LostEnqueue && a.task == *task)
+        };
+        report.purged.iter().filter(|task| !named(task)).count()
+    };
+    let mut toothless = Vec::new();
+    let mut off = end.clone();
+    off.retention = None;
+    let left = lost(&off);
+    if left > 0 {
+        toothless.push(format!(
+            "with retention off, {left} purged tasks were not lost"
+        ));
+    }
+    let mut early = end.clone();
+    if let Some(retention) = &mut early.retention {
+        retention.read_at = put_at - TimeDelta::minutes(1);
+    }
+    let left = lost(&early);
+    if left > 0 {
+        toothless.push(format!(
+            "read before the run began, {left} purged tasks were not lost"
+        ));
+    }
+    let mut uncounted = end.clone();
+    if let Some(retention) = &mut uncounted.retention {
+        retention.purged.clear();
+    }
+    let found = check_with(history, &uncounted, options);
+    if !found.anomalies.iter().any(|a| {
+        a.kind == AnomalyKind::LostEnqueue && (a.task == "*" || a.task.starts_with("queue "))
+    }) {
+        toothless.push("with no purge audited, no task was lost".to_owned());
+    }
+    toothless
 }
 
 /// A run as it went, before any of its assertions.
@@ -399,11 +521,17 @@ pub(crate) struct Executed {
     pub(crate) finished: bool,
     /// The producer's tasks in the final state.
     pub(crate) tasks: usize,
+    /// The producer's tasks missing at the end, excused as purged.
+    pub(crate) purged_tasks: usize,
     /// The producer's tasks it was told it created (the others were
     /// duplicates of a unique key's holder).
     pub(crate) created: usize,
-    /// Each fault kind that struck and never landed, with what was wanted.
+    /// Each fault kind that struck and never landed, with what was wanted
+    /// (and retention, when it never purged).
     pub(crate) missed: Vec<String>,
+    /// Each way the excuses of purged tasks did not rest on their
+    /// evidence ([`purge_teeth`]).
+    pub(crate) toothless: Vec<String>,
     /// Where the history was kept.
     pub(crate) kept: PathBuf,
 }
@@ -419,8 +547,10 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
         report,
         finished,
         tasks,
+        purged_tasks,
         created,
         missed,
+        toothless,
         kept,
     } = executed;
     if !report.is_valid() {
@@ -440,15 +570,25 @@ pub(crate) fn run(db: &TestDb, scenario: &Scenario, seed: u64) -> Summary {
         kept.display()
     );
     assert!(
+        toothless.is_empty(),
+        "the checker excused purged tasks without their evidence: {toothless:?} \
+         (history kept in {}); rerun with TESSERA_CHAOS_SEED={seed}",
+        kept.display()
+    );
+    assert!(
         finished,
         "the run did not finish within {:?}",
         scenario.deadline
     );
-    // Every task is there: enqueued with an acknowledgement, or by an
-    // attempt whose answer was lost (asked again, it is `task_exists`, or
-    // a duplicate of itself); those answered duplicates of another were
-    // never made.
-    assert_eq!(tasks, created, "every task created is there");
+    // Every task is there, or was purged once finished: enqueued with an
+    // acknowledgement, or by an attempt whose answer was lost (asked
+    // again, it is `task_exists`, or a duplicate of itself); those
+    // answered duplicates of another were never made.
+    assert_eq!(
+        tasks + purged_tasks,
+        created,
+        "every task created is there or purged ({tasks} there, {purged_tasks} purged)"
+    );
     assert!(
         created > scenario.tasks / 2,
         "{created} of {} tasks created",
@@ -796,7 +936,7 @@ impl Producer<'_> {
         );
         let spec = ScheduleSpec::new(work_queue(), SCHEDULE_CRON, "UTC", Brief::Bytes(vec![]))
             .with_spec(TaskSpec {
-                max_tries: 50,
+                max_tries: MAX_TRIES,
                 lapse_backoff: Duration::ZERO,
                 ..TaskSpec::default()
             });
@@ -818,7 +958,7 @@ impl Producer<'_> {
         let (queue, partition, unique) = placement(n);
         let mut options = EnqueueOptions::default()
             .with_task_id(id.clone())
-            .with_max_tries(50)
+            .with_max_tries(MAX_TRIES)
             .with_lapse_backoff(Duration::ZERO);
         if let Some(partition) = &partition {
             options = options.with_partition_key(partition.clone());
@@ -837,6 +977,8 @@ impl Producer<'_> {
                     partition: partition.as_ref().map(ToString::to_string),
                     unique_key: unique.as_ref().map(ToString::to_string),
                     deadline: None,
+                    alternatives: Some(1),
+                    max_tries: Some(MAX_TRIES),
                 },
                 || {
                     let enqueued =
@@ -1073,6 +1215,7 @@ fn summarize(
     backend: BackendKind,
     seed: u64,
     report: &Report,
+    purged: u64,
     faults: Vec<Struck>,
 ) -> Summary {
     let worst = faults
@@ -1095,6 +1238,8 @@ fn summarize(
         lost: report.lost(),
         doubled: report.doubled(),
         anomalies: report.anomalies.len(),
+        purged,
+        purged_missing: report.purged.len(),
         faults,
         worst_recovery_millis: worst,
         commit: commit(),
@@ -1186,8 +1331,8 @@ pub(crate) fn table() -> String {
     };
     summaries.sort_by_key(key);
     let mut out = String::from(
-        "| scenario | backend | processes | tasks | faults (landed) | operations (unknown) | anomalies | lost | doubled | recovery after a fault, median / worst (ms) | seed | commit |\n\
-         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        "| scenario | backend | processes | tasks | faults (landed) | operations (unknown) | anomalies | lost | doubled | purged | recovery after a fault, median / worst (ms) | seed | commit |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for s in &summaries {
         let mut recoveries: Vec<f64> = s["faults"]
@@ -1203,8 +1348,11 @@ pub(crate) fn table() -> String {
         };
         let faults = s["faults"].as_array().map_or(&[][..], Vec::as_slice);
         let landed = faults.iter().filter(|f| f["landed"] == true).count();
+        let purged = s["purged"]
+            .as_u64()
+            .map_or_else(|| "—".to_owned(), |n| n.to_string());
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} |\n",
             s["scenario"].as_str().unwrap_or(""),
             s["backend"].as_str().unwrap_or(""),
             s["processes"],
@@ -1216,6 +1364,7 @@ pub(crate) fn table() -> String {
             s["anomalies"],
             s["lost"],
             s["doubled"],
+            purged,
             recovery,
             s["seed"],
             s["commit"].as_str().unwrap_or("unknown"),

@@ -14,12 +14,12 @@ use tessera_check::{Completion, Fire, Operation, Outcome, Receipt};
 use tessera_store::faults::InjectedFault;
 use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{
-    Caller, ClaimOutcome, Claimed, Clock, Error, IdempotencyKey, Output, QueueName, Retry, Store,
-    StoreConfig, SubmitRequest, Submitted, TaskRef,
+    Caller, ClaimOutcome, Claimed, Clock, Error, IdempotencyKey, Output, QueueName, Retention,
+    Retry, Store, StoreConfig, SubmitRequest, Submitted, TaskRef,
 };
 
 use crate::harness::{BackendKind, TestDb};
-use crate::run::{lease_duration, limited_queue, work_namespace, work_queue};
+use crate::run::{lease_duration, limited_queue, retention_interval, work_namespace, work_queue};
 
 const ENV_BACKEND: &str = "TESSERA_CHAOS_BACKEND";
 const ENV_DB: &str = "TESSERA_CHAOS_DB";
@@ -31,6 +31,7 @@ const ENV_THREADS: &str = "TESSERA_CHAOS_THREADS";
 const ENV_SEED: &str = "TESSERA_CHAOS_WORKER_SEED";
 const ENV_WORK: &str = "TESSERA_CHAOS_WORK_MS";
 const ENV_INJECT: &str = "TESSERA_CHAOS_INJECT";
+const ENV_RETENTION: &str = "TESSERA_CHAOS_RETENTION";
 
 /// What a worker process is told.
 #[derive(Debug, Clone)]
@@ -51,6 +52,8 @@ pub(crate) struct Orders {
     pub(crate) work_millis: (u64, u64),
     /// A deliberate bug its store runs with.
     pub(crate) injected: Option<InjectedFault>,
+    /// How long its store keeps finished tasks before purging them.
+    pub(crate) retention: Retention,
 }
 
 /// The control file that asks workers to refuse writes while it exists.
@@ -94,6 +97,10 @@ pub(crate) fn spawn(orders: &Orders) -> Child {
                     .unwrap()
                     .to_owned()
             }),
+        )
+        .env(
+            ENV_RETENTION,
+            serde_json::to_string(&orders.retention).unwrap(),
         )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -166,23 +173,28 @@ struct Worker {
     store: RwLock<(bool, Arc<Store>, Caller)>,
     work_millis: (u64, u64),
     injected: Option<InjectedFault>,
+    retention: Retention,
 }
 
 /// Opens the worker's store and logs in, trying again until the
-/// database answers.
+/// database answers. Its store purges finished tasks as `retention`
+/// says, a retention run at most every [`retention_interval`].
 fn connect(
     db: &TestDb,
     key: &str,
     clock: &Arc<SkewedClock>,
     refuse: bool,
     injected: Option<InjectedFault>,
+    retention: Retention,
 ) -> (Arc<Store>, Caller) {
     loop {
         let config = StoreConfig::default()
             .with_clock(clock.clone())
             .with_lease_duration(lease_duration())
             .with_refuse_writes(refuse)
-            .with_injected_fault(injected);
+            .with_injected_fault(injected)
+            .with_retention(retention)
+            .with_retention_interval(retention_interval());
         if let Some(store) = open_store(db, config) {
             match store.authenticate(Some(key)) {
                 Ok(caller) => return (Arc::new(store), caller),
@@ -205,7 +217,14 @@ impl Worker {
         }
         let mut current = self.store.write();
         if current.0 != refuse {
-            let (store, caller) = connect(&self.db, &self.key, &self.clock, refuse, self.injected);
+            let (store, caller) = connect(
+                &self.db,
+                &self.key,
+                &self.clock,
+                refuse,
+                self.injected,
+                self.retention,
+            );
             *current = (refuse, store, caller);
         }
         (Arc::clone(&current.1), current.2.clone())
@@ -524,7 +543,8 @@ pub(crate) fn child_main() {
         .map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap()))
         .unwrap();
     let injected = InjectedFault::parse(&env(ENV_INJECT));
-    let (store, caller) = connect(&db, &key, &clock, refuse, injected);
+    let retention: Retention = serde_json::from_str(&env(ENV_RETENTION)).unwrap();
+    let (store, caller) = connect(&db, &key, &clock, refuse, injected, retention);
     let worker = Worker {
         db,
         dir,
@@ -534,6 +554,7 @@ pub(crate) fn child_main() {
         store: RwLock::new((refuse, store, caller)),
         work_millis: (least, most),
         injected,
+        retention,
     };
     let worker = &worker;
     std::thread::scope(|scope| {

@@ -30,6 +30,11 @@ pub(crate) struct Args {
     pub(crate) max_long_poll: Duration,
     /// Whether this process runs no scheduler of its own.
     pub(crate) no_scheduler: bool,
+    /// The longest a client may take over a request's headers, or a
+    /// kept-alive connection may sit idle.
+    pub(crate) header_timeout: Duration,
+    /// The longest a client may take over a request's body.
+    pub(crate) body_timeout: Duration,
 }
 
 /// The program's name in its messages.
@@ -50,6 +55,10 @@ usage: tessera-server [OPTIONS]
                          made and printed once, then kept while it works
   --new-admin-key        make and print another admin key (the file gets it)
   --long-poll-max SECS   the longest a long-poll waits here (default 30)
+  --header-timeout SECS  the longest a client may take to send a request's headers,
+                         and a kept-alive connection may sit idle (default 10)
+  --body-timeout SECS    the longest a client may take to send a request's body
+                         (default 30; past it 408 request_timeout)
   --no-scheduler         run no scheduler here: periodic schedules fire only from
                          other processes' schedulers or POST /v1/schedules/fire
   --help                 this text
@@ -72,6 +81,8 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
         new_admin_key: false,
         max_long_poll: Duration::from_secs(30),
         no_scheduler: false,
+        header_timeout: Duration::from_secs(10),
+        body_timeout: Duration::from_secs(30),
     };
     let mut words = words.into_iter();
     while let Some(word) = words.next() {
@@ -100,6 +111,12 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
             "--admin-key-file" => args.admin_key_file = PathBuf::from(value()?),
             "--new-admin-key" => args.new_admin_key = true,
             "--no-scheduler" => args.no_scheduler = true,
+            "--header-timeout" => {
+                args.header_timeout = Duration::from_secs(positive(&word, &value()?)?);
+            }
+            "--body-timeout" => {
+                args.body_timeout = Duration::from_secs(positive(&word, &value()?)?);
+            }
             "--long-poll-max" => {
                 let seconds: u64 = number(&word, &value()?)?;
                 args.max_long_poll =
@@ -109,6 +126,14 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
         }
     }
     Ok(Some(args))
+}
+
+/// A whole number of seconds, at least 1.
+fn positive(flag: &str, text: &str) -> Result<u64, String> {
+    match number::<u64>(flag, text)? {
+        0 => Err(format!("{flag}: at least 1 second")),
+        seconds => Ok(seconds),
+    }
 }
 
 fn number<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, String> {

@@ -162,9 +162,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
                 "the body must be application/json",
             ));
         }
-        let body = Bytes::from_request(request, state)
-            .await
-            .map_err(rejected)?;
+        let body = read_body(request, state).await?;
         // Every body is an object: serde would read an array as the
         // struct's fields by position.
         if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
@@ -189,4 +187,25 @@ pub(crate) fn path<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiErro
 /// The query's fields, or the store's `400`.
 pub(crate) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     query.map(|Query(fields)| fields).map_err(rejected)
+}
+
+/// A request's whole body, within the server's body timeout
+/// ([`BodyTimeout`](crate::routes::BodyTimeout)): `408 request_timeout`
+/// for a client that sends it too slowly, `413` past the size limit.
+pub(crate) async fn read_body<S: Send + Sync>(
+    request: Request,
+    state: &S,
+) -> Result<Bytes, ApiError> {
+    let limit = request
+        .extensions()
+        .get::<crate::routes::BodyTimeout>()
+        .map_or(std::time::Duration::from_secs(30), |timeout| timeout.0);
+    match tokio::time::timeout(limit, Bytes::from_request(request, state)).await {
+        Ok(body) => body.map_err(rejected),
+        Err(_) => Err(ApiError::http(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request's body did not arrive in time",
+        )),
+    }
 }

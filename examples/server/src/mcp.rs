@@ -21,9 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use serde_json::{Value, json};
@@ -144,7 +143,16 @@ pub(crate) fn handler() -> MethodRouter<Arc<AppState>> {
     post(endpoint)
 }
 
-async fn endpoint(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+/// The most calls one JSON-RPC batch may carry: each runs in turn, so a
+/// longer one would hold its connection for as long as the client likes.
+pub(crate) const MAX_BATCH: usize = 32;
+
+async fn endpoint(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Response {
+    let headers = request.headers().clone();
+    let body = match crate::errors::read_body(request, &state).await {
+        Ok(body) => body,
+        Err(error) => return error.into_response(),
+    };
     let key = bearer_key(&headers).map(str::to_owned);
     let message: Value = match serde_json::from_slice(&body) {
         Ok(message) => message,
@@ -156,6 +164,11 @@ async fn endpoint(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
         Value::Array(calls) if calls.is_empty() => {
             Some(rpc_error(Value::Null, INVALID_REQUEST, "an empty batch"))
         }
+        Value::Array(calls) if calls.len() > MAX_BATCH => Some(rpc_error(
+            Value::Null,
+            INVALID_REQUEST,
+            &format!("a batch of {} calls; at most {MAX_BATCH}", calls.len()),
+        )),
         // One call at a time, in order: each passes authentication and
         // admission on its own, and a batch never fans out.
         Value::Array(calls) => {

@@ -75,6 +75,8 @@ async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
     let options = ServeOptions {
         max_long_poll: args.max_long_poll,
         public: crate::routes::PublicOptions::new(args.public.clone(), admission.max_pending),
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
     };
     // Opening and key making are blocking store calls: off the runtime's
     // threads, as every store call is.

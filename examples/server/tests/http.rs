@@ -148,6 +148,14 @@ struct Service {
 
 impl Service {
     fn start(admission: AdmissionConfig, at: &str) -> Self {
+        Self::start_with(admission, at, tessera_server::ServeOptions::default())
+    }
+
+    fn start_with(
+        admission: AdmissionConfig,
+        at: &str,
+        options: tessera_server::ServeOptions,
+    ) -> Self {
         let clock = ManualClock::new(at.parse().expect("an RFC 3339 time"));
         let config = StoreConfig::default()
             .with_clock(Arc::new(clock.clone()))
@@ -171,7 +179,7 @@ impl Service {
         runtime.spawn(tessera_server::serve_until(
             listener,
             Arc::clone(&store),
-            tessera_server::ServeOptions::default(),
+            options,
             signal,
         ));
         Self {
@@ -449,6 +457,80 @@ fn a_queue_gets_keep_times_of_its_own_and_hands_them_back() {
     let reset = service.send("DELETE", path, Some(&worker), &[], None);
     assert_eq!(reset.status, 200, "{}", reset.text());
     assert_eq!(reset.json(), read.json());
+}
+
+/// Reads what the server sends on `stream` until it closes it (or a
+/// minute passes, which fails).
+fn read_until_closed(stream: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buffer[..n]),
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(error) => panic!("the server never closed a slow client's connection: {error}"),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[test]
+fn slow_clients_are_cut_off_while_others_are_served() {
+    use std::io::Write;
+    let options = tessera_server::ServeOptions {
+        header_timeout: Duration::from_secs(1),
+        body_timeout: Duration::from_secs(1),
+        ..tessera_server::ServeOptions::default()
+    };
+    let service = Service::start_with(AdmissionConfig::default(), START, options);
+    let worker = service.worker("renders");
+    // A client that sends half its headers, one that sends a body shorter
+    // than its Content-Length, and one that connects and says nothing.
+    let mut half_header = std::net::TcpStream::connect(service.address).unwrap();
+    half_header
+        .write_all(b"POST /v1/ns/renders/queues/frames/tasks HTTP/1.1\r\nHost: tessera\r\n")
+        .unwrap();
+    let mut short_body = std::net::TcpStream::connect(service.address).unwrap();
+    short_body
+        .write_all(
+            format!(
+                "POST /v1/ns/renders/queues/frames/tasks HTTP/1.1\r\nHost: tessera\r\n\
+                 Authorization: Bearer {worker}\r\nContent-Type: application/json\r\n\
+                 Content-Length: 100\r\n\r\n{{\"brief\":"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut silent = std::net::TcpStream::connect(service.address).unwrap();
+    // Meanwhile the others are served.
+    for n in 0..5 {
+        assert_eq!(service.enqueue(&worker, TASKS, json!(n)).status, 201);
+    }
+    // Each slow one is cut off: the short body with a 408, the others
+    // closed.
+    let answer = read_until_closed(&mut short_body);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    read_until_closed(&mut half_header);
+    read_until_closed(&mut silent);
+    // Nothing of the short body was stored.
+    assert_eq!(
+        service
+            .store
+            .health(
+                &service.store.authenticate(Some(&worker)).unwrap(),
+                &Namespace::parse("renders").unwrap()
+            )
+            .unwrap()
+            .attempts
+            .ready,
+        5
+    );
 }
 
 #[test]

@@ -16,7 +16,6 @@ mod sessions;
 pub(crate) mod tasks;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -291,6 +290,13 @@ pub struct ServeOptions {
     pub max_long_poll: std::time::Duration,
     /// What the public face serves: the namespaces anyone may read.
     pub public: PublicOptions,
+    /// The longest a client may take to send a request's headers, and
+    /// the longest a kept-alive connection may sit idle before its next
+    /// request: the connection is closed past it (default 10 s).
+    pub header_timeout: std::time::Duration,
+    /// The longest a client may take to send a request's body once its
+    /// headers are in: `408 request_timeout` past it (default 30 s).
+    pub body_timeout: std::time::Duration,
 }
 
 impl Default for ServeOptions {
@@ -298,9 +304,16 @@ impl Default for ServeOptions {
         Self {
             max_long_poll: std::time::Duration::from_secs(30),
             public: PublicOptions::default(),
+            header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
+
+/// How long a request's body may take to arrive, for the extractors that
+/// read it (a request extension the server sets on every request).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyTimeout(pub(crate) std::time::Duration);
 
 /// Serves `store` on `listener` until `shutdown` completes, then shuts
 /// down gracefully: no new connections, requests in flight answer, and
@@ -319,16 +332,52 @@ pub async fn serve_until(
         max_long_poll: options.max_long_poll,
         public: options.public,
     });
-    let closing = Arc::clone(&state);
-    axum::serve(
-        listener,
-        app(state).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        shutdown.await;
-        closing.closing.send_replace(true);
-    })
-    .await
+    let router = app(state.clone());
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(options.header_timeout)
+        .keep_alive(true);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let body_timeout = BodyTimeout(options.body_timeout);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                // Out of descriptors, or a connection reset before it was
+                // accepted: the listener goes on.
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let router = router.clone();
+        let service = hyper::service::service_fn(
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                request.extensions_mut().insert(body_timeout);
+                tower::ServiceExt::oneshot(router.clone(), request.map(axum::body::Body::new))
+            },
+        );
+        let connection =
+            graceful.watch(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, %peer, "connection ended");
+            }
+        });
+    }
+    drop(listener);
+    // Waiting claims and long-polls answer 503 now; requests in flight
+    // finish, and kept-alive connections close after their response.
+    state.closing.send_replace(true);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// A namespace and queue from a path.

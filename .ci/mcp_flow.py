@@ -57,7 +57,7 @@ async def flow(key):
                 await session.initialize()
                 await session.send_ping()
                 tools = [tool.name for tool in (await session.list_tools()).tools]
-                check({"enqueue", "claim", "heartbeat", "submit", "cancel", "list_tasks",
+                check({"enqueue", "claim", "heartbeat", "submit", "snooze", "cancel", "list_tasks",
                        "health", "audit"} <= set(tools), f"tools listed: {tools}")
 
                 where = {"namespace": NAMESPACE, "queue": QUEUE}
@@ -115,9 +115,33 @@ async def flow(key):
           f"window {metric(after, 'tessera_claim_limit'):.0f}, 0 rejected")
 
 
+async def without_key():
+    """The SDK without a key: the server answers 401 with WWW-Authenticate
+    naming its protected-resource metadata, and the session never starts."""
+    raw = httpx2.post(f"{BASE}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                      headers={"Accept": "application/json, text/event-stream"})
+    challenge = raw.headers.get("www-authenticate", "")
+    check(raw.status_code == 401 and "/.well-known/oauth-protected-resource" in challenge,
+          f"no key: 401, WWW-Authenticate {challenge!r}")
+    metadata = httpx2.get(f"{BASE}/.well-known/oauth-protected-resource").json()
+    check(metadata["resource"].endswith("/mcp"), "the protected-resource metadata names /mcp")
+    started = False
+    try:
+        async with httpx2.AsyncClient(timeout=10) as client:
+            async with streamable_http_client(f"{BASE}/mcp", http_client=client) as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    await asyncio.wait_for(session.initialize(), 10)
+                    started = True
+    except BaseException as error:  # the SDK raises from its task group
+        if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            raise
+    check(not started, "the SDK without a key cannot start a session")
+
+
 def main():
     key = make_worker()
     asyncio.run(flow(key))
+    asyncio.run(without_key())
     print("mcp flow: 1 passed, 0 failed")
 
 

@@ -7,8 +7,9 @@
 //! clients still send them, and the 2025-06-18 revision that dropped them
 //! is what the SDK crates follow.
 //!
-//! - `initialize`, `ping`, `tools/list` and notifications make no storage
-//!   call: they depend only on this file.
+//! - Every message needs a working key (`401` with `WWW-Authenticate`
+//!   otherwise); `initialize`, `ping`, `tools/list` and notifications read
+//!   only that key. A browser `Origin` other than this server is `403`.
 //! - Each tool is one store operation, the same an HTTP route calls, and
 //!   authenticates the request's bearer key itself, so every call of a
 //!   batch (run one at a time, in order) passes authentication and claim
@@ -22,7 +23,8 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::header::{HOST, ORIGIN, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use serde_json::{Value, json};
@@ -147,13 +149,97 @@ pub(crate) fn handler() -> MethodRouter<Arc<AppState>> {
 /// longer one would hold its connection for as long as the client likes.
 pub(crate) const MAX_BATCH: usize = 32;
 
+/// The base URL a client reached this server at, from its `Host` header
+/// (and `X-Forwarded-Proto` behind a proxy that ends TLS).
+pub(crate) fn base_url(headers: &HeaderMap) -> String {
+    let host = headers
+        .get(HOST)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("localhost");
+    let scheme = headers
+        .get("x-forwarded-proto")
+        .and_then(|value| value.to_str().ok())
+        .filter(|scheme| *scheme == "https")
+        .unwrap_or("http");
+    format!("{scheme}://{host}")
+}
+
+/// Whether a browser's `Origin` (if the request has one) is this server
+/// itself: a page elsewhere, or a name rebound to this address, is
+/// refused (the transport's guard against DNS rebinding). Clients that
+/// are not browsers send no `Origin`.
+fn origin_allowed(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(ORIGIN) else {
+        return true;
+    };
+    let host = headers.get(HOST).and_then(|value| value.to_str().ok());
+    let authority = origin
+        .to_str()
+        .ok()
+        .and_then(|origin| origin.split_once("://"))
+        .map(|(_, authority)| authority.trim_end_matches('/'));
+    matches!((authority, host), (Some(authority), Some(host)) if authority.eq_ignore_ascii_case(host))
+}
+
+/// `401` for a request without a working key: the `WWW-Authenticate`
+/// header names the protected-resource metadata, as MCP's authorization
+/// asks, so a client knows to ask its user for a key.
+fn unauthorized(headers: &HeaderMap) -> Response {
+    let mut response = ApiError::Store(Error::Unauthorized).into_response();
+    let challenge = format!(
+        "Bearer realm=\"tessera\", resource_metadata=\"{}/.well-known/oauth-protected-resource\"",
+        base_url(headers)
+    );
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        response.headers_mut().insert(WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
 async fn endpoint(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Response {
     let headers = request.headers().clone();
+    if !origin_allowed(&headers) {
+        return ApiError::http(
+            StatusCode::FORBIDDEN,
+            "origin_refused",
+            "a browser page of another origin may not call /mcp",
+        )
+        .into_response();
+    }
+    if let Some(asked) = headers.get("mcp-protocol-version") {
+        let known = asked
+            .to_str()
+            .is_ok_and(|asked| PROTOCOL_VERSIONS.contains(&asked));
+        if !known {
+            return ApiError::http(
+                StatusCode::BAD_REQUEST,
+                "unsupported_protocol_version",
+                format!(
+                    "MCP-Protocol-Version: one of {}",
+                    PROTOCOL_VERSIONS.join(", ")
+                ),
+            )
+            .into_response();
+        }
+    }
+    let key = bearer_key(&headers).map(str::to_owned);
+    // Every message needs a working key, `initialize` included, so a
+    // client learns at once that it must ask for one.
+    let Some(presented) = key.clone() else {
+        return unauthorized(&headers);
+    };
+    match state
+        .call(move |store| store.authenticate(Some(&presented)))
+        .await
+    {
+        Ok(_) => {}
+        Err(ApiError::Store(Error::Unauthorized)) => return unauthorized(&headers),
+        Err(error) => return error.into_response(),
+    }
     let body = match crate::errors::read_body(request, &state).await {
         Ok(body) => body,
         Err(error) => return error.into_response(),
     };
-    let key = bearer_key(&headers).map(str::to_owned);
     let message: Value = match serde_json::from_slice(&body) {
         Ok(message) => message,
         Err(error) => {
@@ -231,15 +317,20 @@ async fn handle(state: &Arc<AppState>, key: Option<&str>, message: Value) -> Opt
         "ping" => rpc_result(id, json!({})),
         "tools/list" => rpc_result(id, json!({ "tools": tools() })),
         "tools/call" => {
-            let name = params["name"].as_str().unwrap_or_default().to_owned();
-            if !tool_names().any(|known| known == name) {
+            if !params.is_object() {
+                return Some(rpc_error(id, INVALID_PARAMS, "params must be an object"));
+            }
+            let Some(name) = params["name"].as_str().map(str::to_owned) else {
                 return Some(rpc_error(
                     id,
                     INVALID_PARAMS,
-                    &format!("unknown tool {name:?}"),
+                    "params.name: a tool name is required",
                 ));
-            }
+            };
             let arguments = params.get("arguments").cloned().unwrap_or(json!({}));
+            if let Err(message) = check_arguments(&name, &arguments) {
+                return Some(rpc_error(id, INVALID_PARAMS, &message));
+            }
             let result = match call(state, key, &name, arguments).await {
                 Ok(value) => json!({
                     "content": [{ "type": "text", "text": value.to_string() }],
@@ -252,6 +343,36 @@ async fn handle(state: &Arc<AppState>, key: Option<&str>, message: Value) -> Opt
         }
         other => rpc_error(id, METHOD_NOT_FOUND, &format!("no method {other:?}")),
     })
+}
+
+/// Checks a tool call's arguments against the tool's own input schema
+/// (the one `tools/list` shows): an object, every required argument
+/// there and not null, and no argument the schema does not name. The
+/// values' own limits are checked where each is read, by the same
+/// definitions as the HTTP routes'.
+fn check_arguments(name: &str, arguments: &Value) -> Result<(), String> {
+    let tools = tools();
+    let Some(tool) = tools.iter().find(|tool| tool["name"] == name) else {
+        return Err(format!("unknown tool {name:?}"));
+    };
+    let Some(given) = arguments.as_object() else {
+        return Err("arguments must be an object".to_owned());
+    };
+    let schema = &tool["inputSchema"];
+    let known = schema["properties"].as_object();
+    if let Some(unknown) = given
+        .keys()
+        .find(|key| known.is_none_or(|known| !known.contains_key(*key)))
+    {
+        return Err(format!("{name}: no argument {unknown:?}"));
+    }
+    for required in schema["required"].as_array().into_iter().flatten() {
+        let required = required.as_str().unwrap_or_default();
+        if given.get(required).is_none_or(Value::is_null) {
+            return Err(format!("{name}: {required} is required"));
+        }
+    }
+    Ok(())
 }
 
 /// An error as the tool-error envelope: the store's own, or the same

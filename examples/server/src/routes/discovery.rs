@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::Method;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
@@ -63,12 +63,34 @@ pub(super) fn routes() -> Vec<Route> {
             None,
             Doc::new(
                 "mcp",
-                "MCP over streamable HTTP: JSON-RPC, one message or a batch run one call at a time; initialize, ping and tools/list make no storage call",
+                "MCP over streamable HTTP: JSON-RPC, one message or a batch of at most 32 run one call at a time; every message needs a key (`Authorization: Bearer`), 401 with WWW-Authenticate otherwise; a browser Origin other than this server is 403",
             )
-            .key_optional()
-            .answers("200", "the JSON-RPC answer", Some(json!({}))) 
+            .keyed()
+            .answers("200", "the JSON-RPC answer", Some(json!({})))
             .answers("202", "notifications only: accepted", None),
             crate::mcp::handler(),
+        ),
+        Route::new(
+            Method::GET,
+            "/.well-known/oauth-protected-resource",
+            None,
+            Doc::new(
+                "protected_resource",
+                "OAuth protected-resource metadata (RFC 9728) for /mcp: a bearer key in the Authorization header, made by an operator (POST /v1/keys); no authorization server; no storage call",
+            )
+            .answers("200", "the metadata", Some(json!({ "type": "object", "required": ["resource"] }))),
+            get(protected_resource),
+        ),
+        Route::new(
+            Method::GET,
+            "/.well-known/oauth-protected-resource/mcp",
+            None,
+            Doc::new(
+                "protected_resource_mcp",
+                "the same metadata, at the path RFC 9728 derives from /mcp",
+            )
+            .answers("200", "the metadata", Some(json!({ "type": "object", "required": ["resource"] }))),
+            get(protected_resource),
         ),
     ]
 }
@@ -101,6 +123,19 @@ async fn index(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+/// The protected-resource metadata of `/mcp` (RFC 9728).
+async fn protected_resource(headers: HeaderMap) -> Response {
+    let base = crate::mcp::base_url(&headers);
+    Json(json!({
+        "resource": format!("{base}/mcp"),
+        "resource_name": "Tessera",
+        "bearer_methods_supported": ["header"],
+        "authorization_servers": [],
+        "resource_documentation": format!("{base}/llms.txt"),
+    }))
+    .into_response()
+}
+
 async fn llms_txt(State(state): State<Arc<AppState>>) -> Response {
     let public = public_names(&state);
     let public = if public.is_empty() {
@@ -115,7 +150,10 @@ async fn llms_txt(State(state): State<Arc<AppState>>) -> Response {
         "# Tessera {VERSION}\n\n\
          > A work queue with leases: enqueue tasks, claim them under a lease with a fencing \
          token, heartbeat, submit a result once (idempotency keys), with fair claim admission.\n\n\
-         Keys go in `Authorization: Bearer <key>`. Public namespaces (readable without a key): {public}.\n\n\
+         Keys go in `Authorization: Bearer <key>`, over HTTP and MCP alike: an operator makes one \
+         with `POST /v1/keys` (scopes and grants). An MCP client sends it as that header on every \
+         request; without one `/mcp` answers `401` with `WWW-Authenticate` naming \
+         `/.well-known/oauth-protected-resource`. Public namespaces (readable without a key): {public}.\n\n\
          ## Routes\n\n\
          - [OpenAPI document](/v1/openapi.json): every route, its inputs and limits\n\
          - [MCP endpoint](/mcp): JSON-RPC over streamable HTTP; tools {tools}\n\

@@ -21,10 +21,19 @@ use tessera_store::{Namespace, Store, StoreConfig};
 pub(crate) struct Reply {
     pub(crate) status: u16,
     pub(crate) content_type: String,
+    pub(crate) headers: Vec<(String, String)>,
     pub(crate) body: Vec<u8>,
 }
 
 impl Reply {
+    /// A response header's value, by its lowercase name.
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
     pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
@@ -98,6 +107,18 @@ impl Service {
         send(self.address, method, path, key, body)
     }
 
+    /// One request with extra headers.
+    pub(crate) fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Reply {
+        send_headers(self.address, method, path, key, headers, body)
+    }
+
     /// A keyed worker with every scope of a worker in `renders`.
     pub(crate) fn worker(&self) -> String {
         let body = json!({
@@ -133,6 +154,18 @@ pub(crate) fn send(
     key: Option<&str>,
     body: Option<&Value>,
 ) -> Reply {
+    send_headers(address, method, path, key, &[], body)
+}
+
+/// One request to `address`, with extra headers.
+pub(crate) fn send_headers(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> Reply {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
@@ -143,6 +176,9 @@ pub(crate) fn send(
         .uri(format!("http://{address}{path}"));
     if let Some(key) = key {
         request = request.header("authorization", format!("Bearer {key}"));
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
     }
     let bytes = match body {
         Some(body) => {
@@ -161,10 +197,21 @@ pub(crate) fn send(
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default()
         .to_owned();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                value.to_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
     let body = response.body_mut().read_to_vec().expect("a body");
     Reply {
         status,
         content_type,
+        headers,
         body,
     }
 }

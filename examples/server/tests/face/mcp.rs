@@ -25,11 +25,11 @@ fn call(service: &Service, key: Option<&str>, message: &Value) -> Value {
 }
 
 #[test]
-fn initialize_ping_tools_list_and_notifications_make_no_storage_call() {
+fn initialize_ping_tools_list_and_notifications_read_only_the_key() {
     let service = Service::sqlite();
     let worker = service.worker();
     service.store.refuse_writes(true);
-    for key in [None, Some(worker.as_str()), Some("not-a-key")] {
+    for key in [Some(worker.as_str())] {
         let before = service.store.meter();
         let initialized = call(
             &service,
@@ -81,8 +81,168 @@ fn initialize_ping_tools_list_and_notifications_make_no_storage_call() {
         let batch = json!([rpc(4, "ping", json!({})), rpc(5, "tools/list", json!({}))]);
         assert_eq!(call(&service, key, &batch).as_array().unwrap().len(), 2);
         let cost = service.store.meter().since(&before);
-        assert_eq!((cost.rows_read, cost.rows_written), (0, 0), "key {key:?}");
+        // Five requests, each reading its key's row and nothing else.
+        assert_eq!(cost.rows_written, 0, "key {key:?}");
+        assert!(cost.rows_read <= 5 * 2, "{cost:?}");
     }
+}
+
+#[test]
+fn without_a_working_key_every_message_is_401_naming_the_resource_metadata() {
+    let service = Service::sqlite();
+    let initialize = rpc(
+        1,
+        "initialize",
+        json!({ "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": { "name": "test", "version": "1" } }),
+    );
+    for key in [None, Some("not-a-key")] {
+        for message in [&initialize, &rpc(2, "tools/list", json!({}))] {
+            let reply = service.send("POST", "/mcp", key, Some(message));
+            assert_eq!(reply.status, 401, "{}", reply.text());
+            assert_eq!(reply.json()["error"]["code"], "unauthorized");
+            let challenge = reply.header("www-authenticate").unwrap_or_default();
+            assert!(challenge.starts_with("Bearer "), "{challenge}");
+            assert!(
+                challenge.contains("/.well-known/oauth-protected-resource\""),
+                "{challenge}"
+            );
+        }
+    }
+    for path in [
+        "/.well-known/oauth-protected-resource",
+        "/.well-known/oauth-protected-resource/mcp",
+    ] {
+        let metadata = service.send("GET", path, None, None);
+        assert_eq!(metadata.status, 200, "{}", metadata.text());
+        let resource = metadata.json()["resource"].as_str().unwrap().to_owned();
+        assert!(resource.ends_with("/mcp"), "{resource}");
+        assert_eq!(
+            metadata.json()["bearer_methods_supported"],
+            json!(["header"])
+        );
+    }
+}
+
+#[test]
+fn a_foreign_origin_an_unknown_protocol_version_and_a_long_batch_are_refused() {
+    let service = Service::sqlite();
+    let worker = service.worker();
+    let ping = rpc(1, "ping", json!({}));
+    let address = service.address.to_string();
+    let evil = service.send_with(
+        "POST",
+        "/mcp",
+        Some(&worker),
+        &[("origin", "http://evil.example")],
+        Some(&ping),
+    );
+    assert_eq!(evil.status, 403, "{}", evil.text());
+    assert_eq!(evil.json()["error"]["code"], "origin_refused");
+    let own = format!("http://{address}");
+    let same = service.send_with(
+        "POST",
+        "/mcp",
+        Some(&worker),
+        &[("origin", &own)],
+        Some(&ping),
+    );
+    assert_eq!(same.status, 200, "{}", same.text());
+    let old = service.send_with(
+        "POST",
+        "/mcp",
+        Some(&worker),
+        &[("mcp-protocol-version", "1999-01-01")],
+        Some(&ping),
+    );
+    assert_eq!(old.status, 400, "{}", old.text());
+    let known = service.send_with(
+        "POST",
+        "/mcp",
+        Some(&worker),
+        &[("mcp-protocol-version", "2025-06-18")],
+        Some(&ping),
+    );
+    assert_eq!(known.status, 200, "{}", known.text());
+    let long: Vec<Value> = (0..33).map(|n| rpc(n, "ping", json!({}))).collect();
+    let refused = call(&service, Some(&worker), &json!(long));
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let most: Vec<Value> = (0..32).map(|n| rpc(n, "ping", json!({}))).collect();
+    assert_eq!(
+        call(&service, Some(&worker), &json!(most))
+            .as_array()
+            .unwrap()
+            .len(),
+        32
+    );
+}
+
+#[test]
+fn tool_arguments_are_checked_against_the_tool_s_own_schema() {
+    let service = Service::sqlite();
+    let worker = service.worker();
+    let refused = |message: Value, needle: &str| {
+        let reply = call(&service, Some(&worker), &message);
+        assert_eq!(reply["error"]["code"], -32602, "{reply}");
+        let text = reply["error"]["message"].as_str().unwrap().to_owned();
+        assert!(text.contains(needle), "{text}");
+    };
+    // Without its required brief; with a null one; with an argument the
+    // schema does not name; a missing token; params as an array.
+    refused(
+        tool(
+            1,
+            "enqueue",
+            json!({ "namespace": "renders", "queue": "q" }),
+        ),
+        "brief",
+    );
+    refused(
+        tool(
+            2,
+            "enqueue",
+            json!({ "namespace": "renders", "queue": "q", "brief": null }),
+        ),
+        "brief",
+    );
+    refused(
+        tool(
+            3,
+            "enqueue",
+            json!({ "namespace": "renders", "queue": "q", "brief": 1, "colour": "red" }),
+        ),
+        "colour",
+    );
+    refused(
+        tool(
+            4,
+            "heartbeat",
+            json!({ "namespace": "renders", "task": "t" }),
+        ),
+        "token",
+    );
+    refused(
+        json!({ "jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": ["enqueue"] }),
+        "params",
+    );
+    // Nothing was enqueued.
+    let listed = call(
+        &service,
+        Some(&worker),
+        &tool(
+            6,
+            "list_tasks",
+            json!({ "namespace": "renders", "state": "ready" }),
+        ),
+    );
+    assert_eq!(listed["result"]["isError"], false, "{listed}");
+    assert_eq!(
+        listed["result"]["structuredContent"]["tasks"]
+            .as_array()
+            .map(Vec::len),
+        Some(0),
+        "{listed}"
+    );
 }
 
 #[test]
@@ -161,9 +321,15 @@ fn the_tools_run_a_lease_from_enqueue_to_submit() {
             .is_empty()
     );
 
-    // No key, a key without the grant, bad arguments: each its envelope.
-    let unkeyed = call(&service, None, &tool(11, "claim", at("renders")));
-    assert_eq!(unkeyed["result"]["structuredContent"]["status"], 401);
+    // No key: HTTP 401. A key without the grant, bad arguments: each its
+    // envelope or error.
+    let unkeyed = service.send(
+        "POST",
+        "/mcp",
+        None,
+        Some(&tool(11, "claim", at("renders"))),
+    );
+    assert_eq!(unkeyed.status, 401, "{}", unkeyed.text());
     let forbidden = call(&service, key, &tool(12, "claim", at("elsewhere")));
     assert_eq!(forbidden["result"]["structuredContent"]["status"], 403);
     let bad = call(
@@ -171,7 +337,7 @@ fn the_tools_run_a_lease_from_enqueue_to_submit() {
         key,
         &tool(13, "heartbeat", json!({ "namespace": "renders" })),
     );
-    assert_eq!(bad["result"]["structuredContent"]["code"], "invalid_input");
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
     let unknown = call(&service, key, &tool(14, "drop_tables", json!({})));
     assert_eq!(unknown["error"]["code"], -32602);
 }
@@ -218,7 +384,7 @@ fn a_batch_runs_one_call_at_a_time_through_authentication_and_admission() {
     let stats = service.store.claim_stats();
     assert_eq!((stats.in_flight, stats.pending), (0, 0));
 
-    // Each call authenticates: a batch with no key is refused call by call.
+    // A batch with no key is refused as a whole, before any call runs.
     let batch = json!([
         tool(
             1,
@@ -227,7 +393,6 @@ fn a_batch_runs_one_call_at_a_time_through_authentication_and_admission() {
         ),
         rpc(2, "ping", json!({})),
     ]);
-    let answers = call(&service, None, &batch);
-    assert_eq!(answers[0]["result"]["structuredContent"]["status"], 401);
-    assert_eq!(answers[1]["result"], json!({}));
+    let refused = service.send("POST", "/mcp", None, Some(&batch));
+    assert_eq!(refused.status, 401, "{}", refused.text());
 }

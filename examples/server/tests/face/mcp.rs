@@ -29,7 +29,8 @@ fn initialize_ping_tools_list_and_notifications_read_only_the_key() {
     let service = Service::sqlite();
     let worker = service.worker();
     service.store.refuse_writes(true);
-    for key in [Some(worker.as_str())] {
+    {
+        let key = Some(worker.as_str());
         let before = service.store.meter();
         let initialized = call(
             &service,

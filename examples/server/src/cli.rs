@@ -35,6 +35,8 @@ pub(crate) struct Args {
     pub(crate) header_timeout: Duration,
     /// The longest a client may take over a request's body.
     pub(crate) body_timeout: Duration,
+    /// How log lines are written.
+    pub(crate) log_format: crate::logs::LogFormat,
 }
 
 /// The program's name in its messages.
@@ -59,6 +61,8 @@ usage: tessera-server [OPTIONS]
                          and a kept-alive connection may sit idle (default 10)
   --body-timeout SECS    the longest a client may take to send a request's body
                          (default 30; past it 408 request_timeout)
+  --log-format FORMAT    text (default) or json: one JSON object a line
+                         ($TESSERA_LOG_FORMAT); RUST_LOG filters (default info)
   --no-scheduler         run no scheduler here: periodic schedules fire only from
                          other processes' schedulers or POST /v1/schedules/fire
   --help                 this text
@@ -83,6 +87,10 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
         no_scheduler: false,
         header_timeout: Duration::from_secs(10),
         body_timeout: Duration::from_secs(30),
+        log_format: match std::env::var("TESSERA_LOG_FORMAT") {
+            Ok(text) => text.parse()?,
+            Err(_) => crate::logs::LogFormat::Text,
+        },
     };
     let mut words = words.into_iter();
     while let Some(word) = words.next() {
@@ -111,6 +119,7 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
             "--admin-key-file" => args.admin_key_file = PathBuf::from(value()?),
             "--new-admin-key" => args.new_admin_key = true,
             "--no-scheduler" => args.no_scheduler = true,
+            "--log-format" => args.log_format = value()?.parse()?,
             "--header-timeout" => {
                 args.header_timeout = Duration::from_secs(positive(&word, &value()?)?);
             }

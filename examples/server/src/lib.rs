@@ -40,6 +40,7 @@ mod auth;
 mod cli;
 mod errors;
 pub mod limits;
+mod logs;
 mod mcp;
 mod metrics;
 mod openapi;

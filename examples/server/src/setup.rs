@@ -65,11 +65,7 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
-    // The store's spans and events, as log lines on standard error.
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(std::io::stderr)
-        .init();
+    crate::logs::init(args.log_format);
     crate::metrics::prometheus();
     let address = SocketAddr::from((args.bind, args.port));
     let options = ServeOptions {

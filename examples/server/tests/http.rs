@@ -1753,13 +1753,18 @@ struct Process {
 
 impl Process {
     fn start(backend: &[&str], key_file: &Path) -> Self {
+        Self::start_logging(backend, key_file, std::process::Stdio::null())
+    }
+
+    /// [`start`](Self::start) with its log lines to `stderr`.
+    fn start_logging(backend: &[&str], key_file: &Path, stderr: std::process::Stdio) -> Self {
         let mut child = std::process::Command::new(PROGRAM)
             .args(["--port", "0"])
             .args(backend)
             .arg("--admin-key-file")
             .arg(key_file)
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let mut lines =
@@ -1809,6 +1814,70 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+#[test]
+fn each_request_is_one_json_access_line_and_the_scrape_has_its_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, key_file) = (dir.path().join("t.db"), dir.path().join("admin.key"));
+    let log = dir.path().join("stderr.log");
+    let stderr = std::fs::File::create(&log).unwrap();
+    let process = Process::start_logging(
+        &["--db", db.to_str().unwrap(), "--log-format", "json"],
+        &key_file,
+        stderr.into(),
+    );
+    let worker = make_worker(process.address, &process.admin, "renders");
+    let enqueued = send(
+        process.address,
+        "POST",
+        TASKS,
+        Some(&worker),
+        &[],
+        Some(&json!({ "brief": 1 })),
+    );
+    assert_eq!(enqueued.status, 201, "{}", enqueued.text());
+    let health = send(
+        process.address,
+        "GET",
+        "/v1/ns/renders/health",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(health.status, 200, "{}", health.text());
+    let scrape = send(process.address, "GET", "/metrics", None, &[], None).text();
+    for family in [
+        "# HELP tessera_http_requests_total",
+        "# TYPE tessera_http_requests_total counter",
+        "tessera_http_requests_total{method=\"POST\",route=\"/v1/ns/{ns}/queues/{queue}/tasks\",status=\"201\"} 1",
+        "# TYPE tessera_http_request_duration_seconds histogram",
+        "tessera_http_request_duration_seconds_bucket{",
+        "# TYPE tessera_retention_tasks_purged_total counter",
+        "tessera_attempts{namespace=\"renders\",state=\"ready\"} 1",
+    ] {
+        assert!(scrape.contains(family), "{family} in:\n{scrape}");
+    }
+    assert!(process.terminate().success());
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let access: Vec<Value> = lines
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["target"] == "tessera_server::access")
+        .collect();
+    let posted = access
+        .iter()
+        .find(|line| line["route"] == "/v1/ns/{ns}/queues/{queue}/tasks")
+        .unwrap_or_else(|| panic!("an access line for the enqueue in:\n{lines}"));
+    assert_eq!(
+        (&posted["method"], &posted["status"]),
+        (&json!("POST"), &json!(201))
+    );
+    assert!(posted["duration_ms"].as_f64().is_some(), "{posted}");
+    // The key's public id, never its secret.
+    let id = &worker[4..20];
+    assert_eq!(posted["key"], id);
+    assert!(!lines.contains(&worker), "a secret in the log");
 }
 
 #[test]

@@ -51,6 +51,15 @@ impl HealthCache {
         snapshots.insert(snapshot.namespace.clone(), cached);
     }
 
+    /// Every snapshot held, however old.
+    pub(crate) fn all(&self) -> Vec<HealthSnapshot> {
+        self.snapshots
+            .lock()
+            .values()
+            .map(|cached| cached.snapshot.clone())
+            .collect()
+    }
+
     pub(crate) fn invalidate(&self, namespace: &Namespace) {
         let mut snapshots = self.snapshots.lock();
         self.changes.fetch_add(1, Ordering::SeqCst);

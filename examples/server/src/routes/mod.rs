@@ -134,6 +134,10 @@ pub const NOT_ROUTED: &[(&str, &str)] = &[
     ),
     ("maintain", "the server runs it on its own timer"),
     (
+        "cached_health",
+        "/metrics shows it as tessera_attempts, reading nothing from storage",
+    ),
+    (
         "last_retention",
         "the board's feed shows it (`retention`), and /metrics counts what retention deleted",
     ),
@@ -279,7 +283,50 @@ fn app(state: Arc<AppState>) -> Router {
                 "this route does not take that method",
             )
         })
+        .layer(axum::middleware::from_fn(access))
         .with_state(state)
+}
+
+/// The public id of the key a request presents (`tsk_<key id>_…`), for
+/// the access log: never the secret.
+fn key_id(request: &axum::extract::Request) -> String {
+    crate::auth::bearer_key(request.headers())
+        .and_then(|key| key.strip_prefix("tsk_"))
+        .and_then(|rest| rest.split_once('_'))
+        .map(|(id, _)| id)
+        .filter(|id| id.len() == 16 && id.bytes().all(|byte| byte.is_ascii_hexdigit()))
+        .map_or_else(|| "-".to_owned(), str::to_owned)
+}
+
+/// One access-log line per request (method, route, status, duration, the
+/// key id; never a secret, a path's values or a body) at target
+/// `tessera_server::access`, and the request's metrics.
+async fn access(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let started = std::time::Instant::now();
+    let method = request.method().as_str().to_owned();
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |path| path.as_str())
+        .to_owned();
+    let key = key_id(&request);
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+    tracing::info!(
+        target: "tessera_server::access",
+        method = %method,
+        route = %route,
+        status,
+        duration_ms = elapsed.as_secs_f64() * 1e3,
+        key = %key,
+        "request"
+    );
+    crate::metrics::request_answered(&method, &route, status, elapsed);
+    response
 }
 
 /// How the server is tuned.

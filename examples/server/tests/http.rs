@@ -534,6 +534,30 @@ fn slow_clients_are_cut_off_while_others_are_served() {
 }
 
 #[test]
+fn an_unknown_query_parameter_is_ignored_and_an_unknown_body_field_refused() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    assert_eq!(service.enqueue(&worker, TASKS, json!(1)).status, 201);
+    let listed = service.send(
+        "GET",
+        "/v1/ns/renders/tasks?state=ready&_=1733561234",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    assert_eq!(listed.json()["tasks"].as_array().map(Vec::len), Some(1));
+    let typo = service.send(
+        "POST",
+        TASKS,
+        Some(&worker),
+        &[],
+        Some(&json!({ "brief": 2, "priorty": 3 })),
+    );
+    assert_eq!(typo.status, 400, "{}", typo.text());
+}
+
+#[test]
 fn overload_is_429_with_retry_after() {
     let legacy_quota = AdmissionConfig {
         claims_per_minute: 1,

@@ -103,7 +103,8 @@ fn asset(content_type: &'static str, text: &'static str) -> Response {
 
 /// The board's query.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+// Unknown query parameters are ignored: a cache-busting `_=…` or a
+// tracking parameter changes nothing a route reads.
 struct BoardQuery {
     ns: Option<String>,
     details: Option<i64>,

@@ -51,7 +51,8 @@ pub(super) fn routes() -> Vec<Route> {
 
 /// The long-poll's query.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+// Unknown query parameters are ignored: a cache-busting `_=…` or a
+// tracking parameter changes nothing a route reads.
 struct EventsQuery {
     version: Option<i64>,
     /// Seconds.

@@ -207,7 +207,8 @@ async fn made(
 
 /// `GET /v1/keys`'s query.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+// Unknown query parameters are ignored: a cache-busting `_=…` or a
+// tracking parameter changes nothing a route reads.
 struct KeysQuery {
     principal: Option<String>,
     after: Option<String>,

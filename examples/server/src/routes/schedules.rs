@@ -249,7 +249,8 @@ async fn delete_schedule(
 
 /// `GET .../schedules`'s query.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+// Unknown query parameters are ignored: a cache-busting `_=…` or a
+// tracking parameter changes nothing a route reads.
 struct ListFields {
     after: Option<String>,
     limit: Option<i64>,

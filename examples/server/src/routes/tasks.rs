@@ -387,7 +387,8 @@ async fn enqueue_batch(
 
 /// `GET .../tasks`'s query.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+// Unknown query parameters are ignored: a cache-busting `_=…` or a
+// tracking parameter changes nothing a route reads.
 struct ListFields {
     state: String,
     order: Option<String>,
@@ -422,7 +423,8 @@ async fn list_tasks(
 
 /// A version in a query: the first when absent.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+// Unknown query parameters are ignored: a cache-busting `_=…` or a
+// tracking parameter changes nothing a route reads.
 struct VersionField {
     version: Option<i64>,
 }

@@ -33,10 +33,13 @@ impl Store {
     /// successful write) or before an audit read. A failed write is left
     /// to the buffer's retry delay.
     pub(crate) fn count(&self, scope: &ActionScope, outcome: Outcome) {
+        let now = self.now_utc();
         if outcome == Outcome::StorageQuotaExhausted {
             crate::observe::quota_refused(scope.action());
+            // A provider's quota resets at the next 00:00 UTC, as the
+            // refusal's `reset_at` says.
+            *self.quota_refused_until.lock() = Some(tessera_admission::next_utc_midnight(now));
         }
-        let now = self.now_utc();
         let full = {
             let mut counters = self.counters.lock();
             counters.increment(scope.counter(now, outcome));
@@ -179,6 +182,7 @@ impl Store {
     /// Maintenance that is due, after a successful write; its failures are
     /// left for the next time (a refusal is not retried in a loop).
     pub(crate) fn after_write(&self) {
+        *self.quota_refused_until.lock() = None;
         let _ = self.maintain();
     }
 }

@@ -68,6 +68,9 @@ pub struct Store {
     /// Counts of requests that are not audited, waiting to be written.
     pub(crate) counters: Mutex<CounterBuffer>,
     pub(crate) retention: Mutex<RetentionSchedule>,
+    /// Until when storage refuses writes, by its latest refusal of one of
+    /// this store's writes for a quota (none since a write succeeded).
+    pub(crate) quota_refused_until: Mutex<Option<DateTime<Utc>>>,
     /// This store's latest retention run.
     pub(crate) last_retention: Mutex<Option<crate::model::audit::RetentionSummary>>,
     /// When each principal's `last_used_at` is next written. A changed
@@ -206,6 +209,7 @@ impl Store {
             counters: Mutex::new(CounterBuffer::new()),
             retention: Mutex::new(retention),
             last_retention: Mutex::new(None),
+            quota_refused_until: Mutex::new(None),
             observations: Mutex::new(observations),
             gate,
             health,
@@ -283,9 +287,22 @@ impl Store {
         self.backend.set_refusing(refuse);
     }
 
-    /// Whether writes are being refused (see [`refuse_writes`](Self::refuse_writes)).
+    /// Whether writes are being refused: by
+    /// [`refuse_writes`](Self::refuse_writes), by the daily rows-written
+    /// allowance used up
+    /// ([`StoreConfig::with_daily_rows_written_allowance`](crate::StoreConfig::with_daily_rows_written_allowance)),
+    /// or because storage refused this store's latest write for a quota (a
+    /// SQLite file at its page cap, a provider's limit), none has
+    /// succeeded since and the refusal's reset time (the next 00:00 UTC)
+    /// has not come.
     pub fn is_refusing_writes(&self) -> bool {
+        let allowance = self.config.daily_rows_written_allowance();
         self.backend.is_refusing()
+            || self
+                .quota_refused_until
+                .lock()
+                .is_some_and(|until| self.now_utc() < until)
+            || (allowance > 0 && self.rows_written_today() >= allowance)
     }
 
     /// Rows written today (UTC) by this store, as the daily allowance counts

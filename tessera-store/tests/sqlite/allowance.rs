@@ -72,6 +72,8 @@ fn the_daily_allowance_refuses_until_utc_midnight() {
     let key = store.create_admin_key("ops").unwrap();
     assert_eq!(store.rows_written_today(), schema + admin_cost);
     let admin = store.authenticate(Some(key.secret.expose())).unwrap();
+    // The allowance is used up: the store says it refuses writes.
+    assert!(store.is_refusing_writes());
 
     let error = store.create_admin_key("more").unwrap_err();
     let reset = Utc.with_ymd_and_hms(2026, 10, 30, 0, 0, 0).unwrap();
@@ -96,6 +98,7 @@ fn the_daily_allowance_refuses_until_utc_midnight() {
     ));
 
     clock.advance(Duration::from_secs(3600));
+    assert!(!store.is_refusing_writes(), "a new day, a new allowance");
     store.create_admin_key("more").unwrap();
     assert_eq!(
         store

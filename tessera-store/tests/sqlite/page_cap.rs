@@ -60,6 +60,8 @@ fn sqlite_full_under_max_page_count_is_a_quota_refusal() {
         }
     }
     let (error, keys) = refusal.expect("the page cap is reached");
+    // Until a write succeeds again, the store says it refuses writes.
+    assert!(store.is_refusing_writes());
     assert_quota(&error, midnight());
     assert_eq!(error.retry_after(), Some(Duration::from_secs(12 * 3600)));
     // The refused key (principal, key, audit row) left no row behind, and

@@ -187,7 +187,9 @@ fn open(args: &Args, admission: AdmissionConfig) -> Result<Opened, Failure> {
                 options = options.with_schema(schema.as_str());
                 database.push_str(&format!(", schema {schema}"));
             }
-            (Store::open_postgres(options, config)?, database)
+            let store = Store::open_postgres(options, config)
+                .map_err(|error| format!("cannot open {database}: {}", with_causes(&error)))?;
+            (store, database)
         }
         None => {
             let mut options = SqliteOptions::file(&args.db);
@@ -195,7 +197,9 @@ fn open(args: &Args, admission: AdmissionConfig) -> Result<Opened, Failure> {
                 options = options.with_max_page_count(pages);
             }
             let database = format!("SQLite {}", args.db.display());
-            (Store::open_sqlite(options, config)?, database)
+            let store = Store::open_sqlite(options, config)
+                .map_err(|error| format!("cannot open {database}: {}", with_causes(&error)))?;
+            (store, database)
         }
     };
     let admin = admin_key(&store, &args.admin_key_file, args.new_admin_key)?;
@@ -204,6 +208,22 @@ fn open(args: &Args, admission: AdmissionConfig) -> Result<Opened, Failure> {
         database,
         admin,
     })
+}
+
+/// An error with the causes under it, each after a colon: "storage
+/// error" alone never says which file, host or password was wrong.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let said = next.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = next.source();
+    }
+    text
 }
 
 /// A PostgreSQL connection string as a person may read it: a URL without
@@ -245,26 +265,35 @@ pub(crate) fn without_password(url: &str) -> String {
 
 /// The key in `file` if it still authenticates and no new one is asked
 /// for; otherwise a new admin key, written to `file` (readable by its
-/// owner alone) before it is printed.
+/// owner alone) before it is printed. With `new`, the key the file held
+/// is revoked once the new one is kept: `--new-admin-key` rotates. The
+/// file is opened first, so a path that cannot be written makes no key.
 fn admin_key(
     store: &Store,
     file: &std::path::Path,
     new: bool,
 ) -> Result<Option<IssuedKey>, Failure> {
-    if !new {
-        if let Ok(secret) = std::fs::read_to_string(file) {
-            if store.authenticate(Some(secret.trim())).is_ok() {
-                return Ok(None);
-            }
-        }
+    let old = std::fs::read_to_string(file)
+        .ok()
+        .and_then(|secret| store.authenticate(Some(secret.trim())).ok());
+    if !new && old.is_some() {
+        return Ok(None);
     }
-    let key = store.create_admin_key("operator")?;
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    options.write(true).create(true).truncate(false);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    std::io::Write::write_all(&mut options.open(file)?, key.secret.expose().as_bytes())
-        .map_err(|error| format!("{}: {error}", file.display()))?;
+    let mut kept = options
+        .open(file)
+        .map_err(|error| format!("admin key file {}: {error}", file.display()))?;
+    let key = store.create_admin_key("operator")?;
+    kept.set_len(0)
+        .and_then(|()| std::io::Write::write_all(&mut kept, key.secret.expose().as_bytes()))
+        .map_err(|error| format!("admin key file {}: {error}", file.display()))?;
+    if let Some(old) = old {
+        let admin = store.authenticate(Some(key.secret.expose()))?;
+        store.revoke_key(&admin, old.key_id())?;
+    }
     Ok(Some(key))
 }
 

@@ -1924,6 +1924,78 @@ fn the_admin_key_is_made_once_and_another_on_request() {
     let another = std::fs::read_to_string(&key_file).unwrap();
     assert_ne!(another, secret);
     assert_eq!(third.admin, another);
+    // It rotates: the old key no longer works, the new one does.
+    let keys = |key: &str| send(third.address, "GET", "/v1/keys", Some(key), &[], None).status;
+    assert_eq!(keys(&secret), 401);
+    assert_eq!(keys(&another), 200);
+    drop(third);
+    // A key file that cannot be written stops the start with its path,
+    // and makes no key.
+    let nowhere = dir.path().join("missing-dir").join("admin.key");
+    let failed = std::process::Command::new(PROGRAM)
+        .args([
+            "--port",
+            "0",
+            "--db",
+            db.to_str().unwrap(),
+            "--new-admin-key",
+        ])
+        .arg("--admin-key-file")
+        .arg(&nowhere)
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1), "{failed:?}");
+    let said = String::from_utf8_lossy(&failed.stderr);
+    assert!(said.contains(&nowhere.display().to_string()), "{said}");
+    let fourth = Process::start(&backend, &key_file);
+    let listed = send(fourth.address, "GET", "/v1/keys", Some(&another), &[], None);
+    let admins = listed
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|key| key["revoked_at"].is_null())
+        .count();
+    assert_eq!(admins, 1, "{}", listed.text());
+}
+
+#[test]
+fn a_database_that_cannot_be_opened_is_named_with_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("no-such-dir").join("t.db");
+    let failed = std::process::Command::new(PROGRAM)
+        .args(["--port", "0", "--db", db.to_str().unwrap()])
+        .arg("--admin-key-file")
+        .arg(dir.path().join("admin.key"))
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1), "{failed:?}");
+    let said = String::from_utf8_lossy(&failed.stderr);
+    assert!(said.contains("cannot open SQLite"), "{said}");
+    assert!(said.contains(&db.display().to_string()), "{said}");
+    assert!(
+        said.trim_end().len() > "tessera-server: storage error".len(),
+        "{said}"
+    );
+    let refused = std::process::Command::new(PROGRAM)
+        .args([
+            "--port",
+            "0",
+            "--postgres",
+            "postgres://nobody:wrong@127.0.0.1:1/none?connect_timeout=2",
+        ])
+        .arg("--admin-key-file")
+        .arg(dir.path().join("admin2.key"))
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("cannot open PostgreSQL postgres://nobody@127.0.0.1:1/none"),
+        "{said}"
+    );
+    assert!(said.contains("Connection refused"), "the cause in {said}");
+    assert!(!said.contains("wrong"), "a password in {said}");
 }
 
 /// Enqueues from four clients until the server stops answering, SIGTERMs

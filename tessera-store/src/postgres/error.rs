@@ -26,7 +26,12 @@ impl From<postgres::Error> for StorageError {
         };
         let message = match error.as_db_error() {
             Some(db) => db.message().to_owned(),
-            None => error.to_string(),
+            // "error connecting to server" alone does not say why: the
+            // cause under it does (a refused port, an unknown host).
+            None => match std::error::Error::source(&error) {
+                Some(cause) => format!("{error}: {cause}"),
+                None => error.to_string(),
+            },
         };
         StorageError::new(kind, code.map(str::to_owned), message)
     }

@@ -183,9 +183,16 @@ impl PostgresBackend {
                 config: config.clone(),
             });
         let migrated = {
-            let mut connection = pool
-                .get()
-                .map_err(|error| Error::Storage(error.into()).classified())?;
+            let mut connection = pool.get().map_err(|error| {
+                // The pool says only that it timed out; one connection
+                // made by hand says why (a wrong password, a database
+                // that does not exist, a refused port).
+                let cause = match config.connect(postgres::NoTls) {
+                    Err(cause) => Error::from(cause),
+                    Ok(_) => Error::Storage(error.into()),
+                };
+                cause.classified()
+            })?;
             schema::migrate(
                 &mut connection.client,
                 options.schema.as_deref(),

@@ -882,6 +882,23 @@ fn every_refusal_is_json_with_its_status_code_and_a_lowercase_message() {
         Some(&json!({ "account": "acme", "grants": ["bogus"] })),
     );
     assert_eq!(bad_grant.status, 400);
+    // A worker's key without scopes or grants could do nothing: refused.
+    for useless in [
+        json!({ "account": "worker1" }),
+        json!({ "account": "worker1", "scopes": ["claim"] }),
+        json!({ "account": "worker1", "grants": ["namespace:renders"] }),
+        json!({ "account": "worker1", "scopes": [], "grants": ["namespace:renders"] }),
+    ] {
+        let refused = service.send(
+            "POST",
+            "/v1/keys",
+            Some(&service.admin),
+            &[],
+            Some(&useless),
+        );
+        assert_eq!(refused.status, 400, "{useless}: {}", refused.text());
+        assert!(refused.text().contains("scopes"), "{}", refused.text());
+    }
     let too_many = service.send(
         "POST",
         "/v1/keys",

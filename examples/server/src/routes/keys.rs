@@ -53,7 +53,7 @@ pub(super) fn routes() -> Vec<Route> {
             key_links(
                 Doc::new(
                     "create_key",
-                    "make a key for a new principal of `account` (an admin one if `admin`)",
+                    "make a key for a new principal of `account`: an admin one if `admin`, otherwise with its `scopes` and `grants` (both required: a key without them could do nothing)",
                 )
                 .keyed()
                 .body(object(new_principal, &["account"]))
@@ -163,9 +163,20 @@ async fn create_key(
     JsonBody(request): JsonBody<NewKey>,
 ) -> Result<Response, ApiError> {
     let account = ACCOUNT.text(&request.account)?;
-    let spec = match request.admin {
-        Some(true) => KeySpec::admin(account),
-        _ => KeySpec::keyed(account),
+    let admin = request.admin == Some(true);
+    let empty = |list: &Option<Vec<String>>| list.as_ref().is_none_or(Vec::is_empty);
+    if !admin && (empty(&request.scopes) || empty(&request.grants)) {
+        // Such a key could do nothing: every call would be 403.
+        return Err(ApiError::Store(tessera_store::Error::InvalidInput {
+            reason: "a key needs scopes (enqueue, claim, read) and grants (namespace:<name> or \
+                     namespace:*); without them every call it makes is 403"
+                .to_owned(),
+        }));
+    }
+    let spec = if admin {
+        KeySpec::admin(account)
+    } else {
+        KeySpec::keyed(account)
     };
     let spec = granted(spec, request.scopes, request.grants, request.label)?;
     made(&state, caller, spec).await

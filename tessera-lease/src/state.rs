@@ -77,6 +77,7 @@ pub enum DiscardReason {
     Failed,
     /// The task's deadline passed before the attempt was done
     /// ([`TaskSpec::deadline`](crate::TaskSpec::deadline)).
+    #[serde(rename = "deadline_exceeded")]
     DeadlineExceeded,
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::attempt::AttemptRecord;
@@ -296,24 +296,51 @@ impl Task {
             .filter(|at| self.0.deadline.is_none_or(|deadline| *at < deadline))
     }
 
-    /// The state an attempt waits in after `holder` ended its lease
-    /// `token` and handed it back to the queue (a snooze, or a failure
-    /// report asking for a retry): the attempt whose latest lease is
-    /// `token`, held by `holder`, now ready or waiting out a backoff and
-    /// not granted again. `None` otherwise. A retried snooze whose first
-    /// call took effect answers this state again, and changes nothing.
-    pub fn handed_back(&self, holder: &Principal, token: FencingToken) -> Option<TaskState> {
-        self.0
-            .attempts
-            .iter()
-            .find(|attempt| {
-                attempt
-                    .lease
-                    .as_ref()
-                    .is_some_and(|lease| lease.token == token && &lease.holder == holder)
-            })
-            .map(|attempt| attempt.state)
-            .filter(|state| matches!(state, TaskState::Ready | TaskState::Backoff { .. }))
+    /// The state an attempt waits in after `holder` snoozed its lease
+    /// `token` for `delay`, if that snooze took effect and the attempt was
+    /// not granted again: its latest lease is `token`, held by `holder`,
+    /// ended by the snooze (the lease record's end is the snooze's time),
+    /// and it waits until that time plus `delay` (or is ready, for a
+    /// delay of zero, with its lease ended by `now`). `None` otherwise: a
+    /// lease ended by a failure report, a lapse or another delay is not
+    /// this snooze. A retried snooze answers this state again, and
+    /// changes nothing.
+    pub fn snoozed(
+        &self,
+        holder: &Principal,
+        token: FencingToken,
+        delay: Duration,
+        now: DateTime<Utc>,
+    ) -> Option<TaskState> {
+        let attempt = self.0.attempts.iter().find(|attempt| {
+            attempt
+                .lease
+                .as_ref()
+                .is_some_and(|lease| lease.token == token && &lease.holder == holder)
+        })?;
+        let lease = attempt.lease.as_ref()?;
+        let ended = lease.expires_at;
+        let fits = match attempt.state {
+            // The snooze ended the lease at `until - delay` (or just after
+            // its grant, for a snooze at the grant's own time).
+            TaskState::Backoff { until } => TimeDelta::from_std(delay)
+                .ok()
+                .and_then(|delay| until.checked_sub_signed(delay))
+                .is_some_and(|at| {
+                    at == ended
+                        || (at == lease.granted_at
+                            && ended == lease.granted_at + TimeDelta::milliseconds(1))
+                }),
+            TaskState::Ready => delay.is_zero() && ended <= now,
+            _ => false,
+        };
+        fits.then_some(attempt.state)
+    }
+
+    /// Whether an attempt claimable from `at` could still run: the task
+    /// has no deadline, or `at` is before it.
+    pub fn can_run_from(&self, at: DateTime<Utc>) -> bool {
+        !self.past_deadline(at)
     }
 
     /// The task's own lease length, or `default` (the store's) without one.
@@ -544,8 +571,11 @@ impl Task {
         let backoff = match failure.retry {
             Retry::Never => None,
             Retry::Snooze(delay) => {
-                // The try this lease took is given back.
+                // The try this lease took is given back, and the lease
+                // record says when it ended: a retried snooze knows it by
+                // that time plus its delay ([`Task::snoozed`]).
                 *live.tries = live.tries.saturating_sub(1);
+                live.lease.expires_at = now.max(live.lease.granted_at + TimeDelta::milliseconds(1));
                 Some(delay)
             }
             _ if *live.tries >= max_tries => None,

@@ -209,3 +209,67 @@ fn an_own_lease_length_out_of_bounds_is_refused() {
         assert!(Task::new(TaskId::parse("t").unwrap(), BriefVersion::FIRST, spec).is_err());
     }
 }
+
+#[test]
+fn a_discard_reason_reads_the_same_in_serde_and_as_stored() {
+    for reason in DiscardReason::ALL {
+        let state = TaskState::Discarded { reason };
+        let json = serde_json::to_value(state).unwrap();
+        assert_eq!(json["reason"], reason.as_str(), "{json}");
+        assert_eq!(serde_json::from_value::<TaskState>(json).unwrap(), state);
+    }
+}
+
+#[test]
+fn a_snooze_is_known_again_by_its_delay_and_a_failure_is_not() {
+    let start = start();
+    let holder = Principal::parse("worker").unwrap();
+    let mut jitter = Jitter::seeded(1);
+    let mut task = Task::new(
+        TaskId::parse("t").unwrap(),
+        BriefVersion::FIRST,
+        TaskSpec::default(),
+    )
+    .unwrap();
+    let lease = task.claim(&holder, start, DEFAULT).unwrap();
+    let delay = Duration::from_secs(30);
+    // Snoozed at its grant's own time, and later.
+    let state = task
+        .fail(
+            &holder,
+            lease.token(),
+            start,
+            Retry::Snooze(delay),
+            &mut jitter,
+        )
+        .unwrap();
+    let later = start + TimeDelta::minutes(5);
+    assert_eq!(
+        task.snoozed(&holder, lease.token(), delay, later),
+        Some(state)
+    );
+    assert_eq!(
+        task.snoozed(&holder, lease.token(), Duration::from_secs(31), later),
+        None
+    );
+    let other = Principal::parse("other").unwrap();
+    assert_eq!(task.snoozed(&other, lease.token(), delay, later), None);
+    // A retry asked for by a failure report is no snooze.
+    let mut failed = Task::new(
+        TaskId::parse("f").unwrap(),
+        BriefVersion::FIRST,
+        TaskSpec::default(),
+    )
+    .unwrap();
+    let lease = failed.claim(&holder, start, DEFAULT).unwrap();
+    failed
+        .fail(
+            &holder,
+            lease.token(),
+            start + TimeDelta::seconds(10),
+            Retry::After(delay),
+            &mut jitter,
+        )
+        .unwrap();
+    assert_eq!(failed.snoozed(&holder, lease.token(), delay, later), None);
+}

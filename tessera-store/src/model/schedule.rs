@@ -42,9 +42,10 @@ pub struct ScheduleSpec {
     /// The brief's version (default 1).
     #[serde(default = "first_version")]
     pub version: BriefVersion,
-    /// How each fire's task is set up: alternatives, tries, lapse backoff
-    /// and priority, as an enqueue's. A not-before time is refused: a
-    /// fire's task is claimable at once.
+    /// How each fire's task is set up: alternatives, tries, lapse backoff,
+    /// priority and its own lease length, as an enqueue's. A not-before
+    /// time is refused (a fire's task is claimable at once), and so is a
+    /// deadline (one time would pass for every fire).
     #[serde(default)]
     pub spec: TaskSpec,
 }

@@ -80,6 +80,13 @@ impl Store {
                         .to_owned(),
                 });
             }
+            if spec.spec.deadline.is_some() {
+                return Err(Error::InvalidInput {
+                    reason: "a schedule fires tasks over time, and one deadline would pass for \
+                             all of them: a deadline is not allowed"
+                        .to_owned(),
+                });
+            }
             let probe = TaskId::parse("schedule-probe").expect("a valid task id");
             Task::new(probe, spec.version, spec.spec)?;
             let (bytes, format) = spec.brief.encode()?;

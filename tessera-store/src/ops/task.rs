@@ -301,20 +301,13 @@ impl Store {
                     plans[place] = Plan::Stored(holder);
                 }
             }
-            // The holders a replacing or debouncing duplicate changes are
-            // locked at once, in one order, for the same reason.
+            // The holders a duplicate reads (a replacing or debouncing one
+            // changes them, and one past its deadline is ended) are locked
+            // at once, in one order, for the same reason.
             let mut holders: Vec<&TaskRef> = plans
                 .iter()
-                .zip(&prepared)
-                .filter_map(|(plan, task)| match plan {
-                    Plan::Stored(holder)
-                        if task
-                            .unique
-                            .as_ref()
-                            .is_some_and(|unique| unique.rule.mode != UniqueMode::Keep) =>
-                    {
-                        Some(holder)
-                    }
+                .filter_map(|plan| match plan {
+                    Plan::Stored(holder) => Some(holder),
                     _ => None,
                 })
                 .collect();
@@ -367,12 +360,37 @@ impl Store {
                         created: false,
                     },
                 };
+                let mut answer = answer;
                 if let (false, Some(unique)) = (answer.created, &task.unique) {
                     if matches!(plan, Plan::Stored(_) | Plan::Earlier(_)) {
-                        replaced |= duplicate(writer, task, unique, &answer.task, now)?
-                            .ok_or_else(|| {
-                                retryable("a unique key's holder let go of it meanwhile")
-                            })?;
+                        match duplicate(writer, task, unique, &answer.task, now)? {
+                            Some(changed) => replaced |= changed,
+                            // Its holder was past its deadline and let the
+                            // slot go: this task takes it and is inserted.
+                            None if matches!(plan, Plan::Stored(_))
+                                && writer
+                                    .take_unique_slot(
+                                        namespace,
+                                        queue,
+                                        &unique.slot,
+                                        unique.ends_at,
+                                        &task.task,
+                                    )?
+                                    .is_none()
+                                && writer
+                                    .insert_task(&task.new_task(queue, now, &principal))? =>
+                            {
+                                answer = Enqueued {
+                                    task: task.task.clone(),
+                                    created: true,
+                                };
+                            }
+                            None => {
+                                return Err(retryable(
+                                    "a unique key's holder let go of it meanwhile",
+                                ));
+                            }
+                        }
                     }
                 }
                 enqueued.push(answer);
@@ -438,11 +456,15 @@ impl Store {
     }
 
     /// Extends the lease `token` on `task` that `caller` holds, by the
-    /// store's lease duration from now (never shortening it).
+    /// task's own lease length
+    /// ([`EnqueueOptions::with_lease_duration`](crate::EnqueueOptions::with_lease_duration))
+    /// or else the store's, from now (never shortening it, and never past
+    /// the task's deadline).
     ///
     /// Needs the `claim` scope and the namespace grant. A stale, foreign or
-    /// expired token, or a lease that ended, is `409 conflict`; an unknown
-    /// task `404`. Writes the attempt's expiry (its row and its entry in
+    /// expired token, or a lease that ended, is `409 conflict`; a task that
+    /// is not there is `410 task_purged` (under a token it was once made;
+    /// a purged task and one never made look alike). Writes the attempt's expiry (its row and its entry in
     /// the leased-attempts index) and the audit row, never the task row: a
     /// leased task is out of the claim index, and its lapse is found
     /// through that entry. Never enters claim admission.
@@ -633,18 +655,17 @@ impl Store {
             Ok(Acked::Failed(state)) => Ok(state),
             Ok(Acked::Submitted(_)) => unreachable!("a snooze is answered as a failure report"),
             Err(Error::Conflict {
-                kind: ConflictKind::LeaseEnded,
+                kind: kind @ (ConflictKind::LeaseEnded | ConflictKind::LeaseExpired),
                 reason,
             }) => {
                 let holder = caller.lease_principal();
+                let now = self.now_utc();
+                let delay = crate::model::task::whole_millis(delay);
                 let replayed = self.read(|reader| {
                     let (_, rules, _) = load(reader, task)?;
-                    Ok(rules.handed_back(&holder, token))
+                    Ok(rules.snoozed(&holder, token, delay, now))
                 })?;
-                replayed.ok_or(Error::Conflict {
-                    kind: ConflictKind::LeaseEnded,
-                    reason,
-                })
+                replayed.ok_or(Error::Conflict { kind, reason })
             }
             Err(error) => Err(error),
         }
@@ -1015,9 +1036,6 @@ fn duplicate(
     holder: &TaskRef,
     now: DateTime<Utc>,
 ) -> Result<Option<bool>, Error> {
-    if unique.rule.mode == UniqueMode::Keep {
-        return Ok(Some(false));
-    }
     let loaded = writer
         .lock_tasks(&[holder])?
         .pop()
@@ -1027,6 +1045,25 @@ fn duplicate(
         return Ok(None);
     }
     let mut rules = Task::restore(loaded.record)?;
+    if rules.past_deadline(now) {
+        // A holder past its deadline can never run: its end is recorded
+        // now (discarded, deadline_exceeded), which lets its slot go, and
+        // the enqueue takes the slot again.
+        let ended = apply(
+            writer,
+            loaded.handle,
+            loaded.unique_held,
+            &mut rules,
+            now,
+            |rules| Ok(rules.expire(now)),
+        )?;
+        if !ended.is_empty() && leaves_slot(loaded.unique_held, rules.record()) {
+            return Ok(None);
+        }
+    }
+    if unique.rule.mode == UniqueMode::Keep {
+        return Ok(Some(false));
+    }
     let seen = tessera_lease::Holder {
         waiting: rules.is_waiting(),
         enqueued_at: loaded.created_at,
@@ -1034,6 +1071,13 @@ fn duplicate(
     match decide_duplicate(unique.rule.mode, seen, prepared.record_not_before(), now) {
         Duplicate::Keep => Ok(Some(false)),
         Duplicate::Replace { not_before } => {
+            if !rules.can_run_from(not_before.unwrap_or(now)) {
+                return Err(Error::InvalidInput {
+                    reason: "this duplicate would move the waiting task's not-before time to or \
+                             past its deadline, where it could never run"
+                        .to_owned(),
+                });
+            }
             writer.replace_brief(loaded.handle, &prepared.bytes, prepared.format)?;
             apply(
                 writer,

@@ -98,7 +98,8 @@ impl WorkerOptions {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum WorkerNext {
     /// A task to work on, its lease live for at least the worker's
-    /// [`min_lease_left`](WorkerOptions::min_lease_left).
+    /// [`min_lease_left`](WorkerOptions::min_lease_left), or half its
+    /// lease's length if that is less.
     Task(Box<Claimed>),
     /// Nothing claimable: the buffer is empty and the claim found nothing
     /// to take. Ask again after `retry_after` (the claim's `Retry-After`);
@@ -166,7 +167,7 @@ pub struct WorkerStats {
 ///
 /// Buffered tasks hold live leases from the moment of their claim.
 /// [`heartbeat`](Self::heartbeat) extends every buffered lease by the
-/// store's lease duration in one transaction; a host calls it about once
+/// task's own lease length or else the store's in one transaction; a host calls it about once
 /// per third of the lease while tasks wait in the buffer (the leases of
 /// tasks handed out are the worker thread's to extend, with
 /// [`Store::heartbeat`]). [`next`](Self::next) never hands out a task
@@ -550,7 +551,8 @@ impl<S: Deref<Target = Store>> Worker<S> {
         }
     }
 
-    /// Extends every buffered lease by the store's lease duration, in one
+    /// Extends every buffered lease by its task's own lease length or else
+    /// the store's (never past a task's deadline), in one
     /// transaction with one audit row per lease, and returns how many it
     /// extended. A lease that can no longer be extended (cancelled,
     /// lapsed) leaves the buffer. Nothing buffered: nothing written.

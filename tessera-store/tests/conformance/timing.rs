@@ -315,10 +315,180 @@ fn a_snooze_is_fenced_spends_no_try_is_idempotent_and_audited(db: &TestDb) {
     assert!(snoozes.contains(&"ok"), "{snoozes:?}");
 }
 
+fn a_unique_key_held_by_a_task_past_its_deadline_goes_to_the_next_enqueue(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("unique"));
+    let unique = tessera_store::Uniqueness::new(tessera_store::UniqueKey::parse("report").unwrap());
+    let timed = EnqueueOptions::default()
+        .with_unique(unique.clone())
+        .with_timeout(10 * SECOND);
+    let plain = EnqueueOptions::default().with_unique(unique);
+    let dead = f
+        .store
+        .enqueue_one(&worker, &ns, &q, &json_brief(0), &timed)
+        .unwrap();
+    f.clock.advance(11 * SECOND);
+    // One at a time: the dead holder ends, and the enqueue makes a task.
+    let next = f
+        .store
+        .enqueue_one(&worker, &ns, &q, &json_brief(1), &plain)
+        .unwrap();
+    assert!(next.created, "a holder past its deadline holds nothing");
+    assert_eq!(states(&f, &worker, &dead.task), [DEADLINE_EXCEEDED]);
+    let claimed = f.claim(&worker, &ns, &q);
+    assert_eq!(claimed.task, next.task);
+    // And in a batch, likewise.
+    let other = tessera_store::Uniqueness::new(tessera_store::UniqueKey::parse("digest").unwrap());
+    let gone = f
+        .store
+        .enqueue_one(
+            &worker,
+            &ns,
+            &q,
+            &json_brief(2),
+            &EnqueueOptions::default()
+                .with_unique(other.clone())
+                .with_timeout(10 * SECOND),
+        )
+        .unwrap();
+    f.clock.advance(11 * SECOND);
+    let batch = f
+        .store
+        .enqueue_batch(
+            &worker,
+            &ns,
+            &q,
+            &[(json_brief(3), EnqueueOptions::default().with_unique(other))],
+        )
+        .unwrap();
+    assert!(batch[0].created, "{batch:?}");
+    assert_ne!(batch[0].task, gone.task);
+}
+
+fn a_duplicate_cannot_move_a_waiting_task_past_its_deadline(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("replaced"));
+    let mut unique =
+        tessera_store::Uniqueness::new(tessera_store::UniqueKey::parse("report").unwrap());
+    unique.mode = tessera_store::UniqueMode::Replace;
+    let first = f
+        .store
+        .enqueue_one(
+            &worker,
+            &ns,
+            &q,
+            &json_brief(0),
+            &EnqueueOptions::default()
+                .with_unique(unique.clone())
+                .with_timeout(5 * 60 * SECOND),
+        )
+        .unwrap();
+    let later = tessera_store::Clock::now_utc(&f.clock) + TimeDelta::minutes(10);
+    let refused = f
+        .store
+        .enqueue_one(
+            &worker,
+            &ns,
+            &q,
+            &json_brief(1),
+            &EnqueueOptions::default()
+                .with_unique(unique)
+                .with_not_before(later),
+        )
+        .unwrap_err();
+    assert_eq!(refused.status(), 400, "{refused}");
+    // The waiting task is as it was, and runs.
+    let claimed = f.claim(&worker, &ns, &q);
+    assert_eq!(claimed.task, first.task);
+}
+
+fn a_snooze_retried_answers_the_same_and_a_failure_is_no_snooze(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let (ns, q) = (namespace("renders"), queue("snoozes"));
+    let options = EnqueueOptions::default().with_lease_duration(30 * SECOND);
+    let snoozed = f
+        .store
+        .enqueue(&worker, &ns, &q, &json_brief(0), &options)
+        .unwrap();
+    let failed = f
+        .store
+        .enqueue(&worker, &ns, &q, &json_brief(1), &options)
+        .unwrap();
+    let first = f.claim(&worker, &ns, &q);
+    let second = f.claim(&worker, &ns, &q);
+    assert_eq!((&first.task, &second.task), (&snoozed, &failed));
+    f.clock.advance(10 * SECOND);
+    let delay = 10 * 60 * SECOND;
+    let state = f
+        .store
+        .snooze(&worker, &snoozed, first.lease.token(), delay)
+        .unwrap();
+    // A lease a failure report ended is not snoozed after the fact.
+    f.store
+        .fail(
+            &worker,
+            &failed,
+            second.lease.token(),
+            tessera_store::Retry::After(30 * SECOND),
+        )
+        .unwrap();
+    // Retried long after the lease would have expired: the same answer.
+    f.clock.advance(25 * SECOND);
+    assert_eq!(
+        f.store
+            .snooze(&worker, &snoozed, first.lease.token(), delay)
+            .unwrap(),
+        state
+    );
+    // Another delay is another snooze, which the lease cannot take now.
+    assert_eq!(
+        f.store
+            .snooze(&worker, &snoozed, first.lease.token(), SECOND)
+            .unwrap_err()
+            .status(),
+        409
+    );
+    let refused = f
+        .store
+        .snooze(&worker, &failed, second.lease.token(), 30 * SECOND)
+        .unwrap_err();
+    assert_eq!(refused.status(), 409, "{refused}");
+}
+
+fn a_schedule_takes_no_deadline(db: &TestDb) {
+    #[cfg(feature = "schedule")]
+    {
+        let f = Fixture::new(db);
+        let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+        let mut spec =
+            tessera_store::ScheduleSpec::new(queue("jobs"), "0 3 * * *", "UTC", json_brief(0));
+        spec.spec.deadline = Some(tessera_store::Clock::now_utc(&f.clock) + TimeDelta::hours(1));
+        let refused = f
+            .store
+            .put_schedule(
+                &worker,
+                &namespace("renders"),
+                &tessera_store::ScheduleName::parse("nightly").unwrap(),
+                &spec,
+            )
+            .unwrap_err();
+        assert_eq!(refused.status(), 400, "{refused}");
+    }
+    #[cfg(not(feature = "schedule"))]
+    let _ = db;
+}
+
 conformance! {
     each_claim_grants_a_task_its_own_lease_and_a_heartbeat_extends_by_it,
     a_deadline_bounds_grants_and_heartbeats_and_discards_what_is_not_done,
     a_partition_limited_queue_ends_a_task_past_its_deadline_and_grants_the_next,
     a_lease_or_deadline_out_of_bounds_is_refused_and_writes_nothing,
     a_snooze_is_fenced_spends_no_try_is_idempotent_and_audited,
+    a_unique_key_held_by_a_task_past_its_deadline_goes_to_the_next_enqueue,
+    a_duplicate_cannot_move_a_waiting_task_past_its_deadline,
+    a_snooze_retried_answers_the_same_and_a_failure_is_no_snooze,
+    a_schedule_takes_no_deadline,
 }

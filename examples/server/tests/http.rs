@@ -678,6 +678,8 @@ fn heartbeat_extends_and_submit_is_idempotent() {
     );
     assert_eq!(receipt.status, 200, "{}", receipt.text());
     assert_eq!(receipt.json()["receipt"]["token"], token);
+    // The output reads back as the JSON it was sent as, not as bytes.
+    assert_eq!(receipt.json()["output"], json!({ "pixels": 42 }));
     let alternatives = service.send(
         "GET",
         "/v1/ns/renders/tasks/frame-7/alternatives?version=2",
@@ -687,6 +689,7 @@ fn heartbeat_extends_and_submit_is_idempotent() {
     );
     assert_eq!(alternatives.status, 200, "{}", alternatives.text());
     assert_eq!(alternatives.json().as_array().unwrap().len(), 1);
+    assert_eq!(alternatives.json()[0]["output"], json!({ "pixels": 42 }));
 }
 
 #[test]

@@ -454,7 +454,27 @@ async fn alternatives(
     let receipts = state
         .call(move |store| store.alternatives(&caller, &task))
         .await?;
+    let receipts: Vec<Value> = receipts.iter().map(receipt_json).collect();
     Ok(Json(receipts).into_response())
+}
+
+/// A stored receipt as the routes answer it: its output as the JSON it
+/// was submitted as (every submission over HTTP or MCP is JSON); output
+/// bytes that are not JSON (a library's `Output::bytes`) as
+/// `output_base64`, with `output` null.
+pub(crate) fn receipt_json(stored: &tessera_store::StoredReceipt) -> Value {
+    use base64::Engine;
+    let mut value = json!({ "receipt": stored.receipt, "output": null });
+    if let Some(bytes) = &stored.output {
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(output) => value["output"] = output,
+            Err(_) => {
+                value["output_base64"] =
+                    json!(base64::engine::general_purpose::STANDARD.encode(bytes));
+            }
+        }
+    }
+    value
 }
 
 async fn read_receipt(
@@ -469,7 +489,7 @@ async fn read_receipt(
     let receipt = state
         .call(move |store| store.read_receipt(&caller, &task, attempt))
         .await?;
-    Ok(Json(receipt).into_response())
+    Ok(Json(receipt_json(&receipt)).into_response())
 }
 
 /// The body of an operator's cancel or retry.

@@ -390,6 +390,8 @@ pub enum DurationRule {
         /// The longest allowed duration in seconds.
         max_secs: u64,
     },
+    /// A debounce's delay is longer than its own maximum delay.
+    AboveMaxDelay,
 }
 
 impl fmt::Display for DurationRule {
@@ -397,6 +399,7 @@ impl fmt::Display for DurationRule {
         match self {
             Self::Zero => f.write_str("must not be zero"),
             Self::TooLong { max_secs } => write!(f, "longer than {max_secs} seconds"),
+            Self::AboveMaxDelay => f.write_str("delay longer than its max_delay"),
         }
     }
 }

@@ -188,9 +188,7 @@ impl Uniqueness {
             if delay > max_delay {
                 return Err(LeaseError::InvalidDuration {
                     field: Field::Debounce,
-                    rule: DurationRule::TooLong {
-                        max_secs: max_delay.as_secs(),
-                    },
+                    rule: DurationRule::AboveMaxDelay,
                 });
             }
         }

@@ -273,3 +273,16 @@ fn a_snooze_is_known_again_by_its_delay_and_a_failure_is_not() {
         .unwrap();
     assert_eq!(failed.snoozed(&holder, lease.token(), delay, later), None);
 }
+
+#[test]
+fn a_debounce_longer_than_its_maximum_says_so() {
+    let mut unique =
+        tessera_lease::Uniqueness::new(tessera_lease::UniqueKey::parse("report").unwrap());
+    unique.mode = tessera_lease::UniqueMode::Debounce {
+        delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(5),
+    };
+    let error = unique.validate().unwrap_err().to_string();
+    assert!(error.contains("longer than its max_delay"), "{error}");
+    assert!(!error.contains("0 seconds"), "{error}");
+}

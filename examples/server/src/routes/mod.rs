@@ -469,6 +469,11 @@ pub(crate) fn object(properties: Value, required: &[&str]) -> Value {
     for (name, property) in properties.as_object_mut().expect("properties") {
         if !required.contains(&name.as_str()) && property.get("type").is_some() {
             property["nullable"] = json!(true);
+            // OpenAPI 3.0 reads `nullable` beside an `enum` only if the
+            // enum lists null too.
+            if let Some(values) = property.get_mut("enum").and_then(Value::as_array_mut) {
+                values.push(Value::Null);
+            }
         }
     }
     let mut schema = json!({

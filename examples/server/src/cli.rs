@@ -37,6 +37,8 @@ pub(crate) struct Args {
     pub(crate) body_timeout: Duration,
     /// How log lines are written.
     pub(crate) log_format: crate::logs::LogFormat,
+    /// Whether anonymous sessions are off.
+    pub(crate) no_sessions: bool,
 }
 
 /// The program's name in its messages.
@@ -65,6 +67,7 @@ usage: tessera-server [OPTIONS]
                          ($TESSERA_LOG_FORMAT); RUST_LOG filters (default info)
   --no-scheduler         run no scheduler here: periodic schedules fire only from
                          other processes' schedulers or POST /v1/schedules/fire
+  --no-sessions          mint no anonymous sessions (POST /v1/sessions is 404)
   --help                 this text
 
 Admission settings come from TESSERA_CLAIM_* (see AdmissionConfig::from_env).
@@ -91,6 +94,7 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
             Ok(text) => text.parse()?,
             Err(_) => crate::logs::LogFormat::Text,
         },
+        no_sessions: false,
     };
     let mut words = words.into_iter();
     while let Some(word) = words.next() {
@@ -119,6 +123,7 @@ pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Opti
             "--admin-key-file" => args.admin_key_file = PathBuf::from(value()?),
             "--new-admin-key" => args.new_admin_key = true,
             "--no-scheduler" => args.no_scheduler = true,
+            "--no-sessions" => args.no_sessions = true,
             "--log-format" => args.log_format = value()?.parse()?,
             "--header-timeout" => {
                 args.header_timeout = Duration::from_secs(positive(&word, &value()?)?);

@@ -73,6 +73,7 @@ async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
         public: crate::routes::PublicOptions::new(args.public.clone(), admission.max_pending),
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
+        sessions: !args.no_sessions,
     };
     // Opening and key making are blocking store calls: off the runtime's
     // threads, as every store call is.

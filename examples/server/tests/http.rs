@@ -558,6 +558,33 @@ fn an_unknown_query_parameter_is_ignored_and_an_unknown_body_field_refused() {
 }
 
 #[test]
+fn a_session_lasts_the_store_s_lifetime_and_a_flag_turns_them_off() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let minted = service.send("POST", "/v1/sessions", None, &[], None);
+    assert_eq!(minted.status, 201, "{}", minted.text());
+    // 24 hours from the service's clock, as the document says.
+    assert_eq!(minted.json()["expires_at"], "2026-10-30T12:00:00Z");
+    let document = service
+        .send("GET", "/v1/openapi.json", None, &[], None)
+        .text();
+    assert!(
+        document.contains("24 hours by default"),
+        "the document says how long"
+    );
+    let off = Service::start_with(
+        AdmissionConfig::default(),
+        START,
+        tessera_server::ServeOptions {
+            sessions: false,
+            ..tessera_server::ServeOptions::default()
+        },
+    );
+    let refused = off.send("POST", "/v1/sessions", None, &[], None);
+    assert_eq!(refused.status, 404, "{}", refused.text());
+    assert_eq!(refused.error_code(), "not_found");
+}
+
+#[test]
 fn overload_is_429_with_retry_after() {
     let legacy_quota = AdmissionConfig {
         claims_per_minute: 1,

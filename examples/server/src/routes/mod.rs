@@ -230,6 +230,8 @@ pub struct AppState {
     pub(crate) max_long_poll: std::time::Duration,
     /// The namespaces anyone may read, and the admission's pending bound.
     pub(crate) public: PublicOptions,
+    /// Whether anonymous sessions may be minted.
+    pub(crate) sessions: bool,
 }
 
 impl AppState {
@@ -344,6 +346,9 @@ pub struct ServeOptions {
     /// The longest a client may take to send a request's body once its
     /// headers are in: `408 request_timeout` past it (default 30 s).
     pub body_timeout: std::time::Duration,
+    /// Whether anyone may mint an anonymous session (`POST /v1/sessions`;
+    /// default on).
+    pub sessions: bool,
 }
 
 impl Default for ServeOptions {
@@ -353,6 +358,7 @@ impl Default for ServeOptions {
             public: PublicOptions::default(),
             header_timeout: std::time::Duration::from_secs(10),
             body_timeout: std::time::Duration::from_secs(30),
+            sessions: true,
         }
     }
 }
@@ -378,6 +384,7 @@ pub async fn serve_until(
         closing,
         max_long_poll: options.max_long_poll,
         public: options.public,
+        sessions: options.sessions,
     });
     let router = app(state.clone());
     let mut http = hyper::server::conn::http1::Builder::new();

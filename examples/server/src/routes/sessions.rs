@@ -21,7 +21,7 @@ pub(super) fn routes() -> Vec<Route> {
         Some("mint_session"),
         Doc::new(
             "mint_session",
-            "an anonymous session: a key with every scope in a namespace of its own, for an hour; limited per address",
+            "an anonymous session: a key with every scope in a namespace of its own, for the store's session lifetime (24 hours by default); limited per address; 404 on a server started with --no-sessions",
         )
         .answers(
             "201",
@@ -36,6 +36,13 @@ async fn mint_session(
     State(state): State<Arc<AppState>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
 ) -> Result<Response, ApiError> {
+    if !state.sessions {
+        return Err(ApiError::http(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "anonymous sessions are off on this server",
+        ));
+    }
     let session = state
         .call(move |store| store.mint_session(peer.ip()))
         .await?;

@@ -1,156 +1,205 @@
-//! The command line.
+//! The command line: every flag also from an environment variable, in
+//! the usual conventions (`--port=8080` or `--port 8080`, `--help`,
+//! `--version`).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::Parser;
 use tessera_store::Namespace;
 
-/// What the command line asks for.
-#[derive(Debug, Clone)]
-pub(crate) struct Args {
-    pub(crate) port: u16,
-    pub(crate) bind: IpAddr,
-    pub(crate) db: PathBuf,
-    /// A PostgreSQL URL; the SQLite file is used without one.
-    pub(crate) postgres: Option<String>,
-    /// The PostgreSQL schema the store's tables are in.
-    pub(crate) schema: Option<String>,
-    /// Namespaces whose health anyone may read.
-    pub(crate) public: Vec<Namespace>,
-    /// The rows-written allowance a day; unlimited without it.
-    pub(crate) daily_rows: Option<u64>,
-    /// The SQLite file's cap in pages; past it writes are `503`.
-    pub(crate) page_cap: Option<u64>,
-    /// Where the admin key is kept.
-    pub(crate) admin_key_file: PathBuf,
-    /// Make another admin key even if the file's still works.
-    pub(crate) new_admin_key: bool,
-    /// The longest a long-poll waits here.
-    pub(crate) max_long_poll: Duration,
-    /// Whether this process runs no scheduler of its own.
-    pub(crate) no_scheduler: bool,
-    /// The longest a client may take over a request's headers, or a
-    /// kept-alive connection may sit idle.
-    pub(crate) header_timeout: Duration,
-    /// The longest a client may take over a request's body.
-    pub(crate) body_timeout: Duration,
-    /// How log lines are written.
-    pub(crate) log_format: crate::logs::LogFormat,
-    /// Whether anonymous sessions are off.
-    pub(crate) no_sessions: bool,
-}
+use crate::logs::LogFormat;
 
 /// The program's name in its messages.
 pub(crate) const PROGRAM: &str = "tessera-server";
 
-pub(crate) const USAGE: &str = "\
-usage: tessera-server [OPTIONS]
-
-  --port PORT            the port to listen on (default 8080; 0 picks a free one)
-  --bind ADDRESS         the address to listen on (default 127.0.0.1)
-  --db PATH              the SQLite file (default tessera.db)
-  --postgres URL         serve from PostgreSQL instead ($TESSERA_POSTGRES_URL by default)
-  --schema NAME          the PostgreSQL schema of the store's tables
-  --public NAMESPACE     a namespace whose health anyone may read (repeatable)
-  --daily-rows N         refuse writes (503) past N rows written a day
-  --page-cap N           refuse writes (503) past N pages of the SQLite file
-  --admin-key-file F     where the admin key is kept (default tessera-admin.key):
-                         made and printed once, then kept while it works
-  --new-admin-key        make and print another admin key (the file gets it)
-  --long-poll-max SECS   the longest a long-poll waits here (default 30)
-  --header-timeout SECS  the longest a client may take to send a request's headers,
-                         and a kept-alive connection may sit idle (default 10)
-  --body-timeout SECS    the longest a client may take to send a request's body
-                         (default 30; past it 408 request_timeout)
-  --log-format FORMAT    text (default) or json: one JSON object a line
-                         ($TESSERA_LOG_FORMAT); RUST_LOG filters (default info)
-  --no-scheduler         run no scheduler here: periodic schedules fire only from
-                         other processes' schedulers or POST /v1/schedules/fire
-  --no-sessions          mint no anonymous sessions (POST /v1/sessions is 404)
-  --help                 this text
-
-Admission settings come from TESSERA_CLAIM_* (see AdmissionConfig::from_env).
-SIGTERM or Ctrl-C shuts down gracefully and exits 0.";
-
-/// What the command line asks for; `Ok(None)` for `--help`.
-pub(crate) fn parse_args(words: impl IntoIterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut args = Args {
-        port: 8080,
-        bind: Ipv4Addr::LOCALHOST.into(),
-        db: PathBuf::from("tessera.db"),
-        postgres: std::env::var("TESSERA_POSTGRES_URL").ok(),
-        schema: None,
-        public: Vec::new(),
-        daily_rows: None,
-        page_cap: None,
-        admin_key_file: PathBuf::from("tessera-admin.key"),
-        new_admin_key: false,
-        max_long_poll: Duration::from_secs(30),
-        no_scheduler: false,
-        header_timeout: Duration::from_secs(10),
-        body_timeout: Duration::from_secs(30),
-        log_format: match std::env::var("TESSERA_LOG_FORMAT") {
-            Ok(text) => text.parse()?,
-            Err(_) => crate::logs::LogFormat::Text,
-        },
-        no_sessions: false,
-    };
-    let mut words = words.into_iter();
-    while let Some(word) = words.next() {
-        let mut value = || words.next().ok_or(format!("{word} needs a value"));
-        match word.as_str() {
-            "--help" | "-h" => return Ok(None),
-            "--port" => args.port = number(&word, &value()?)?,
-            "--bind" => {
-                let text = value()?;
-                args.bind = text
-                    .parse()
-                    .map_err(|_| format!("--bind: {text:?} is not an address"))?;
-            }
-            "--db" => args.db = PathBuf::from(value()?),
-            "--postgres" => args.postgres = Some(value()?),
-            "--schema" => args.schema = Some(value()?),
-            "--public" => {
-                let text = value()?;
-                args.public.push(
-                    Namespace::parse(&text)
-                        .map_err(|error| format!("--public {text:?}: {error}"))?,
-                );
-            }
-            "--daily-rows" => args.daily_rows = Some(number(&word, &value()?)?),
-            "--page-cap" => args.page_cap = Some(number(&word, &value()?)?),
-            "--admin-key-file" => args.admin_key_file = PathBuf::from(value()?),
-            "--new-admin-key" => args.new_admin_key = true,
-            "--no-scheduler" => args.no_scheduler = true,
-            "--no-sessions" => args.no_sessions = true,
-            "--log-format" => args.log_format = value()?.parse()?,
-            "--header-timeout" => {
-                args.header_timeout = Duration::from_secs(positive(&word, &value()?)?);
-            }
-            "--body-timeout" => {
-                args.body_timeout = Duration::from_secs(positive(&word, &value()?)?);
-            }
-            "--long-poll-max" => {
-                let seconds: u64 = number(&word, &value()?)?;
-                args.max_long_poll =
-                    Duration::from_secs(seconds).min(tessera_store::limits::MAX_LONG_POLL);
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(Some(args))
+/// Tessera over HTTP: every store operation a route, with its OpenAPI
+/// document, MCP at /mcp and a board at /board.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = PROGRAM,
+    version,
+    after_help = "Admission settings come from TESSERA_CLAIM_* (see AdmissionConfig::from_env). \
+                  SIGTERM or Ctrl-C shuts down gracefully and exits 0."
+)]
+pub(crate) struct Args {
+    /// The port to listen on (0 picks a free one).
+    #[arg(long, env = "TESSERA_PORT", default_value_t = 8080)]
+    pub(crate) port: u16,
+    /// The address or host name to listen on.
+    #[arg(long, env = "TESSERA_BIND", default_value = "127.0.0.1")]
+    pub(crate) bind: String,
+    /// The SQLite file.
+    #[arg(long, env = "TESSERA_DB", default_value = "tessera.db")]
+    pub(crate) db: PathBuf,
+    /// Serve from PostgreSQL instead (a URL or key=value words).
+    #[arg(long, env = "TESSERA_POSTGRES_URL", hide_env_values = true)]
+    pub(crate) postgres: Option<String>,
+    /// A file holding the PostgreSQL password, so it shows neither in the
+    /// URL nor in `ps`.
+    #[arg(long, env = "TESSERA_POSTGRES_PASSWORD_FILE")]
+    pub(crate) postgres_password_file: Option<PathBuf>,
+    /// The PostgreSQL schema of the store's tables.
+    #[arg(long, env = "TESSERA_SCHEMA")]
+    pub(crate) schema: Option<String>,
+    /// A namespace whose health anyone may read (repeatable; comma-separated
+    /// in the environment).
+    #[arg(long, env = "TESSERA_PUBLIC", value_delimiter = ',', value_parser = namespace)]
+    pub(crate) public: Vec<Namespace>,
+    /// Refuse writes (503) past N rows written a day.
+    #[arg(long, env = "TESSERA_DAILY_ROWS")]
+    pub(crate) daily_rows: Option<u64>,
+    /// Refuse writes (503) past N pages of the SQLite file.
+    #[arg(long, env = "TESSERA_PAGE_CAP")]
+    pub(crate) page_cap: Option<u64>,
+    /// Where the admin key is kept: made and printed once, then kept while
+    /// it works.
+    #[arg(
+        long,
+        env = "TESSERA_ADMIN_KEY_FILE",
+        default_value = "tessera-admin.key"
+    )]
+    pub(crate) admin_key_file: PathBuf,
+    /// Make and print another admin key, and revoke the one the file held.
+    #[arg(long, env = "TESSERA_NEW_ADMIN_KEY")]
+    pub(crate) new_admin_key: bool,
+    /// The longest a long-poll waits here, in seconds (at most the store's
+    /// limit).
+    #[arg(long = "long-poll-max", env = "TESSERA_LONG_POLL_MAX", value_name = "SECS",
+          default_value = "30", value_parser = long_poll)]
+    pub(crate) max_long_poll: Duration,
+    /// Run no scheduler here: periodic schedules fire only from other
+    /// processes' schedulers or POST /v1/schedules/fire.
+    #[arg(long, env = "TESSERA_NO_SCHEDULER")]
+    pub(crate) no_scheduler: bool,
+    /// The longest a client may take to send a request's headers, and a
+    /// kept-alive connection may sit idle, in seconds.
+    #[arg(long, env = "TESSERA_HEADER_TIMEOUT", value_name = "SECS", default_value = "10",
+          value_parser = seconds)]
+    pub(crate) header_timeout: Duration,
+    /// The longest a client may take to send a request's body, in seconds
+    /// (past it: 408 request_timeout).
+    #[arg(long, env = "TESSERA_BODY_TIMEOUT", value_name = "SECS", default_value = "30",
+          value_parser = seconds)]
+    pub(crate) body_timeout: Duration,
+    /// Log lines as text, or one JSON object a line; RUST_LOG filters them
+    /// (default info).
+    #[arg(long, env = "TESSERA_LOG_FORMAT", default_value = "text", value_parser = log_format)]
+    pub(crate) log_format: LogFormat,
+    /// Mint no anonymous sessions (POST /v1/sessions is 404).
+    #[arg(long, env = "TESSERA_NO_SESSIONS")]
+    pub(crate) no_sessions: bool,
 }
 
-/// A whole number of seconds, at least 1.
-fn positive(flag: &str, text: &str) -> Result<u64, String> {
-    match number::<u64>(flag, text)? {
-        0 => Err(format!("{flag}: at least 1 second")),
-        seconds => Ok(seconds),
+impl Args {
+    /// The address to listen on: `--bind` resolved (a host name too) with
+    /// `--port`.
+    pub(crate) fn address(&self) -> Result<SocketAddr, String> {
+        use std::net::ToSocketAddrs;
+        (self.bind.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|error| format!("--bind {:?}: {error}", self.bind))?
+            .next()
+            .ok_or_else(|| format!("--bind {:?}: no address", self.bind))
+    }
+
+    /// The PostgreSQL connection string, with the password from
+    /// `--postgres-password-file` if one is given.
+    pub(crate) fn postgres_url(&self) -> Result<Option<String>, String> {
+        let Some(url) = &self.postgres else {
+            return Ok(None);
+        };
+        let Some(file) = &self.postgres_password_file else {
+            return Ok(Some(url.clone()));
+        };
+        let password = std::fs::read_to_string(file)
+            .map_err(|error| format!("--postgres-password-file {}: {error}", file.display()))?;
+        let password = password.trim_end_matches(['\n', '\r']);
+        Ok(Some(with_password(url, password)))
     }
 }
 
-fn number<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, String> {
+/// `url` with `password`: a URL gets it in its authority (encoded), a
+/// `key=value` string a `password=` word.
+fn with_password(url: &str, password: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let encoded: String = password
+            .bytes()
+            .map(|byte| match byte {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    char::from(byte).to_string()
+                }
+                _ => format!("%{byte:02X}"),
+            })
+            .collect();
+        let (authority, tail) = match rest.find(['/', '?']) {
+            Some(end) => rest.split_at(end),
+            None => (rest, ""),
+        };
+        let (user, host) = match authority.rsplit_once('@') {
+            Some((user, host)) => (user.split(':').next().unwrap_or_default(), host),
+            None => ("", authority),
+        };
+        return format!("{scheme}://{user}:{encoded}@{host}{tail}");
+    }
+    let quoted = password.replace('\\', "\\\\").replace('\'', "\\'");
+    format!("{url} password='{quoted}'")
+}
+
+fn namespace(text: &str) -> Result<Namespace, String> {
+    Namespace::parse(text).map_err(|error| error.to_string())
+}
+
+fn seconds(text: &str) -> Result<Duration, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("at least 1 second".to_owned()),
+        Ok(seconds) => Ok(Duration::from_secs(seconds)),
+        Err(_) => Err(format!("{text:?} is not a whole number of seconds")),
+    }
+}
+
+fn long_poll(text: &str) -> Result<Duration, String> {
+    let seconds: u64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number of seconds"))?;
+    Ok(Duration::from_secs(seconds).min(tessera_store::limits::MAX_LONG_POLL))
+}
+
+fn log_format(text: &str) -> Result<LogFormat, String> {
     text.parse()
-        .map_err(|_| format!("{flag}: {text:?} is not a number in range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Args, with_password};
+    use clap::Parser;
+
+    #[test]
+    fn flags_take_the_usual_forms() {
+        let args =
+            Args::try_parse_from(["tessera-server", "--port=9090", "--bind", "localhost"]).unwrap();
+        assert_eq!(args.port, 9090);
+        assert!(args.address().unwrap().ip().is_loopback());
+        let args = Args::try_parse_from(["tessera-server", "--public", "a", "--public=b"]).unwrap();
+        assert_eq!(args.public.len(), 2);
+        assert!(Args::try_parse_from(["tessera-server", "--port", "many"]).is_err());
+        assert!(Args::try_parse_from(["tessera-server", "--header-timeout", "0"]).is_err());
+    }
+
+    #[test]
+    fn a_password_from_a_file_joins_the_url() {
+        assert_eq!(
+            with_password("postgres://u@h:5432/d?sslmode=require", "p@ss word"),
+            "postgres://u:p%40ss%20word@h:5432/d?sslmode=require"
+        );
+        assert_eq!(
+            with_password("postgres://u:old@h/d", "new"),
+            "postgres://u:new@h/d"
+        );
+        assert_eq!(
+            with_password("host=h user=u", "it's"),
+            "host=h user=u password='it\\'s'"
+        );
+    }
 }

@@ -13,7 +13,7 @@ use tessera_store::sqlite::SqliteOptions;
 use tessera_store::{AdmissionConfig, IssuedKey, Store, StoreConfig};
 use tokio::net::TcpListener;
 
-use crate::cli::{Args, PROGRAM, USAGE, parse_args};
+use crate::cli::{Args, PROGRAM};
 use crate::routes::{ServeOptions, serve_until};
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -22,14 +22,24 @@ type Failure = Box<dyn std::error::Error + Send + Sync>;
 /// and exits 0 after a graceful shutdown (2 for a bad command line or
 /// setting, 1 when the server cannot start or fails).
 pub fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
+    let args = match <Args as clap::Parser>::try_parse() {
+        Ok(args) => args,
+        Err(error) => {
+            // `--help` and `--version` print and exit 0; a bad command
+            // line prints what was wrong and exits 2.
+            let _ = error.print();
+            return match error.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::from(2),
+            };
         }
+    };
+    let address = match args.address() {
+        Ok(address) => address,
         Err(problem) => {
-            eprintln!("{PROGRAM}: {problem}\n\n{USAGE}");
+            eprintln!("{PROGRAM}: {problem}");
             return ExitCode::from(2);
         }
     };
@@ -50,7 +60,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(run(args, admission));
+    let result = runtime.block_on(run(args, address, admission));
     // A long-poll the shutdown answered may still hold a blocking thread
     // until its timeout; its store handle is dropped there, off the
     // runtime's workers.
@@ -64,10 +74,9 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args, admission: AdmissionConfig) -> Result<(), Failure> {
+async fn run(args: Args, address: SocketAddr, admission: AdmissionConfig) -> Result<(), Failure> {
     crate::logs::init(args.log_format);
     crate::metrics::prometheus();
-    let address = SocketAddr::from((args.bind, args.port));
     let options = ServeOptions {
         max_long_poll: args.max_long_poll,
         public: crate::routes::PublicOptions::new(args.public.clone(), admission.max_pending),
@@ -180,7 +189,7 @@ fn open(args: &Args, admission: AdmissionConfig) -> Result<Opened, Failure> {
         Some(rows) => config.with_daily_rows_written_allowance(rows),
         None => config,
     };
-    let (store, database) = match &args.postgres {
+    let (store, database) = match &args.postgres_url()? {
         Some(url) => {
             let mut options = PostgresOptions::new(url.as_str());
             let mut database = format!("PostgreSQL {}", without_password(url));

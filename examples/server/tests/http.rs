@@ -1798,9 +1798,22 @@ fn the_program_explains_its_flags() {
     assert_eq!(wrong.status.code(), Some(2));
     let said = String::from_utf8_lossy(&wrong.stderr);
     assert!(
-        said.starts_with("tessera-server: --port: \"many\""),
+        said.contains("invalid value 'many' for '--port <PORT>'"),
         "{said}"
     );
+    // The usual conventions: --flag=value, a host name, --version, and
+    // every flag from the environment.
+    let version = std::process::Command::new(PROGRAM)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(version.status.success(), "{version:?}");
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("tessera-server "));
+    let from_env = std::process::Command::new(PROGRAM)
+        .env("TESSERA_PORT", "many")
+        .output()
+        .unwrap();
+    assert_eq!(from_env.status.code(), Some(2), "{from_env:?}");
     let setting = std::process::Command::new(PROGRAM)
         .env("TESSERA_CLAIM_MAX_PENDING", "abc")
         .output()

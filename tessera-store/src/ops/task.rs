@@ -634,10 +634,12 @@ impl Store {
     ///
     /// Fenced as a submission is: only the live lease `token`, held by
     /// the caller, is snoozed (`409 stale_token`, `lease_expired`, …
-    /// otherwise, and nothing changes). Idempotent: a snooze retried
-    /// after its first call took effect (a lost answer) answers the state
-    /// the attempt waits in, as long as it was not granted again, and
-    /// changes nothing. Needs the `claim` scope; audited as `snooze`.
+    /// otherwise, and nothing changes). Idempotent: the same snooze (token
+    /// and delay) retried after its first call took effect (a lost
+    /// answer) answers the state the attempt waits in, as long as it was
+    /// not granted again, and changes nothing; a lease a failure report
+    /// ended is not snoozed after the fact. The snooze ends the lease at
+    /// its time: a heartbeat under it then is `409`. Needs the `claim` scope; audited as `snooze`.
     pub fn snooze(
         &self,
         caller: &Caller,

@@ -110,7 +110,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/ns/{ns}/tasks/{task}/snooze",
             Some("snooze"),
-            task_doc(Doc::new("snooze", "hand a leased task back to its queue, claimable again after `delay_ms`, without spending the try its lease took; fenced as a submit, and a retried snooze answers the state its first call left"))
+            task_doc(Doc::new("snooze", "hand a leased task back to its queue, claimable again after `delay_ms`, without spending the try its lease took; fenced as a submit, and the same snooze retried (token and delay) answers the state its first call left"))
                 .keyed()
                 .gone()
                 .body(object(snoozed, &["version", "token", "delay_ms"]))

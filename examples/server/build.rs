@@ -3,7 +3,8 @@
 //!
 //! - `no_test_postgres`: `TESSERA_TEST_POSTGRES_URL` is unset;
 //! - `no_chromium`: no `chromium` on the `PATH` (the board's browser test
-//!   drives Debian's).
+//!   drives Debian's);
+//! - `no_curl`: no `curl` on the `PATH` (the README's walkthrough runs it).
 
 use std::path::Path;
 
@@ -16,6 +17,10 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(no_chromium)");
     println!("cargo::rerun-if-env-changed=PATH");
     let path = std::env::var_os("PATH").unwrap_or_default();
+    println!("cargo::rustc-check-cfg=cfg(no_curl)");
+    if !std::env::split_paths(&path).any(|dir| dir.join("curl").is_file()) {
+        println!("cargo::rustc-cfg=no_curl");
+    }
     let found = std::env::split_paths(&path).find(|dir| dir.join("chromium").is_file());
     match found {
         // Looked at again if it goes.

@@ -1965,6 +1965,41 @@ fn each_request_is_one_json_access_line_and_the_scrape_has_its_families() {
 }
 
 #[test]
+#[cfg_attr(no_curl, ignore = "needs curl on the PATH")]
+fn the_readme_walkthrough_runs_from_an_admin_key_to_a_receipt() {
+    let readme = include_str!("../README.md");
+    let block = readme
+        .split_once("<!-- walkthrough: begins -->")
+        .and_then(|(_, rest)| rest.split_once("<!-- walkthrough: ends -->"))
+        .map(|(block, _)| block)
+        .expect("the README's walkthrough");
+    let script = block
+        .trim()
+        .strip_prefix("```sh")
+        .and_then(|rest| rest.strip_suffix("```"))
+        .expect("a sh block");
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("tessera-admin.key");
+    let process = Process::start(
+        &["--db", dir.path().join("t.db").to_str().unwrap()],
+        &key_file,
+    );
+    let ran = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir.path())
+        .env("BASE", format!("http://{}", process.address))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&ran.stdout);
+    assert!(
+        ran.status.success(),
+        "{said}\n{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(said.contains(r#""output":{"pixels":42}"#), "{said}");
+}
+
+#[test]
 fn the_admin_key_is_made_once_and_another_on_request() {
     let dir = tempfile::tempdir().unwrap();
     let (db, key_file) = (dir.path().join("t.db"), dir.path().join("admin.key"));

@@ -223,6 +223,34 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::PURGE_ENDED_SLOTS,
     },
     HotStatement {
+        name: "a finished task's place",
+        sql: tasks::TASK_PLACE,
+    },
+    HotStatement {
+        name: "a finished task's attempt ends",
+        sql: tasks::ATTEMPT_ENDS,
+    },
+    HotStatement {
+        name: "purge a task's receipts",
+        sql: tasks::DELETE_TASK[0],
+    },
+    HotStatement {
+        name: "purge a task's attempts",
+        sql: tasks::DELETE_TASK[1],
+    },
+    HotStatement {
+        name: "purge a task's unique slot",
+        sql: tasks::DELETE_TASK[2],
+    },
+    HotStatement {
+        name: "purge a task",
+        sql: tasks::DELETE_TASK[3],
+    },
+    HotStatement {
+        name: "trim a schedule's fires",
+        sql: schedules::TRIM_FIRES,
+    },
+    HotStatement {
         name: "namespace names",
         sql: tasks::NAMESPACE_NAMES,
     },

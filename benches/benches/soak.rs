@@ -276,20 +276,26 @@ impl Probe {
                 url,
                 client,
                 schema,
-            } => loop {
+            } => {
                 // A server restarted under the run (another test's, say)
-                // breaks the connection: connect again and read again.
-                match postgres_size(client, schema) {
-                    Ok(size) => break size,
-                    Err(error) => {
-                        eprintln!("soak: reading the sizes failed ({error}); connecting again");
-                        thread::sleep(Duration::from_secs(1));
-                        if let Ok(again) = postgres::Client::connect(url, postgres::NoTls) {
-                            *client = again;
+                // breaks the connection: connect again and read again, for
+                // a minute.
+                let mut tries = 0;
+                loop {
+                    match postgres_size(client, schema) {
+                        Ok(size) => break size,
+                        Err(error) if tries < 60 => {
+                            eprintln!("soak: reading the sizes failed ({error}); connecting again");
+                            tries += 1;
+                            thread::sleep(Duration::from_secs(1));
+                            if let Ok(again) = postgres::Client::connect(url, postgres::NoTls) {
+                                *client = again;
+                            }
                         }
+                        Err(error) => panic!("the server is gone: {error}"),
                     }
                 }
-            },
+            }
         };
         size.probe = began.elapsed();
         size

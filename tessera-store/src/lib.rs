@@ -240,7 +240,7 @@ pub use model::access::{
 pub use model::audit::{AuditCursor, AuditPage, AuditQuery, Maintenance, RetentionSummary};
 pub use model::bulk::{AttemptProgress, BulkFilter};
 pub use model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason};
-pub use model::health::{HealthSnapshot, StateCounts};
+pub use model::health::{HealthSnapshot, QueueDepth, StateCounts};
 pub use model::queue::{QueueRetention, QueueSettings};
 #[cfg(feature = "schedule")]
 pub use model::schedule::{Fired, SchedulePage, ScheduleSpec, ScheduleView};

@@ -31,6 +31,10 @@ const HELP: &[(&str, &str)] = &[
         "tessera_attempts",
         "attempts by namespace and state, from the latest health snapshot held",
     ),
+    (
+        "tessera_queue_depth",
+        "unfinished tasks by namespace, queue and state (ready, delayed, leased), from the latest health snapshot held",
+    ),
     ("tessera_claims_granted_total", "leases granted by claims"),
     (
         "tessera_claims_empty_total",
@@ -124,19 +128,49 @@ fn describe(name: &'static str, help: &'static str) {
 pub(crate) async fn metrics_text(
     axum::extract::State(state): axum::extract::State<std::sync::Arc<crate::routes::AppState>>,
 ) -> Response {
+    // A queue reported before and gone from its snapshot since reads 0.
+    static REPORTED: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut reported = REPORTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut now = Vec::new();
     for snapshot in state.store.cached_health() {
+        let namespace = snapshot.namespace.as_str();
         let counts = serde_json::to_value(snapshot.attempts).unwrap_or_default();
         for (state_name, count) in counts.as_object().into_iter().flatten() {
             metrics::gauge!(
                 "tessera_attempts",
-                "namespace" => snapshot.namespace.as_str().to_owned(),
+                "namespace" => namespace.to_owned(),
                 "state" => state_name.clone(),
             )
             .set(count.as_f64().unwrap_or(0.0));
         }
+        for depth in &snapshot.depths {
+            let queue = (namespace.to_owned(), depth.queue.as_str().to_owned());
+            queue_depth(&queue, [depth.ready, depth.delayed, depth.leased]);
+            now.push(queue);
+        }
     }
+    for gone in reported.iter().filter(|queue| !now.contains(queue)) {
+        queue_depth(gone, [0, 0, 0]);
+    }
+    *reported = now;
+    drop(reported);
     let text = prometheus().render();
     ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Sets one queue's depth gauges: ready, delayed and leased.
+fn queue_depth((namespace, queue): &(String, String), counts: [u64; 3]) {
+    for (state, count) in ["ready", "delayed", "leased"].into_iter().zip(counts) {
+        metrics::gauge!(
+            "tessera_queue_depth",
+            "namespace" => namespace.clone(),
+            "queue" => queue.clone(),
+            "state" => state,
+        )
+        .set(count as f64);
+    }
 }
 
 /// Counts and times one answered request.

@@ -1939,6 +1939,9 @@ fn each_request_is_one_json_access_line_and_the_scrape_has_its_families() {
         "tessera_http_request_duration_seconds_bucket{",
         "# TYPE tessera_retention_tasks_purged_total counter",
         "tessera_attempts{namespace=\"renders\",state=\"ready\"} 1",
+        "# TYPE tessera_queue_depth gauge",
+        "tessera_queue_depth{namespace=\"renders\",queue=\"frames\",state=\"ready\"} 1",
+        "tessera_queue_depth{namespace=\"renders\",queue=\"frames\",state=\"leased\"} 0",
     ] {
         assert!(scrape.contains(family), "{family} in:\n{scrape}");
     }

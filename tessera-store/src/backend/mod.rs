@@ -36,7 +36,7 @@ use crate::meter::MeterSnapshot;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::audit::AuditCursor;
 use crate::model::bulk::{BulkFilter, BulkPosition};
-use crate::model::health::StateCounts;
+use crate::model::health::{QueueDepth, StateCounts};
 use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
@@ -657,6 +657,11 @@ pub(crate) trait ReadTransaction {
         namespace: &Namespace,
         queue: &QueueName,
     ) -> Result<Option<QueueSettings>>;
+
+    /// Every queue of `namespace` with unfinished tasks, by name: its
+    /// tasks claimable at `now`, those claimable later, and its leases.
+    /// Reads the claim order and the lease index only.
+    fn queue_depths(&self, namespace: &Namespace, now: DateTime<Utc>) -> Result<Vec<QueueDepth>>;
 
     /// Every stored queue setting of a namespace, by queue name.
     fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>>;

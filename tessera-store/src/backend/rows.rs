@@ -19,7 +19,7 @@ use crate::key::KeyId;
 use crate::model::access::{Grant, KeyInfo, PrincipalId, PrincipalKind, Scope};
 use crate::model::audit::AuditCursor;
 use crate::model::bulk::{BulkFilter, BulkPosition};
-use crate::model::health::StateCounts;
+use crate::model::health::{QueueDepth, StateCounts};
 use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
@@ -646,6 +646,34 @@ pub(crate) fn state_counts(by_state: Vec<(String, i64)>) -> Result<StateCounts> 
         }
     }
     Ok(attempts)
+}
+
+/// Queue depths from the two reads behind them: per queue, the claim
+/// order's entries claimable now and later, and the live leases.
+pub(crate) fn queue_depths(
+    claimable: Vec<(String, i64, i64)>,
+    leased: Vec<(String, i64)>,
+) -> Result<Vec<QueueDepth>> {
+    let mut depths = std::collections::BTreeMap::<String, QueueDepth>::new();
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    fn depth(
+        depths: &mut std::collections::BTreeMap<String, QueueDepth>,
+        queue: String,
+    ) -> Result<&mut QueueDepth> {
+        let name = QueueName::parse(&queue).map_err(|_| corrupt("a task's queue"))?;
+        Ok(depths
+            .entry(queue)
+            .or_insert_with(|| QueueDepth::empty(name)))
+    }
+    for (queue, now, later) in claimable {
+        let entry = depth(&mut depths, queue)?;
+        entry.ready += count(now);
+        entry.delayed += count(later);
+    }
+    for (queue, leases) in leased {
+        depth(&mut depths, queue)?.leased += count(leases);
+    }
+    Ok(depths.into_values().collect())
 }
 
 /// The grant an attempt's lease names: all of it but the expiry.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tessera_lease::Namespace;
+use tessera_lease::{Namespace, QueueName};
 
 use crate::model::queue::QueueSettings;
 
@@ -50,6 +50,36 @@ impl StateCounts {
     }
 }
 
+/// One queue's depth: its unfinished tasks, by whether a claim could take
+/// them now.
+///
+/// Read from the claim order and the lease index alone, so taking it costs
+/// one index entry per unfinished task and none per finished one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct QueueDepth {
+    /// The queue.
+    pub queue: QueueName,
+    /// Tasks a claim could take now: ready, or past their backoff or
+    /// not-before time (a paused or full queue's included).
+    pub ready: u64,
+    /// Tasks waiting out a retry backoff or a not-before time.
+    pub delayed: u64,
+    /// Tasks under a lease, lapsed ones included.
+    pub leased: u64,
+}
+
+impl QueueDepth {
+    /// A queue with nothing unfinished.
+    pub fn empty(queue: QueueName) -> Self {
+        Self {
+            queue,
+            ready: 0,
+            delayed: 0,
+            leased: 0,
+        }
+    }
+}
+
 /// A namespace's health at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct HealthSnapshot {
@@ -66,4 +96,8 @@ pub struct HealthSnapshot {
     /// concurrency limit (a queue never configured is not listed).
     #[serde(default)]
     pub queues: Vec<QueueSettings>,
+    /// Every queue with unfinished tasks, by name: how many are ready,
+    /// delayed and leased.
+    #[serde(default)]
+    pub depths: Vec<QueueDepth>,
 }

@@ -78,12 +78,15 @@ impl Store {
         let (attempts, expired_leases) = reader.health(namespace, now)?;
         // One row per configured queue; none for a namespace without any.
         let queues = reader.namespace_queue_settings(namespace)?;
+        // Per queue, its unfinished tasks: one index entry read for each.
+        let depths = reader.queue_depths(namespace, now)?;
         let snapshot = HealthSnapshot {
             namespace: namespace.clone(),
             taken_at: now,
             attempts,
             expired_leases,
             queues,
+            depths,
         };
         self.health.keep(&snapshot, taken, changes);
         Ok(snapshot)

@@ -682,6 +682,13 @@ pub(super) const COUNT_BY_STATE: &str = "SELECT state, count(*) FROM attempts \
      WHERE namespace = $1 AND state <> 'leased' GROUP BY state \
      UNION ALL SELECT 'leased', count(*) FROM attempts \
      WHERE namespace = $1 AND state = 'leased' HAVING count(*) > 0";
+/// Per queue: claim-order entries claimable at `$2`, and later.
+pub(super) const QUEUE_CLAIMABLE: &str = "SELECT queue, \
+     count(*) FILTER (WHERE claimable_at <= $2), count(*) FILTER (WHERE claimable_at > $2) \
+     FROM tasks WHERE namespace = $1 AND claimable_at IS NOT NULL GROUP BY queue";
+/// Per queue: live and lapsed leases.
+pub(super) const QUEUE_LEASED: &str = "SELECT queue, count(*) FROM attempts \
+     WHERE namespace = $1 AND state = 'leased' GROUP BY queue";
 pub(super) const COUNT_LAPSED: &str = "SELECT count(*) FROM attempts \
      WHERE namespace = $1 AND state = 'leased' AND expires_at <= $2";
 /// A receipt row's columns, in [`receipt_row`] order.
@@ -1097,6 +1104,7 @@ mod tests {
                 "'renders', 'leased', 9223372036854775807, 0, 10",
             ),
             ("counts by state", COUNT_BY_STATE, "'renders'"),
+            ("queue depth, leased", QUEUE_LEASED, "'renders'"),
         ];
         let mut failures = Vec::new();
         for (n, (name, sql, arguments)) in cases.into_iter().enumerate() {
@@ -1133,6 +1141,20 @@ mod tests {
             failures.push(format!(
                 "finished attempts: attempts_changed wanted\n{plan}"
             ));
+        }
+        // A queue depth reads the claim order, not the tasks.
+        client
+            .batch_execute(&format!("PREPARE depth AS {QUEUE_CLAIMABLE}"))
+            .unwrap();
+        let plan: Vec<String> = client
+            .query("EXPLAIN EXECUTE depth('renders', 5)", &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        if !plan.contains("using tasks_claim_order") {
+            failures.push(format!("queue depth: tasks_claim_order wanted\n{plan}"));
         }
         // And the slots whose window ended are one range of theirs.
         client

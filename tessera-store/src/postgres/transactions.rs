@@ -33,7 +33,7 @@ use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::audit::AuditCursor;
 use crate::model::bulk::{BulkFilter, BulkPosition};
-use crate::model::health::StateCounts;
+use crate::model::health::{QueueDepth, StateCounts};
 use crate::model::queue::QueueSettings;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
@@ -608,6 +608,20 @@ impl ReadTransaction for PgTransaction<'_> {
             .iter()
             .map(|row| retention_row(row)?.retention())
             .collect()
+    }
+
+    fn queue_depths(&self, namespace: &Namespace, now: DateTime<Utc>) -> Result<Vec<QueueDepth>> {
+        let claimable = self
+            .query(QUEUE_CLAIMABLE, &[&namespace.as_str(), &millis(now)])?
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?)))
+            .collect::<Result<Vec<(String, i64, i64)>>>()?;
+        let leased = self
+            .query(QUEUE_LEASED, &[&namespace.as_str()])?
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<Vec<(String, i64)>>>()?;
+        rows::queue_depths(claimable, leased)
     }
 
     fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>> {

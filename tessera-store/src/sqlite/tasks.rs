@@ -310,6 +310,15 @@ pub(crate) const TASKS_BY_STATE_NEWEST: &str =
 pub(crate) const COUNT_BY_STATE: &str = "SELECT state, count(*) FROM attempts \
      WHERE namespace = ?1 GROUP BY state";
 
+/// Per queue: claim-order entries claimable at `?2`, and later.
+pub(crate) const QUEUE_CLAIMABLE: &str = "SELECT queue, \
+     sum(claimable_at <= ?2), sum(claimable_at > ?2) \
+     FROM tasks WHERE namespace = ?1 AND claimable_at IS NOT NULL GROUP BY queue";
+
+/// Per queue: live and lapsed leases.
+pub(crate) const QUEUE_LEASED: &str = "SELECT queue, count(*) FROM attempts \
+     WHERE namespace = ?1 AND state = 'leased' GROUP BY queue";
+
 pub(crate) const INSERT_RECEIPT: &str = "INSERT INTO receipts (task, attempt, token, principal, \
      idempotency_key, artifact, digest, accepted_at, output) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
@@ -865,6 +874,27 @@ pub(crate) fn count_lapsed_leases(
             row.get(0)
         })?
         .unwrap_or(0))
+}
+
+/// Per queue: tasks claimable at `now` and later, from the claim order.
+pub(crate) fn queue_claimable(
+    reader: &Reader<'_>,
+    namespace: &str,
+    now: i64,
+) -> rusqlite::Result<Vec<(String, i64, i64)>> {
+    reader.all(QUEUE_CLAIMABLE, rusqlite::params![namespace, now], |row| {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+    })
+}
+
+/// Per queue: leases, from the lease index.
+pub(crate) fn queue_leased(
+    reader: &Reader<'_>,
+    namespace: &str,
+) -> rusqlite::Result<Vec<(String, i64)>> {
+    reader.all(QUEUE_LEASED, [namespace], |row| {
+        Ok((row.get(0)?, row.get(1)?))
+    })
 }
 
 /// Attempts per state name in a namespace.

@@ -31,7 +31,7 @@ use crate::key::KeyId;
 use crate::model::access::{KeyInfo, PrincipalId, PrincipalKind};
 use crate::model::audit::AuditCursor;
 use crate::model::bulk::{BulkFilter, BulkPosition};
-use crate::model::health::StateCounts;
+use crate::model::health::{QueueDepth, StateCounts};
 use crate::model::queue::QueueSettings;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 
@@ -324,6 +324,12 @@ impl ReadTransaction for Reader<'_> {
             .transpose()
     }
 
+    fn queue_depths(&self, namespace: &Namespace, now: DateTime<Utc>) -> Result<Vec<QueueDepth>> {
+        let claimable = sql::queue_claimable(self, namespace.as_str(), millis(now))?;
+        let leased = sql::queue_leased(self, namespace.as_str())?;
+        rows::queue_depths(claimable, leased)
+    }
+
     fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>> {
         meta::namespace_queue_settings(self, namespace.as_str())?
             .into_iter()
@@ -427,6 +433,7 @@ reads_through_writer! {
     meta(key: &str) -> Result<Option<String>>;
     limit_count(subject: &str, start: DateTime<Utc>) -> Result<u64>;
     queue_settings(namespace: &Namespace, queue: &QueueName) -> Result<Option<QueueSettings>>;
+    queue_depths(namespace: &Namespace, now: DateTime<Utc>) -> Result<Vec<QueueDepth>>;
     namespace_queue_settings(namespace: &Namespace) -> Result<Vec<QueueSettings>>;
     queue_retention(namespace: &Namespace, queue: &QueueName) -> Result<Option<tessera_lease::Retention>>;
     namespace_retention(namespace: &Namespace) -> Result<Vec<(QueueName, tessera_lease::Retention)>>;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tessera_store::limits::HEALTH_SNAPSHOT_TTL;
-use tessera_store::{Grant, Output, StateCounts};
+use tessera_store::{Brief, EnqueueOptions, Grant, Output, QueueDepth, StateCounts};
 
 use crate::harness::{Fixture, TestDb, namespace, noon, queue};
 
@@ -27,7 +27,8 @@ fn health_counts_states_and_lapsed_leases_and_is_cached_until_a_change(db: &Test
     assert_eq!(first.expired_leases, 0);
     assert_eq!(first.taken_at, noon());
     if db.meters_rows() {
-        assert!(cost.rows_read > 0 && cost.rows_read <= 3, "{cost:?}");
+        // Two states, the lapsed count, and one queue's depth in two reads.
+        assert!(cost.rows_read > 0 && cost.rows_read <= 5, "{cost:?}");
         // Not audited: the first read wrote nothing...
         assert_eq!(cost.rows_written, 0);
     }
@@ -133,10 +134,10 @@ fn a_public_namespace_answers_without_a_key_or_any_lookup(db: &TestDb) {
         .measure(|s| s.public_health(&namespace("main")).unwrap());
     assert_eq!(health.attempts.ready, 3);
     if db.meters_rows() {
-        // Only the snapshot's own reads: one state group and the lapse
-        // count. No key, principal or namespace row is looked at, nothing
-        // is written.
-        assert_eq!(cost.rows_read, 2);
+        // Only the snapshot's own reads: one state group, the lapse count
+        // and one queue's depth. No key, principal or namespace row is
+        // looked at, nothing is written.
+        assert_eq!(cost.rows_read, 3);
         assert_eq!(cost.rows_written, 0);
     }
     let (_, cost) = f
@@ -164,7 +165,74 @@ fn a_public_namespace_answers_without_a_key_or_any_lookup(db: &TestDb) {
     );
 }
 
+fn health_has_each_queues_depth_from_its_unfinished_tasks(db: &TestDb) {
+    let f = Fixture::new(db);
+    let ns = namespace("renders");
+    let worker = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let (frames, emails, reports) = (queue("frames"), queue("emails"), queue("reports"));
+    f.enqueue(&worker, &ns, &frames, 3);
+    f.enqueue(&worker, &ns, &emails, 2);
+    // Two tasks for later in `emails`; one done in `reports`.
+    for n in 0..2 {
+        f.store
+            .enqueue(
+                &worker,
+                &ns,
+                &emails,
+                &Brief::Json(serde_json::json!({ "later": n })),
+                &EnqueueOptions::default().with_not_before(noon() + chrono::TimeDelta::hours(1)),
+            )
+            .unwrap();
+    }
+    f.enqueue(&worker, &ns, &reports, 1);
+    let report = f.claim(&worker, &ns, &reports);
+    let submitted = f
+        .store
+        .submit(
+            &worker,
+            &report.task,
+            report.lease.token(),
+            &tessera_store::IdempotencyKey::parse("k").unwrap(),
+            &Output::bytes("x"),
+        )
+        .unwrap();
+    assert!(matches!(submitted, tessera_store::Submitted::Accepted(_)));
+    f.claim(&worker, &ns, &frames);
+    f.claim(&worker, &ns, &emails);
+
+    let depth = |queue, ready, delayed, leased| QueueDepth {
+        queue,
+        ready,
+        delayed,
+        leased,
+    };
+    let health = f.store.health(&worker, &ns).unwrap();
+    // By name; a queue with nothing unfinished is not listed.
+    assert_eq!(
+        health.depths,
+        vec![
+            depth(emails.clone(), 1, 2, 1),
+            depth(frames.clone(), 2, 0, 1)
+        ]
+    );
+    // The namespace's counts agree with the depths.
+    assert_eq!(health.attempts.ready, 3);
+    assert_eq!(health.attempts.scheduled, 2);
+    assert_eq!(health.attempts.leased, 2);
+
+    // Once their time has come, tasks for later are ready, and a lapsed
+    // lease still counts as leased until it is taken over.
+    f.clock.advance(Duration::from_secs(2 * 3600));
+    let later = f.store.health(&worker, &ns).unwrap();
+    assert_eq!(
+        later.depths,
+        vec![depth(emails, 3, 0, 1), depth(frames, 2, 0, 1)]
+    );
+    assert_eq!(later.expired_leases, 2);
+}
+
 conformance! {
+    health_has_each_queues_depth_from_its_unfinished_tasks,
     health_counts_states_and_lapsed_leases_and_is_cached_until_a_change,
     health_is_not_audited_but_its_denials_are_counted,
     a_public_namespace_answers_without_a_key_or_any_lookup,

@@ -163,19 +163,21 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
             ));
         }
         let body = read_body(request, state).await?;
-        // Every body is an object: serde would read an array as the
-        // struct's fields by position.
+        // Every body is an object, and so is every struct inside it:
+        // serde would read an array as a struct's fields by position.
         if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
             return Err(invalid(
                 "request body: a JSON object is expected".to_owned(),
             ));
         }
-        serde_json::from_slice(&body).map(Self).map_err(|error| {
-            // A field's own parse error already reads "invalid input: …".
-            let error = error.to_string();
-            let error = error.strip_prefix("invalid input: ").unwrap_or(&error);
-            invalid(format!("request body: {error}"))
-        })
+        crate::objects::from_slice(&body)
+            .map(Self)
+            .map_err(|error| {
+                // A field's own parse error already reads "invalid input: …".
+                let error = error.to_string();
+                let error = error.strip_prefix("invalid input: ").unwrap_or(&error);
+                invalid(format!("request body: {error}"))
+            })
     }
 }
 

@@ -43,6 +43,7 @@ pub mod limits;
 mod logs;
 mod mcp;
 mod metrics;
+mod objects;
 mod openapi;
 mod routes;
 mod setup;

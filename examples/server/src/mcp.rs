@@ -448,7 +448,7 @@ async fn call(
                     fields[optional] = arguments[optional].clone();
                 }
             }
-            let task: crate::routes::tasks::NewTask = serde_json::from_value(fields)
+            let task: crate::routes::tasks::NewTask = crate::objects::from_value(fields)
                 .map_err(|error| invalid(format!("arguments: {error}")))?;
             let (brief, options) = task.into_parts()?;
             let task = state

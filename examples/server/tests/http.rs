@@ -720,6 +720,57 @@ fn heartbeat_extends_and_submit_is_idempotent() {
 }
 
 #[test]
+fn a_struct_sent_as_an_array_or_with_a_field_twice_is_refused_at_any_depth() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let enqueued = service.send(
+        "POST",
+        TASKS,
+        Some(&worker),
+        &[],
+        Some(&json!({ "brief": 1 })),
+    );
+    assert_eq!(enqueued.status, 201, "{}", enqueued.text());
+    let claimed = service.claim(&worker, CLAIMS).json();
+    let (task, token) = (&claimed["task"]["id"], &claimed["lease"]["token"]);
+    let batch = "/v1/ns/renders/submissions/batch";
+    let refused = |body: String| {
+        let reply = send_raw(
+            service.address,
+            "POST",
+            batch,
+            Some(&worker),
+            &[],
+            Some(("application/json", body.into_bytes())),
+        );
+        assert_eq!(reply.status, 400, "{}", reply.text());
+        let error = &reply.json()["error"];
+        assert_eq!(error["code"], "invalid_input", "{}", reply.text());
+        error["message"].as_str().unwrap().to_owned()
+    };
+    // An item as an array, which serde alone reads by position.
+    let message = refused(json!({ "submissions": [[task, 1, token, "k1", null]] }).to_string());
+    assert!(message.contains("a JSON object"), "{message}");
+    // A field named twice, in an item or in the output.
+    let twice = format!(
+        r#"{{"submissions": [{{"task": {task}, "version": 1, "token": {token}, "token": {token}, "key": "k1"}}]}}"#
+    );
+    assert!(refused(twice).contains("duplicate field `token`"));
+    let twice = format!(
+        r#"{{"submissions": [{{"task": {task}, "version": 1, "token": {token}, "key": "k1", "output": {{"a": 1, "a": 2}}}}]}}"#
+    );
+    assert!(refused(twice).contains("duplicate field `a`"));
+    // None of them submitted anything: the lease is still held, and the
+    // right body is accepted.
+    let body = json!({ "submissions": [
+        { "task": task, "version": 1, "token": token, "key": "k1", "output": { "a": 1 } },
+    ] });
+    let reply = service.send("POST", batch, Some(&worker), &[], Some(&body));
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()[0]["replayed"], false, "{}", reply.text());
+}
+
+#[test]
 fn a_batch_of_submissions_answers_each_in_order() {
     let service = Service::start(AdmissionConfig::default(), START);
     let worker = service.worker("renders");

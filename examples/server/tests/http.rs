@@ -771,6 +771,47 @@ fn a_struct_sent_as_an_array_or_with_a_field_twice_is_refused_at_any_depth() {
 }
 
 #[test]
+fn a_long_target_or_too_many_headers_is_refused_with_a_json_body() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let refused = |reply: &Reply, status: u16, code: &str| {
+        assert_eq!(reply.status, status, "{}", reply.text());
+        assert_eq!(reply.json()["error"]["code"], code, "{}", reply.text());
+    };
+    // A query of 9 KiB, past the 8 KiB a target may take.
+    let long = format!("/v1/ns/renders/tasks?state=ready&_={}", "x".repeat(9 * 1024));
+    refused(
+        &service.send("GET", &long, Some(&worker), &[], None),
+        414,
+        "uri_too_long",
+    );
+    // 101 header fields, then one field of 65 KiB.
+    let names: Vec<String> = (0..101).map(|n| format!("x-field-{n}")).collect();
+    let many: Vec<(&str, &str)> = names.iter().map(|name| (name.as_str(), "1")).collect();
+    refused(
+        &service.send("GET", "/v1/ns/renders/health", Some(&worker), &many, None),
+        431,
+        "headers_too_large",
+    );
+    let big = "y".repeat(65 * 1024);
+    refused(
+        &service.send(
+            "GET",
+            "/v1/ns/renders/health",
+            Some(&worker),
+            &[("x-big", &big)],
+            None,
+        ),
+        431,
+        "headers_too_large",
+    );
+    // Within the bounds, the same requests are served.
+    let fine = format!("/v1/ns/renders/tasks?state=ready&_={}", "x".repeat(7 * 1024));
+    let reply = service.send("GET", &fine, Some(&worker), &many[..90], None);
+    assert_eq!(reply.status, 200, "{}", reply.text());
+}
+
+#[test]
 fn a_batch_of_submissions_answers_each_in_order() {
     let service = Service::start(AdmissionConfig::default(), START);
     let worker = service.worker("renders");

@@ -285,8 +285,60 @@ fn app(state: Arc<AppState>) -> Router {
                 "this route does not take that method",
             )
         })
+        .layer(axum::middleware::from_fn(bounds))
         .layer(axum::middleware::from_fn(access))
         .with_state(state)
+}
+
+/// The longest request target (path and query) the server reads: `414`
+/// past it.
+pub(crate) const MAX_TARGET_BYTES: usize = 8 * 1024;
+/// The most header fields a request may carry: `431` past it.
+pub(crate) const MAX_HEADERS: usize = 100;
+/// The most bytes a request's header fields may take, names and values:
+/// `431` past it.
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The header fields the transport reads before it gives up on a request
+/// with a bodiless `431` of its own: well past [`MAX_HEADERS`], so the
+/// server's JSON refusal is what a client meets.
+const TRANSPORT_MAX_HEADERS: usize = 4 * MAX_HEADERS;
+
+/// `414 uri_too_long` and `431 headers_too_large`, as JSON, for a request
+/// past the server's bounds.
+async fn bounds(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |target| target.as_str().len());
+    if target > MAX_TARGET_BYTES {
+        return ApiError::http(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("the request's path and query take {target} bytes, over {MAX_TARGET_BYTES}"),
+        )
+        .into_response();
+    }
+    let headers = request.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return ApiError::http(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!(
+                "the request has {} header fields of {bytes} bytes, over {MAX_HEADERS} fields or {MAX_HEADER_BYTES} bytes",
+                headers.len()
+            ),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// The public id of the key a request presents (`tsk_<key id>_…`), for
@@ -390,6 +442,7 @@ pub async fn serve_until(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(options.header_timeout)
+        .max_headers(TRANSPORT_MAX_HEADERS)
         .keep_alive(true);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let body_timeout = BodyTimeout(options.body_timeout);

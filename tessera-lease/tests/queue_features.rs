@@ -3,16 +3,15 @@
 //! concurrency-limit accounting under lapses, late heartbeats and late
 //! submits.
 
-use std::collections::BTreeSet;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use proptest::prelude::*;
 use tessera_lease::{
-    BriefVersion, ConcurrencyLimit, CronSchedule, Digest, Duplicate, FencingToken, Held, Holder,
-    IdempotencyKey, LeaseError, Principal, StateName, Submission, Task, TaskId, TaskSpec,
-    UniqueKey, UniqueMode, Uniqueness, decide_duplicate,
+    BriefVersion, ConcurrencyLimit, Digest, Duplicate, FencingToken, Held, Holder, IdempotencyKey,
+    LeaseError, Principal, StateName, Submission, Task, TaskId, TaskSpec, UniqueKey, UniqueMode,
+    Uniqueness, decide_duplicate,
 };
 
 /// A task of `alternatives` attempts after `steps`: each claims (0),
@@ -170,73 +169,82 @@ proptest! {
     }
 }
 
-/// The store as schedulers see it: the `(schedule, run_at)` unique index
-/// and the last run-at fired. A fire is one transaction: it inserts only a
-/// run-at later than the last one and not in the index.
-#[derive(Default)]
-struct ScheduleStore {
-    fired: BTreeSet<DateTime<Utc>>,
-    last: Option<DateTime<Utc>>,
-    /// (when, run-at) of each fire that wrote, in commit order.
-    log: Vec<(DateTime<Utc>, DateTime<Utc>)>,
-}
+/// Schedules, with the `schedule` feature that parses cron expressions.
+#[cfg(feature = "schedule")]
+mod schedules {
+    use super::*;
+    use std::collections::BTreeSet;
 
-impl ScheduleStore {
-    fn fire(&mut self, run_at: DateTime<Utc>, now: DateTime<Utc>) -> bool {
-        if self.last.is_some_and(|last| run_at <= last) || !self.fired.insert(run_at) {
-            return false;
-        }
-        self.last = Some(run_at);
-        self.log.push((now, run_at));
-        true
+    use tessera_lease::CronSchedule;
+
+    /// The store as schedulers see it: the `(schedule, run_at)` unique index
+    /// and the last run-at fired. A fire is one transaction: it inserts only a
+    /// run-at later than the last one and not in the index.
+    #[derive(Default)]
+    struct ScheduleStore {
+        fired: BTreeSet<DateTime<Utc>>,
+        last: Option<DateTime<Utc>>,
+        /// (when, run-at) of each fire that wrote, in commit order.
+        log: Vec<(DateTime<Utc>, DateTime<Utc>)>,
     }
-}
 
-const EXPRESSIONS: [&str; 4] = [
-    "* * * * *",
-    "*/5 * * * *",
-    "0 * * * *",
-    "15,45 9-17 * * 1-5",
-];
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
-
-    /// N schedulers against one clock, each reading the last fire as of its
-    /// own (possibly stale) read: every run-at fires at most once, fires
-    /// rise in commit order, each is an occurrence and the latest one due
-    /// when it fired (missed ticks collapse), and once every scheduler has
-    /// caught up nothing is left due.
-    #[test]
-    fn schedulers_fire_each_run_at_once(
-        expression in 0_usize..EXPRESSIONS.len(),
-        steps in prop::collection::vec((0_usize..4, 0_i64..7_200, any::<bool>()), 1..80),
-    ) {
-        let schedule = CronSchedule::parse(EXPRESSIONS[expression], "Europe/Stockholm").unwrap();
-        let created = start();
-        let mut store = ScheduleStore::default();
-        let mut seen: [Option<DateTime<Utc>>; 4] = [None; 4];
-        let mut now = created;
-        for (scheduler, advance, refresh) in steps {
-            now += TimeDelta::seconds(advance);
-            if refresh {
-                seen[scheduler] = store.last;
+    impl ScheduleStore {
+        fn fire(&mut self, run_at: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+            if self.last.is_some_and(|last| run_at <= last) || !self.fired.insert(run_at) {
+                return false;
             }
-            if let Some(run_at) = schedule.due(seen[scheduler].unwrap_or(created), now) {
-                store.fire(run_at, now);
-                seen[scheduler] = store.last;
+            self.last = Some(run_at);
+            self.log.push((now, run_at));
+            true
+        }
+    }
+
+    const EXPRESSIONS: [&str; 4] = [
+        "* * * * *",
+        "*/5 * * * *",
+        "0 * * * *",
+        "15,45 9-17 * * 1-5",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// N schedulers against one clock, each reading the last fire as of its
+        /// own (possibly stale) read: every run-at fires at most once, fires
+        /// rise in commit order, each is an occurrence and the latest one due
+        /// when it fired (missed ticks collapse), and once every scheduler has
+        /// caught up nothing is left due.
+        #[test]
+        fn schedulers_fire_each_run_at_once(
+            expression in 0_usize..EXPRESSIONS.len(),
+            steps in prop::collection::vec((0_usize..4, 0_i64..7_200, any::<bool>()), 1..80),
+        ) {
+            let schedule = CronSchedule::parse(EXPRESSIONS[expression], "Europe/Stockholm").unwrap();
+            let created = start();
+            let mut store = ScheduleStore::default();
+            let mut seen: [Option<DateTime<Utc>>; 4] = [None; 4];
+            let mut now = created;
+            for (scheduler, advance, refresh) in steps {
+                now += TimeDelta::seconds(advance);
+                if refresh {
+                    seen[scheduler] = store.last;
+                }
+                if let Some(run_at) = schedule.due(seen[scheduler].unwrap_or(created), now) {
+                    store.fire(run_at, now);
+                    seen[scheduler] = store.last;
+                }
             }
+            for window in store.log.windows(2) {
+                prop_assert!(window[0].1 < window[1].1);
+            }
+            for &(fired_at, run_at) in &store.log {
+                prop_assert_eq!(schedule.latest_at_or_before(fired_at), Some(run_at));
+                prop_assert!(run_at > created);
+            }
+            prop_assert_eq!(store.fired.len(), store.log.len());
+            // A fresh read at the end finds nothing due.
+            prop_assert_eq!(schedule.due(store.last.unwrap_or(created), now), None);
         }
-        for window in store.log.windows(2) {
-            prop_assert!(window[0].1 < window[1].1);
-        }
-        for &(fired_at, run_at) in &store.log {
-            prop_assert_eq!(schedule.latest_at_or_before(fired_at), Some(run_at));
-            prop_assert!(run_at > created);
-        }
-        prop_assert_eq!(store.fired.len(), store.log.len());
-        // A fresh read at the end finds nothing due.
-        prop_assert_eq!(schedule.due(store.last.unwrap_or(created), now), None);
     }
 }
 

@@ -7,7 +7,7 @@
 //! own (cargo runs binaries one after another) and runs only where
 //! `TESSERA_TEST_POSTGRES_CLUSTER` names the cluster (`15 main`) as well as
 //! `TESSERA_TEST_POSTGRES_URL` the server; elsewhere it is marked ignored.
-#![cfg(feature = "postgres")]
+#![cfg(all(feature = "postgres", feature = "sqlite"))]
 
 #[path = "harness/mod.rs"]
 mod harness;

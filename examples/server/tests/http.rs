@@ -779,7 +779,10 @@ fn a_long_target_or_too_many_headers_is_refused_with_a_json_body() {
         assert_eq!(reply.json()["error"]["code"], code, "{}", reply.text());
     };
     // A query of 9 KiB, past the 8 KiB a target may take.
-    let long = format!("/v1/ns/renders/tasks?state=ready&_={}", "x".repeat(9 * 1024));
+    let long = format!(
+        "/v1/ns/renders/tasks?state=ready&_={}",
+        "x".repeat(9 * 1024)
+    );
     refused(
         &service.send("GET", &long, Some(&worker), &[], None),
         414,
@@ -806,7 +809,10 @@ fn a_long_target_or_too_many_headers_is_refused_with_a_json_body() {
         "headers_too_large",
     );
     // Within the bounds, the same requests are served.
-    let fine = format!("/v1/ns/renders/tasks?state=ready&_={}", "x".repeat(7 * 1024));
+    let fine = format!(
+        "/v1/ns/renders/tasks?state=ready&_={}",
+        "x".repeat(7 * 1024)
+    );
     let reply = service.send("GET", &fine, Some(&worker), &many[..90], None);
     assert_eq!(reply.status, 200, "{}", reply.text());
 }

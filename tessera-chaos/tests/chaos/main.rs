@@ -17,6 +17,10 @@
 //! fault) is printed and saved under the target directory's
 //! `tmp/chaos/`.
 
+// The runs use both backends, and the shared harness opens PostgreSQL
+// under this crate's `postgres` feature (on by default).
+#![cfg(feature = "postgres")]
+
 #[path = "../../../tessera-store/tests/harness/mod.rs"]
 mod harness;
 mod landed;

@@ -8,6 +8,9 @@
 //! checked where the backend meters them (`TestDb::meters_rows`). Tests
 //! that mean something on SQLite alone are in `tests/sqlite/`.
 
+// The harness's first database is SQLite, so the suite needs its feature.
+#![cfg(feature = "sqlite")]
+
 #[path = "../harness/mod.rs"]
 mod harness;
 mod workers;

@@ -3,7 +3,7 @@
 //! faults. The behaviour every backend shares is the conformance suite's.
 //! Each test gets a schema of its own on the server
 //! `TESSERA_TEST_POSTGRES_URL` names; without it each is marked ignored.
-#![cfg(feature = "postgres")]
+#![cfg(all(feature = "postgres", feature = "sqlite"))]
 
 #[path = "../harness/mod.rs"]
 mod harness;

@@ -3,6 +3,8 @@
 //! timeout and host classifiers. Every other test runs on every backend,
 //! in `tests/conformance/`.
 
+#![cfg(feature = "sqlite")]
+
 #[path = "../harness/mod.rs"]
 mod harness;
 

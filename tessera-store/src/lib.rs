@@ -282,7 +282,7 @@ pub mod limits {
         MAX_ENQUEUE_BATCH, MAX_SUBMIT_BATCH, MAX_TASKS_LISTED, PRACTICE_QUEUE,
     };
     pub use crate::model::wait::MAX_LONG_POLL;
-    pub use crate::ops::claim::LIMITED_RETRY_AFTER;
+    pub use crate::ops::lease::LIMITED_RETRY_AFTER;
     pub use tessera_lease::{
         DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,
         MAX_PRIORITY, MAX_PROGRESS_BYTES, MAX_TRIES,

@@ -5,9 +5,9 @@ mod access;
 pub(crate) mod ack;
 mod audit;
 mod bulk;
-pub(crate) mod claim;
 pub(crate) mod claim_async;
 mod health;
+pub(crate) mod lease;
 mod queue;
 mod retention;
 #[cfg(feature = "schedule")]

@@ -135,6 +135,20 @@ pub(crate) fn rejected(rejection: impl IntoResponse + std::fmt::Display) -> ApiE
     ApiError::http(status, code, message)
 }
 
+/// Whether a request says its body is JSON: `application/json` or an
+/// `application/…+json` type.
+pub(crate) fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|essence| {
+            let essence = essence.trim().to_ascii_lowercase();
+            essence == "application/json"
+                || (essence.starts_with("application/") && essence.ends_with("+json"))
+        })
+}
+
 /// A JSON request body: `415` unless it is `application/json`, `413` over
 /// the limit, the store's `400` for a malformed one, one that is not a
 /// JSON object, or one with a field the route does not know.
@@ -145,16 +159,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        let is_json = request
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split(';').next())
-            .is_some_and(|essence| {
-                let essence = essence.trim().to_ascii_lowercase();
-                essence == "application/json"
-                    || (essence.starts_with("application/") && essence.ends_with("+json"))
-            });
+        let is_json = is_json(request.headers());
         if !is_json {
             return Err(ApiError::http(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

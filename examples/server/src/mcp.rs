@@ -215,7 +215,7 @@ async fn endpoint(State(state): State<Arc<AppState>>, request: axum::extract::Re
                 StatusCode::BAD_REQUEST,
                 "unsupported_protocol_version",
                 format!(
-                    "MCP-Protocol-Version: one of {}",
+                    "the MCP-Protocol-Version header must be one of {}",
                     PROTOCOL_VERSIONS.join(", ")
                 ),
             )
@@ -236,11 +236,21 @@ async fn endpoint(State(state): State<Arc<AppState>>, request: axum::extract::Re
         Err(ApiError::Store(Error::Unauthorized)) => return unauthorized(&headers),
         Err(error) => return error.into_response(),
     }
+    if !crate::errors::is_json(&headers) {
+        return ApiError::http(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "a message to /mcp must be application/json",
+        )
+        .into_response();
+    }
     let body = match crate::errors::read_body(request, &state).await {
         Ok(body) => body,
         Err(error) => return error.into_response(),
     };
-    let message: Value = match serde_json::from_slice(&body) {
+    // A member named twice is a parse error: the call that runs is the
+    // call that was read, whichever member a reader takes.
+    let message: Value = match crate::objects::value_from_slice(&body) {
         Ok(message) => message,
         Err(error) => {
             return Json(rpc_error(Value::Null, PARSE_ERROR, &error.to_string())).into_response();

@@ -134,7 +134,8 @@ pub(crate) async fn metrics_text(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut now = Vec::new();
-    for snapshot in state.store.cached_health() {
+    let snapshots = state.store.cached_health();
+    for snapshot in &snapshots {
         let namespace = snapshot.namespace.as_str();
         let counts = serde_json::to_value(snapshot.attempts).unwrap_or_default();
         for (state_name, count) in counts.as_object().into_iter().flatten() {
@@ -151,9 +152,21 @@ pub(crate) async fn metrics_text(
             now.push(queue);
         }
     }
-    for gone in reported.iter().filter(|queue| !now.contains(queue)) {
-        queue_depth(gone, [0, 0, 0]);
+    // A namespace with no snapshot held (one changed since it was taken)
+    // keeps its last figures, as `tessera_attempts` does; only a queue
+    // gone from a held snapshot reads 0.
+    let held: Vec<&str> = snapshots
+        .iter()
+        .map(|snapshot| snapshot.namespace.as_str())
+        .collect();
+    let (gone, kept): (Vec<_>, Vec<_>) = reported
+        .drain(..)
+        .filter(|queue| !now.contains(queue))
+        .partition(|(namespace, _)| held.contains(&namespace.as_str()));
+    for queue in &gone {
+        queue_depth(queue, [0, 0, 0]);
     }
+    now.extend(kept);
     *reported = now;
     drop(reported);
     let text = prometheus().render();
@@ -180,6 +193,12 @@ pub(crate) fn request_answered(
     status: u16,
     elapsed: std::time::Duration,
 ) {
+    // A method label from a fixed set: a client's own method names would
+    // each add series without bound.
+    let method = match method {
+        "GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "PATCH" | "OPTIONS" => method,
+        _ => "other",
+    };
     metrics::counter!(
         "tessera_http_requests_total",
         "method" => method.to_owned(),

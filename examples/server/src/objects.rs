@@ -25,8 +25,13 @@ pub(crate) fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, Error> 
 /// JSON text as a `T`, every struct in it read from an object; an object
 /// with a repeated name is refused, at any depth.
 pub(crate) fn from_slice<T: DeserializeOwned>(text: &[u8]) -> Result<T, Error> {
-    let Once(value) = serde_json::from_slice(text)?;
-    from_value(value)
+    from_value(value_from_slice(text)?)
+}
+
+/// JSON text as a value, refusing an object with a repeated name at any
+/// depth.
+pub(crate) fn value_from_slice(text: &[u8]) -> Result<Value, Error> {
+    serde_json::from_slice(text).map(|Once(value)| value)
 }
 
 /// A JSON value whose objects name each field once.

@@ -2028,6 +2028,15 @@ fn each_request_is_one_json_access_line_and_the_scrape_has_its_families() {
         None,
     );
     assert_eq!(health.status, 200, "{}", health.text());
+    // A client's own method name is counted as `other`.
+    let mut stream = std::net::TcpStream::connect(process.address).unwrap();
+    std::io::Write::write_all(
+        &mut stream,
+        b"FROB /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let odd = read_until_closed(&mut stream);
+    assert!(odd.starts_with("HTTP/1.1 405"), "{odd}");
     let scrape = send(process.address, "GET", "/metrics", None, &[], None).text();
     for family in [
         "# HELP tessera_http_requests_total",
@@ -2040,6 +2049,30 @@ fn each_request_is_one_json_access_line_and_the_scrape_has_its_families() {
         "# TYPE tessera_queue_depth gauge",
         "tessera_queue_depth{namespace=\"renders\",queue=\"frames\",state=\"ready\"} 1",
         "tessera_queue_depth{namespace=\"renders\",queue=\"frames\",state=\"leased\"} 0",
+        "tessera_http_requests_total{method=\"other\",route=\"/healthz\",status=\"405\"} 1",
+    ] {
+        assert!(scrape.contains(family), "{family} in:\n{scrape}");
+    }
+    assert!(!scrape.contains("FROB"), "{scrape}");
+    // A write drops the namespace's snapshot: until health is read again,
+    // the depth keeps its last figures rather than reading 0.
+    let claimed = send(process.address, "POST", CLAIMS, Some(&worker), &[], None);
+    assert_eq!(claimed.status, 200, "{}", claimed.text());
+    let scrape = send(process.address, "GET", "/metrics", None, &[], None).text();
+    let ready = "tessera_queue_depth{namespace=\"renders\",queue=\"frames\",state=\"ready\"} 1";
+    assert!(scrape.contains(ready), "{ready} in:\n{scrape}");
+    send(
+        process.address,
+        "GET",
+        "/v1/ns/renders/health",
+        Some(&worker),
+        &[],
+        None,
+    );
+    let scrape = send(process.address, "GET", "/metrics", None, &[], None).text();
+    for family in [
+        "tessera_queue_depth{namespace=\"renders\",queue=\"frames\",state=\"ready\"} 0",
+        "tessera_queue_depth{namespace=\"renders\",queue=\"frames\",state=\"leased\"} 1",
     ] {
         assert!(scrape.contains(family), "{family} in:\n{scrape}");
     }

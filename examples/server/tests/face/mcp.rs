@@ -179,6 +179,65 @@ fn a_foreign_origin_an_unknown_protocol_version_and_a_long_batch_are_refused() {
 }
 
 #[test]
+fn a_message_must_be_json_and_name_each_member_once() {
+    let service = Service::sqlite();
+    let worker = service.worker();
+    let ping = rpc(1, "ping", json!({}));
+    let plain = service.send_with(
+        "POST",
+        "/mcp",
+        Some(&worker),
+        &[("content-type", "text/plain")],
+        Some(&ping),
+    );
+    assert_eq!(plain.status, 415, "{}", plain.text());
+    assert_eq!(plain.json()["error"]["code"], "unsupported_media_type");
+    // A member named twice, in the arguments or the call: a parse error,
+    // and nothing runs.
+    for body in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"enqueue","arguments":{"namespace":"renders","namespace":"other","queue":"q","brief":1,"id":"twice"}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/list"}"#,
+    ] {
+        let answer = raw_post(&service, &worker, body);
+        assert_eq!(answer["error"]["code"], -32700, "{answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("duplicate field"),
+            "{answer}"
+        );
+    }
+    let listed = service.send(
+        "GET",
+        "/v1/ns/renders/tasks?state=ready",
+        Some(&worker),
+        None,
+    );
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    assert!(!listed.text().contains("twice"), "{}", listed.text());
+}
+
+/// A JSON-RPC message sent as it is written, over a plain connection.
+fn raw_post(service: &Service, key: &str, body: &str) -> Value {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(service.address).unwrap();
+    write!(
+        stream,
+        "POST /mcp HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        service.address,
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, json) = answer.split_once("\r\n\r\n").expect("a head and a body");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    serde_json::from_str(json).unwrap_or_else(|error| panic!("{error}: {json}"))
+}
+
+#[test]
 fn tool_arguments_are_checked_against_the_tool_s_own_schema() {
     let service = Service::sqlite();
     let worker = service.worker();

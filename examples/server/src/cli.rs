@@ -90,6 +90,30 @@ pub(crate) struct Args {
     /// Mint no anonymous sessions (POST /v1/sessions is 404).
     #[arg(long, env = "TESSERA_NO_SESSIONS")]
     pub(crate) no_sessions: bool,
+    /// A browser origin (scheme://host[:port]) that may call /mcp besides
+    /// the loopback ones; repeat it for several (the environment variable
+    /// takes them comma-separated).
+    #[arg(long, env = "TESSERA_ALLOWED_ORIGINS", value_name = "ORIGIN",
+          value_delimiter = ',', value_parser = origin)]
+    pub(crate) allowed_origin: Vec<String>,
+}
+
+/// An origin as a browser sends it: `http` or `https`, a host, perhaps a
+/// port, and nothing else; kept in lower case.
+fn origin(text: &str) -> Result<String, String> {
+    let lower = text.trim_end_matches('/').to_ascii_lowercase();
+    let authority = lower
+        .strip_prefix("https://")
+        .or_else(|| lower.strip_prefix("http://"))
+        .ok_or("an origin starts with http:// or https://")?;
+    if authority.is_empty()
+        || authority
+            .chars()
+            .any(|c| !(c.is_ascii_alphanumeric() || "-.:[]".contains(c)))
+    {
+        return Err(format!("{text:?} is not scheme://host[:port]"));
+    }
+    Ok(lower)
 }
 
 impl Args {

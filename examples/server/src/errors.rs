@@ -135,18 +135,32 @@ pub(crate) fn rejected(rejection: impl IntoResponse + std::fmt::Display) -> ApiE
     ApiError::http(status, code, message)
 }
 
-/// Whether a request says its body is JSON: `application/json` or an
-/// `application/…+json` type.
+/// Whether a request says its body is JSON, once: one `Content-Type` of
+/// `application/json` or an `application/…+json` type, in UTF-8 (no other
+/// `charset`), and no `Content-Encoding` but `identity`.
 pub(crate) fn is_json(headers: &axum::http::HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|essence| {
-            let essence = essence.trim().to_ascii_lowercase();
-            essence == "application/json"
-                || (essence.starts_with("application/") && essence.ends_with("+json"))
-        })
+    let mut types = headers.get_all(CONTENT_TYPE).iter();
+    let (Some(content_type), None) = (types.next(), types.next()) else {
+        return false;
+    };
+    let Ok(content_type) = content_type.to_str() else {
+        return false;
+    };
+    let mut parts = content_type.split(';');
+    let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+    let json = essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"));
+    let utf8 = parts.all(|parameter| match parameter.split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        }
+        _ => true,
+    });
+    let plain = headers
+        .get_all(axum::http::header::CONTENT_ENCODING)
+        .iter()
+        .all(|encoding| encoding.as_bytes().eq_ignore_ascii_case(b"identity"));
+    json && utf8 && plain
 }
 
 /// A JSON request body: `415` unless it is `application/json`, `413` over
@@ -164,7 +178,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
             return Err(ApiError::http(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
-                "the body must be application/json",
+                "the body must be application/json in UTF-8, once, and not encoded",
             ));
         }
         let body = read_body(request, state).await?;
@@ -196,6 +210,10 @@ pub(crate) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Api
     query.map(|Query(fields)| fields).map_err(rejected)
 }
 
+/// The largest body a route reads (axum's default limit, which
+/// [`read_body`] applies as it reads).
+pub(crate) const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
 /// A request's whole body, within the server's body timeout
 /// ([`BodyTimeout`](crate::routes::BodyTimeout)): `408 request_timeout`
 /// for a client that sends it too slowly, `413` past the size limit.
@@ -203,6 +221,20 @@ pub(crate) async fn read_body<S: Send + Sync>(
     request: Request,
     state: &S,
 ) -> Result<Bytes, ApiError> {
+    // A declared length over the limit is refused before any of it is
+    // waited for.
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES) {
+        return Err(ApiError::http(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the body is over {MAX_BODY_BYTES} bytes"),
+        ));
+    }
     let limit = request
         .extensions()
         .get::<crate::routes::BodyTimeout>()

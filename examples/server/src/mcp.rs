@@ -164,21 +164,34 @@ pub(crate) fn base_url(headers: &HeaderMap) -> String {
     format!("{scheme}://{host}")
 }
 
-/// Whether a browser's `Origin` (if the request has one) is this server
-/// itself: a page elsewhere, or a name rebound to this address, is
-/// refused (the transport's guard against DNS rebinding). Clients that
-/// are not browsers send no `Origin`.
-fn origin_allowed(headers: &HeaderMap) -> bool {
+/// Whether a browser's `Origin` (if the request has one) may call `/mcp`:
+/// a loopback origin (`localhost`, `127.0.0.1`, `[::1]`, any port), or one
+/// of `allowed` (`--allowed-origin`). A page elsewhere is refused, and so
+/// is a name rebound to this address, whatever `Host` it sends (the
+/// transport's guard against DNS rebinding). Clients that are not
+/// browsers send no `Origin`.
+fn origin_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
     let Some(origin) = headers.get(ORIGIN) else {
         return true;
     };
-    let host = headers.get(HOST).and_then(|value| value.to_str().ok());
-    let authority = origin
-        .to_str()
-        .ok()
-        .and_then(|origin| origin.split_once("://"))
-        .map(|(_, authority)| authority.trim_end_matches('/'));
-    matches!((authority, host), (Some(authority), Some(host)) if authority.eq_ignore_ascii_case(host))
+    let Ok(origin) = origin.to_str() else {
+        return false;
+    };
+    let origin = origin.trim_end_matches('/').to_ascii_lowercase();
+    if allowed.contains(&origin) {
+        return true;
+    }
+    let Some(authority) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split_once(']').map(|(host, _)| host),
+        None => authority.split(':').next(),
+    };
+    matches!(host, Some("localhost" | "127.0.0.1" | "::1"))
 }
 
 /// `401` for a request without a working key: the `WWW-Authenticate`
@@ -198,11 +211,11 @@ fn unauthorized(headers: &HeaderMap) -> Response {
 
 async fn endpoint(State(state): State<Arc<AppState>>, request: axum::extract::Request) -> Response {
     let headers = request.headers().clone();
-    if !origin_allowed(&headers) {
+    if !origin_allowed(&headers, &state.allowed_origins) {
         return ApiError::http(
             StatusCode::FORBIDDEN,
             "origin_refused",
-            "a browser page of another origin may not call /mcp",
+            "a browser page of this origin may not call /mcp (see --allowed-origin)",
         )
         .into_response();
     }
@@ -304,7 +317,23 @@ async fn handle(state: &Arc<AppState>, key: Option<&str>, message: Value) -> Opt
             )
         });
     };
+    if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Some(rpc_error(
+            message.get("id").cloned().unwrap_or(Value::Null),
+            INVALID_REQUEST,
+            "jsonrpc must be \"2.0\"",
+        ));
+    }
     let id = message.get("id").cloned()?;
+    // An id a client can match its answer by: a string, or an integer
+    // that reads back as it was sent.
+    if !(id.is_string() || id.is_i64() || id.is_u64()) {
+        return Some(rpc_error(
+            Value::Null,
+            INVALID_REQUEST,
+            "id must be a string or an integer",
+        ));
+    }
     let params = message.get("params").cloned().unwrap_or(json!({}));
     Some(match method {
         "initialize" => {
@@ -604,4 +633,54 @@ async fn claim_once(
         () = state.closing() => return Err(shutting_down()),
     };
     state.call(move |store| store.finish_claim(permit)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::header::{HOST, ORIGIN};
+    use axum::http::{HeaderMap, HeaderValue};
+
+    use super::origin_allowed;
+
+    fn headers(origin: Option<&'static str>, host: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(HOST, HeaderValue::from_static(host));
+        if let Some(origin) = origin {
+            headers.insert(ORIGIN, HeaderValue::from_static(origin));
+        }
+        headers
+    }
+
+    #[test]
+    fn loopback_and_listed_origins_pass_and_a_rebound_name_does_not() {
+        let listed = vec!["https://queue.example.com".to_owned()];
+        for (origin, host, allowed) in [
+            (None, "anything", true),
+            (Some("http://localhost:8080"), "localhost:8080", true),
+            (Some("http://127.0.0.1:9"), "127.0.0.1:9", true),
+            (Some("http://[::1]:9"), "[::1]:9", true),
+            (Some("https://queue.example.com"), "queue.example.com", true),
+            (
+                Some("https://QUEUE.example.com/"),
+                "queue.example.com",
+                true,
+            ),
+            // A name rebound to this address: its Host agrees with it.
+            (Some("http://evil.example:9"), "evil.example:9", false),
+            (Some("http://queue.example.com"), "queue.example.com", false),
+            (Some("http://127.0.0.1.evil.example"), "127.0.0.1", false),
+            (
+                Some("http://localhost.evil.example:9"),
+                "localhost:9",
+                false,
+            ),
+            (Some("null"), "localhost", false),
+        ] {
+            assert_eq!(
+                origin_allowed(&headers(origin, host), &listed),
+                allowed,
+                "{origin:?} to {host}"
+            );
+        }
+    }
 }

@@ -83,6 +83,7 @@ async fn run(args: Args, address: SocketAddr, admission: AdmissionConfig) -> Res
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         sessions: !args.no_sessions,
+        allowed_origins: args.allowed_origin.clone(),
     };
     // Opening and key making are blocking store calls: off the runtime's
     // threads, as every store call is.

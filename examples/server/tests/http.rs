@@ -818,6 +818,97 @@ fn a_long_target_or_too_many_headers_is_refused_with_a_json_body() {
 }
 
 #[test]
+fn a_body_is_json_once_in_utf8_unencoded_and_within_its_declared_limit() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let body = json!({ "brief": 1 }).to_string().into_bytes();
+    for headers in [
+        vec![("content-encoding", "gzip")],
+        vec![("content-type", "text/plain")],
+    ] {
+        let reply = send_raw(
+            service.address,
+            "POST",
+            TASKS,
+            Some(&worker),
+            &headers,
+            Some(("application/json", body.clone())),
+        );
+        assert_eq!(reply.status, 415, "{headers:?}: {}", reply.text());
+    }
+    let utf16 = send_raw(
+        service.address,
+        "POST",
+        TASKS,
+        Some(&worker),
+        &[],
+        Some(("application/vnd.tessera+json; charset=utf-16", body.clone())),
+    );
+    assert_eq!(utf16.status, 415, "{}", utf16.text());
+    // A declared length over the limit is 413 at once, before any body.
+    let mut stream = std::net::TcpStream::connect(service.address).unwrap();
+    std::io::Write::write_all(
+        &mut stream,
+        format!(
+            "POST {TASKS} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {worker}\r\n\
+             content-type: application/json\r\ncontent-length: 3145728\r\nconnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let answer = read_until_closed(&mut stream);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // None of them enqueued anything; the plain body does.
+    let listed = service.send(
+        "GET",
+        "/v1/ns/renders/tasks?state=ready",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(listed.json()["tasks"], json!([]), "{}", listed.text());
+    let plain = send_raw(
+        service.address,
+        "POST",
+        TASKS,
+        Some(&worker),
+        &[("content-encoding", "identity")],
+        Some(("application/json; charset=UTF-8", body)),
+    );
+    assert_eq!(plain.status, 201, "{}", plain.text());
+
+    // A submission with two idempotency keys is refused and lands nothing.
+    let claimed = service.claim(&worker, CLAIMS).json();
+    let submit = format!(
+        "/v1/ns/renders/tasks/{}/submit",
+        claimed["task"]["id"].as_str().unwrap()
+    );
+    let output = json!({ "version": 1, "token": claimed["lease"]["token"], "output": 1 });
+    let request = ureq::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{}{submit}", service.address))
+        .header("authorization", format!("Bearer {worker}"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", "aaa")
+        .header("idempotency-key", "bbb");
+    let mut reply = agent(Duration::from_secs(30))
+        .run(request.body(output.to_string().into_bytes()).unwrap())
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 400);
+    let text = reply.body_mut().read_to_string().unwrap();
+    assert!(text.contains("one idempotency-key header"), "{text}");
+    let once = service.send(
+        "POST",
+        &submit,
+        Some(&worker),
+        &[("idempotency-key", "aaa")],
+        Some(&output),
+    );
+    assert_eq!(once.status, 200, "{}", once.text());
+    assert_eq!(once.json()["idempotency_key"], "aaa", "{}", once.text());
+}
+
+#[test]
 fn a_batch_of_submissions_answers_each_in_order() {
     let service = Service::start(AdmissionConfig::default(), START);
     let worker = service.worker("renders");

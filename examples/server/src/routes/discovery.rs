@@ -63,7 +63,7 @@ pub(super) fn routes() -> Vec<Route> {
             None,
             Doc::new(
                 "mcp",
-                "MCP over streamable HTTP: JSON-RPC, one message or a batch of at most 32 run one call at a time; every message needs a key (`Authorization: Bearer`), 401 with WWW-Authenticate otherwise; a browser Origin other than this server is 403",
+                "MCP over streamable HTTP: JSON-RPC, one message or a batch of at most 32 run one call at a time; every message needs a key (`Authorization: Bearer`), 401 with WWW-Authenticate otherwise; a browser Origin other than a loopback one or one of --allowed-origin is 403; a body is application/json, each object naming its members once",
             )
             .keyed()
             .answers("200", "the JSON-RPC answer", Some(json!({})))

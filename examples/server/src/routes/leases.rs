@@ -166,9 +166,13 @@ async fn submit(
     headers: HeaderMap,
     JsonBody(request): JsonBody<NewSubmission>,
 ) -> Result<Response, ApiError> {
-    let key = headers
-        .get(IDEMPOTENCY_HEADER)
-        .ok_or_else(|| invalid("an idempotency-key header is required"))?
+    let mut keys = headers.get_all(IDEMPOTENCY_HEADER).iter();
+    let key = match (keys.next(), keys.next()) {
+        (Some(key), None) => key,
+        (None, _) => return Err(invalid("an idempotency-key header is required")),
+        (Some(_), Some(_)) => return Err(invalid("one idempotency-key header, not several")),
+    };
+    let key = key
         .to_str()
         .map_err(|_| invalid("the idempotency-key header is not visible ascii"))?;
     let key = IdempotencyKey::parse(key)?;

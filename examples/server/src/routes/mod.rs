@@ -232,6 +232,8 @@ pub struct AppState {
     pub(crate) public: PublicOptions,
     /// Whether anonymous sessions may be minted.
     pub(crate) sessions: bool,
+    /// The browser origins `/mcp` serves besides the loopback ones.
+    pub(crate) allowed_origins: Vec<String>,
 }
 
 impl AppState {
@@ -401,6 +403,11 @@ pub struct ServeOptions {
     /// Whether anyone may mint an anonymous session (`POST /v1/sessions`;
     /// default on).
     pub sessions: bool,
+    /// The browser origins (`scheme://host[:port]`) that may call `/mcp`
+    /// besides the loopback ones (`localhost`, `127.0.0.1`, `[::1]`); a
+    /// request without `Origin` (a client that is not a browser) is not
+    /// checked. Default: none.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServeOptions {
@@ -411,6 +418,7 @@ impl Default for ServeOptions {
             header_timeout: std::time::Duration::from_secs(10),
             body_timeout: std::time::Duration::from_secs(30),
             sessions: true,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -437,6 +445,7 @@ pub async fn serve_until(
         max_long_poll: options.max_long_poll,
         public: options.public,
         sessions: options.sessions,
+        allowed_origins: options.allowed_origins,
     });
     let router = app(state.clone());
     let mut http = hyper::server::conn::http1::Builder::new();

@@ -140,6 +140,31 @@ fn a_foreign_origin_an_unknown_protocol_version_and_a_long_batch_are_refused() {
     );
     assert_eq!(evil.status, 403, "{}", evil.text());
     assert_eq!(evil.json()["error"]["code"], "origin_refused");
+    // A name rebound to this address sends a Host that agrees with it.
+    let rebound = service.send_with(
+        "POST",
+        "/mcp",
+        Some(&worker),
+        &[("origin", "http://evil.example"), ("host", "evil.example")],
+        Some(&ping),
+    );
+    assert_eq!(rebound.status, 403, "{}", rebound.text());
+    // A JSON-RPC 1.0 call and ids a client could not match are refused.
+    for message in [
+        json!({ "jsonrpc": "1.0", "id": 1, "method": "ping" }),
+        json!({ "jsonrpc": "2.0", "id": { "a": 1 }, "method": "ping" }),
+        json!({ "jsonrpc": "2.0", "id": 1.5, "method": "ping" }),
+        json!({ "jsonrpc": "2.0", "id": [1], "method": "ping" }),
+    ] {
+        let answer = call(&service, Some(&worker), &message);
+        assert_eq!(answer["error"]["code"], -32600, "{message}: {answer}");
+    }
+    let answer = call(
+        &service,
+        Some(&worker),
+        &json!({ "jsonrpc": "2.0", "id": "a-1", "method": "ping" }),
+    );
+    assert_eq!(answer["id"], "a-1", "{answer}");
     let own = format!("http://{address}");
     let same = service.send_with(
         "POST",

@@ -21,7 +21,8 @@ pub(super) struct Effects {
     pub(super) updated: Vec<String>,
 }
 
-/// What each statement run through [`Writer::execute`] writes, by SQL text.
+/// What each statement run through
+/// [`Writer::execute`](super::writer::Writer::execute) writes, by SQL text.
 pub(super) type AssignmentCache = RefCell<HashMap<String, Arc<Effects>>>;
 
 /// State shared between the write connection and its SQLite hooks.

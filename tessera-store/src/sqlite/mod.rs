@@ -11,13 +11,14 @@
 //! and `max_page_count` caps the file. Checkpoints run on a thread of
 //! their own (`checkpoint.rs`), so no commit waits for the log to be
 //! copied into the file but at a backstop. The schema is data
-//! (`schema.rs`): opening a database creates only what is missing.
+//! (`schema/`): opening a database creates only what is missing.
+//! The statements of the store's operations live in `statements/`, one
+//! module per table or concern, each beside the Rust that binds and
+//! decodes it; `transactions/` maps the seam's operations onto them.
 //!
 //! Hosts meet this module only through [`SqliteOptions`] and
 //! [`QuotaClassifier`]; everything else is the store's.
 
-mod access;
-mod audit;
 mod checkpoint;
 mod group;
 mod hooks;
@@ -25,11 +26,8 @@ mod meter;
 mod open;
 mod quota;
 mod readers;
-mod schedules;
 mod schema;
-mod session;
 mod statements;
-mod tasks;
 mod transactions;
 mod writer;
 

@@ -53,6 +53,17 @@ impl<'a> Reader<'a> {
         Ok(lines)
     }
 
+    /// The names of the columns `sql` answers with.
+    #[cfg(test)]
+    pub(crate) fn columns(&self, sql: &str) -> rusqlite::Result<Vec<String>> {
+        let statement = self.conn.prepare(sql)?;
+        Ok(statement
+            .column_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect())
+    }
+
     /// Every row.
     pub(crate) fn all<T, P: Params>(
         &self,

@@ -524,8 +524,8 @@ pub(crate) const INDEXES: &[Index] = &[
 ///
 /// - `access_audit_at`: audit rows are appended in time order, so their
 ///   row ids are in time order too; a time bound is found by a search of
-///   the row ids (`audit.rs`), and each audit row costs one b-tree entry
-///   less.
+///   the row ids (`statements/audit.rs`), and each audit row costs one
+///   b-tree entry less.
 /// - `tasks_claimable` and `attempts_leased`: the claim indexes before
 ///   priorities, replaced by `tasks_claim_order` and `attempts_lapse_order`,
 ///   which lead with the priority.

@@ -1,14 +1,15 @@
-//! Periodic schedules and their fires.
+//! The `schedules` and `schedule_fires` tables: periodic schedules and
+//! the run-at times they fired for.
 
 use rusqlite::{Row, params};
 
-use super::readers::Reader;
-use super::writer::Writer;
 use crate::backend::rows::{count, millis};
 use crate::backend::schedules::RawSchedule;
 use crate::backend::{NewFire, Result, ScheduleRow};
+use crate::sqlite::readers::Reader;
+use crate::sqlite::writer::Writer;
 
-/// A schedule's columns in [`RawSchedule`] order, its last fire read from
+/// A schedule's columns, its last fire (`last_run_at`) read from
 /// the end of its entries in `schedule_fires_run_at`, then `$tail`.
 macro_rules! select_schedules {
     ($tail:literal) => {
@@ -16,7 +17,7 @@ macro_rules! select_schedules {
             "SELECT s.namespace, s.name, s.queue, s.cron, s.zone, s.brief, s.brief_format, \
              s.options, s.paused, s.active_since, s.created_at, s.updated_at, s.created_by, \
              (SELECT max(f.run_at) FROM schedule_fires f \
-             WHERE f.namespace = s.namespace AND f.schedule = s.name) \
+             WHERE f.namespace = s.namespace AND f.schedule = s.name) AS last_run_at \
              FROM schedules s ",
             $tail
         )
@@ -56,20 +57,20 @@ pub(crate) const INSERT_FIRE: &str = "INSERT INTO schedule_fires \
 
 fn raw(row: &Row<'_>) -> rusqlite::Result<RawSchedule> {
     Ok(RawSchedule {
-        namespace: row.get(0)?,
-        name: row.get(1)?,
-        queue: row.get(2)?,
-        cron: row.get(3)?,
-        zone: row.get(4)?,
-        brief: row.get(5)?,
-        brief_format: row.get(6)?,
-        options: row.get(7)?,
-        paused: row.get(8)?,
-        active_since: row.get(9)?,
-        created_at: row.get(10)?,
-        updated_at: row.get(11)?,
-        created_by: row.get(12)?,
-        last_run_at: row.get(13)?,
+        namespace: row.get("namespace")?,
+        name: row.get("name")?,
+        queue: row.get("queue")?,
+        cron: row.get("cron")?,
+        zone: row.get("zone")?,
+        brief: row.get("brief")?,
+        brief_format: row.get("brief_format")?,
+        options: row.get("options")?,
+        paused: row.get("paused")?,
+        active_since: row.get("active_since")?,
+        created_at: row.get("created_at")?,
+        updated_at: row.get("updated_at")?,
+        created_by: row.get("created_by")?,
+        last_run_at: row.get("last_run_at")?,
     })
 }
 

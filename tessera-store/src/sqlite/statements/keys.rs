@@ -1,13 +1,13 @@
-//! Principals and keys.
+//! The `access_principals` and `access_keys` tables: who may call, with
+//! which keys, and their retention deletes.
 
 use rusqlite::{Row, params};
 
-use super::readers::Reader;
-use super::writer::Writer;
 use crate::backend::rows::KeyRow;
+use crate::sqlite::readers::Reader;
+use crate::sqlite::writer::Writer;
 
-/// A key joined with its principal, in [`KeyRow::from_row`] column order,
-/// followed by `$tail`.
+/// A key joined with its principal, followed by `$tail`.
 macro_rules! select_keys {
     ($tail:literal) => {
         concat!(
@@ -46,18 +46,18 @@ pub(crate) const TOUCH_PRINCIPAL: &str =
 impl KeyRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
-            key_id: row.get(0)?,
-            principal_id: row.get(1)?,
-            secret_hash: row.get(2)?,
-            label: row.get(3)?,
-            scopes: row.get(4)?,
-            grants: row.get(5)?,
-            created_at: row.get(6)?,
-            expires_at: row.get(7)?,
-            revoked_at: row.get(8)?,
-            kind: row.get(9)?,
-            account: row.get(10)?,
-            last_used_at: row.get(11)?,
+            key_id: row.get("key_id")?,
+            principal_id: row.get("principal_id")?,
+            secret_hash: row.get("secret_hash")?,
+            label: row.get("label")?,
+            scopes: row.get("scopes")?,
+            grants: row.get("grants")?,
+            created_at: row.get("created_at")?,
+            expires_at: row.get("expires_at")?,
+            revoked_at: row.get("revoked_at")?,
+            kind: row.get("kind")?,
+            account: row.get("account")?,
+            last_used_at: row.get("last_used_at")?,
         })
     }
 }
@@ -111,7 +111,7 @@ pub(crate) fn principal_by_id(
     principal_id: i64,
 ) -> rusqlite::Result<Option<(String, String)>> {
     reader.optional(PRINCIPAL_BY_ID, [principal_id], |row| {
-        Ok((row.get(0)?, row.get(1)?))
+        Ok((row.get("kind")?, row.get("account")?))
     })
 }
 
@@ -172,4 +172,32 @@ pub(crate) fn touch_principal(
     writer
         .execute(TOUCH_PRINCIPAL, params![principal_id, at])
         .map(drop)
+}
+
+pub(crate) const PURGE_KEYS: &str = "DELETE FROM access_keys WHERE id IN \
+     (SELECT id FROM access_keys WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
+     ORDER BY purge_at LIMIT ?2)";
+
+/// One retention batch of keys past their purge time; returns how many
+/// it deleted.
+pub(crate) fn purge_keys(
+    writer: &Writer<'_>,
+    threshold: i64,
+    limit: i64,
+) -> rusqlite::Result<usize> {
+    writer.execute(PURGE_KEYS, params![threshold, limit])
+}
+
+pub(crate) const PURGE_PRINCIPALS: &str = "DELETE FROM access_principals WHERE id IN \
+     (SELECT id FROM access_principals WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
+     ORDER BY purge_at LIMIT ?2)";
+
+/// One retention batch of principals past their purge time; returns how
+/// many it deleted.
+pub(crate) fn purge_principals(
+    writer: &Writer<'_>,
+    threshold: i64,
+    limit: i64,
+) -> rusqlite::Result<usize> {
+    writer.execute(PURGE_PRINCIPALS, params![threshold, limit])
 }

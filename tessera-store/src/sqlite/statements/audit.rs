@@ -1,10 +1,11 @@
-//! Audit events, counters, and retention deletes.
+//! The `access_audit` and `access_day_counters` tables: audit events,
+//! the per-minute counters, and their retention deletes.
 
 use rusqlite::{Row, params};
 
-use super::readers::Reader;
-use super::writer::Writer;
 use crate::backend::rows::{self, CounterRow, EventRow};
+use crate::sqlite::readers::Reader;
+use crate::sqlite::writer::Writer;
 
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO access_audit \
      (at, principal, namespace, action, outcome, resource, ip_hash) \
@@ -38,8 +39,8 @@ pub(crate) const EVENT_FROM: &str =
     "SELECT id, at FROM access_audit WHERE id >= ?1 ORDER BY id LIMIT 1";
 
 /// The lowest and highest event row ids.
-pub(crate) const EVENT_SPAN: &str = "SELECT (SELECT min(id) FROM access_audit), \
-     (SELECT max(id) FROM access_audit)";
+pub(crate) const EVENT_SPAN: &str = "SELECT (SELECT min(id) FROM access_audit) AS low, \
+     (SELECT max(id) FROM access_audit) AS high";
 
 /// One principal's counters from minute `?2` on. The table holds at most
 /// one day of each counter, so a read of the 24-hour window reads it
@@ -78,29 +79,17 @@ pub(crate) const PURGED_DAY_MINUTES: i64 = 60;
 /// Minutes in a day: the `1440` of the counter statements' `% 1440`.
 const DAY: i64 = 1440;
 
-pub(crate) const PURGE_KEYS: &str = "DELETE FROM access_keys WHERE id IN \
-     (SELECT id FROM access_keys WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
-     ORDER BY purge_at LIMIT ?2)";
-
-pub(crate) const PURGE_PRINCIPALS: &str = "DELETE FROM access_principals WHERE id IN \
-     (SELECT id FROM access_principals WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
-     ORDER BY purge_at LIMIT ?2)";
-
-pub(crate) const PURGE_LIMITS: &str = "DELETE FROM access_limits WHERE id IN \
-     (SELECT id FROM access_limits WHERE purge_at IS NOT NULL AND purge_at <= ?1 \
-     ORDER BY purge_at LIMIT ?2)";
-
 impl EventRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
-            at: row.get(0)?,
-            principal: row.get(1)?,
-            namespace: row.get(2)?,
-            action: row.get(3)?,
-            outcome: row.get(4)?,
-            resource: row.get(5)?,
-            ip_hash: row.get(6)?,
-            id: row.get(7)?,
+            at: row.get("at")?,
+            principal: row.get("principal")?,
+            namespace: row.get("namespace")?,
+            action: row.get("action")?,
+            outcome: row.get("outcome")?,
+            resource: row.get("resource")?,
+            ip_hash: row.get("ip_hash")?,
+            id: row.get("id")?,
         })
     }
 }
@@ -108,12 +97,12 @@ impl EventRow {
 impl CounterRow {
     fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
-            minute: row.get(0)?,
-            principal: row.get(1)?,
-            namespace: row.get(2)?,
-            action: row.get(3)?,
-            outcome: row.get(4)?,
-            count: row.get(5)?,
+            minute: row.get("minute")?,
+            principal: row.get("principal")?,
+            namespace: row.get("namespace")?,
+            action: row.get("action")?,
+            outcome: row.get("outcome")?,
+            count: row.get("count")?,
         })
     }
 }
@@ -184,12 +173,15 @@ pub(crate) fn events(
 /// [`first_event_at_or_after`](rows::first_event_at_or_after)).
 pub(crate) fn first_event_at_or_after(reader: &Reader<'_>, at: i64) -> rusqlite::Result<i64> {
     let span = reader.optional(EVENT_SPAN, [], |row| {
-        Ok((row.get::<_, Option<i64>>(0)?, row.get::<_, Option<i64>>(1)?))
+        Ok((
+            row.get::<_, Option<i64>>("low")?,
+            row.get::<_, Option<i64>>("high")?,
+        ))
     })?;
     let span = span.and_then(|(low, high)| low.zip(high));
     rows::first_event_at_or_after(span, at, |id| {
         reader.optional(EVENT_FROM, [id], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+            Ok((row.get::<_, i64>("id")?, row.get::<_, i64>("at")?))
         })
     })
 }
@@ -247,17 +239,6 @@ pub(crate) fn counters(
         ),
         None => reader.all(COUNTERS_ALL, params![since, limit], CounterRow::from_row),
     }
-}
-
-/// One retention batch: deletes up to `limit` rows of one table whose time
-/// is past `threshold`; returns how many it deleted.
-pub(crate) fn purge(
-    writer: &Writer<'_>,
-    statement: &'static str,
-    threshold: i64,
-    limit: i64,
-) -> rusqlite::Result<usize> {
-    writer.execute(statement, params![threshold, limit])
 }
 
 #[cfg(test)]

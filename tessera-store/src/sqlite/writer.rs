@@ -142,7 +142,10 @@ impl WriteConnection {
             )?;
             let names = statement
                 .query_map(rusqlite::params![table, clustered], |row| {
-                    Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?))
+                    Ok((
+                        row.get::<_, String>("name")?,
+                        row.get::<_, bool>("partial")?,
+                    ))
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             let mut statement = self

@@ -48,7 +48,7 @@ fn inspect(reader: &Reader<'_>) -> Result<Inspection, Error> {
     let objects = reader.all(
         "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index')",
         [],
-        |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+        |row| Ok((row.get::<_, String>("type")?, row.get::<_, String>("name")?)),
     )?;
     for (kind, name) in objects {
         if kind == "index" {

@@ -11,102 +11,7 @@ pub(crate) const INSERT_EVENT: &str = "INSERT INTO access_audit \
      (at, principal, namespace, action, outcome, resource, ip_hash) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
-/// Adds to the counter's row for its minute of the day: to its count if
-/// the row holds the same minute, in place of it if the row holds an
-/// older one (the same minute a day or more earlier); a row already on a
-/// newer minute keeps it.
-pub(crate) const ADD_TO_COUNTER: &str = "INSERT INTO access_day_counters \
-     (day_minute, principal, namespace, action, outcome, minute, count) \
-     VALUES (?1 % 1440, ?2, ?3, ?4, ?5, ?1, ?6) \
-     ON CONFLICT (day_minute, principal, namespace, action, outcome) DO UPDATE SET \
-     count = CASE WHEN minute = excluded.minute THEN count + excluded.count \
-     WHEN minute < excluded.minute THEN excluded.count ELSE count END, \
-     minute = max(minute, excluded.minute)";
-
-pub(crate) const EVENTS_OF_PRINCIPAL: &str = "SELECT at, principal, namespace, action, outcome, \
-     resource, ip_hash, id FROM access_audit WHERE principal = ?1 AND at >= ?2 \
-     AND at <= ?4 AND (at, id) < (?4, ?5) ORDER BY at DESC, id DESC LIMIT ?3";
-
-/// The newest events from row id `?1` on (the first at or after the
-/// time `?2`, see [`first_event_at_or_after`]) and below row id `?4` (a
-/// cursor's): a range of the table's own b-tree, newest first.
-pub(crate) const EVENTS_ALL: &str = "SELECT at, principal, namespace, action, outcome, \
-     resource, ip_hash, id FROM access_audit WHERE id >= ?1 AND at >= ?2 AND id < ?4 \
-     ORDER BY id DESC LIMIT ?3";
-
-/// The first event with a row id at or after `?1`.
-pub(crate) const EVENT_FROM: &str =
-    "SELECT id, at FROM access_audit WHERE id >= ?1 ORDER BY id LIMIT 1";
-
-/// The lowest and highest event row ids.
-pub(crate) const EVENT_SPAN: &str = "SELECT (SELECT min(id) FROM access_audit) AS low, \
-     (SELECT max(id) FROM access_audit) AS high";
-
-/// One principal's counters from minute `?2` on. The table holds at most
-/// one day of each counter, so a read of the 24-hour window reads it
-/// whole, as a search of it by minute would.
-pub(crate) const COUNTERS_OF_PRINCIPAL: &str = "SELECT minute, principal, namespace, action, \
-     outcome, count FROM access_day_counters WHERE minute >= ?2 AND principal = ?1 \
-     ORDER BY minute DESC LIMIT ?3";
-
-/// Every counter from minute `?1` on; see [`COUNTERS_OF_PRINCIPAL`].
-pub(crate) const COUNTERS_ALL: &str = "SELECT minute, principal, namespace, action, outcome, \
-     count FROM access_day_counters WHERE minute >= ?1 ORDER BY minute DESC LIMIT ?2";
-
-/// The oldest events, below row id `?1` (the first at or after the cutoff
-/// `?2`) and older than the cutoff, at most `?3`: a range of the table's
-/// own b-tree from its start.
-pub(crate) const PURGE_EVENTS: &str = "DELETE FROM access_audit WHERE id IN \
-     (SELECT id FROM access_audit WHERE id < ?1 AND at < ?2 ORDER BY id LIMIT ?3)";
-
-/// Counters that went quiet: of the minutes of the day `?1` to `?2`
-/// (exclusive), those whose row still holds a minute before `?3` (no
-/// counter of theirs came since a day earlier), at most `?4`; found
-/// through the clustered key's minute-of-day prefix.
-pub(crate) const PURGE_COUNTERS: &str = "DELETE FROM access_day_counters \
-     WHERE (day_minute, principal, namespace, action, outcome) IN \
-     (SELECT day_minute, principal, namespace, action, outcome FROM access_day_counters \
-     WHERE day_minute >= ?1 AND day_minute < ?2 AND minute < ?3 LIMIT ?4)";
-
-/// The minutes of the day before a retention cutoff whose quiet counters
-/// one retention run deletes: the last hour's. Retention runs every five
-/// minutes while the store is maintained, so every minute of the day is
-/// visited within an hour of passing the cutoff; a quiet counter whose
-/// minute was missed (no maintenance that hour) waits for its minute to
-/// come round again, and no read ever returns it meanwhile.
-pub(crate) const PURGED_DAY_MINUTES: i64 = 60;
-
-/// Minutes in a day: the `1440` of the counter statements' `% 1440`.
-const DAY: i64 = 1440;
-
-impl EventRow {
-    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            at: row.get("at")?,
-            principal: row.get("principal")?,
-            namespace: row.get("namespace")?,
-            action: row.get("action")?,
-            outcome: row.get("outcome")?,
-            resource: row.get("resource")?,
-            ip_hash: row.get("ip_hash")?,
-            id: row.get("id")?,
-        })
-    }
-}
-
-impl CounterRow {
-    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            minute: row.get("minute")?,
-            principal: row.get("principal")?,
-            namespace: row.get("namespace")?,
-            action: row.get("action")?,
-            outcome: row.get("outcome")?,
-            count: row.get("count")?,
-        })
-    }
-}
-
+/// Appends an audit event.
 pub(crate) fn insert_event(writer: &Writer<'_>, event: &EventRow) -> rusqlite::Result<()> {
     writer
         .execute(
@@ -124,22 +29,31 @@ pub(crate) fn insert_event(writer: &Writer<'_>, event: &EventRow) -> rusqlite::R
         .map(drop)
 }
 
-/// Adds `counter.count` to its row, creating it if needed.
-pub(crate) fn add_to_counter(writer: &Writer<'_>, counter: &CounterRow) -> rusqlite::Result<()> {
-    writer
-        .execute(
-            ADD_TO_COUNTER,
-            params![
-                counter.minute,
-                counter.principal,
-                counter.namespace,
-                counter.action,
-                counter.outcome,
-                counter.count
-            ],
-        )
-        .map(drop)
+impl EventRow {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            at: row.get("at")?,
+            principal: row.get("principal")?,
+            namespace: row.get("namespace")?,
+            action: row.get("action")?,
+            outcome: row.get("outcome")?,
+            resource: row.get("resource")?,
+            ip_hash: row.get("ip_hash")?,
+            id: row.get("id")?,
+        })
+    }
 }
+
+pub(crate) const EVENTS_OF_PRINCIPAL: &str = "SELECT at, principal, namespace, action, outcome, \
+     resource, ip_hash, id FROM access_audit WHERE principal = ?1 AND at >= ?2 \
+     AND at <= ?4 AND (at, id) < (?4, ?5) ORDER BY at DESC, id DESC LIMIT ?3";
+
+/// The newest events from row id `?1` on (the first at or after the
+/// time `?2`, see [`first_event_at_or_after`]) and below row id `?4` (a
+/// cursor's): a range of the table's own b-tree, newest first.
+pub(crate) const EVENTS_ALL: &str = "SELECT at, principal, namespace, action, outcome, \
+     resource, ip_hash, id FROM access_audit WHERE id >= ?1 AND at >= ?2 AND id < ?4 \
+     ORDER BY id DESC LIMIT ?3";
 
 /// Newest first, at or after `since` and before the cursor `before`
 /// (time and row id) if there is one.
@@ -168,6 +82,14 @@ pub(crate) fn events(
     }
 }
 
+/// The first event with a row id at or after `?1`.
+pub(crate) const EVENT_FROM: &str =
+    "SELECT id, at FROM access_audit WHERE id >= ?1 ORDER BY id LIMIT 1";
+
+/// The lowest and highest event row ids.
+pub(crate) const EVENT_SPAN: &str = "SELECT (SELECT min(id) FROM access_audit) AS low, \
+     (SELECT max(id) FROM access_audit) AS high";
+
 /// The row id from which every event is at or after `at`, and before
 /// which every event is older (see
 /// [`first_event_at_or_after`](rows::first_event_at_or_after)).
@@ -185,6 +107,113 @@ pub(crate) fn first_event_at_or_after(reader: &Reader<'_>, at: i64) -> rusqlite:
         })
     })
 }
+
+/// The oldest events, below row id `?1` (the first at or after the cutoff
+/// `?2`) and older than the cutoff, at most `?3`: a range of the table's
+/// own b-tree from its start.
+pub(crate) const PURGE_EVENTS: &str = "DELETE FROM access_audit WHERE id IN \
+     (SELECT id FROM access_audit WHERE id < ?1 AND at < ?2 ORDER BY id LIMIT ?3)";
+
+/// One retention batch of events: up to `limit` of the oldest, older than
+/// `threshold`; returns how many it deleted.
+pub(crate) fn purge_events(
+    writer: &Writer<'_>,
+    threshold: i64,
+    limit: i64,
+) -> rusqlite::Result<usize> {
+    let below = first_event_at_or_after(writer, threshold)?;
+    writer.execute(PURGE_EVENTS, params![below, threshold, limit])
+}
+
+/// Adds to the counter's row for its minute of the day: to its count if
+/// the row holds the same minute, in place of it if the row holds an
+/// older one (the same minute a day or more earlier); a row already on a
+/// newer minute keeps it.
+pub(crate) const ADD_TO_COUNTER: &str = "INSERT INTO access_day_counters \
+     (day_minute, principal, namespace, action, outcome, minute, count) \
+     VALUES (?1 % 1440, ?2, ?3, ?4, ?5, ?1, ?6) \
+     ON CONFLICT (day_minute, principal, namespace, action, outcome) DO UPDATE SET \
+     count = CASE WHEN minute = excluded.minute THEN count + excluded.count \
+     WHEN minute < excluded.minute THEN excluded.count ELSE count END, \
+     minute = max(minute, excluded.minute)";
+
+/// Adds `counter.count` to its row, creating it if needed.
+pub(crate) fn add_to_counter(writer: &Writer<'_>, counter: &CounterRow) -> rusqlite::Result<()> {
+    writer
+        .execute(
+            ADD_TO_COUNTER,
+            params![
+                counter.minute,
+                counter.principal,
+                counter.namespace,
+                counter.action,
+                counter.outcome,
+                counter.count
+            ],
+        )
+        .map(drop)
+}
+
+impl CounterRow {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            minute: row.get("minute")?,
+            principal: row.get("principal")?,
+            namespace: row.get("namespace")?,
+            action: row.get("action")?,
+            outcome: row.get("outcome")?,
+            count: row.get("count")?,
+        })
+    }
+}
+
+/// One principal's counters from minute `?2` on. The table holds at most
+/// one day of each counter, so a read of the 24-hour window reads it
+/// whole, as a search of it by minute would.
+pub(crate) const COUNTERS_OF_PRINCIPAL: &str = "SELECT minute, principal, namespace, action, \
+     outcome, count FROM access_day_counters WHERE minute >= ?2 AND principal = ?1 \
+     ORDER BY minute DESC LIMIT ?3";
+
+/// Every counter from minute `?1` on; see [`COUNTERS_OF_PRINCIPAL`].
+pub(crate) const COUNTERS_ALL: &str = "SELECT minute, principal, namespace, action, outcome, \
+     count FROM access_day_counters WHERE minute >= ?1 ORDER BY minute DESC LIMIT ?2";
+
+/// Newest minute first, at or after minute `since`.
+pub(crate) fn counters(
+    reader: &Reader<'_>,
+    principal: Option<&str>,
+    since: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<CounterRow>> {
+    match principal {
+        Some(principal) => reader.all(
+            COUNTERS_OF_PRINCIPAL,
+            params![principal, since, limit],
+            CounterRow::from_row,
+        ),
+        None => reader.all(COUNTERS_ALL, params![since, limit], CounterRow::from_row),
+    }
+}
+
+/// Counters that went quiet: of the minutes of the day `?1` to `?2`
+/// (exclusive), those whose row still holds a minute before `?3` (no
+/// counter of theirs came since a day earlier), at most `?4`; found
+/// through the clustered key's minute-of-day prefix.
+pub(crate) const PURGE_COUNTERS: &str = "DELETE FROM access_day_counters \
+     WHERE (day_minute, principal, namespace, action, outcome) IN \
+     (SELECT day_minute, principal, namespace, action, outcome FROM access_day_counters \
+     WHERE day_minute >= ?1 AND day_minute < ?2 AND minute < ?3 LIMIT ?4)";
+
+/// The minutes of the day before a retention cutoff whose quiet counters
+/// one retention run deletes: the last hour's. Retention runs every five
+/// minutes while the store is maintained, so every minute of the day is
+/// visited within an hour of passing the cutoff; a quiet counter whose
+/// minute was missed (no maintenance that hour) waits for its minute to
+/// come round again, and no read ever returns it meanwhile.
+pub(crate) const PURGED_DAY_MINUTES: i64 = 60;
+
+/// Minutes in a day: the `1440` of the counter statements' `% 1440`.
+const DAY: i64 = 1440;
 
 /// One retention batch of counters: up to `limit` of those that went quiet
 /// in the [`PURGED_DAY_MINUTES`] minutes of the day before minute
@@ -211,34 +240,6 @@ pub(crate) fn purge_counters(
         deleted += writer.execute(PURGE_COUNTERS, params![from, to, cutoff, left])?;
     }
     Ok(deleted)
-}
-
-/// One retention batch of events: up to `limit` of the oldest, older than
-/// `threshold`; returns how many it deleted.
-pub(crate) fn purge_events(
-    writer: &Writer<'_>,
-    threshold: i64,
-    limit: i64,
-) -> rusqlite::Result<usize> {
-    let below = first_event_at_or_after(writer, threshold)?;
-    writer.execute(PURGE_EVENTS, params![below, threshold, limit])
-}
-
-/// Newest minute first, at or after minute `since`.
-pub(crate) fn counters(
-    reader: &Reader<'_>,
-    principal: Option<&str>,
-    since: i64,
-    limit: i64,
-) -> rusqlite::Result<Vec<CounterRow>> {
-    match principal {
-        Some(principal) => reader.all(
-            COUNTERS_OF_PRINCIPAL,
-            params![principal, since, limit],
-            CounterRow::from_row,
-        ),
-        None => reader.all(COUNTERS_ALL, params![since, limit], CounterRow::from_row),
-    }
 }
 
 #[cfg(test)]

@@ -7,21 +7,7 @@ use crate::backend::rows::{QueueRetentionRow, QueueSettingsRow};
 use crate::sqlite::readers::Reader;
 use crate::sqlite::writer::Writer;
 
-pub(crate) const QUEUE_SETTINGS: &str = "SELECT queue, paused_at, queue_limit, partition_limit \
-     FROM queue_settings WHERE namespace = ?1 AND queue = ?2";
-
-pub(crate) const NAMESPACE_QUEUE_SETTINGS: &str = "SELECT queue, paused_at, queue_limit, \
-     partition_limit FROM queue_settings WHERE namespace = ?1 ORDER BY queue";
-
-pub(crate) const PUT_QUEUE_SETTINGS: &str = "INSERT INTO queue_settings \
-     (namespace, queue, paused_at, queue_limit, partition_limit, updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (namespace, queue) DO UPDATE SET \
-     paused_at = excluded.paused_at, queue_limit = excluded.queue_limit, \
-     partition_limit = excluded.partition_limit, updated_at = excluded.updated_at";
-
-pub(crate) const DELETE_QUEUE_SETTINGS: &str =
-    "DELETE FROM queue_settings WHERE namespace = ?1 AND queue = ?2";
-
+/// Decodes a `queue_settings` row.
 fn settings_row(row: &Row<'_>) -> rusqlite::Result<QueueSettingsRow> {
     Ok(QueueSettingsRow {
         queue: row.get("queue")?,
@@ -30,6 +16,9 @@ fn settings_row(row: &Row<'_>) -> rusqlite::Result<QueueSettingsRow> {
         partition_limit: row.get("partition_limit")?,
     })
 }
+
+pub(crate) const QUEUE_SETTINGS: &str = "SELECT queue, paused_at, queue_limit, partition_limit \
+     FROM queue_settings WHERE namespace = ?1 AND queue = ?2";
 
 /// A queue's settings row.
 pub(crate) fn queue_settings(
@@ -40,6 +29,9 @@ pub(crate) fn queue_settings(
     reader.optional(QUEUE_SETTINGS, params![namespace, queue], settings_row)
 }
 
+pub(crate) const NAMESPACE_QUEUE_SETTINGS: &str = "SELECT queue, paused_at, queue_limit, \
+     partition_limit FROM queue_settings WHERE namespace = ?1 ORDER BY queue";
+
 /// A namespace's settings rows, by queue.
 pub(crate) fn namespace_queue_settings(
     reader: &Reader<'_>,
@@ -47,6 +39,15 @@ pub(crate) fn namespace_queue_settings(
 ) -> rusqlite::Result<Vec<QueueSettingsRow>> {
     reader.all(NAMESPACE_QUEUE_SETTINGS, params![namespace], settings_row)
 }
+
+pub(crate) const PUT_QUEUE_SETTINGS: &str = "INSERT INTO queue_settings \
+     (namespace, queue, paused_at, queue_limit, partition_limit, updated_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (namespace, queue) DO UPDATE SET \
+     paused_at = excluded.paused_at, queue_limit = excluded.queue_limit, \
+     partition_limit = excluded.partition_limit, updated_at = excluded.updated_at";
+
+pub(crate) const DELETE_QUEUE_SETTINGS: &str =
+    "DELETE FROM queue_settings WHERE namespace = ?1 AND queue = ?2";
 
 /// Stores a settings row, or deletes it (`None`).
 pub(crate) fn put_queue_settings(
@@ -73,21 +74,7 @@ pub(crate) fn put_queue_settings(
     Ok(())
 }
 
-pub(crate) const QUEUE_RETENTION: &str = "SELECT queue, done_ms, discarded_ms, cancelled_ms \
-     FROM queue_retention WHERE namespace = ?1 AND queue = ?2";
-
-pub(crate) const NAMESPACE_RETENTION: &str = "SELECT queue, done_ms, discarded_ms, \
-     cancelled_ms FROM queue_retention WHERE namespace = ?1 ORDER BY queue";
-
-pub(crate) const PUT_QUEUE_RETENTION: &str = "INSERT INTO queue_retention \
-     (namespace, queue, done_ms, discarded_ms, cancelled_ms, updated_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (namespace, queue) DO UPDATE SET \
-     done_ms = excluded.done_ms, discarded_ms = excluded.discarded_ms, \
-     cancelled_ms = excluded.cancelled_ms, updated_at = excluded.updated_at";
-
-pub(crate) const DELETE_QUEUE_RETENTION: &str =
-    "DELETE FROM queue_retention WHERE namespace = ?1 AND queue = ?2";
-
+/// Decodes a `queue_retention` row.
 fn retention_row(row: &Row<'_>) -> rusqlite::Result<QueueRetentionRow> {
     Ok(QueueRetentionRow {
         queue: row.get("queue")?,
@@ -96,6 +83,9 @@ fn retention_row(row: &Row<'_>) -> rusqlite::Result<QueueRetentionRow> {
         cancelled_ms: row.get("cancelled_ms")?,
     })
 }
+
+pub(crate) const QUEUE_RETENTION: &str = "SELECT queue, done_ms, discarded_ms, cancelled_ms \
+     FROM queue_retention WHERE namespace = ?1 AND queue = ?2";
 
 /// A queue's keep-times row.
 pub(crate) fn queue_retention(
@@ -106,6 +96,9 @@ pub(crate) fn queue_retention(
     reader.optional(QUEUE_RETENTION, params![namespace, queue], retention_row)
 }
 
+pub(crate) const NAMESPACE_RETENTION: &str = "SELECT queue, done_ms, discarded_ms, \
+     cancelled_ms FROM queue_retention WHERE namespace = ?1 ORDER BY queue";
+
 /// A namespace's keep-times rows, by queue.
 pub(crate) fn namespace_retention(
     reader: &Reader<'_>,
@@ -113,6 +106,15 @@ pub(crate) fn namespace_retention(
 ) -> rusqlite::Result<Vec<QueueRetentionRow>> {
     reader.all(NAMESPACE_RETENTION, params![namespace], retention_row)
 }
+
+pub(crate) const PUT_QUEUE_RETENTION: &str = "INSERT INTO queue_retention \
+     (namespace, queue, done_ms, discarded_ms, cancelled_ms, updated_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (namespace, queue) DO UPDATE SET \
+     done_ms = excluded.done_ms, discarded_ms = excluded.discarded_ms, \
+     cancelled_ms = excluded.cancelled_ms, updated_at = excluded.updated_at";
+
+pub(crate) const DELETE_QUEUE_RETENTION: &str =
+    "DELETE FROM queue_retention WHERE namespace = ?1 AND queue = ?2";
 
 /// Stores a queue's keep times (the columns of
 /// [`QueueRetentionRow::columns`]), or deletes them (`None`).

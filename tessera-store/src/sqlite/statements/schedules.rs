@@ -24,37 +24,7 @@ macro_rules! select_schedules {
     };
 }
 
-pub(crate) const SCHEDULE_BY_NAME: &str =
-    select_schedules!("WHERE s.namespace = ?1 AND s.name = ?2");
-
-pub(crate) const SCHEDULES_OF: &str =
-    select_schedules!("WHERE s.namespace = ?1 AND s.name > ?2 ORDER BY s.name LIMIT ?3");
-
-/// Unpaused schedules after `(?1, ?2)`, through the partial
-/// `schedules_active` index.
-pub(crate) const ACTIVE_SCHEDULES: &str = select_schedules!(
-    "WHERE s.paused = 0 AND (s.namespace, s.name) > (?1, ?2) \
-     ORDER BY s.namespace, s.name LIMIT ?3"
-);
-
-pub(crate) const PUT_SCHEDULE: &str = "INSERT INTO schedules (namespace, name, queue, cron, \
-     zone, brief, brief_format, options, paused, active_since, created_at, updated_at, \
-     created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
-     ON CONFLICT (namespace, name) DO UPDATE SET queue = excluded.queue, \
-     cron = excluded.cron, zone = excluded.zone, brief = excluded.brief, \
-     brief_format = excluded.brief_format, options = excluded.options, \
-     paused = excluded.paused, active_since = excluded.active_since, \
-     updated_at = excluded.updated_at";
-
-pub(crate) const DELETE_FIRES: &str =
-    "DELETE FROM schedule_fires WHERE namespace = ?1 AND schedule = ?2";
-
-pub(crate) const DELETE_SCHEDULE: &str = "DELETE FROM schedules WHERE namespace = ?1 AND name = ?2";
-
-pub(crate) const INSERT_FIRE: &str = "INSERT INTO schedule_fires \
-     (namespace, schedule, run_at, task_id, fired_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-     ON CONFLICT (namespace, schedule, run_at) DO NOTHING";
-
+/// Decodes a row of [`select_schedules!`].
 fn raw(row: &Row<'_>) -> rusqlite::Result<RawSchedule> {
     Ok(RawSchedule {
         namespace: row.get("namespace")?,
@@ -74,6 +44,10 @@ fn raw(row: &Row<'_>) -> rusqlite::Result<RawSchedule> {
     })
 }
 
+pub(crate) const SCHEDULE_BY_NAME: &str =
+    select_schedules!("WHERE s.namespace = ?1 AND s.name = ?2");
+
+/// A schedule by name, with its last fire.
 pub(crate) fn schedule(
     reader: &Reader<'_>,
     namespace: &str,
@@ -85,6 +59,10 @@ pub(crate) fn schedule(
         .transpose()
 }
 
+pub(crate) const SCHEDULES_OF: &str =
+    select_schedules!("WHERE s.namespace = ?1 AND s.name > ?2 ORDER BY s.name LIMIT ?3");
+
+/// A page of a namespace's schedules after `after`, by name.
 pub(crate) fn schedules_of(
     reader: &Reader<'_>,
     namespace: &str,
@@ -98,6 +76,14 @@ pub(crate) fn schedules_of(
         .collect()
 }
 
+/// Unpaused schedules after `(?1, ?2)`, through the partial
+/// `schedules_active` index.
+pub(crate) const ACTIVE_SCHEDULES: &str = select_schedules!(
+    "WHERE s.paused = 0 AND (s.namespace, s.name) > (?1, ?2) \
+     ORDER BY s.namespace, s.name LIMIT ?3"
+);
+
+/// A page of unpaused schedules after `after` (namespace, name).
 pub(crate) fn active_schedules(
     reader: &Reader<'_>,
     after: (&str, &str),
@@ -114,6 +100,16 @@ pub(crate) fn active_schedules(
         .collect()
 }
 
+pub(crate) const PUT_SCHEDULE: &str = "INSERT INTO schedules (namespace, name, queue, cron, \
+     zone, brief, brief_format, options, paused, active_since, created_at, updated_at, \
+     created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+     ON CONFLICT (namespace, name) DO UPDATE SET queue = excluded.queue, \
+     cron = excluded.cron, zone = excluded.zone, brief = excluded.brief, \
+     brief_format = excluded.brief_format, options = excluded.options, \
+     paused = excluded.paused, active_since = excluded.active_since, \
+     updated_at = excluded.updated_at";
+
+/// Creates a schedule or replaces its definition; its creation stays.
 pub(crate) fn put_schedule(writer: &Writer<'_>, row: &ScheduleRow) -> Result<()> {
     writer.execute(
         PUT_SCHEDULE,
@@ -136,10 +132,35 @@ pub(crate) fn put_schedule(writer: &Writer<'_>, row: &ScheduleRow) -> Result<()>
     Ok(())
 }
 
+pub(crate) const DELETE_SCHEDULE: &str = "DELETE FROM schedules WHERE namespace = ?1 AND name = ?2";
+
+pub(crate) const DELETE_FIRES: &str =
+    "DELETE FROM schedule_fires WHERE namespace = ?1 AND schedule = ?2";
+
+/// Deletes a schedule and its fires; returns whether it was there.
 pub(crate) fn delete_schedule(writer: &Writer<'_>, namespace: &str, name: &str) -> Result<bool> {
     let deleted = writer.execute(DELETE_SCHEDULE, params![namespace, name])? > 0;
     writer.execute(DELETE_FIRES, params![namespace, name])?;
     Ok(deleted)
+}
+
+pub(crate) const INSERT_FIRE: &str = "INSERT INTO schedule_fires \
+     (namespace, schedule, run_at, task_id, fired_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+     ON CONFLICT (namespace, schedule, run_at) DO NOTHING";
+
+/// Records a fire unless its run-at is recorded; returns whether it was new.
+pub(crate) fn insert_fire(writer: &Writer<'_>, fire: &NewFire<'_>) -> Result<bool> {
+    let inserted = writer.execute(
+        INSERT_FIRE,
+        params![
+            fire.namespace.as_str(),
+            fire.schedule.as_str(),
+            millis(fire.run_at),
+            fire.task_id.as_str(),
+            millis(fire.fired_at),
+        ],
+    )?;
+    Ok(inserted > 0)
 }
 
 /// A schedule's fire rows before its latest, at most `?3`.
@@ -156,18 +177,4 @@ pub(crate) fn trim_fires(
     limit: i64,
 ) -> Result<usize> {
     Ok(writer.execute(TRIM_FIRES, params![namespace, name, limit])?)
-}
-
-pub(crate) fn insert_fire(writer: &Writer<'_>, fire: &NewFire<'_>) -> Result<bool> {
-    let inserted = writer.execute(
-        INSERT_FIRE,
-        params![
-            fire.namespace.as_str(),
-            fire.schedule.as_str(),
-            millis(fire.run_at),
-            fire.task_id.as_str(),
-            millis(fire.fired_at),
-        ],
-    )?;
-    Ok(inserted > 0)
 }

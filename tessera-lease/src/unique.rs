@@ -247,6 +247,20 @@ pub fn holds(counted: UniqueStates, attempt_states: impl IntoIterator<Item = Sta
         .any(|state| counted.contains(state))
 }
 
+impl crate::spec::TaskRecord {
+    /// Whether this task, holding a unique slot kept in the states `held`
+    /// (`None`: it holds none), lets it go now that its attempts are as
+    /// recorded: no attempt is left in a state the slot counts.
+    pub fn leaves_unique_slot(&self, held: Option<UniqueStates>) -> bool {
+        held.is_some_and(|counted| {
+            !holds(
+                counted,
+                self.attempts.iter().map(|attempt| attempt.state.name()),
+            )
+        })
+    }
+}
+
 fn check_duration(field: Field, value: Duration) -> Result<(), LeaseError> {
     let rule = if value.is_zero() {
         DurationRule::Zero

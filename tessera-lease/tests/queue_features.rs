@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use tessera_lease::{
     BriefVersion, ConcurrencyLimit, Digest, Duplicate, FencingToken, Held, Holder, IdempotencyKey,
     LeaseError, Principal, StateName, Submission, Task, TaskId, TaskSpec, UniqueKey, UniqueMode,
-    Uniqueness, decide_duplicate,
+    UniqueStates, Uniqueness, decide_duplicate,
 };
 
 /// A task of `alternatives` attempts after `steps`: each claims (0),
@@ -90,6 +90,13 @@ proptest! {
         prop_assert_eq!(
             unfinished.holds(names.iter().copied()),
             names.iter().any(|s| !matches!(s, StateName::Done | StateName::Failed | StateName::Discarded | StateName::Cancelled)),
+        );
+        // A task holding no slot never leaves one; one holding a slot
+        // leaves it exactly when it no longer holds it.
+        prop_assert!(!task.record().leaves_unique_slot(None));
+        prop_assert_eq!(
+            task.record().leaves_unique_slot(Some(UniqueStates::UNFINISHED)),
+            !unfinished.holds(names.iter().copied()),
         );
         let not_before = later.map(at);
         match task.reschedule(not_before) {

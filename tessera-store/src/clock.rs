@@ -9,12 +9,14 @@ use parking_lot::Mutex;
 
 /// Where the store reads time.
 ///
-/// The store never calls `Instant::now()` or `Utc::now()` itself; it asks its
-/// clock. Hosts use [`SystemClock`]; tests and simulations use
-/// [`ManualClock`] and move time by hand. Two things are measured in real
-/// time by nature, outside any clock: opening a PostgreSQL store waits up
-/// to its connect timeout for the listening connection, and the
-/// `tracing`/`metrics` features time commits and operations as they run.
+/// Every time a rule reads comes from the store's clock. Hosts use
+/// [`SystemClock`]; tests and simulations use [`ManualClock`] and move time
+/// by hand. Four things read the operating system's clocks directly, none
+/// of them a rule: the completer's short wait for more acknowledgements to
+/// commit together (its `max_wait`), the seed of the retry jitter when the
+/// configuration names none, opening a PostgreSQL store (the listener's
+/// connect timeout, and the mark its notifications carry), and the
+/// `tracing`/`metrics` features' timings of commits and operations.
 pub trait Clock: Send + Sync + 'static {
     /// The wall-clock time, used for minutes, days, expiry and UTC midnight.
     fn now_utc(&self) -> DateTime<Utc>;

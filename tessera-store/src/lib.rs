@@ -5,10 +5,16 @@
 //! sans-IO crates `tessera-admission`, `tessera-lease` and `tessera-audit`
 //! over one backend seam, with SQLite behind it.
 //!
-//! This is the crate that does I/O. It still never reads the operating
-//! system's clock directly: all time comes from the [`Clock`] in its
-//! [`StoreConfig`] ([`SystemClock`] by default, [`ManualClock`] in tests and
-//! simulations), so nothing in a test sleeps to make time pass.
+//! This is the crate that does I/O. Every time a rule reads (lease expiry,
+//! minutes, days, retention, admission's deadlines) comes from the
+//! [`Clock`] in its [`StoreConfig`] ([`SystemClock`] by default,
+//! [`ManualClock`] in tests and simulations), so nothing in a test sleeps
+//! to make time pass. The operating system's clocks are read directly in
+//! four places, none of them a rule: the completer's short wait for more
+//! acknowledgements to commit together, the seed of the retry jitter when
+//! none is configured, opening a PostgreSQL store (its listener's connect
+//! timeout, and the mark its notifications carry), and the
+//! `tracing`/`metrics` features' timings.
 //!
 //! # Example
 //!
@@ -75,8 +81,11 @@
 //!
 //! ```text
 //!   hosts ── Store: the operations ─────────────────────────── ops/
-//!              │  one family per file: access, tasks, claims,
-//!              │  health, long-polls, sessions, audit reads
+//!              │  lease/: admission, grant, the one-statement
+//!              │  fast path, acknowledgements and their completer,
+//!              │  heartbeats, the worker loop; then one family per
+//!              │  file: enqueue, tasks, access, health, queues,
+//!              │  schedules, bulk, retention, sessions, audit reads
 //!              ├─ audit composition, open, read/write ───────── store/
 //!              ├─ claim gate, health snapshots, signals ─────── state/
 //!              │    (tessera-admission, tessera-audit rules)
@@ -111,93 +120,10 @@
 //! file, `Store::open_postgres` for a shared PostgreSQL database); the
 //! operations, their errors and their tests are the same on both.
 //!
-//! - **Tasks** ([`Store::enqueue`]): a versioned [`Brief`] with 1 to 32
-//!   competing attempts; `tasks`, `attempts` and `receipts` rows carry
-//!   `tessera-lease`'s records, and every rule ([`Store::heartbeat`],
-//!   [`Store::submit`], [`Store::fail`], [`Store::expire_leases`]) runs on
-//!   them inside one write transaction, with its audit row. On SQLite the
-//!   writes of concurrent callers share one `BEGIN IMMEDIATE` transaction
-//!   and one commit (group commit), each under its own savepoint: a
-//!   failing write rolls back alone, a failed commit fails every write it
-//!   carried, and no caller is answered before its commit. The claim order is
-//!   the highest priority first, then oldest ready first, then lapsed
-//!   leases, ended backoffs and passed schedules by when each became
-//!   claimable (the older task first when two became claimable at the
-//!   same time), from index searches however many tasks wait (one per
-//!   priority of each index, at most four): a task's `claimable_at` (0
-//!   while an attempt is ready, else its earliest backoff end or not-before
-//!   time) in the partial `tasks_claim_order` index, and each leased
-//!   attempt's lapse time in the partial `attempts_lapse_order` index. A leased
-//!   task is in the first only while it also has an attempt ready, in
-//!   backoff or scheduled, so a heartbeat rewrites just its attempt's lease
-//!   entry. The
-//!   store reads its clock at whole milliseconds, the
-//!   precision times are stored at, so a lease or receipt read back (or
-//!   replayed) equals the one first handed out.
-//! - **Claims**: only new claims enter admission, one [`Admission`](admission::Admission)
-//!   controller per store behind a `parking_lot` mutex. Thread-per-request
-//!   hosts call the blocking [`Store::claim`]; async hosts await
-//!   [`Store::claim_async`] (or [`Store::claim_permit`], then
-//!   [`Store::finish_claim`] on a blocking pool), on any executor, or drive
-//!   [`Store::begin_claim`], [`Store::poll_claim_event`],
-//!   [`Store::poll_claim_timeout`] and [`Store::cancel_claim`] themselves
-//!   (see `begin_claim` for the driver loop). A
-//!   [`ClaimPermit`] hands its capacity back when dropped, so no error or
-//!   panic leaks it. A [`Claimed`] lease serializes with the artifact key
-//!   its output goes under. Empty claims get the idle-pacing `Retry-After`.
-//! - **Reads**: [`Store::read_task`], [`Store::read_receipt`] (the audit
-//!   row names the run), [`Store::alternatives`], [`Store::health`] (a
-//!   15-second snapshot dropped by any change in the namespace;
-//!   [`Store::public_health`] for configured public namespaces, without a
-//!   key) and the long-poll [`Store::wait_for_work`].
-//! - **Anonymous sessions** ([`Store::mint_session`]): the mint allowance
-//!   and per-address-group limits, a durable quota row; the session's
-//!   namespace and practice tasks are made on its first use.
-//! - **Opening** ([`Store::open`], [`Store::open_in_memory`]): a new file
-//!   gets the whole schema in one transaction; an existing one is inspected
-//!   (`sqlite_master`, columns, the `tessera_meta` `schema_version` marker)
-//!   and only missing tables, indexes and columns are created, so opening an
-//!   up-to-date database writes nothing. A newer [`SCHEMA_VERSION`](sqlite::SCHEMA_VERSION) is
-//!   refused before anything could write (`journal_mode` included); a damaged
-//!   or foreign file is [`Error::CorruptDatabase`]. Dropping a store folds
-//!   its write-ahead log into the file.
-//! - **Access**: keys are `tsk_<key id>_<secret>` with 256 random bits,
-//!   stored as the SHA-256 of the whole key beside the public [`KeyId`].
-//!   [`Store::authenticate`] is one indexed read and a constant-time compare;
-//!   [`Caller`] decides grants and scopes; [`Store::recheck`] re-reads a key
-//!   after a wait. Keys are created, listed, revoked and expired through the
-//!   store, each an audited action. `last_used_at` reflects the last
-//!   audited action, at most 60 s behind: it rides in that action's
-//!   transaction at most once a minute, so a request that writes nothing
-//!   pays nothing for it; a changed account or kind is written at once.
-//! - **Audit**: every successful action writes one row (a write in the
-//!   action's own transaction, a read in a short transaction after it
-//!   answers), except a health read ([`Store::health`]): that is an
-//!   aggregate status served from a 15-second snapshot, not a read of a
-//!   resource, so it writes nothing, as the hosted service's does. Denied,
-//!   failed and no-op requests are counted in memory, so such a request
-//!   never pays for a write; a minute's counters are written once it has
-//!   passed by [`Store::maintain`] (which the host runs at
-//!   [`Store::next_maintenance`], and the store after each successful
-//!   write), before an audit read ([`Store::audit`]), or at once when
-//!   1,024 distinct counters wait. Retention deletes rows older than 24 hours, and
-//!   anonymous principals, their keys and limit rows past their purge time
-//!   (with a session's namespace, its practice tasks, their attempts and
-//!   receipts), and finished tasks past their keep time
-//!   ([`StoreConfig::with_retention`]: done a day, discarded, failed and
-//!   cancelled a week, by default) with their attempts, receipts and
-//!   unique slot, at most every five minutes in batches of 500, through
-//!   indexes.
-//! - **Storage quota**: `SQLITE_FULL`, a configured daily rows-written
-//!   allowance, a host [`QuotaClassifier`](sqlite::QuotaClassifier) and [`Store::refuse_writes`] are
-//!   all `503 storage_quota_exhausted` with the next 00:00 UTC as
-//!   `reset_at`. Nothing is retried, reset or deleted to get around one;
-//!   a refused write is rolled back whole, its audit row with it.
-//! - **Errors**: one [`Error`] with `status`, `code`, `retry_after`,
-//!   `reset_at`, a JSON [`body`](Error::body) and a
-//!   [`tool_error`](Error::tool_error) form.
-//! - **Metering**: [`Store::meter`] and [`Store::measure`] count rows
-//!   written (index entries included) and rows read; see [`MeterSnapshot`].
+//! What each operation family does underneath (tasks and the claim order,
+//! claims and admission, reads, anonymous sessions, opening, access, audit
+//! and retention, the storage quota, errors, metering) is described in
+//! `docs/store.md`.
 
 #![forbid(unsafe_code)]
 // Without a backend the core compiles but nothing can open a store.
@@ -250,10 +176,10 @@ pub use model::task::{
     TaskListing, TaskPage, TaskQuery, TaskRef, TaskView,
 };
 pub use model::wait::WaitOutcome;
-pub use ops::claim_async::PermitFuture;
+pub use ops::lease::claim_async::PermitFuture;
+pub use ops::lease::worker::{PendingAck, Worker, WorkerNext, WorkerOptions, WorkerStats};
 #[cfg(feature = "schedule")]
 pub use ops::schedule::Scheduler;
-pub use ops::worker::{PendingAck, Worker, WorkerNext, WorkerOptions, WorkerStats};
 pub use state::gate::{CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker};
 pub use store::Store;
 

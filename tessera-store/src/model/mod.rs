@@ -1,6 +1,7 @@
 //! The data operations take and return, shared by every layer above.
 
 pub(crate) mod access;
+pub(crate) mod ack;
 pub(crate) mod audit;
 pub(crate) mod bulk;
 pub(crate) mod claim;

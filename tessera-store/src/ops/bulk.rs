@@ -10,7 +10,6 @@ use crate::model::access::{Caller, Scope};
 use crate::model::audit::Trail;
 use crate::model::bulk::{BULK_BATCH, BulkFilter, BulkPosition};
 use crate::model::task::TaskRef;
-use crate::ops::task::leaves_slot;
 use crate::store::Store;
 
 /// A lease rule an operator applies to one task.
@@ -157,7 +156,7 @@ fn batch(
     writer.write_acknowledged(&changes, &[], &[])?;
     // Tasks whose attempts left the states their unique slot counts.
     for (handle, held, _, task) in &ruled {
-        if leaves_slot(*held, task.record()) {
+        if task.record().leaves_unique_slot(*held) {
             writer.release_unique_slot(*handle)?;
         }
     }

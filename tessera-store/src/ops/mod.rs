@@ -2,10 +2,9 @@
 //! the backend seam.
 
 mod access;
-pub(crate) mod ack;
 mod audit;
 mod bulk;
-pub(crate) mod claim_async;
+mod enqueue;
 mod health;
 pub(crate) mod lease;
 mod queue;
@@ -15,4 +14,3 @@ pub(crate) mod schedule;
 mod session;
 mod task;
 mod wait;
-pub(crate) mod worker;

@@ -477,7 +477,7 @@ pub(super) mod tests {
         ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
     )]
     fn one_statement_submits_and_claims_the_plain_shape_and_declines_the_rest() {
-        use crate::ops::ack::{Checked, checked_acceptance};
+        use crate::ops::lease::complete::{Checked, checked_acceptance};
         use crate::{ClaimOutcome, IdempotencyKey, Output, SubmitRequest, Submitted};
 
         let quick = Quick::open("quick_submit");

@@ -98,9 +98,8 @@ pub(super) type Pairs = Completer<Pair, PairAnswer>;
 /// How many statements of coalesced pairs one process runs at once: two,
 /// so that one executes while the other waits for its commit to reach
 /// the disk. One lane left the server's second core idle while its
-/// statement committed (0.86–1.20× graphile-worker from 4 workers, in two
-/// runs of two rounds); four split 4 workers into statements of one
-/// (`docs/performance-peers.md`).
+/// statement committed, and four split 4 workers into statements of one;
+/// the runs behind this are in `docs/performance-peers.md`.
 pub(super) const LANES: usize = 2;
 
 /// This thread's lane: threads are numbered as they first submit and
@@ -344,7 +343,7 @@ mod tests {
 
     use super::Pair;
     use crate::backend::{OpenPolicy, QuickClaimed, QuickSubmitted};
-    use crate::ops::ack::{Checked, checked_acceptance};
+    use crate::ops::lease::complete::{Checked, checked_acceptance};
     use crate::postgres::claim::tests::{Quick, claim};
     use crate::postgres::{PostgresBackend, PostgresOptions};
     use crate::{

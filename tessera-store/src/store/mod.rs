@@ -39,7 +39,7 @@ use crate::config::StoreConfig;
 use crate::error::Error;
 use crate::meter::MeterSnapshot;
 use crate::model::access::{Identity, PrincipalId};
-use crate::ops::ack::{Ack, AckAnswer};
+use crate::model::ack::{Ack, AckAnswer};
 #[cfg(feature = "postgres")]
 use crate::postgres as pg;
 #[cfg(feature = "sqlite")]

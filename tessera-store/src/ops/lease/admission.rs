@@ -12,10 +12,11 @@ use tessera_lease::{Namespace, QueueName, Submitted};
 
 use crate::error::Error;
 use crate::model::access::{Caller, Scope};
+use crate::model::ack::Acked;
 use crate::model::audit::ActionScope;
 use crate::model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason, MAX_CLAIM_BATCH};
 use crate::model::task::SubmitRequest;
-use crate::ops::ack::{Acked, Checked};
+use crate::ops::lease::complete::Checked;
 use crate::state::gate::{
     CancelToken, ClaimEvent, ClaimPermit, ClaimStart, ClaimWaker, rate_limited,
 };

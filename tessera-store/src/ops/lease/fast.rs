@@ -12,9 +12,10 @@ use crate::backend::rows::EventRow;
 use crate::backend::{QuickClaim, QuickClaimed, QuickSubmitted};
 use crate::error::Error;
 use crate::model::access::{Caller, PrincipalKind};
+use crate::model::ack::{Ack, Acked};
 use crate::model::audit::{ActionScope, Trail};
 use crate::model::claim::EmptyReason;
-use crate::ops::ack::{Ack, Acked, checked_acceptance};
+use crate::ops::lease::complete::checked_acceptance;
 use crate::state::waiting::ClaimRequest;
 use crate::store::Store;
 use crate::store::compose::carry_observation;
@@ -142,7 +143,7 @@ impl Store {
             }
         };
         let submitted = checked_acceptance(&submit, &acceptance, now);
-        let decided = crate::ops::ack::Decided::one(submitted.map(Acked::Submitted));
+        let decided = crate::ops::lease::complete::Decided::one(submitted.map(Acked::Submitted));
         self.acks_committed(std::slice::from_ref(ack), &decided);
         let claimed = match acceptance.claimed {
             QuickClaimed::Leased(grant) => checked_grant(&claim, duration, *grant)

@@ -17,7 +17,7 @@ use crate::model::audit::{ActionScope, Trail};
 use crate::model::claim::EmptyReason;
 use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, TaskRef};
-use crate::ops::ack::AckWrites;
+use crate::ops::lease::complete::AckWrites;
 use crate::ops::task::apply;
 use crate::state::waiting::{ClaimRequest, QueueKey};
 use crate::store::Store;
@@ -101,7 +101,11 @@ impl Store {
         let (namespace, queue) = (&request.namespace, &request.queue);
         let session = caller.kind() == PrincipalKind::Anonymous;
         let holder = caller.lease_principal();
-        let duration = self.config.lease_duration();
+        let terms = LeaseTerms {
+            holder: &holder,
+            duration: self.config.lease_duration(),
+            now,
+        };
         let mut audited = 0;
         if session {
             self.open_namespace(writer, caller, namespace, now)?;
@@ -141,24 +145,18 @@ impl Store {
             let wanted = Wanted {
                 count: request.count,
                 limit,
-                holder: &holder,
-                duration,
+                terms,
             };
-            grant_by_partition(writer, namespace, queue, &wanted, now)?
+            grant_by_partition(writer, namespace, queue, &wanted)?
         } else {
             let mut reason = EmptyReason::Empty;
             let mut lapses_recorded = false;
-            let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::new();
+            let mut granted: Vec<Placed> = Vec::new();
             let mut stale = 0;
             let mut exhausted = false;
             if let Some(locked) = locked {
                 // Plain tasks, leased set-based.
                 let found = locked.len();
-                let terms = LeaseTerms {
-                    holder: &holder,
-                    duration,
-                    now,
-                };
                 granted = grant_locked(writer, scope, namespace, locked, &terms, carried.as_ref())?;
                 audited = granted.len();
                 exhausted = granted.len() == found && found < request.count;
@@ -214,17 +212,15 @@ impl Store {
                     loaded.unique_held,
                     &mut rules,
                     now,
-                    |rules| rules.claim(&holder, now, duration),
+                    |rules| terms.lease(rules),
                 )?;
-                let task = TaskRef::new(
-                    namespace.clone(),
-                    lease.task().clone(),
-                    rules.record().version,
-                );
-                let brief = loaded
-                    .brief
-                    .ok_or_else(|| crate::error::corrupt("task brief"))?;
-                granted.push((loaded.handle, task, lease, brief));
+                granted.push(grant(
+                    namespace,
+                    loaded.handle,
+                    &rules,
+                    lease,
+                    loaded.brief,
+                )?);
             }
             (granted, reason)
         };
@@ -308,8 +304,7 @@ pub(super) fn record_lapses(
 pub(super) struct Wanted<'a> {
     count: usize,
     limit: ConcurrencyLimit,
-    holder: &'a Principal,
-    duration: Duration,
+    terms: LeaseTerms<'a>,
 }
 
 /// The most candidates a claim of a partition-limited queue walks through
@@ -326,8 +321,8 @@ pub(super) fn grant_by_partition(
     namespace: &Namespace,
     queue: &QueueName,
     wanted: &Wanted<'_>,
-    now: DateTime<Utc>,
 ) -> Result<(Vec<Placed>, EmptyReason), Error> {
+    let now = wanted.terms.now;
     record_lapses(writer, namespace, queue, now)?;
     let mut granted: Vec<Placed> = Vec::new();
     let mut full: Vec<PartitionKey> = Vec::new();
@@ -369,7 +364,7 @@ pub(super) fn grant_by_partition(
             queue,
             &rules,
             partition.as_ref(),
-            wanted.holder,
+            wanted.terms.holder,
             now,
         )?;
         if !wanted.limit.admits(held) {
@@ -386,17 +381,9 @@ pub(super) fn grant_by_partition(
             continue;
         }
         let lease = apply(writer, handle, unique_held, &mut rules, now, |rules| {
-            rules.claim(wanted.holder, now, wanted.duration)
+            wanted.terms.lease(rules)
         })?;
-        let task = TaskRef::new(
-            namespace.clone(),
-            lease.task().clone(),
-            rules.record().version,
-        );
-        let brief = loaded
-            .brief
-            .ok_or_else(|| crate::error::corrupt("task brief"))?;
-        granted.push((handle, task, lease, brief));
+        granted.push(grant(namespace, handle, &rules, lease, loaded.brief)?);
     }
     let reason = if skipped {
         EmptyReason::Limited
@@ -411,24 +398,23 @@ pub(super) fn grant_by_partition(
 pub(super) fn checked_grant(
     claim: &QuickClaim<'_>,
     duration: Duration,
-    grant: QuickGrant,
+    quick: QuickGrant,
 ) -> Result<LeaseGrant, Error> {
     let QuickGrant {
         before,
         after,
         resource,
-    } = grant;
-    let brief = before
-        .brief
-        .ok_or_else(|| crate::error::corrupt("task brief"))?;
+    } = quick;
+    let terms = LeaseTerms {
+        holder: claim.holder,
+        duration,
+        now: claim.now,
+    };
     let mut rules = Task::restore(before.record)?;
-    let lease = rules.claim(claim.holder, claim.now, duration)?;
+    let lease = terms.lease(&mut rules)?;
+    let (_, task, lease, brief) =
+        grant(claim.namespace, before.handle, &rules, lease, before.brief)?;
     let record = rules.record();
-    let task = TaskRef::new(
-        claim.namespace.clone(),
-        lease.task().clone(),
-        record.version,
-    );
     let expected = record
         .attempts
         .iter()
@@ -455,10 +441,38 @@ pub(super) fn resource(
 }
 
 /// Whom a claim leases to, for how long, and when.
+#[derive(Debug, Clone, Copy)]
 pub(super) struct LeaseTerms<'a> {
-    holder: &'a Principal,
-    duration: Duration,
-    now: DateTime<Utc>,
+    pub(super) holder: &'a Principal,
+    pub(super) duration: Duration,
+    pub(super) now: DateTime<Utc>,
+}
+
+impl LeaseTerms<'_> {
+    /// The lease rules' claim of `rules`' next claimable attempt under
+    /// these terms: every claim path leases through it.
+    pub(super) fn lease(&self, rules: &mut Task) -> Result<Lease, tessera_lease::LeaseError> {
+        rules.claim(self.holder, self.now, self.duration)
+    }
+}
+
+/// A grant as every claim path answers it: the task at `handle` in
+/// `namespace`, as `rules` leave it after they made `lease`, with its
+/// `brief` (a task loaded for a claim without one is corrupt).
+pub(super) fn grant(
+    namespace: &Namespace,
+    handle: TaskHandle,
+    rules: &Task,
+    lease: Lease,
+    brief: Option<Brief>,
+) -> Result<Placed, Error> {
+    let task = TaskRef::new(
+        namespace.clone(),
+        lease.task().clone(),
+        rules.record().version,
+    );
+    let brief = brief.ok_or_else(|| crate::error::corrupt("task brief"))?;
+    Ok((handle, task, lease, brief))
 }
 
 /// Leases the tasks [`lock_claimable`](crate::backend::WriteTransaction::lock_claimable)
@@ -476,50 +490,41 @@ pub(super) fn grant_locked(
     locked: Vec<crate::backend::LoadedTask>,
     terms: &LeaseTerms<'_>,
     carried: Option<&AckWrites<'_>>,
-) -> Result<Vec<(TaskHandle, TaskRef, Lease, Brief)>, Error> {
-    let &LeaseTerms {
-        holder,
-        duration,
-        now,
-    } = terms;
+) -> Result<Vec<Placed>, Error> {
+    let now = terms.now;
     let mut leased = Vec::with_capacity(locked.len());
+    let mut granted: Vec<Placed> = Vec::with_capacity(locked.len());
     for loaded in locked {
         let mut rules = Task::restore(loaded.record.clone())?;
         if rules.next_claimable_at(now) != Some(now) {
             break;
         }
-        let lease = rules.claim(holder, now, duration)?;
-        let brief = loaded
-            .brief
-            .clone()
-            .ok_or_else(|| crate::error::corrupt("task brief"))?;
+        let lease = terms.lease(&mut rules)?;
+        granted.push(grant(
+            namespace,
+            loaded.handle,
+            &rules,
+            lease,
+            loaded.brief.clone(),
+        )?);
         // A task with another attempt still claimable comes next in claim
         // order, and a batch never takes two attempts of one task: the
         // batch ends with it, as the one-at-a-time claim's does.
         let again = rules.next_claimable_at(now) == Some(now);
-        leased.push((loaded, rules, lease, brief));
+        leased.push((loaded, rules));
         if again {
             break;
         }
     }
     let changes: Vec<crate::backend::TaskChange<'_>> = leased
         .iter()
-        .map(|(loaded, rules, ..)| crate::backend::TaskChange {
+        .map(|(loaded, rules)| crate::backend::TaskChange {
             handle: loaded.handle,
             before: &loaded.record,
             after: rules.record(),
             at: now,
         })
         .collect();
-    let mut granted: Vec<(TaskHandle, TaskRef, Lease, Brief)> = Vec::with_capacity(leased.len());
-    for (loaded, rules, lease, brief) in &leased {
-        let task = TaskRef::new(
-            namespace.clone(),
-            lease.task().clone(),
-            rules.record().version,
-        );
-        granted.push((loaded.handle, task, lease.clone(), brief.clone()));
-    }
     let events: Vec<_> = granted
         .iter()
         .map(|grant| scope.event(now, resource(grant)))
@@ -528,8 +533,8 @@ pub(super) fn grant_locked(
         Some(writes) => writes.write_with(writer, &changes, &events)?,
         None => writer.write_acknowledged(&changes, &[], &events)?,
     }
-    for (loaded, rules, ..) in &leased {
-        if crate::ops::task::leaves_slot(loaded.unique_held, rules.record()) {
+    for (loaded, rules) in &leased {
+        if rules.record().leaves_unique_slot(loaded.unique_held) {
             writer.release_unique_slot(loaded.handle)?;
         }
     }

@@ -1,9 +1,14 @@
 //! The lease wing: how a claim is admitted, how its lease is granted,
 //! and the one-statement fast path, one concept per file.
 
+mod ack;
 mod admission;
+pub(crate) mod claim_async;
+pub(crate) mod complete;
 mod fast;
 mod grant;
+mod heartbeat;
+pub(crate) mod worker;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! heartbeats what it holds at once, and acknowledges through the
 //! completer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,19 +10,16 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
-use tessera_audit::Action;
 use tessera_lease::{
-    Failure, FencingToken, IdempotencyKey, Lease, Namespace, QueueName, Retry, Submitted, Task,
-    TaskRecord, TaskState,
+    Failure, FencingToken, IdempotencyKey, Lease, Namespace, QueueName, Retry, Submitted, TaskState,
 };
 
-use crate::backend::{TaskChange, TaskHandle};
 use crate::error::Error;
-use crate::model::access::{Caller, Scope};
-use crate::model::audit::ActionScope;
+use crate::model::access::Caller;
+use crate::model::ack::{Ack, AckAnswer, Acked};
 use crate::model::claim::{Claimed, ClaimedBatch, EmptyReason, MAX_CLAIM_BATCH};
-use crate::model::task::{Output, SubmitRequest, TaskRef, not_found};
-use crate::ops::ack::{Ack, AckAnswer, Acked, Checked};
+use crate::model::task::{Output, SubmitRequest, TaskRef};
+use crate::ops::lease::complete::Checked;
 use crate::store::Store;
 
 /// How a [`Worker`] claims ahead and when it lets a buffered task go.
@@ -691,130 +688,5 @@ impl<S: Deref<Target = Store>> Drop for Worker<S> {
     /// it buffers when dropped; the answers go to their [`PendingAck`]s.
     fn drop(&mut self) {
         self.flush();
-    }
-}
-
-/// One task of a heartbeat batch, as loaded and as the rules leave it.
-struct Held {
-    handle: TaskHandle,
-    before: TaskRecord,
-    rules: Task,
-}
-
-impl Store {
-    /// Extends many leases `caller` holds at once, as
-    /// [`heartbeat`](Self::heartbeat) extends one: one transaction, the
-    /// tasks locked at once, one audit row per extended lease. Each
-    /// lease's own answer in order (`403`, `404`, `409` as a heartbeat's);
-    /// the outer error is the transaction's, which then extended none.
-    pub(crate) fn heartbeat_many(
-        &self,
-        caller: &Caller,
-        held: &[(TaskRef, FencingToken)],
-    ) -> Result<Vec<Result<Lease, Error>>, Error> {
-        let now = self.now_utc();
-        let holder = caller.lease_principal();
-        let extension = self.config.lease_duration();
-        let scopes: Vec<Result<ActionScope, Error>> = held
-            .iter()
-            .map(|(task, _)| self.admit(caller, &task.namespace, Scope::Claim, Action::Heartbeat))
-            .collect();
-        let mut refs: Vec<&TaskRef> = held
-            .iter()
-            .zip(&scopes)
-            .filter(|(_, scope)| scope.is_ok())
-            .map(|((task, _), _)| task)
-            .collect();
-        refs.sort_unstable();
-        refs.dedup();
-        if refs.is_empty() {
-            return Ok(scopes
-                .into_iter()
-                .map(|scope| Err(scope.expect_err("every scope was refused")))
-                .collect());
-        }
-        let result = self.write(|writer| {
-            let loaded = writer.lock_tasks(&refs)?;
-            let mut tasks: HashMap<&TaskRef, Result<Held, Error>> = HashMap::new();
-            for (task, loaded) in refs.iter().zip(loaded) {
-                let entry = match loaded {
-                    None => Err(not_found(task)),
-                    Some(loaded) => Task::restore(loaded.record.clone())
-                        .map(|rules| Held {
-                            handle: loaded.handle,
-                            before: loaded.record,
-                            rules,
-                        })
-                        .map_err(Error::from),
-                };
-                tasks.insert(task, entry);
-            }
-            let mut answers = Vec::with_capacity(held.len());
-            let mut events = Vec::new();
-            for ((task, token), scope) in held.iter().zip(&scopes) {
-                let scope = match scope {
-                    Ok(scope) => scope,
-                    Err(error) => {
-                        answers.push(Err(error.clone()));
-                        continue;
-                    }
-                };
-                let answer = match tasks.get_mut(task) {
-                    Some(Ok(loaded)) => loaded
-                        .rules
-                        .heartbeat(&holder, *token, now, extension)
-                        .map_err(Error::from),
-                    Some(Err(error)) => Err(error.clone()),
-                    None => unreachable!("every admitted reference was looked up"),
-                };
-                if let Ok(lease) = &answer {
-                    events.push(
-                        scope.event(now, task.grant_resource(lease.attempt(), lease.token())),
-                    );
-                }
-                answers.push(answer);
-            }
-            let changes: Vec<TaskChange<'_>> = tasks
-                .values()
-                .filter_map(|task| task.as_ref().ok())
-                .filter(|task| task.before != *task.rules.record())
-                .map(|task| TaskChange {
-                    handle: task.handle,
-                    before: &task.before,
-                    after: task.rules.record(),
-                    at: now,
-                })
-                .collect();
-            writer.write_acknowledged(&changes, &[], &events)?;
-            Ok(answers)
-        });
-        match result {
-            Ok(answers) => {
-                let mut wrote = false;
-                for (answer, scope) in answers.iter().zip(&scopes) {
-                    match (answer, scope) {
-                        (Ok(_), _) => wrote = true,
-                        (Err(error), Ok(scope)) => self.count(scope, error.outcome()),
-                        // Counted when it was refused.
-                        (Err(_), Err(_)) => {}
-                    }
-                }
-                if wrote {
-                    let mut changed: Vec<&Namespace> = refs.iter().map(|t| &t.namespace).collect();
-                    changed.dedup();
-                    for namespace in changed {
-                        self.namespace_changed(namespace);
-                    }
-                    self.after_write();
-                }
-                Ok(answers)
-            }
-            Err(error) => {
-                for scope in scopes.iter().flatten() {
-                    self.count(scope, error.outcome());
-                }
-                Err(error)
-            }
-        }
     }
 }

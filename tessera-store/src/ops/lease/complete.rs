@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use tessera_audit::{Action, AuditEvent, Outcome};
 use tessera_lease::{
     ArtifactKey, AttemptNumber, Failure, FencingToken, Idempotency, IdempotencyKey, LeaseError,
-    Principal, Receipt, Retry, Submission, Submitted, Task, TaskRecord, TaskState, UniqueStates,
+    Principal, Receipt, Retry, Submission, Submitted, Task, TaskRecord, UniqueStates,
     check_output_size, decide_idempotency,
 };
 
@@ -30,42 +30,9 @@ use crate::backend::{
 };
 use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::model::access::{Caller, PrincipalId, Scope};
-use crate::model::audit::ActionScope;
-use crate::model::task::{MAX_SUBMIT_BATCH, SubmitRequest, TaskRef, purged, whole_millis};
-use crate::ops::task::leaves_slot;
+use crate::model::ack::{Ack, AckAnswer, AckKind, Acked};
+use crate::model::task::{SubmitRequest, TaskRef, purged, whole_millis};
 use crate::store::Store;
-
-/// One acknowledgement waiting for its commit.
-#[derive(Debug)]
-pub(crate) struct Ack {
-    pub(crate) scope: ActionScope,
-    task: TaskRef,
-    kind: AckKind,
-}
-
-#[derive(Debug)]
-enum AckKind {
-    Submit {
-        submission: Submission,
-        output: Option<Vec<u8>>,
-    },
-    Fail {
-        holder: Principal,
-        token: FencingToken,
-        failure: Failure,
-    },
-}
-
-/// What an acknowledgement came to.
-#[derive(Debug, Clone)]
-pub(crate) enum Acked {
-    Submitted(Submitted),
-    Failed(TaskState),
-}
-
-/// An acknowledgement's answer: what the rules said of it, inside `Ok`,
-/// once its batch committed; the commit's error when the batch did not.
-pub(crate) type AckAnswer = Result<Result<Acked, Error>, Error>;
 
 /// One task of a batch, as loaded and as the rules leave it.
 struct Held {
@@ -147,65 +114,6 @@ impl AckWrites<'_> {
 }
 
 impl Store {
-    /// Submits many outputs of `caller`'s leases at once, each as
-    /// [`submit`](Self::submit) would, and returns each one's answer in
-    /// order: its receipt ([`Submitted::Accepted`]), its replay, or its
-    /// own error (`409` for a stale token or an idempotency conflict,
-    /// `404`, `403` for a namespace the key has no grant for).
-    ///
-    /// The submissions go through the store's completer with those of
-    /// other threads: one transaction, set-based statements, one receipt
-    /// and one audit row per accepted submission, and each answer only
-    /// after the commit that holds it. The outer `Err` is for the batch
-    /// as a whole, which then acknowledged nothing: empty or above
-    /// [`MAX_SUBMIT_BATCH`](crate::limits::MAX_SUBMIT_BATCH) (`400`), or
-    /// a commit that failed (a storage error, `503` for a quota).
-    pub fn submit_batch(
-        &self,
-        caller: &Caller,
-        submissions: &[SubmitRequest],
-    ) -> Result<Vec<Result<Submitted, Error>>, Error> {
-        if submissions.is_empty() || submissions.len() > MAX_SUBMIT_BATCH {
-            let error = Error::InvalidInput {
-                reason: format!(
-                    "a batch holds 1 to {MAX_SUBMIT_BATCH} submissions, not {}",
-                    submissions.len()
-                ),
-            };
-            let scope = ActionScope::of(caller, None, Action::Submit);
-            self.count(&scope, error.outcome());
-            return Err(error);
-        }
-        let mut answers: Vec<Option<Result<Submitted, Error>>> = Vec::new();
-        let mut acks = Vec::new();
-        let mut places = Vec::new();
-        for (index, request) in submissions.iter().enumerate() {
-            match self.submission(caller, request) {
-                Ok(Checked::Ack(ack)) => {
-                    answers.push(None);
-                    acks.push(ack);
-                    places.push(index);
-                }
-                Ok(Checked::Answered(submitted)) => answers.push(Some(Ok(submitted))),
-                Err(error) => answers.push(Some(Err(error))),
-            }
-        }
-        let results = self
-            .acknowledge(acks)
-            .into_iter()
-            .collect::<Result<Vec<_>, Error>>()?;
-        for (place, result) in places.into_iter().zip(results) {
-            answers[place] = Some(result.map(|acked| match acked {
-                Acked::Submitted(submitted) => submitted,
-                Acked::Failed(_) => unreachable!("a submission is answered as one"),
-            }));
-        }
-        Ok(answers
-            .into_iter()
-            .map(|answer| answer.expect("every submission is answered"))
-            .collect())
-    }
-
     /// A submission checked on the caller's thread: its permissions and
     /// size, and while writes are refused, its replay (read, not written).
     pub(crate) fn submission(
@@ -532,7 +440,7 @@ impl Store {
             // counts.
             released: held
                 .iter()
-                .filter(|task| leaves_slot(task.unique, task.rules.record()))
+                .filter(|task| task.rules.record().leaves_unique_slot(task.unique))
                 .map(|task| task.handle)
                 .collect(),
             changes: held
@@ -597,7 +505,7 @@ pub(crate) fn checked_acceptance(
         || submit.event.resource != acceptance.resource
         || claimable_column(&before.record) != claimable_column(after)
         || before.record.last_token != after.last_token
-        || leaves_slot(before.unique_held, after)
+        || after.leaves_unique_slot(before.unique_held)
     {
         return Err(differs());
     }

@@ -1,14 +1,18 @@
 //! Set-based statements on PostgreSQL: many tasks, receipts or audit rows
 //! in one statement each, their values passed as arrays and read back
 //! with `unnest`, so a batch of any size costs the same round trips.
+//!
+//! Each statement is a file of `sql/`; one function or `params` here
+//! builds its arguments, in the order and under the names its SQL gives
+//! them, and its answer is read by column name.
 
 use std::collections::HashMap;
 
 use tessera_audit::AuditEvent;
 use tessera_lease::{PartitionKey, UniqueKey};
 
-use super::rows::{attempt_row_at, receipt_row, task_row, version};
-use super::statements::{each_priority, lapse_floor, lapsed_leases};
+use super::claim::Named;
+use super::rows::{attempt_row, receipt_row, task_row, version};
 use super::transactions::PgTransaction;
 use crate::backend::rows::{
     AttemptRow, AttemptWrite, EventRow, TaskRow, TaskWrites, claimable_column, corrupt,
@@ -17,158 +21,93 @@ use crate::backend::rows::{
 use crate::backend::{LoadedTask, NewReceipt, NewTask, ReceiptKey, Result, TaskChange};
 use crate::model::task::{StoredReceipt, TaskRef};
 
-/// The tasks named by (namespace, id, version), without briefs, each
-/// locked (in row order, so two batches lock their rows in one order),
-/// one row per attempt: the task's columns in `task_row`'s order, its
-/// namespace, then the attempt's in `attempt_row`'s. The attempts are
-/// locked too: under `READ COMMITTED` a task locked after waiting for a
-/// concurrent commit is its newest version, while a plain join would read
-/// its attempts as the statement's older snapshot has them (a lapse or a
-/// grant the other transaction wrote unseen, a stale token accepted).
-const LOCK_AND_LOAD: &str = "WITH locked AS MATERIALIZED (SELECT t.id, t.queue, t.task_id, \
-     t.version, t.brief_format, t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, \
-     t.max_tries, t.priority, t.namespace, t.partition_key, t.unique_key, t.unique_states, \
-     t.lease_ms, t.deadline_at \
-     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(namespace, task_id, version) \
-     JOIN tasks t ON t.namespace = r.namespace AND t.task_id = r.task_id \
-     AND t.version = r.version ORDER BY t.id FOR UPDATE OF t) \
-     SELECT l.id, l.queue, l.task_id, l.version, NULL::bytea, l.brief_format, \
-     l.lapse_backoff_ms, l.last_token, l.claimable_at, l.created_at, l.max_tries, l.priority, \
-     l.namespace, a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, \
-     a.expires_at, a.lapses_at, a.discarded, a.last_error, \
-     l.partition_key, l.unique_key, l.unique_states, l.lease_ms, l.deadline_at \
-     FROM locked l JOIN attempts a ON a.task = l.id ORDER BY l.id, a.number FOR UPDATE OF a";
-/// Where the attempt's columns start in [`LOCK_AND_LOAD`] and
-/// [`LOCK_CLAIMABLE`].
-const ATTEMPT_COLUMNS: usize = 13;
-/// Up to `$4` claimable tasks of a queue without a settings row (running,
-/// no limit) in claim order (`NEXT_CLAIMABLE`'s search, `$4` rows a
-/// priority), with briefs, each locked or skipped, then
-/// their attempts, locked too so that they are read as the newest
-/// versions; one row per attempt, in the columns of [`LOCK_AND_LOAD`],
-/// then whether the queue has a due lapsed lease that the claim order
-/// may put in the batch (from `lapse_floor`'s priority up).
-const LOCK_CLAIMABLE: &str = concat!(
-    "WITH picked AS MATERIALIZED (",
-    each_priority!(
-        "SELECT id, queue, task_id, version, brief, brief_format, lapse_backoff_ms, \
-         last_token, claimable_at, created_at, max_tries, priority, namespace, \
-         partition_key, unique_key, unique_states, lease_ms, deadline_at FROM tasks \
-         WHERE namespace = $1 AND queue = $2 AND claimable_at IS NOT NULL \
-         AND claimable_at <= $3 AND NOT EXISTS (SELECT 1 FROM queue_settings s \
-         WHERE s.namespace = $1 AND s.queue = $2)",
-        "ORDER BY claimable_at, id LIMIT $4 FOR UPDATE SKIP LOCKED",
-        "0",
-        "$4"
-    ),
-    "), attempt AS (SELECT a.task, a.number, a.state, a.until_at, a.tries, a.holder, a.token, \
-     a.granted_at, a.expires_at, a.lapses_at, a.discarded, a.last_error \
-     FROM attempts a JOIN picked p ON a.task = p.id FOR UPDATE OF a) \
-     SELECT p.id, p.queue, p.task_id, p.version, p.brief, p.brief_format, p.lapse_backoff_ms, \
-     p.last_token, p.claimable_at, p.created_at, p.max_tries, p.priority, p.namespace, \
-     a.number, a.state, a.until_at, a.tries, a.holder, a.token, a.granted_at, a.expires_at, \
-     a.lapses_at, a.discarded, a.last_error, p.partition_key, p.unique_key, p.unique_states, \
-     p.lease_ms, p.deadline_at, \
-     EXISTS (",
-    each_priority!(
-        lapsed_leases!(),
-        "ORDER BY lapses_at LIMIT 1",
-        lapse_floor!("$4")
-    ),
-    ") AS lapse_due FROM picked p JOIN attempt a ON a.task = p.id \
-     ORDER BY p.priority DESC, p.claimable_at, p.id, a.number"
-);
-/// The receipts stored under many (principal, task, key), in the columns
-/// of `receipt_row`, then the key's place. The fenced lateral search
-/// (`OFFSET 0`) keeps a generic plan made while the table was small on
-/// the unique index, instead of a hash join over every receipt.
-const RECEIPTS_BY_KEYS: &str = "SELECT r.attempt, r.token, r.principal, \
-     r.idempotency_key, r.artifact, r.digest, r.accepted_at, r.output, k.place \
-     FROM unnest($1::text[], $2::bigint[], $3::text[]) WITH ORDINALITY \
-     AS k(principal, task, idempotency_key, place) \
-     CROSS JOIN LATERAL (SELECT * FROM receipts r WHERE r.principal = k.principal \
-     AND r.task = k.task AND r.idempotency_key = k.idempotency_key OFFSET 0) r";
-/// What a batch decided, in one statement: attempts whose state alone
-/// moved (a submit, a failure report), attempts written whole (a grant),
-/// leases whose expiry alone moved (a heartbeat without progress),
-/// task rows whose token counter or claim column moved (a grant, a
-/// retry), the receipts and the audit rows. Returns the rows it changed.
-const WRITE_ACKNOWLEDGED: &str = "WITH states AS (UPDATE attempts a SET state = u.state, \
-     until_at = u.until_at, lapses_at = u.lapses_at, discarded = u.discarded, \
-     last_error = u.last_error, changed_at = u.changed_at \
-     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], \
-     $6::text[], $7::text[], $26::bigint[]) \
-     AS u(task, number, state, until_at, lapses_at, discarded, last_error, changed_at) \
-     WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
-     wholes AS (UPDATE attempts a SET state = u.state, until_at = u.until_at, \
-     tries = u.tries, holder = u.holder, token = u.token, granted_at = u.granted_at, \
-     expires_at = u.expires_at, lapses_at = u.lapses_at, discarded = u.discarded, \
-     last_error = u.last_error, changed_at = u.changed_at \
-     FROM unnest($29::bigint[], $30::bigint[], $31::text[], $32::bigint[], $33::bigint[], \
-     $34::text[], $35::bigint[], $36::bigint[], $37::bigint[], $38::bigint[], $39::text[], \
-     $40::text[], $41::bigint[]) AS u(task, number, state, until_at, tries, holder, token, \
-     granted_at, expires_at, lapses_at, discarded, last_error, changed_at) \
-     WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
-     expiries AS (UPDATE attempts a SET expires_at = u.expires_at, lapses_at = u.lapses_at \
-     FROM unnest($42::bigint[], $43::bigint[], $44::bigint[], $45::bigint[]) \
-     AS u(task, number, expires_at, lapses_at) \
-     WHERE a.task = u.task AND a.number = u.number RETURNING 1), \
-     claims AS (UPDATE tasks t SET last_token = coalesce(u.last_token, t.last_token), \
-     claimable_at = CASE WHEN u.moves THEN u.claimable_at ELSE t.claimable_at END \
-     FROM unnest($8::bigint[], $9::bigint[], $27::bigint[], $28::boolean[]) \
-     AS u(id, claimable_at, last_token, moves) WHERE t.id = u.id \
-     RETURNING 1), \
-     receipts_added AS (INSERT INTO receipts (task, attempt, token, principal, \
-     idempotency_key, artifact, digest, accepted_at, output) \
-     SELECT * FROM unnest($10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::text[], \
-     $15::text[], $16::text[], $17::bigint[], $18::bytea[]) RETURNING 1), \
-     audited AS (INSERT INTO access_audit (at, principal, namespace, action, outcome, resource, \
-     ip_hash) SELECT * FROM unnest($19::bigint[], $20::text[], $21::text[], $22::text[], \
-     $23::text[], $24::text[], $25::text[]) RETURNING 1) \
-     SELECT (SELECT count(*) FROM states) + (SELECT count(*) FROM wholes) \
-     + (SELECT count(*) FROM expiries) \
-     + (SELECT count(*) FROM claims) \
-     + (SELECT count(*) FROM receipts_added) + (SELECT count(*) FROM audited)";
-/// Many tasks' insert, in order, returning what it inserted, up to what
-/// it does with an existing reference.
-macro_rules! insert_tasks {
-    ($conflict:literal) => {
-        concat!(
-            "INSERT INTO tasks (namespace, queue, task_id, version, \
-             brief, brief_format, alternatives, lapse_backoff_ms, max_tries, last_token, \
-             claimable_at, created_at, enqueued_by, priority, partition_key, unique_key, \
-             unique_slot, unique_states, lease_ms, deadline_at) \
-             SELECT namespace, queue, task_id, version, brief, brief_format, alternatives, \
-             lapse_backoff_ms, max_tries, 0, claimable_at, created_at, enqueued_by, priority, \
-             partition_key, unique_key, unique_slot, unique_states, lease_ms, deadline_at \
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], \
-             $6::text[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], \
-             $12::text[], $13::bigint[], $14::text[], $15::text[], $16::text[], $17::bigint[], \
-             $18::bigint[], $19::bigint[]) \
-             WITH ORDINALITY AS n(namespace, queue, task_id, version, brief, brief_format, \
-             alternatives, lapse_backoff_ms, max_tries, claimable_at, created_at, enqueued_by, \
-             priority, partition_key, unique_key, unique_slot, unique_states, lease_ms, \
-             deadline_at, place) \
-             ORDER BY place ",
-            $conflict,
-            "RETURNING id, namespace, task_id, version"
-        )
-    };
+/// The tasks named by their references, locked, with their attempts.
+pub(super) const LOCK_AND_LOAD: &str = include_str!("sql/lock_and_load.sql");
+/// A queue's first claimable tasks, locked, with their attempts.
+pub(super) const LOCK_CLAIMABLE: &str = include_str!("sql/lock_claimable.sql");
+/// The receipts stored under many keys.
+pub(super) const RECEIPTS_BY_KEYS: &str = include_str!("sql/receipts_by_keys.sql");
+/// What a batch decided, in one statement.
+pub(super) const WRITE_ACKNOWLEDGED: &str = include_str!("sql/write_acknowledged.sql");
+/// Many tasks, in order, a reference that exists skipped.
+pub(super) const INSERT_TASKS: &str = include_str!("sql/insert_tasks.sql");
+/// [`INSERT_TASKS`] for tasks whose ids the store drew.
+pub(super) const INSERT_NEW_TASKS: &str = include_str!("sql/insert_new_tasks.sql");
+/// The attempts of many new tasks.
+pub(super) const INSERT_ATTEMPTS: &str = include_str!("sql/insert_attempts.sql");
+
+/// The answers' columns beside a task's and an attempt's, in their
+/// tables' own names: a task's namespace ([`LOCK_AND_LOAD`],
+/// [`LOCK_CLAIMABLE`]), whether a lapse is due ([`LOCK_CLAIMABLE`]), a
+/// key's place from 1 ([`RECEIPTS_BY_KEYS`]), and the rows changed
+/// ([`WRITE_ACKNOWLEDGED`]).
+const NAMESPACE: &str = "namespace";
+const LAPSE_DUE: &str = "lapse_due";
+const PLACE: &str = "place";
+const CHANGED: &str = "changed";
+/// What [`INSERT_TASKS`] answers for each task it inserted.
+const INSERTED: [&str; 4] = ["id", "namespace", "task_id", "version"];
+
+/// [`LOCK_AND_LOAD`]'s arguments: one array element a task.
+#[derive(Debug, Default)]
+pub(super) struct LockAndLoadArgs<'a> {
+    pub(super) namespaces: Vec<&'a str>,
+    pub(super) task_ids: Vec<&'a str>,
+    pub(super) versions: Vec<i64>,
 }
-/// Many tasks, in order; a reference that exists (or came earlier in the
-/// call) is skipped. Returns what it inserted.
-const INSERT_TASKS: &str = insert_tasks!("ON CONFLICT (namespace, task_id, version) DO NOTHING ");
-/// [`INSERT_TASKS`] for tasks whose ids the store drew
-/// ([`NewTask::drawn_id`]): a plain insert, without the speculative
-/// insertion `ON CONFLICT` makes of each row (which took 23–44% longer
-/// for 100,000 rows on PostgreSQL 15).
-const INSERT_NEW_TASKS: &str = insert_tasks!("");
-const INSERT_ATTEMPTS: &str = "INSERT INTO attempts (task, number, namespace, queue, \
-     state, until_at, tries, priority, changed_at) \
-     SELECT task, number, namespace, queue, state, until_at, 0, priority, changed_at \
-     FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bigint[], \
-     $7::bigint[], $8::bigint[]) \
-     AS a(task, number, namespace, queue, state, until_at, priority, changed_at)";
+
+impl LockAndLoadArgs<'_> {
+    pub(super) fn params(&self) -> [Named<'_>; 3] {
+        [
+            ("namespaces", &self.namespaces),
+            ("task_ids", &self.task_ids),
+            ("versions", &self.versions),
+        ]
+    }
+}
+
+/// [`LOCK_CLAIMABLE`]'s arguments.
+#[derive(Debug, Default)]
+pub(super) struct LockClaimableArgs<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) queue: &'a str,
+    pub(super) now: i64,
+    pub(super) count: i64,
+}
+
+impl LockClaimableArgs<'_> {
+    pub(super) fn params(&self) -> [Named<'_>; 4] {
+        [
+            ("namespace", &self.namespace),
+            ("queue", &self.queue),
+            ("now", &self.now),
+            ("count", &self.count),
+        ]
+    }
+}
+
+/// [`RECEIPTS_BY_KEYS`]'s arguments: one array element a key.
+#[derive(Debug, Default)]
+pub(super) struct ReceiptsByKeysArgs<'a> {
+    pub(super) principals: Vec<&'a str>,
+    pub(super) tasks: Vec<i64>,
+    pub(super) idempotency_keys: Vec<&'a str>,
+}
+
+impl ReceiptsByKeysArgs<'_> {
+    pub(super) fn params(&self) -> [Named<'_>; 3] {
+        [
+            ("principals", &self.principals),
+            ("tasks", &self.tasks),
+            ("idempotency_keys", &self.idempotency_keys),
+        ]
+    }
+}
+
+/// The values of a statement's named arguments, in order.
+pub(super) fn values<'a>(named: &[Named<'a>]) -> Vec<&'a (dyn postgres::types::ToSql + Sync)> {
+    named.iter().map(|(_, value)| *value).collect()
+}
 
 /// Where a task's row is looked up by its reference.
 fn reference(task: &TaskRef) -> (String, String, i64) {
@@ -183,16 +122,18 @@ impl PgTransaction<'_> {
     /// The tasks `tasks` names, locked, with their attempts: one
     /// statement.
     pub(super) fn lock_tasks_at_once(&self, tasks: &[&TaskRef]) -> Result<Vec<Option<LoadedTask>>> {
-        let namespaces: Vec<&str> = tasks.iter().map(|t| t.namespace.as_str()).collect();
-        let ids: Vec<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
-        let versions: Vec<i64> = tasks.iter().map(|t| version(t)).collect();
-        let rows = self.query(LOCK_AND_LOAD, &[&namespaces, &ids, &versions])?;
+        let args = LockAndLoadArgs {
+            namespaces: tasks.iter().map(|t| t.namespace.as_str()).collect(),
+            task_ids: tasks.iter().map(|t| t.id.as_str()).collect(),
+            versions: tasks.iter().map(|t| version(t)).collect(),
+        };
+        let rows = self.query(LOCK_AND_LOAD, &values(&args.params()))?;
         let mut found: HashMap<(String, String, i64), (TaskRow, Vec<AttemptRow>)> =
             HashMap::with_capacity(tasks.len());
         for row in &rows {
             let task = task_row(row)?;
-            let namespace: String = row.try_get(12)?;
-            let attempt = attempt_row_at(row, ATTEMPT_COLUMNS)?;
+            let namespace: String = row.try_get(NAMESPACE)?;
+            let attempt = attempt_row(row)?;
             found
                 .entry((namespace, task.task_id.clone(), task.version))
                 .or_insert_with(|| (task, Vec::new()))
@@ -217,7 +158,13 @@ impl PgTransaction<'_> {
         now: i64,
         count: i64,
     ) -> Result<Option<Vec<LoadedTask>>> {
-        let rows = self.query(LOCK_CLAIMABLE, &[&namespace, &queue, &now, &count])?;
+        let args = LockClaimableArgs {
+            namespace,
+            queue,
+            now,
+            count,
+        };
+        let rows = self.query(LOCK_CLAIMABLE, &values(&args.params()))?;
         if rows.is_empty() {
             // No claimable task: whether a lapse is due is the general
             // claim's to find.
@@ -225,11 +172,11 @@ impl PgTransaction<'_> {
         }
         let mut tasks: Vec<(TaskRow, Vec<AttemptRow>)> = Vec::new();
         for row in &rows {
-            if row.try_get::<_, bool>("lapse_due")? {
+            if row.try_get::<_, bool>(LAPSE_DUE)? {
                 return Ok(None);
             }
-            let attempt = attempt_row_at(row, ATTEMPT_COLUMNS)?;
-            let id: i64 = row.try_get(0)?;
+            let attempt = attempt_row(row)?;
+            let id: i64 = row.try_get("id")?;
             match tasks.last_mut() {
                 Some((task, attempts)) if task.id == id => attempts.push(attempt),
                 _ => tasks.push((task_row(row)?, vec![attempt])),
@@ -250,11 +197,13 @@ impl PgTransaction<'_> {
         if keys.is_empty() {
             return Ok(answers);
         }
-        let principals: Vec<&str> = keys.iter().map(|k| k.principal.as_str()).collect();
-        let tasks: Vec<i64> = keys.iter().map(|k| k.handle.0).collect();
-        let idempotency: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
-        for row in self.query(RECEIPTS_BY_KEYS, &[&principals, &tasks, &idempotency])? {
-            let place: i64 = row.try_get(8)?;
+        let args = ReceiptsByKeysArgs {
+            principals: keys.iter().map(|k| k.principal.as_str()).collect(),
+            tasks: keys.iter().map(|k| k.handle.0).collect(),
+            idempotency_keys: keys.iter().map(|k| k.key.as_str()).collect(),
+        };
+        for row in self.query(RECEIPTS_BY_KEYS, &values(&args.params()))? {
+            let place: i64 = row.try_get(PLACE)?;
             let index = usize::try_from(place - 1).map_err(|_| corrupt("receipt row"))?;
             if let Some(key) = keys.get(index) {
                 answers[index] = Some(receipt_row(&row)?.stored(key.task)?);
@@ -314,136 +263,87 @@ impl PgTransaction<'_> {
         {
             return Ok(());
         }
-        let state_task: Vec<i64> = states.iter().map(|(id, ..)| *id).collect();
-        let number: Vec<i64> = states.iter().map(|(_, r, _)| r.number).collect();
-        let state: Vec<&str> = states.iter().map(|(_, r, _)| r.state.as_str()).collect();
-        let until: Vec<Option<i64>> = states.iter().map(|(_, r, _)| r.until_at).collect();
-        let lapses: Vec<Option<i64>> = states.iter().map(|(_, r, _)| r.lapses_at).collect();
-        let changed_at: Vec<i64> = states.iter().map(|(.., at)| *at).collect();
-        let discarded: Vec<Option<&str>> = states
-            .iter()
-            .map(|(_, r, _)| r.discarded.as_deref())
-            .collect();
-        let error: Vec<Option<&str>> = states
-            .iter()
-            .map(|(_, r, _)| r.last_error.as_deref())
-            .collect();
-        let claim_task: Vec<i64> = claimables.iter().map(|(id, ..)| *id).collect();
-        let claimable: Vec<Option<i64>> =
-            claimables.iter().map(|(_, at, _)| at.flatten()).collect();
-        let moves: Vec<bool> = claimables.iter().map(|(_, at, _)| at.is_some()).collect();
-        let last_token: Vec<Option<i64>> = claimables.iter().map(|(.., token)| *token).collect();
-        let w_task: Vec<i64> = wholes.iter().map(|(id, ..)| *id).collect();
-        let w_number: Vec<i64> = wholes.iter().map(|(_, r, _)| r.number).collect();
-        let w_state: Vec<&str> = wholes.iter().map(|(_, r, _)| r.state.as_str()).collect();
-        let w_until: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.until_at).collect();
-        let w_tries: Vec<i64> = wholes.iter().map(|(_, r, _)| r.tries).collect();
-        let w_holder: Vec<Option<&str>> =
-            wholes.iter().map(|(_, r, _)| r.holder.as_deref()).collect();
-        let w_token: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.token).collect();
-        let w_granted: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.granted_at).collect();
-        let w_expires: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.expires_at).collect();
-        let w_lapses: Vec<Option<i64>> = wholes.iter().map(|(_, r, _)| r.lapses_at).collect();
-        let w_discarded: Vec<Option<&str>> = wholes
-            .iter()
-            .map(|(_, r, _)| r.discarded.as_deref())
-            .collect();
-        let w_error: Vec<Option<&str>> = wholes
-            .iter()
-            .map(|(_, r, _)| r.last_error.as_deref())
-            .collect();
-        let w_changed: Vec<i64> = wholes.iter().map(|(.., at)| *at).collect();
-        let e_task: Vec<i64> = expiries.iter().map(|(id, _)| *id).collect();
-        let e_number: Vec<i64> = expiries.iter().map(|(_, r)| r.number).collect();
-        let e_expires: Vec<Option<i64>> = expiries.iter().map(|(_, r)| r.expires_at).collect();
-        let e_lapses: Vec<Option<i64>> = expiries.iter().map(|(_, r)| r.lapses_at).collect();
-        let r_task: Vec<i64> = receipts.iter().map(|r| r.handle.0).collect();
-        let r_attempt: Vec<i64> = receipts
-            .iter()
-            .map(|r| i64::from(r.receipt.attempt.as_u16()))
-            .collect();
-        let r_token: Vec<i64> = receipts.iter().map(|r| r.receipt.token.as_i64()).collect();
-        let r_principal: Vec<&str> = receipts
-            .iter()
-            .map(|r| r.receipt.principal.as_str())
-            .collect();
-        let r_key: Vec<&str> = receipts
-            .iter()
-            .map(|r| r.receipt.idempotency_key.as_str())
-            .collect();
-        let r_artifact: Vec<&str> = receipts
-            .iter()
-            .map(|r| r.receipt.artifact.as_str())
-            .collect();
-        let r_digest: Vec<String> = receipts
-            .iter()
-            .map(|r| r.receipt.digest.to_string())
-            .collect();
-        let r_accepted: Vec<i64> = receipts
-            .iter()
-            .map(|r| millis(r.receipt.accepted_at))
-            .collect();
-        let r_output: Vec<Option<&[u8]>> = receipts.iter().map(|r| r.output).collect();
         let rows: Vec<EventRow> = events.iter().map(EventRow::from_event).collect();
-        let at: Vec<i64> = rows.iter().map(|r| r.at).collect();
-        let principal: Vec<&str> = rows.iter().map(|r| r.principal.as_str()).collect();
-        let namespace: Vec<&str> = rows.iter().map(|r| r.namespace.as_str()).collect();
-        let action: Vec<&str> = rows.iter().map(|r| r.action.as_str()).collect();
-        let outcome: Vec<&str> = rows.iter().map(|r| r.outcome.as_str()).collect();
-        let resource: Vec<Option<&str>> = rows.iter().map(|r| r.resource.as_deref()).collect();
-        let ip_hash: Vec<Option<&str>> = rows.iter().map(|r| r.ip_hash.as_deref()).collect();
-        let changed = self.query(
-            WRITE_ACKNOWLEDGED,
-            &[
-                &state_task,
-                &number,
-                &state,
-                &until,
-                &lapses,
-                &discarded,
-                &error,
-                &claim_task,
-                &claimable,
-                &r_task,
-                &r_attempt,
-                &r_token,
-                &r_principal,
-                &r_key,
-                &r_artifact,
-                &r_digest,
-                &r_accepted,
-                &r_output,
-                &at,
-                &principal,
-                &namespace,
-                &action,
-                &outcome,
-                &resource,
-                &ip_hash,
-                &changed_at,
-                &last_token,
-                &moves,
-                &w_task,
-                &w_number,
-                &w_state,
-                &w_until,
-                &w_tries,
-                &w_holder,
-                &w_token,
-                &w_granted,
-                &w_expires,
-                &w_lapses,
-                &w_discarded,
-                &w_error,
-                &w_changed,
-                &e_task,
-                &e_number,
-                &e_expires,
-                &e_lapses,
-            ],
-        )?;
+        let args = AcknowledgedArgs {
+            state_task: states.iter().map(|(id, ..)| *id).collect(),
+            state_number: states.iter().map(|(_, r, _)| r.number).collect(),
+            state_state: states.iter().map(|(_, r, _)| r.state.as_str()).collect(),
+            state_until_at: states.iter().map(|(_, r, _)| r.until_at).collect(),
+            state_lapses_at: states.iter().map(|(_, r, _)| r.lapses_at).collect(),
+            state_discarded: states
+                .iter()
+                .map(|(_, r, _)| r.discarded.as_deref())
+                .collect(),
+            state_last_error: states
+                .iter()
+                .map(|(_, r, _)| r.last_error.as_deref())
+                .collect(),
+            state_changed_at: states.iter().map(|(.., at)| *at).collect(),
+            whole_task: wholes.iter().map(|(id, ..)| *id).collect(),
+            whole_number: wholes.iter().map(|(_, r, _)| r.number).collect(),
+            whole_state: wholes.iter().map(|(_, r, _)| r.state.as_str()).collect(),
+            whole_until_at: wholes.iter().map(|(_, r, _)| r.until_at).collect(),
+            whole_tries: wholes.iter().map(|(_, r, _)| r.tries).collect(),
+            whole_holder: wholes.iter().map(|(_, r, _)| r.holder.as_deref()).collect(),
+            whole_token: wholes.iter().map(|(_, r, _)| r.token).collect(),
+            whole_granted_at: wholes.iter().map(|(_, r, _)| r.granted_at).collect(),
+            whole_expires_at: wholes.iter().map(|(_, r, _)| r.expires_at).collect(),
+            whole_lapses_at: wholes.iter().map(|(_, r, _)| r.lapses_at).collect(),
+            whole_discarded: wholes
+                .iter()
+                .map(|(_, r, _)| r.discarded.as_deref())
+                .collect(),
+            whole_last_error: wholes
+                .iter()
+                .map(|(_, r, _)| r.last_error.as_deref())
+                .collect(),
+            whole_changed_at: wholes.iter().map(|(.., at)| *at).collect(),
+            expiry_task: expiries.iter().map(|(id, _)| *id).collect(),
+            expiry_number: expiries.iter().map(|(_, r)| r.number).collect(),
+            expiry_expires_at: expiries.iter().map(|(_, r)| r.expires_at).collect(),
+            expiry_lapses_at: expiries.iter().map(|(_, r)| r.lapses_at).collect(),
+            claim_task: claimables.iter().map(|(id, ..)| *id).collect(),
+            claim_claimable_at: claimables.iter().map(|(_, at, _)| at.flatten()).collect(),
+            claim_last_token: claimables.iter().map(|(.., token)| *token).collect(),
+            claim_moves: claimables.iter().map(|(_, at, _)| at.is_some()).collect(),
+            receipt_task: receipts.iter().map(|r| r.handle.0).collect(),
+            receipt_attempt: receipts
+                .iter()
+                .map(|r| i64::from(r.receipt.attempt.as_u16()))
+                .collect(),
+            receipt_token: receipts.iter().map(|r| r.receipt.token.as_i64()).collect(),
+            receipt_principal: receipts
+                .iter()
+                .map(|r| r.receipt.principal.as_str())
+                .collect(),
+            receipt_idempotency_key: receipts
+                .iter()
+                .map(|r| r.receipt.idempotency_key.as_str())
+                .collect(),
+            receipt_artifact: receipts
+                .iter()
+                .map(|r| r.receipt.artifact.as_str())
+                .collect(),
+            receipt_digest: receipts
+                .iter()
+                .map(|r| r.receipt.digest.to_string())
+                .collect(),
+            receipt_accepted_at: receipts
+                .iter()
+                .map(|r| millis(r.receipt.accepted_at))
+                .collect(),
+            receipt_output: receipts.iter().map(|r| r.output).collect(),
+            audit_at: rows.iter().map(|r| r.at).collect(),
+            audit_principal: rows.iter().map(|r| r.principal.as_str()).collect(),
+            audit_namespace: rows.iter().map(|r| r.namespace.as_str()).collect(),
+            audit_action: rows.iter().map(|r| r.action.as_str()).collect(),
+            audit_outcome: rows.iter().map(|r| r.outcome.as_str()).collect(),
+            audit_resource: rows.iter().map(|r| r.resource.as_deref()).collect(),
+            audit_ip_hash: rows.iter().map(|r| r.ip_hash.as_deref()).collect(),
+        };
+        let changed = self.query(WRITE_ACKNOWLEDGED, &values(&args.params()))?;
         let changed: i64 = match changed.first() {
-            Some(row) => row.try_get(0)?,
+            Some(row) => row.try_get(CHANGED)?,
             None => 0,
         };
         self.add_rows(u64::try_from(changed).unwrap_or(0));
@@ -454,82 +354,66 @@ impl PgTransaction<'_> {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
-        let namespace: Vec<&str> = tasks.iter().map(|t| t.task.namespace.as_str()).collect();
-        let queue: Vec<&str> = tasks.iter().map(|t| t.queue.as_str()).collect();
-        let task_id: Vec<&str> = tasks.iter().map(|t| t.task.id.as_str()).collect();
-        let version: Vec<i64> = tasks.iter().map(|t| version(t.task)).collect();
-        let brief: Vec<&[u8]> = tasks.iter().map(|t| t.brief).collect();
-        let format: Vec<&str> = tasks.iter().map(|t| t.brief_format).collect();
-        let alternatives: Vec<i64> = tasks
-            .iter()
-            .map(|t| t.record.attempts.len() as i64)
-            .collect();
-        let lapse: Vec<i64> = tasks
-            .iter()
-            .map(|t| duration_millis(t.record.lapse_backoff))
-            .collect();
-        let max_tries: Vec<i64> = tasks
-            .iter()
-            .map(|t| i64::from(t.record.max_tries))
-            .collect();
-        let claimable: Vec<Option<i64>> =
-            tasks.iter().map(|t| claimable_column(t.record)).collect();
-        let created: Vec<i64> = tasks.iter().map(|t| millis(t.created_at)).collect();
-        let by: Vec<&str> = tasks.iter().map(|t| t.enqueued_by).collect();
-        let priority: Vec<i64> = tasks.iter().map(|t| i64::from(t.record.priority)).collect();
-        let partition: Vec<Option<&str>> = tasks
-            .iter()
-            .map(|t| t.partition_key.map(PartitionKey::as_str))
-            .collect();
-        let unique_key: Vec<Option<&str>> = tasks
-            .iter()
-            .map(|t| t.unique_key.map(UniqueKey::as_str))
-            .collect();
-        let unique_slot: Vec<Option<&str>> = tasks
-            .iter()
-            .map(|t| t.unique.map(|u| u.slot.as_str()))
-            .collect();
-        let unique_states: Vec<Option<i64>> = tasks
-            .iter()
-            .map(|t| t.unique.map(|u| i64::from(u.states.bits())))
-            .collect();
-        let (lease, deadline): (Vec<Option<i64>>, Vec<Option<i64>>) =
+        let (lease_ms, deadline_at): (Vec<Option<i64>>, Vec<Option<i64>>) =
             tasks.iter().map(|t| timing_columns(t.record)).unzip();
+        let args = InsertTasksArgs {
+            namespace: tasks.iter().map(|t| t.task.namespace.as_str()).collect(),
+            queue: tasks.iter().map(|t| t.queue.as_str()).collect(),
+            task_id: tasks.iter().map(|t| t.task.id.as_str()).collect(),
+            version: tasks.iter().map(|t| version(t.task)).collect(),
+            brief: tasks.iter().map(|t| t.brief).collect(),
+            brief_format: tasks.iter().map(|t| t.brief_format).collect(),
+            alternatives: tasks
+                .iter()
+                .map(|t| t.record.attempts.len() as i64)
+                .collect(),
+            lapse_backoff_ms: tasks
+                .iter()
+                .map(|t| duration_millis(t.record.lapse_backoff))
+                .collect(),
+            max_tries: tasks
+                .iter()
+                .map(|t| i64::from(t.record.max_tries))
+                .collect(),
+            claimable_at: tasks.iter().map(|t| claimable_column(t.record)).collect(),
+            created_at: tasks.iter().map(|t| millis(t.created_at)).collect(),
+            enqueued_by: tasks.iter().map(|t| t.enqueued_by).collect(),
+            priority: tasks.iter().map(|t| i64::from(t.record.priority)).collect(),
+            partition_key: tasks
+                .iter()
+                .map(|t| t.partition_key.map(PartitionKey::as_str))
+                .collect(),
+            unique_key: tasks
+                .iter()
+                .map(|t| t.unique_key.map(UniqueKey::as_str))
+                .collect(),
+            unique_slot: tasks
+                .iter()
+                .map(|t| t.unique.map(|u| u.slot.as_str()))
+                .collect(),
+            unique_states: tasks
+                .iter()
+                .map(|t| t.unique.map(|u| i64::from(u.states.bits())))
+                .collect(),
+            lease_ms,
+            deadline_at,
+        };
         let statement = if tasks.iter().all(|task| task.drawn_id) {
             INSERT_NEW_TASKS
         } else {
             INSERT_TASKS
         };
-        let inserted = self.query(
-            statement,
-            &[
-                &namespace,
-                &queue,
-                &task_id,
-                &version,
-                &brief,
-                &format,
-                &alternatives,
-                &lapse,
-                &max_tries,
-                &claimable,
-                &created,
-                &by,
-                &priority,
-                &partition,
-                &unique_key,
-                &unique_slot,
-                &unique_states,
-                &lease,
-                &deadline,
-            ],
-        )?;
+        let inserted = self.query(statement, &values(&args.params()))?;
         self.add_rows(inserted.len() as u64);
         let mut ids: HashMap<(String, String, i64), i64> = HashMap::with_capacity(inserted.len());
         for row in &inserted {
             ids.insert(
-                (row.try_get(1)?, row.try_get(2)?, row.try_get(3)?),
-                row.try_get(0)?,
+                (
+                    row.try_get(INSERTED[1])?,
+                    row.try_get(INSERTED[2])?,
+                    row.try_get(INSERTED[3])?,
+                ),
+                row.try_get(INSERTED[0])?,
             );
         }
         let mut created = Vec::with_capacity(tasks.len());
@@ -546,40 +430,235 @@ impl PgTransaction<'_> {
             }
         }
         if !attempts.is_empty() {
-            let a_task: Vec<i64> = attempts.iter().map(|(id, ..)| *id).collect();
-            let a_number: Vec<i64> = attempts.iter().map(|(.., row)| row.number).collect();
-            let a_ns: Vec<&str> = attempts
-                .iter()
-                .map(|(_, t, _)| t.task.namespace.as_str())
-                .collect();
-            let a_queue: Vec<&str> = attempts.iter().map(|(_, t, _)| t.queue.as_str()).collect();
-            let a_state: Vec<&str> = attempts
-                .iter()
-                .map(|(.., row)| row.state.as_str())
-                .collect();
-            let a_until: Vec<Option<i64>> = attempts.iter().map(|(.., row)| row.until_at).collect();
-            let a_priority: Vec<i64> = attempts
-                .iter()
-                .map(|(_, t, _)| i64::from(t.record.priority))
-                .collect();
-            let a_changed: Vec<i64> = attempts
-                .iter()
-                .map(|(_, t, _)| millis(t.created_at))
-                .collect();
-            self.execute(
-                INSERT_ATTEMPTS,
-                &[
-                    &a_task,
-                    &a_number,
-                    &a_ns,
-                    &a_queue,
-                    &a_state,
-                    &a_until,
-                    &a_priority,
-                    &a_changed,
-                ],
-            )?;
+            let args = InsertAttemptsArgs {
+                task: attempts.iter().map(|(id, ..)| *id).collect(),
+                number: attempts.iter().map(|(.., row)| row.number).collect(),
+                namespace: attempts
+                    .iter()
+                    .map(|(_, t, _)| t.task.namespace.as_str())
+                    .collect(),
+                queue: attempts.iter().map(|(_, t, _)| t.queue.as_str()).collect(),
+                state: attempts
+                    .iter()
+                    .map(|(.., row)| row.state.as_str())
+                    .collect(),
+                until_at: attempts.iter().map(|(.., row)| row.until_at).collect(),
+                priority: attempts
+                    .iter()
+                    .map(|(_, t, _)| i64::from(t.record.priority))
+                    .collect(),
+                changed_at: attempts
+                    .iter()
+                    .map(|(_, t, _)| millis(t.created_at))
+                    .collect(),
+            };
+            self.execute(INSERT_ATTEMPTS, &values(&args.params()))?;
         }
         Ok(created)
+    }
+}
+
+/// The columns each batch statement's answer is read by, for the check
+/// that its SQL answers them: [`LOCK_AND_LOAD`]'s, [`LOCK_CLAIMABLE`]'s,
+/// [`RECEIPTS_BY_KEYS`]', [`WRITE_ACKNOWLEDGED`]'s and the inserts'.
+#[cfg(test)]
+pub(super) fn answer_columns() -> [(&'static str, Vec<&'static str>); 5] {
+    use super::rows::{AttemptColumns, TaskColumns, receipt_columns};
+    let mut locked = TaskColumns::PLAIN.names();
+    locked.push(NAMESPACE);
+    locked.extend(AttemptColumns::PLAIN.names());
+    let mut claimable = locked.clone();
+    claimable.push(LAPSE_DUE);
+    let mut receipts = receipt_columns().to_vec();
+    receipts.push(PLACE);
+    [
+        (LOCK_AND_LOAD, locked),
+        (LOCK_CLAIMABLE, claimable),
+        (RECEIPTS_BY_KEYS, receipts),
+        (WRITE_ACKNOWLEDGED, vec![CHANGED]),
+        (INSERT_TASKS, INSERTED.to_vec()),
+    ]
+}
+
+/// [`WRITE_ACKNOWLEDGED`]'s arguments: one array a column, one element a
+/// row written, grouped as the statement's parts are.
+#[derive(Debug, Default)]
+pub(super) struct AcknowledgedArgs<'a> {
+    pub(super) state_task: Vec<i64>,
+    pub(super) state_number: Vec<i64>,
+    pub(super) state_state: Vec<&'a str>,
+    pub(super) state_until_at: Vec<Option<i64>>,
+    pub(super) state_lapses_at: Vec<Option<i64>>,
+    pub(super) state_discarded: Vec<Option<&'a str>>,
+    pub(super) state_last_error: Vec<Option<&'a str>>,
+    pub(super) state_changed_at: Vec<i64>,
+    pub(super) whole_task: Vec<i64>,
+    pub(super) whole_number: Vec<i64>,
+    pub(super) whole_state: Vec<&'a str>,
+    pub(super) whole_until_at: Vec<Option<i64>>,
+    pub(super) whole_tries: Vec<i64>,
+    pub(super) whole_holder: Vec<Option<&'a str>>,
+    pub(super) whole_token: Vec<Option<i64>>,
+    pub(super) whole_granted_at: Vec<Option<i64>>,
+    pub(super) whole_expires_at: Vec<Option<i64>>,
+    pub(super) whole_lapses_at: Vec<Option<i64>>,
+    pub(super) whole_discarded: Vec<Option<&'a str>>,
+    pub(super) whole_last_error: Vec<Option<&'a str>>,
+    pub(super) whole_changed_at: Vec<i64>,
+    pub(super) expiry_task: Vec<i64>,
+    pub(super) expiry_number: Vec<i64>,
+    pub(super) expiry_expires_at: Vec<Option<i64>>,
+    pub(super) expiry_lapses_at: Vec<Option<i64>>,
+    pub(super) claim_task: Vec<i64>,
+    pub(super) claim_claimable_at: Vec<Option<i64>>,
+    pub(super) claim_last_token: Vec<Option<i64>>,
+    pub(super) claim_moves: Vec<bool>,
+    pub(super) receipt_task: Vec<i64>,
+    pub(super) receipt_attempt: Vec<i64>,
+    pub(super) receipt_token: Vec<i64>,
+    pub(super) receipt_principal: Vec<&'a str>,
+    pub(super) receipt_idempotency_key: Vec<&'a str>,
+    pub(super) receipt_artifact: Vec<&'a str>,
+    pub(super) receipt_digest: Vec<String>,
+    pub(super) receipt_accepted_at: Vec<i64>,
+    pub(super) receipt_output: Vec<Option<&'a [u8]>>,
+    pub(super) audit_at: Vec<i64>,
+    pub(super) audit_principal: Vec<&'a str>,
+    pub(super) audit_namespace: Vec<&'a str>,
+    pub(super) audit_action: Vec<&'a str>,
+    pub(super) audit_outcome: Vec<&'a str>,
+    pub(super) audit_resource: Vec<Option<&'a str>>,
+    pub(super) audit_ip_hash: Vec<Option<&'a str>>,
+}
+
+impl AcknowledgedArgs<'_> {
+    pub(super) fn params(&self) -> [Named<'_>; 45] {
+        [
+            ("state_task", &self.state_task),
+            ("state_number", &self.state_number),
+            ("state_state", &self.state_state),
+            ("state_until_at", &self.state_until_at),
+            ("state_lapses_at", &self.state_lapses_at),
+            ("state_discarded", &self.state_discarded),
+            ("state_last_error", &self.state_last_error),
+            ("state_changed_at", &self.state_changed_at),
+            ("whole_task", &self.whole_task),
+            ("whole_number", &self.whole_number),
+            ("whole_state", &self.whole_state),
+            ("whole_until_at", &self.whole_until_at),
+            ("whole_tries", &self.whole_tries),
+            ("whole_holder", &self.whole_holder),
+            ("whole_token", &self.whole_token),
+            ("whole_granted_at", &self.whole_granted_at),
+            ("whole_expires_at", &self.whole_expires_at),
+            ("whole_lapses_at", &self.whole_lapses_at),
+            ("whole_discarded", &self.whole_discarded),
+            ("whole_last_error", &self.whole_last_error),
+            ("whole_changed_at", &self.whole_changed_at),
+            ("expiry_task", &self.expiry_task),
+            ("expiry_number", &self.expiry_number),
+            ("expiry_expires_at", &self.expiry_expires_at),
+            ("expiry_lapses_at", &self.expiry_lapses_at),
+            ("claim_task", &self.claim_task),
+            ("claim_claimable_at", &self.claim_claimable_at),
+            ("claim_last_token", &self.claim_last_token),
+            ("claim_moves", &self.claim_moves),
+            ("receipt_task", &self.receipt_task),
+            ("receipt_attempt", &self.receipt_attempt),
+            ("receipt_token", &self.receipt_token),
+            ("receipt_principal", &self.receipt_principal),
+            ("receipt_idempotency_key", &self.receipt_idempotency_key),
+            ("receipt_artifact", &self.receipt_artifact),
+            ("receipt_digest", &self.receipt_digest),
+            ("receipt_accepted_at", &self.receipt_accepted_at),
+            ("receipt_output", &self.receipt_output),
+            ("audit_at", &self.audit_at),
+            ("audit_principal", &self.audit_principal),
+            ("audit_namespace", &self.audit_namespace),
+            ("audit_action", &self.audit_action),
+            ("audit_outcome", &self.audit_outcome),
+            ("audit_resource", &self.audit_resource),
+            ("audit_ip_hash", &self.audit_ip_hash),
+        ]
+    }
+}
+
+/// [`INSERT_TASKS`]' and [`INSERT_NEW_TASKS`]' arguments: one array a
+/// column, one element a task.
+#[derive(Debug, Default)]
+pub(super) struct InsertTasksArgs<'a> {
+    pub(super) namespace: Vec<&'a str>,
+    pub(super) queue: Vec<&'a str>,
+    pub(super) task_id: Vec<&'a str>,
+    pub(super) version: Vec<i64>,
+    pub(super) brief: Vec<&'a [u8]>,
+    pub(super) brief_format: Vec<&'a str>,
+    pub(super) alternatives: Vec<i64>,
+    pub(super) lapse_backoff_ms: Vec<i64>,
+    pub(super) max_tries: Vec<i64>,
+    pub(super) claimable_at: Vec<Option<i64>>,
+    pub(super) created_at: Vec<i64>,
+    pub(super) enqueued_by: Vec<&'a str>,
+    pub(super) priority: Vec<i64>,
+    pub(super) partition_key: Vec<Option<&'a str>>,
+    pub(super) unique_key: Vec<Option<&'a str>>,
+    pub(super) unique_slot: Vec<Option<&'a str>>,
+    pub(super) unique_states: Vec<Option<i64>>,
+    pub(super) lease_ms: Vec<Option<i64>>,
+    pub(super) deadline_at: Vec<Option<i64>>,
+}
+
+impl InsertTasksArgs<'_> {
+    pub(super) fn params(&self) -> [Named<'_>; 19] {
+        [
+            ("namespace", &self.namespace),
+            ("queue", &self.queue),
+            ("task_id", &self.task_id),
+            ("version", &self.version),
+            ("brief", &self.brief),
+            ("brief_format", &self.brief_format),
+            ("alternatives", &self.alternatives),
+            ("lapse_backoff_ms", &self.lapse_backoff_ms),
+            ("max_tries", &self.max_tries),
+            ("claimable_at", &self.claimable_at),
+            ("created_at", &self.created_at),
+            ("enqueued_by", &self.enqueued_by),
+            ("priority", &self.priority),
+            ("partition_key", &self.partition_key),
+            ("unique_key", &self.unique_key),
+            ("unique_slot", &self.unique_slot),
+            ("unique_states", &self.unique_states),
+            ("lease_ms", &self.lease_ms),
+            ("deadline_at", &self.deadline_at),
+        ]
+    }
+}
+
+/// [`INSERT_ATTEMPTS`]' arguments: one array a column, one element an
+/// attempt.
+#[derive(Debug, Default)]
+pub(super) struct InsertAttemptsArgs<'a> {
+    pub(super) task: Vec<i64>,
+    pub(super) number: Vec<i64>,
+    pub(super) namespace: Vec<&'a str>,
+    pub(super) queue: Vec<&'a str>,
+    pub(super) state: Vec<&'a str>,
+    pub(super) until_at: Vec<Option<i64>>,
+    pub(super) priority: Vec<i64>,
+    pub(super) changed_at: Vec<i64>,
+}
+
+impl InsertAttemptsArgs<'_> {
+    pub(super) fn params(&self) -> [Named<'_>; 8] {
+        [
+            ("task", &self.task),
+            ("number", &self.number),
+            ("namespace", &self.namespace),
+            ("queue", &self.queue),
+            ("state", &self.state),
+            ("until_at", &self.until_at),
+            ("priority", &self.priority),
+            ("changed_at", &self.changed_at),
+        ]
     }
 }

@@ -1,5 +1,8 @@
 //! A claim in one statement: one round trip and one transaction, its own
-//! (see [`QuickClaim`]).
+//! (see [`QuickClaim`]), and a submission with the next claim in one
+//! more. Each statement is a file of `sql/`; its arguments are built by
+//! one function here, in the order and under the names its SQL gives
+//! them, and its answer is read here by column name.
 
 use std::sync::atomic::Ordering;
 
@@ -15,8 +18,12 @@ use crate::error::Error;
 
 use super::PostgresBackend;
 use super::error::is_transient;
-use super::rows::{attempt_row_at, task_row_at, version};
-use super::statements::{CLAIM_ONE, SUBMIT_AND_CLAIM_ONE};
+use super::rows::{AttemptColumns, TaskColumns, version};
+
+/// A claim in one statement.
+pub(super) const CLAIM_ONE: &str = include_str!("sql/claim_one.sql");
+/// A submission and the next claim in one statement.
+pub(super) const SUBMIT_AND_CLAIM_ONE: &str = include_str!("sql/submit_and_claim_one.sql");
 
 /// The table rows a grant changes: the attempt, the task, the audit row.
 pub(super) const GRANT_ROWS: u64 = 3;
@@ -24,12 +31,17 @@ pub(super) const GRANT_ROWS: u64 = 3;
 /// receipt, the audit row.
 pub(super) const SUBMIT_ROWS: u64 = 3;
 
-/// Where the statement's answer puts the task's columns, the attempt's
-/// as they were and as written, and the audit row's resource.
-const TASK_AT: usize = 1;
-const BEFORE_AT: usize = 13;
-const AFTER_AT: usize = 24;
-const RESOURCE_AT: usize = 35;
+/// An argument of a statement, under the name its SQL gives it.
+pub(super) type Named<'a> = (&'static str, &'a (dyn ToSql + Sync));
+
+/// The answers' columns beside the task's (`task_`) and the attempt's
+/// (`before_`, `after_`): what became of the claim or the submission,
+/// the audit row's resource, a submission's acceptance time, and whose
+/// row it is (`s` the submission's, `c` the claim's).
+pub(super) const OUTCOME: &str = "outcome";
+pub(super) const RESOURCE: &str = "resource";
+pub(super) const ACCEPTED_AT: &str = "accepted_at";
+pub(super) const ROLE: &str = "role";
 
 impl PostgresBackend {
     pub(super) fn claim_in_one(&self, claim: &QuickClaim<'_>) -> Result<QuickClaimed, Error> {
@@ -48,30 +60,9 @@ impl PostgresBackend {
         submit: &QuickSubmit<'_>,
         claim: &QuickClaim<'_>,
     ) -> Result<QuickSubmitted, Error> {
-        let (task, submission, event) = (submit.task, submit.submission, &submit.event);
-        let (namespace, id) = (task.namespace.as_str(), task.id.as_str());
-        let (version, token) = (version(task), submission.token.as_i64());
-        let (principal, key) = (submission.principal.as_str(), submission.key.as_str());
-        let digest = submission.digest.to_string();
-        let args = ClaimArgs::of(claim);
-        let mut params = args.params();
-        params.extend_from_slice(&[
-            &namespace as &(dyn ToSql + Sync),
-            &id,
-            &version,
-            &token,
-            &principal,
-            &key,
-            &digest,
-            &submit.output,
-            &submit.artifact,
-            &event.principal,
-            &event.namespace,
-            &event.action,
-            &event.outcome,
-            &event.resource,
-            &event.ip_hash,
-        ]);
+        let (claim_args, submit_args) = (ClaimArgs::of(claim), SubmitArgs::of(submit));
+        let mut params = claim_args.params().to_vec();
+        params.extend_from_slice(&submit_args.params());
         let rows = self.one_statement(
             SUBMIT_AND_CLAIM_ONE,
             &params,
@@ -83,11 +74,11 @@ impl PostgresBackend {
         };
         let role = |role: &str| {
             rows.iter()
-                .find(|row| row.try_get::<_, &str>("role").ok() == Some(role))
+                .find(|row| row.try_get::<_, &str>(ROLE).ok() == Some(role))
                 .ok_or_else(|| corrupt("a one-statement submission's answer"))
         };
         let submitted = role("s")?;
-        let outcome: &str = submitted.try_get(0).map_err(Error::from)?;
+        let outcome: &str = submitted.try_get(OUTCOME).map_err(Error::from)?;
         if outcome != "submitted" {
             return Ok(QuickSubmitted::Declined);
         }
@@ -104,7 +95,7 @@ impl PostgresBackend {
     pub(super) fn one_statement(
         &self,
         statement: &'static str,
-        params: &[&(dyn ToSql + Sync)],
+        params: &[Named<'_>],
         now: DateTime<Utc>,
         rows: u64,
     ) -> Result<Option<Vec<Row>>, Error> {
@@ -124,9 +115,10 @@ impl PostgresBackend {
                 prepared
             }
         };
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(_, value)| *value).collect();
         match connection
             .client
-            .query(&prepared, params)
+            .query(&prepared, &values)
             .map_err(Error::from)
         {
             Ok(rows) => Ok(Some(rows)),
@@ -163,14 +155,14 @@ impl QuickClaimed {
     }
 }
 
-/// [`CLAIM_ONE`]'s parameters, held for the statement's life.
-struct ClaimArgs<'a> {
-    namespace: &'a str,
-    queue: &'a str,
-    now: i64,
-    holder: &'a str,
-    expires_at: i64,
-    event: &'a EventRow,
+/// [`CLAIM_ONE`]'s arguments, held for the statement's life.
+pub(super) struct ClaimArgs<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) queue: &'a str,
+    pub(super) now: i64,
+    pub(super) holder: &'a str,
+    pub(super) expires_at: i64,
+    pub(super) event: &'a EventRow,
 }
 
 impl<'a> ClaimArgs<'a> {
@@ -185,19 +177,74 @@ impl<'a> ClaimArgs<'a> {
         }
     }
 
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+    /// `$1` to `$10` of [`CLAIM_ONE`] and [`SUBMIT_AND_CLAIM_ONE`].
+    pub(super) fn params(&self) -> [Named<'_>; 10] {
         let event = self.event;
-        vec![
-            &self.namespace,
-            &self.queue,
-            &self.now,
-            &self.holder,
-            &self.expires_at,
-            &event.principal,
-            &event.namespace,
-            &event.action,
-            &event.outcome,
-            &event.ip_hash,
+        [
+            ("namespace", &self.namespace),
+            ("queue", &self.queue),
+            ("now", &self.now),
+            ("holder", &self.holder),
+            ("expires_at", &self.expires_at),
+            ("claim_principal", &event.principal),
+            ("claim_namespace", &event.namespace),
+            ("claim_action", &event.action),
+            ("claim_outcome", &event.outcome),
+            ("claim_ip_hash", &event.ip_hash),
+        ]
+    }
+}
+
+/// [`SUBMIT_AND_CLAIM_ONE`]'s arguments after the claim's.
+pub(super) struct SubmitArgs<'a> {
+    pub(super) task_namespace: &'a str,
+    pub(super) task_id: &'a str,
+    pub(super) task_version: i64,
+    pub(super) token: i64,
+    pub(super) submitter: &'a str,
+    pub(super) idempotency_key: &'a str,
+    pub(super) digest: String,
+    pub(super) output: Option<&'a [u8]>,
+    pub(super) artifact: &'a str,
+    pub(super) event: &'a EventRow,
+}
+
+impl<'a> SubmitArgs<'a> {
+    fn of(submit: &'a QuickSubmit<'a>) -> Self {
+        let (task, submission) = (submit.task, submit.submission);
+        Self {
+            task_namespace: task.namespace.as_str(),
+            task_id: task.id.as_str(),
+            task_version: version(task),
+            token: submission.token.as_i64(),
+            submitter: submission.principal.as_str(),
+            idempotency_key: submission.key.as_str(),
+            digest: submission.digest.to_string(),
+            output: submit.output,
+            artifact: submit.artifact.as_str(),
+            event: &submit.event,
+        }
+    }
+
+    /// `$11` to `$25` of [`SUBMIT_AND_CLAIM_ONE`].
+    pub(super) fn params(&self) -> [Named<'_>; 15] {
+        let event = self.event;
+        [
+            ("task_namespace", &self.task_namespace),
+            ("task_id", &self.task_id),
+            ("task_version", &self.task_version),
+            ("token", &self.token),
+            ("submitter", &self.submitter),
+            ("idempotency_key", &self.idempotency_key),
+            ("digest", &self.digest),
+            ("output", &self.output),
+            ("artifact", &self.artifact),
+            ("submit_principal", &event.principal),
+            ("submit_namespace", &event.namespace),
+            ("submit_action", &event.action),
+            ("submit_outcome", &event.outcome),
+            ("submit_resource", &event.resource),
+            ("submit_ip_hash", &event.ip_hash),
         ]
     }
 }
@@ -205,35 +252,54 @@ impl<'a> ClaimArgs<'a> {
 /// A submission the statement wrote, in [`SUBMIT_AND_CLAIM_ONE`]'s
 /// columns (the `s` row), with the claim made beside it.
 pub(super) fn accepted(submitted: &Row, claimed: QuickClaimed) -> Result<QuickSubmitted, Error> {
-    let task_row = task_row_at(submitted, TASK_AT)?;
-    let before = attempt_row_at(submitted, BEFORE_AT)?;
-    let accepted_at: i64 = submitted.try_get("accepted_at").map_err(Error::from)?;
+    let task = TaskColumns::TASK.read(submitted)?;
+    let before = AttemptColumns::BEFORE.read(submitted)?;
+    let accepted_at: i64 = submitted.try_get(ACCEPTED_AT).map_err(Error::from)?;
     Ok(QuickSubmitted::Accepted(Box::new(QuickAcceptance {
-        before: task_row.loaded(vec![before])?,
-        after: attempt_row_at(submitted, AFTER_AT)?,
+        before: task.loaded(vec![before])?,
+        after: AttemptColumns::AFTER.read(submitted)?,
         accepted_at: from_millis(accepted_at),
-        resource: submitted.try_get(RESOURCE_AT).map_err(Error::from)?,
+        resource: submitted.try_get(RESOURCE).map_err(Error::from)?,
         claimed,
     })))
 }
 
 /// A claim's answer in [`CLAIM_ONE`]'s columns.
 pub(super) fn claimed(row: &Row) -> Result<QuickClaimed, Error> {
-    let outcome: &str = row.try_get(0).map_err(Error::from)?;
+    let outcome: &str = row.try_get(OUTCOME).map_err(Error::from)?;
     match outcome {
         "leased" => {}
         "empty" => return Ok(QuickClaimed::Empty),
         _ => return Ok(QuickClaimed::Declined),
     }
-    let task = task_row_at(row, TASK_AT)?;
-    let before = attempt_row_at(row, BEFORE_AT)?;
-    let after = attempt_row_at(row, AFTER_AT)?;
-    let resource = row.try_get(RESOURCE_AT).map_err(Error::from)?;
+    let task = TaskColumns::TASK.read(row)?;
+    let before = AttemptColumns::BEFORE.read(row)?;
+    let after = AttemptColumns::AFTER.read(row)?;
+    let resource = row.try_get(RESOURCE).map_err(Error::from)?;
     Ok(QuickClaimed::Leased(Box::new(QuickGrant {
         before: task.loaded(vec![before])?,
         after,
         resource,
     })))
+}
+
+/// Every column [`claimed`] reads.
+#[cfg(test)]
+pub(super) fn claim_columns() -> Vec<&'static str> {
+    let mut names = vec![OUTCOME, RESOURCE];
+    names.extend(TaskColumns::TASK.names());
+    names.extend(AttemptColumns::BEFORE.names());
+    names.extend(AttemptColumns::AFTER.names());
+    names
+}
+
+/// Every column [`submit_and_claim_in_one`](PostgresBackend::submit_and_claim_in_one)
+/// and [`accepted`] read, with [`claimed`]'s.
+#[cfg(test)]
+pub(super) fn submission_columns() -> Vec<&'static str> {
+    let mut names = claim_columns();
+    names.extend([ACCEPTED_AT, ROLE]);
+    names
 }
 
 #[cfg(test)]

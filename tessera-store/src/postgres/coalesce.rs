@@ -8,7 +8,7 @@
 //! acknowledgements, with the same [`AckBatching`] rule): its leader runs
 //! what waits in one statement, [`SUBMIT_AND_CLAIM_MANY`], and answers
 //! each caller with its own submission and its own claim. A lone caller
-//! runs [`SUBMIT_AND_CLAIM_ONE`](super::statements::SUBMIT_AND_CLAIM_ONE)
+//! runs [`SUBMIT_AND_CLAIM_ONE`](super::claim::SUBMIT_AND_CLAIM_ONE)
 //! as before.
 //!
 //! One statement takes the pairs of one queue whose submitted tasks are
@@ -20,7 +20,6 @@
 //! general transaction decides it.
 
 use chrono::{DateTime, Utc};
-use postgres::types::ToSql;
 use tessera_lease::{Namespace, Principal, QueueName, Submission};
 
 use crate::backend::rows::{EventRow, millis};
@@ -30,9 +29,16 @@ use crate::model::task::TaskRef;
 use crate::state::completer::Completer;
 
 use super::PostgresBackend;
-use super::claim::{GRANT_ROWS, SUBMIT_ROWS, accepted, claimed};
+use super::claim::{GRANT_ROWS, Named, OUTCOME, ROLE, SUBMIT_ROWS, accepted, claimed};
 use super::rows::version;
-use super::statements::SUBMIT_AND_CLAIM_MANY;
+
+/// [`SUBMIT_AND_CLAIM_ONE`](super::claim::SUBMIT_AND_CLAIM_ONE) for several
+/// callers at once.
+pub(super) const SUBMIT_AND_CLAIM_MANY: &str = include_str!("sql/submit_and_claim_many.sql");
+
+/// The answer's column beside [`SUBMIT_AND_CLAIM_ONE`](super::claim::SUBMIT_AND_CLAIM_ONE)'s:
+/// the caller's ordinal, from 1.
+pub(super) const CALLER: &str = "caller";
 
 /// One caller's submission and claim, owned, for whichever caller leads.
 #[derive(Debug, Clone)]
@@ -203,8 +209,8 @@ impl PostgresBackend {
         };
         let answer = |caller: usize, role: &str| {
             rows.iter().find(|row| {
-                row.try_get::<_, i64>("caller").ok() == Some(caller as i64 + 1)
-                    && row.try_get::<_, &str>("role").ok() == Some(role)
+                row.try_get::<_, i64>(CALLER).ok() == Some(caller as i64 + 1)
+                    && row.try_get::<_, &str>(ROLE).ok() == Some(role)
             })
         };
         let mut written = 0;
@@ -213,7 +219,7 @@ impl PostgresBackend {
                 let Some(submitted) = answer(caller, "s") else {
                     return Ok(QuickSubmitted::Declined);
                 };
-                let outcome: &str = submitted.try_get(0).map_err(Error::from)?;
+                let outcome: &str = submitted.try_get(OUTCOME).map_err(Error::from)?;
                 if outcome != "submitted" {
                     return Ok(QuickSubmitted::Declined);
                 }
@@ -230,35 +236,36 @@ impl PostgresBackend {
     }
 }
 
-/// [`SUBMIT_AND_CLAIM_MANY`]'s parameters: one array a column, one
-/// element a pair.
-struct ManyArgs<'a> {
-    namespace: &'a str,
-    queue: &'a str,
-    search_now: i64,
-    now: Vec<i64>,
-    holder: Vec<&'a str>,
-    expires_at: Vec<i64>,
-    principal: Vec<&'a str>,
-    event_namespace: Vec<&'a str>,
-    action: Vec<&'a str>,
-    outcome: Vec<&'a str>,
-    ip_hash: Vec<Option<&'a str>>,
-    task_namespace: Vec<&'a str>,
-    task_id: Vec<&'a str>,
-    version: Vec<i64>,
-    token: Vec<i64>,
-    submitter: Vec<&'a str>,
-    key: Vec<&'a str>,
-    digest: Vec<String>,
-    output: Vec<Option<&'a [u8]>>,
-    artifact: Vec<&'a str>,
-    submit_principal: Vec<&'a str>,
-    submit_namespace: Vec<&'a str>,
-    submit_action: Vec<&'a str>,
-    submit_outcome: Vec<&'a str>,
-    submit_resource: Vec<Option<&'a str>>,
-    submit_ip_hash: Vec<Option<&'a str>>,
+/// [`SUBMIT_AND_CLAIM_MANY`]'s arguments: after the queue and the time
+/// its searches use, one array an argument, one element a pair.
+#[derive(Debug, Default)]
+pub(super) struct ManyArgs<'a> {
+    pub(super) namespace: &'a str,
+    pub(super) queue: &'a str,
+    pub(super) search_now: i64,
+    pub(super) now: Vec<i64>,
+    pub(super) holder: Vec<&'a str>,
+    pub(super) expires_at: Vec<i64>,
+    pub(super) claim_principal: Vec<&'a str>,
+    pub(super) claim_namespace: Vec<&'a str>,
+    pub(super) claim_action: Vec<&'a str>,
+    pub(super) claim_outcome: Vec<&'a str>,
+    pub(super) claim_ip_hash: Vec<Option<&'a str>>,
+    pub(super) task_namespace: Vec<&'a str>,
+    pub(super) task_id: Vec<&'a str>,
+    pub(super) task_version: Vec<i64>,
+    pub(super) token: Vec<i64>,
+    pub(super) submitter: Vec<&'a str>,
+    pub(super) idempotency_key: Vec<&'a str>,
+    pub(super) digest: Vec<String>,
+    pub(super) output: Vec<Option<&'a [u8]>>,
+    pub(super) artifact: Vec<&'a str>,
+    pub(super) submit_principal: Vec<&'a str>,
+    pub(super) submit_namespace: Vec<&'a str>,
+    pub(super) submit_action: Vec<&'a str>,
+    pub(super) submit_outcome: Vec<&'a str>,
+    pub(super) submit_resource: Vec<Option<&'a str>>,
+    pub(super) submit_ip_hash: Vec<Option<&'a str>>,
 }
 
 impl<'a> ManyArgs<'a> {
@@ -274,20 +281,20 @@ impl<'a> ManyArgs<'a> {
             now: pairs.iter().map(|pair| millis(pair.now)).collect(),
             holder: each(&|pair| pair.holder.as_str()),
             expires_at: pairs.iter().map(|pair| millis(pair.expires_at)).collect(),
-            principal: each(&|pair| pair.claim_event.principal.as_str()),
-            event_namespace: each(&|pair| pair.claim_event.namespace.as_str()),
-            action: each(&|pair| pair.claim_event.action.as_str()),
-            outcome: each(&|pair| pair.claim_event.outcome.as_str()),
-            ip_hash: each_opt(&|pair| pair.claim_event.ip_hash.as_deref()),
+            claim_principal: each(&|pair| pair.claim_event.principal.as_str()),
+            claim_namespace: each(&|pair| pair.claim_event.namespace.as_str()),
+            claim_action: each(&|pair| pair.claim_event.action.as_str()),
+            claim_outcome: each(&|pair| pair.claim_event.outcome.as_str()),
+            claim_ip_hash: each_opt(&|pair| pair.claim_event.ip_hash.as_deref()),
             task_namespace: each(&|pair| pair.task.namespace.as_str()),
             task_id: each(&|pair| pair.task.id.as_str()),
-            version: pairs.iter().map(|pair| version(&pair.task)).collect(),
+            task_version: pairs.iter().map(|pair| version(&pair.task)).collect(),
             token: pairs
                 .iter()
                 .map(|pair| pair.submission.token.as_i64())
                 .collect(),
             submitter: each(&|pair| pair.submission.principal.as_str()),
-            key: each(&|pair| pair.submission.key.as_str()),
+            idempotency_key: each(&|pair| pair.submission.key.as_str()),
             digest: pairs
                 .iter()
                 .map(|pair| pair.submission.digest.to_string())
@@ -303,36 +310,46 @@ impl<'a> ManyArgs<'a> {
         }
     }
 
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        vec![
-            &self.namespace,
-            &self.queue,
-            &self.search_now,
-            &self.now,
-            &self.holder,
-            &self.expires_at,
-            &self.principal,
-            &self.event_namespace,
-            &self.action,
-            &self.outcome,
-            &self.ip_hash,
-            &self.task_namespace,
-            &self.task_id,
-            &self.version,
-            &self.token,
-            &self.submitter,
-            &self.key,
-            &self.digest,
-            &self.output,
-            &self.artifact,
-            &self.submit_principal,
-            &self.submit_namespace,
-            &self.submit_action,
-            &self.submit_outcome,
-            &self.submit_resource,
-            &self.submit_ip_hash,
+    /// `$1` to `$26` of [`SUBMIT_AND_CLAIM_MANY`].
+    pub(super) fn params(&self) -> [Named<'_>; 26] {
+        [
+            ("namespace", &self.namespace),
+            ("queue", &self.queue),
+            ("search_now", &self.search_now),
+            ("now", &self.now),
+            ("holder", &self.holder),
+            ("expires_at", &self.expires_at),
+            ("claim_principal", &self.claim_principal),
+            ("claim_namespace", &self.claim_namespace),
+            ("claim_action", &self.claim_action),
+            ("claim_outcome", &self.claim_outcome),
+            ("claim_ip_hash", &self.claim_ip_hash),
+            ("task_namespace", &self.task_namespace),
+            ("task_id", &self.task_id),
+            ("task_version", &self.task_version),
+            ("token", &self.token),
+            ("submitter", &self.submitter),
+            ("idempotency_key", &self.idempotency_key),
+            ("digest", &self.digest),
+            ("output", &self.output),
+            ("artifact", &self.artifact),
+            ("submit_principal", &self.submit_principal),
+            ("submit_namespace", &self.submit_namespace),
+            ("submit_action", &self.submit_action),
+            ("submit_outcome", &self.submit_outcome),
+            ("submit_resource", &self.submit_resource),
+            ("submit_ip_hash", &self.submit_ip_hash),
         ]
     }
+}
+
+/// Every column [`submit_and_claim_many`](PostgresBackend::submit_and_claim_many)
+/// reads, with the single statement's.
+#[cfg(test)]
+pub(super) fn many_columns() -> Vec<&'static str> {
+    let mut names = super::claim::submission_columns();
+    names.push(CALLER);
+    names
 }
 
 #[cfg(test)]

@@ -96,6 +96,8 @@
 //! once.
 
 mod batch;
+#[cfg(test)]
+mod checks;
 mod claim;
 mod coalesce;
 mod error;

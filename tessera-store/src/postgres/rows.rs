@@ -6,67 +6,249 @@ use crate::backend::Result;
 use crate::backend::rows::{AttemptRow, CounterRow, EventRow, KeyRow, ReceiptRow, TaskRow};
 use crate::model::task::TaskRef;
 
+/// The names a task row's columns have in an answer: each column's own
+/// name after a prefix, `task_` in the one-statement answers (beside an
+/// attempt's columns twice over), none in a plain read.
+#[derive(Debug)]
+pub(super) struct TaskColumns {
+    id: &'static str,
+    queue: &'static str,
+    task_id: &'static str,
+    version: &'static str,
+    brief: &'static str,
+    brief_format: &'static str,
+    lapse_backoff_ms: &'static str,
+    last_token: &'static str,
+    claimable_at: &'static str,
+    created_at: &'static str,
+    max_tries: &'static str,
+    priority: &'static str,
+    partition_key: &'static str,
+    unique_key: &'static str,
+    unique_states: &'static str,
+    lease_ms: &'static str,
+    deadline_at: &'static str,
+}
+
+/// [`TaskColumns`] whose names start with `$prefix`.
+macro_rules! task_columns {
+    ($prefix:literal) => {
+        TaskColumns {
+            id: concat!($prefix, "id"),
+            queue: concat!($prefix, "queue"),
+            task_id: concat!($prefix, "task_id"),
+            version: concat!($prefix, "version"),
+            brief: concat!($prefix, "brief"),
+            brief_format: concat!($prefix, "brief_format"),
+            lapse_backoff_ms: concat!($prefix, "lapse_backoff_ms"),
+            last_token: concat!($prefix, "last_token"),
+            claimable_at: concat!($prefix, "claimable_at"),
+            created_at: concat!($prefix, "created_at"),
+            max_tries: concat!($prefix, "max_tries"),
+            priority: concat!($prefix, "priority"),
+            partition_key: concat!($prefix, "partition_key"),
+            unique_key: concat!($prefix, "unique_key"),
+            unique_states: concat!($prefix, "unique_states"),
+            lease_ms: concat!($prefix, "lease_ms"),
+            deadline_at: concat!($prefix, "deadline_at"),
+        }
+    };
+}
+
+impl TaskColumns {
+    /// The table's own names.
+    pub(super) const PLAIN: Self = task_columns!("");
+    /// The task of a one-statement answer.
+    pub(super) const TASK: Self = task_columns!("task_");
+
+    /// Decodes the task row these columns hold.
+    pub(super) fn read(&self, row: &Row) -> Result<TaskRow> {
+        Ok(TaskRow {
+            id: row.try_get(self.id)?,
+            queue: row.try_get(self.queue)?,
+            task_id: row.try_get(self.task_id)?,
+            version: row.try_get(self.version)?,
+            brief: row.try_get(self.brief)?,
+            brief_format: row.try_get(self.brief_format)?,
+            lapse_backoff_ms: row.try_get(self.lapse_backoff_ms)?,
+            last_token: row.try_get(self.last_token)?,
+            claimable_at: row.try_get(self.claimable_at)?,
+            created_at: row.try_get(self.created_at)?,
+            max_tries: row.try_get(self.max_tries)?,
+            priority: row.try_get(self.priority)?,
+            partition_key: row.try_get(self.partition_key)?,
+            unique_key: row.try_get(self.unique_key)?,
+            unique_states: row.try_get(self.unique_states)?,
+            lease_ms: row.try_get(self.lease_ms)?,
+            deadline_at: row.try_get(self.deadline_at)?,
+        })
+    }
+
+    /// Every name [`read`](Self::read) reads.
+    #[cfg(test)]
+    pub(super) fn names(&self) -> Vec<&'static str> {
+        let Self {
+            id,
+            queue,
+            task_id,
+            version,
+            brief,
+            brief_format,
+            lapse_backoff_ms,
+            last_token,
+            claimable_at,
+            created_at,
+            max_tries,
+            priority,
+            partition_key,
+            unique_key,
+            unique_states,
+            lease_ms,
+            deadline_at,
+        } = *self;
+        vec![
+            id,
+            queue,
+            task_id,
+            version,
+            brief,
+            brief_format,
+            lapse_backoff_ms,
+            last_token,
+            claimable_at,
+            created_at,
+            max_tries,
+            priority,
+            partition_key,
+            unique_key,
+            unique_states,
+            lease_ms,
+            deadline_at,
+        ]
+    }
+}
+
+/// The names an attempt row's columns have in an answer, as
+/// [`TaskColumns`]: `before_` and `after_` in the one-statement answers
+/// (the attempt as it was and as written), none in a plain read.
+#[derive(Debug)]
+pub(super) struct AttemptColumns {
+    number: &'static str,
+    state: &'static str,
+    until_at: &'static str,
+    tries: &'static str,
+    holder: &'static str,
+    token: &'static str,
+    granted_at: &'static str,
+    expires_at: &'static str,
+    lapses_at: &'static str,
+    discarded: &'static str,
+    last_error: &'static str,
+}
+
+/// [`AttemptColumns`] whose names start with `$prefix`.
+macro_rules! attempt_columns {
+    ($prefix:literal) => {
+        AttemptColumns {
+            number: concat!($prefix, "number"),
+            state: concat!($prefix, "state"),
+            until_at: concat!($prefix, "until_at"),
+            tries: concat!($prefix, "tries"),
+            holder: concat!($prefix, "holder"),
+            token: concat!($prefix, "token"),
+            granted_at: concat!($prefix, "granted_at"),
+            expires_at: concat!($prefix, "expires_at"),
+            lapses_at: concat!($prefix, "lapses_at"),
+            discarded: concat!($prefix, "discarded"),
+            last_error: concat!($prefix, "last_error"),
+        }
+    };
+}
+
+impl AttemptColumns {
+    /// The table's own names.
+    pub(super) const PLAIN: Self = attempt_columns!("");
+    /// An attempt as a one-statement answer found it.
+    pub(super) const BEFORE: Self = attempt_columns!("before_");
+    /// An attempt as a one-statement answer wrote it.
+    pub(super) const AFTER: Self = attempt_columns!("after_");
+
+    /// Decodes the attempt row these columns hold.
+    pub(super) fn read(&self, row: &Row) -> Result<AttemptRow> {
+        Ok(AttemptRow {
+            number: row.try_get(self.number)?,
+            state: row.try_get(self.state)?,
+            until_at: row.try_get(self.until_at)?,
+            tries: row.try_get(self.tries)?,
+            holder: row.try_get(self.holder)?,
+            token: row.try_get(self.token)?,
+            granted_at: row.try_get(self.granted_at)?,
+            expires_at: row.try_get(self.expires_at)?,
+            lapses_at: row.try_get(self.lapses_at)?,
+            discarded: row.try_get(self.discarded)?,
+            last_error: row.try_get(self.last_error)?,
+        })
+    }
+
+    /// Every name [`read`](Self::read) reads.
+    #[cfg(test)]
+    pub(super) fn names(&self) -> Vec<&'static str> {
+        let Self {
+            number,
+            state,
+            until_at,
+            tries,
+            holder,
+            token,
+            granted_at,
+            expires_at,
+            lapses_at,
+            discarded,
+            last_error,
+        } = *self;
+        vec![
+            number, state, until_at, tries, holder, token, granted_at, expires_at, lapses_at,
+            discarded, last_error,
+        ]
+    }
+}
+
+/// A task row in its table's own column names.
 pub(super) fn task_row(row: &Row) -> Result<TaskRow> {
-    task_row_at(row, 0)
+    TaskColumns::PLAIN.read(row)
 }
 
-/// A task row whose columns start at column `first`, in [`task_row`]'s
-/// order.
-pub(super) fn task_row_at(row: &Row, first: usize) -> Result<TaskRow> {
-    Ok(TaskRow {
-        id: row.try_get(first)?,
-        queue: row.try_get(first + 1)?,
-        task_id: row.try_get(first + 2)?,
-        version: row.try_get(first + 3)?,
-        brief: row.try_get(first + 4)?,
-        brief_format: row.try_get(first + 5)?,
-        lapse_backoff_ms: row.try_get(first + 6)?,
-        last_token: row.try_get(first + 7)?,
-        claimable_at: row.try_get(first + 8)?,
-        created_at: row.try_get(first + 9)?,
-        max_tries: row.try_get(first + 10)?,
-        priority: row.try_get(first + 11)?,
-        // By name: a statement may put other columns before them.
-        partition_key: row.try_get("partition_key")?,
-        unique_key: row.try_get("unique_key")?,
-        unique_states: row.try_get("unique_states")?,
-        lease_ms: row.try_get("lease_ms")?,
-        deadline_at: row.try_get("deadline_at")?,
-    })
-}
-
+/// An attempt row in its table's own column names.
 pub(super) fn attempt_row(row: &Row) -> Result<AttemptRow> {
-    attempt_row_at(row, 0)
+    AttemptColumns::PLAIN.read(row)
 }
 
-/// An attempt whose columns start at column `first`, in
-/// [`attempt_row`]'s order.
-pub(super) fn attempt_row_at(row: &Row, first: usize) -> Result<AttemptRow> {
-    Ok(AttemptRow {
-        number: row.try_get(first)?,
-        state: row.try_get(first + 1)?,
-        until_at: row.try_get(first + 2)?,
-        tries: row.try_get(first + 3)?,
-        holder: row.try_get(first + 4)?,
-        token: row.try_get(first + 5)?,
-        granted_at: row.try_get(first + 6)?,
-        expires_at: row.try_get(first + 7)?,
-        lapses_at: row.try_get(first + 8)?,
-        discarded: row.try_get(first + 9)?,
-        last_error: row.try_get(first + 10)?,
-    })
+/// The columns [`receipt_row`] reads.
+#[cfg(test)]
+pub(super) fn receipt_columns() -> [&'static str; 8] {
+    [
+        "attempt",
+        "token",
+        "principal",
+        "idempotency_key",
+        "artifact",
+        "digest",
+        "accepted_at",
+        "output",
+    ]
 }
 
+/// A receipt row in its table's own column names.
 pub(super) fn receipt_row(row: &Row) -> Result<ReceiptRow> {
     Ok(ReceiptRow {
-        attempt: row.try_get(0)?,
-        token: row.try_get(1)?,
-        principal: row.try_get(2)?,
-        idempotency_key: row.try_get(3)?,
-        artifact: row.try_get(4)?,
-        digest: row.try_get(5)?,
-        accepted_at: row.try_get(6)?,
-        output: row.try_get(7)?,
+        attempt: row.try_get("attempt")?,
+        token: row.try_get("token")?,
+        principal: row.try_get("principal")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        artifact: row.try_get("artifact")?,
+        digest: row.try_get("digest")?,
+        accepted_at: row.try_get("accepted_at")?,
+        output: row.try_get("output")?,
     })
 }
 

@@ -105,6 +105,8 @@ mod listener;
 mod options;
 mod pool;
 mod rows;
+#[cfg(test)]
+mod rules;
 mod schedules;
 mod schema;
 mod statements;

@@ -85,6 +85,16 @@ pub(crate) fn retry_after_header(wait: std::time::Duration) -> HeaderValue {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let Self::Store(Error::Storage(storage)) = &self {
+            // The body says only "storage error"; the operator's log says
+            // what the database said.
+            tracing::error!(
+                kind = ?storage.kind(),
+                code = storage.code().unwrap_or("-"),
+                message = storage.message(),
+                "storage failure"
+            );
+        }
         let (status, mut body, retry_after) = match self {
             Self::Store(error) => (
                 StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),

@@ -9,7 +9,7 @@
 //!   committed, runs again from the start a bounded number of times; one
 //!   whose `COMMIT` failed is reported failed, never acknowledged.
 //! - **Transactions**: `READ COMMITTED`; what a write changes is locked
-//!   first (see `transactions.rs`). Reads run in a `REPEATABLE READ`
+//!   first (see `transactions/`). Reads run in a `REPEATABLE READ`
 //!   read-only transaction, so a multi-statement read sees one snapshot.
 //! - **Time**: every time comes from the store's clock as Unix
 //!   milliseconds, never from the server's `now()`.
@@ -53,7 +53,7 @@
 //! | empty claim of a key that found the queue empty | 1 read | 1 read-only |
 //!
 //! A claim of one task runs as one statement first
-//! (`claim.rs`): a data-modifying CTE takes the queue's first task with
+//! (`sql/claim_one.sql`, run by `claim.rs`): a data-modifying CTE takes the queue's first task with
 //! `FOR UPDATE SKIP LOCKED`, as the general claim does, and when it is of
 //! the one shape whose grant needs nothing but the next token (one
 //! attempt, ready, no due lapsed lease of a higher priority), writes the

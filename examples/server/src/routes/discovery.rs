@@ -66,6 +66,9 @@ pub(super) fn routes() -> Vec<Route> {
                 "MCP over streamable HTTP: JSON-RPC, one message or a batch of at most 32 run one call at a time; every message needs a key (`Authorization: Bearer`), 401 with WWW-Authenticate otherwise; a browser Origin other than a loopback one or one of --allowed-origin is 403; a body is application/json, each object naming its members once",
             )
             .keyed()
+            // One JSON-RPC message or a batch: any JSON text, answered in
+            // JSON-RPC's own terms when it is not a request.
+            .body(json!({}))
             .answers("200", "the JSON-RPC answer", Some(json!({})))
             .answers("202", "notifications only: accepted", None),
             crate::mcp::handler(),

@@ -1,5 +1,5 @@
-//! The operations, one family per file, each an `impl Store` block over
-//! the backend seam.
+//! The operations, each an `impl Store` block over the backend seam: the
+//! lease wing in `lease/`, then one family per file.
 
 mod access;
 mod audit;

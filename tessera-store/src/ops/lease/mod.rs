@@ -1,5 +1,8 @@
-//! The lease wing: how a claim is admitted, how its lease is granted,
-//! and the one-statement fast path, one concept per file.
+//! The lease wing, one concept per file: how a claim is admitted
+//! (`admission`, and `claim_async` for async hosts), how its lease is
+//! granted (`grant`), the one-statement fast path (`fast`), how a holder
+//! acknowledges (`ack`) through the completer's batch transaction
+//! (`complete`), heartbeats (`heartbeat`), and the worker loop (`worker`).
 
 mod ack;
 mod admission;

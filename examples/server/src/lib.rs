@@ -58,3 +58,8 @@ pub use setup::main;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeExamples;
+
+/// The hosting guide's code examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/hosting.md")]
+struct HostingExamples;

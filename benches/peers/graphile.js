@@ -10,13 +10,38 @@
 // JOBS no-op jobs already queued are done, then stops it, which waits for
 // every completion; `batched` adds a local queue of 100 and batched
 // completions. The time counted is from `run()` to the end of `stop()`.
+// With TESSERA_PEERS_DEBUG set, the line also says what `SHOW
+// synchronous_commit` answers on a connection of graphile-worker's pool.
+//
+// graphile-worker 0.18 is an ES module: it is found through NODE_PATH
+// (`require.resolve`) and loaded with `import()`.
 "use strict";
 
-const { Logger, makeWorkerUtils, run, runMigrations } = require("graphile-worker");
+const fs = require("node:fs");
+const path = require("node:path");
+const { pathToFileURL } = require("node:url");
 
 const connectionString = process.env.DATABASE_URL;
-const logger = new Logger(() => () => {});
 const LOCAL_QUEUE = 100;
+const PACKAGE = "graphile-worker";
+
+let Logger, makeWorkerUtils, run, runMigrations, logger;
+
+/** Loads the package; returns its version. */
+async function load() {
+  const main = require.resolve(PACKAGE);
+  ({ Logger, makeWorkerUtils, run, runMigrations } = await import(pathToFileURL(main).href));
+  logger = new Logger(() => () => {});
+  const marker = `${path.sep}node_modules${path.sep}${PACKAGE}${path.sep}`;
+  const root = main.slice(0, main.lastIndexOf(marker) + marker.length);
+  return JSON.parse(fs.readFileSync(path.join(root, "package.json"), "utf8")).version;
+}
+
+/** `SHOW synchronous_commit` on a connection of the pool, for a debug run. */
+async function synchronousCommit(utils) {
+  const { rows } = await utils.withPgClient((client) => client.query("SHOW synchronous_commit"));
+  return rows[0].synchronous_commit;
+}
 
 function seconds(since) {
   return Number(process.hrtime.bigint() - since) / 1e9;
@@ -33,6 +58,7 @@ async function reset() {
 async function enqueue(jobs, perCall) {
   const utils = await makeWorkerUtils({ connectionString, logger });
   await utils.migrate();
+  const setting = process.env.TESSERA_PEERS_DEBUG ? await synchronousCommit(utils) : undefined;
   const began = process.hrtime.bigint();
   if (perCall === 1) {
     for (let n = 0; n < jobs; n++) {
@@ -49,15 +75,21 @@ async function enqueue(jobs, perCall) {
   }
   const elapsed = seconds(began);
   await utils.release();
-  return { jobs, seconds: elapsed };
+  return { jobs, seconds: elapsed, synchronous_commit: setting };
 }
 
 async function processJobs(jobs, workers, batched) {
   let done = 0;
   let finish;
   const finished = new Promise((resolve) => (finish = resolve));
+  let setting;
   const taskList = {
-    noop: async () => {
+    noop: async (_payload, helpers) => {
+      if (process.env.TESSERA_PEERS_DEBUG && setting === undefined) {
+        setting = "";
+        const { rows } = await helpers.query("SHOW synchronous_commit");
+        setting = rows[0].synchronous_commit;
+      }
       done += 1;
       if (done === jobs) finish();
     },
@@ -82,18 +114,20 @@ async function processJobs(jobs, workers, batched) {
   );
   await utils.release();
   if (rows[0].left !== 0) throw new Error(`${rows[0].left} jobs left after processing`);
-  return { jobs: done, seconds: elapsed };
+  if (done !== jobs) throw new Error(`${done} jobs processed, not ${jobs}`);
+  return { jobs: done, seconds: elapsed, synchronous_commit: setting };
 }
 
 async function main() {
   const [mode, ...args] = process.argv.slice(2);
   const numbers = args.map(Number);
+  const version = await load();
   let result;
   if (mode === "reset") result = await reset();
   else if (mode === "enqueue") result = await enqueue(numbers[0], numbers[1]);
   else if (mode === "process") result = await processJobs(numbers[0], numbers[1], args[2] === "batched");
   else throw new Error(`unknown mode ${mode}`);
-  result.version = require("graphile-worker/package.json").version;
+  result.version = version;
   console.log(JSON.stringify(result));
 }
 

@@ -1,80 +1,123 @@
-//! Tessera beside graphile-worker on one PostgreSQL server, each with the
-//! server's own statistics, and the server's floor measured in the same
-//! run; then Tessera's processing rate on SQLite beside SQLite's floor.
+//! Tessera beside two peers, graphile-worker and pg-boss, on one
+//! PostgreSQL server, each with the server's own statistics, in two
+//! commit regimes over several rounds, and the server's floor measured in
+//! the same run; then Tessera's processing rate on SQLite beside SQLite's
+//! floor.
 //!
 //! Run everything with one command: `benches/peers/run.sh [JOBS]`, which
-//! installs graphile-worker (the version `benches/peers/package.json`
-//! pins) outside the repository and then runs this program:
+//! installs the peers (the versions `benches/peers/package.json` pins,
+//! with the Node they ask for) outside the repository and then runs this
+//! program:
 //!
 //! `TESSERA_PEER_GRAPHILE=<dir with node_modules> TESSERA_BENCH_POSTGRES_URL=postgres://postgres:postgres@127.0.0.1:5432/postgres cargo run --release -p tessera-benches --bin peers -- [JOBS] [postgres|sqlite]`
 //!
 //! `JOBS` (default 10,000) no-op jobs per step. Without
 //! `TESSERA_PEER_GRAPHILE` only Tessera's side runs; without a server URL
 //! (`TESSERA_BENCH_POSTGRES_URL`, else `TESSERA_TEST_POSTGRES_URL`) only
-//! SQLite does. `TESSERA_PEERS_STEPS` (for example `4,8,4b`) runs only
-//! the processing steps it names, by worker count, `b` for batched, in its
-//! order; the first enqueues one per call. A step named again runs again
-//! (`4,4,4,4` four times), and the run ends with each repeated step's
-//! ratios and their median: one run's ratio moves with the machine.
-//! Tessera's connection pool holds twice this machine's cores (the
-//! server's, as the server runs here), as `PostgresOptions::with_pool_size`
-//! advises; `TESSERA_PEERS_POOL` sets another size. graphile-worker keeps
-//! its own pool, at least 10.
+//! SQLite does. The peers' scripts run on the Node in
+//! `TESSERA_PEER_GRAPHILE/node_modules/.bin` when there is one, else on
+//! the `node` on the path. `TESSERA_PEERS_WITH` (`graphile`, `pgboss`,
+//! both separated by a comma, or `none`) picks the peers, both by default.
+//! `TESSERA_PEERS_REGIMES` (`default`, `off`, or both) picks the regimes,
+//! both by default. `TESSERA_PEERS_ROUNDS` (default 3) sets the rounds.
+//! `TESSERA_PEERS_STEPS` (for example `4,8,4b`) runs only the processing
+//! steps it names, by worker count, `b` for batched, in its order; the
+//! first enqueues one per call. A step named again runs again (`4,4,4,4`
+//! four times a round). `TESSERA_PEERS_DEBUG`, when set, has each peer's
+//! script report what `SHOW synchronous_commit` answers on its own pool,
+//! which this program prints. Tessera's connection pool holds twice this
+//! machine's cores (the server's, as the server runs here), as
+//! `PostgresOptions::with_pool_size` advises; `TESSERA_PEERS_POOL` sets
+//! another size. graphile-worker and pg-boss keep their own pools, at
+//! least 10 and at least the workers and 2.
 //!
 //! PostgreSQL: each system has a database of its own on the same server,
-//! `tessera_bench` and `graphile_bench` (created when missing), so
-//! `pg_stat_database` counts one system's work alone. The steps run in
-//! this order, each first for Tessera and then for graphile-worker (a
-//! repeated step every second time the other way round):
+//! `tessera_bench`, `graphile_bench` and `pgboss_bench` (created when
+//! missing), so `pg_stat_database` counts one system's work alone. The
+//! regimes, each with its own set of tables:
 //!
-//! 1. enqueue `JOBS`, one per call (`enqueue`; `addJob`), then process
-//!    them with 1 worker, one job per claim;
+//! - the server's defaults (`ALTER DATABASE … RESET synchronous_commit`
+//!   for each of the three, in case an earlier run left the other);
+//! - `synchronous_commit = off` for every session of the three databases
+//!   (`ALTER DATABASE … SET synchronous_commit = off`), so that a commit
+//!   returns before its log record is flushed and what a flush costs drops
+//!   out; the floors run in it too.
+//!
+//! A database's setting reaches the sessions that start after it is set,
+//! and every session of a step starts in the step (each step opens its own
+//! store, and runs each peer's script anew), so it is set before anything
+//! of the regime connects; each regime's heading says what a new session
+//! of each database answers to `SHOW synchronous_commit`. The databases
+//! are reset to the server's default at the end, a panicking run
+//! included.
+//!
+//! Each regime runs its steps `TESSERA_PEERS_ROUNDS` times, each round on
+//! empty tables (Tessera's schema made anew, each peer's schema dropped
+//! and made anew by its script). A round runs the steps in this order,
+//! each for the three systems in turn (the system that starts a step moves
+//! on by one every time the step runs again, so no system always runs on
+//! another's heels):
+//!
+//! 1. enqueue `JOBS`, one per call (`enqueue`; `addJob`; pg-boss `send`),
+//!    then process them with 1 worker, one job per claim;
 //! 2. for 2, 4 and 8 workers: enqueue `JOBS`, 1,000 per call
-//!    (`enqueue_batch`; `addJobs`), then process them one job per claim;
-//! 3. for each of `BATCHED_WORKERS`: enqueue `JOBS` 1,000 per call, then
-//!    process them batched (Tessera: `claim_batch` of 100 and one
-//!    `submit_batch` of what it got; graphile-worker: a local queue of
-//!    100 and batched completions).
+//!    (`enqueue_batch`; `addJobs`; pg-boss `insert`), then process them
+//!    one job per claim;
+//! 3. for each of `BATCHED_WORKERS` (1, 4 and 8): enqueue `JOBS` 1,000 per
+//!    call, then process them batched (Tessera: `claim_batch` of 100 and
+//!    one `submit_batch` of what it got; graphile-worker: a local queue of
+//!    100 and batched completions; pg-boss: `work()` with `batchSize`
+//!    100, one fetch and one completion a batch).
 //!
 //! Processing is "no-op": Tessera's workers are threads of one process
 //! sharing one `Store`, each with its own key, each claiming and
 //! submitting until its claim finds the queue empty (one job per claim:
 //! a `claim`, then `submit_and_claim` for each task, whose submission
-//! carries the next claim); graphile-worker's
-//! are one `run()` with `concurrentJobs` set to the count (the script
-//! `benches/peers/graphile.js`). Each step's rate is its jobs over its own
-//! time; for graphile-worker that time runs from `run()` to the end of
-//! `stop()`, which waits for every completion. Every processing step but
-//! the first starts right after a `VACUUM (ANALYZE)` of the system's
-//! database: a claim's index search walks past the entries earlier claims
-//! left until a vacuum removes them (for both systems alike), so each
-//! step starts with none, rather than with however many autovacuum's
-//! once-a-minute visit happened to leave. Every step starts right after a
-//! `CHECKPOINT`, so each system's first write to a page after it logs the
-//! whole page, the same for both. Each step's CPU time a job is the
-//! machine's busy time (`/proc/stat`) less this program's and its
-//! children's (`/proc/self/stat`: Tessera's threads, graphile-worker's
-//! Node process), so with the server on this machine it is the server's
-//! work, and then the client's. Around every step this
-//! program reads, on a connection to the server's maintenance database,
-//! once the system's connections have all closed (so every backend has
-//! flushed its counters): `xact_commit`, `tup_inserted`, `tup_updated` and
-//! `tup_deleted` of the system's database, and `pg_current_wal_lsn()`.
-//! The log position is the whole server's: anything else running on the
-//! server at the time is counted too. The floor is one-row commits
-//! (`MinimalCommit`) from 1 and from 8 clients, measured before the first
-//! step and after the last, so a change in the machine's load during the
-//! run shows. Last, the floor of a job's own rows: the six rows one job
-//! per claim changes, at random tasks of Tessera's tables, written in one
-//! data-modifying statement a job (one round trip, one commit, no reads),
-//! from 1, 4 and 8 clients.
+//! carries the next claim); graphile-worker's are one `run()` with
+//! `concurrentJobs` set to the count (the script
+//! `benches/peers/graphile.js`); pg-boss's are one `work()` with
+//! `localConcurrency` set to the count and `batchSize` 1, or 100 when
+//! batched (the script `benches/peers/pgboss.js`, which says how its
+//! workers are kept fetching while jobs are left). Each step's rate is its
+//! jobs over its own time; for a peer that time runs from starting it to
+//! the end of its `stop()`, which waits for every completion. Every
+//! processing step but the first of a round starts right after a
+//! `VACUUM (ANALYZE)` of the system's database: a claim's index search
+//! walks past the entries earlier claims left until a vacuum removes them
+//! (for every system alike), so each step starts with none, rather than
+//! with however many autovacuum's once-a-minute visit happened to leave.
+//! Every step starts right after a `CHECKPOINT`, so each system's first
+//! write to a page after it logs the whole page, the same for all. Each
+//! step's CPU time a job is the machine's busy time (`/proc/stat`) less
+//! this program's and its children's (`/proc/self/stat`: Tessera's
+//! threads, the peers' Node processes), so with the server on this
+//! machine it is the server's work, and then the client's. Around every
+//! step this program reads, on a connection to the server's maintenance
+//! database, once the system's connections have all closed (so every
+//! backend has flushed its counters): `xact_commit`, `tup_inserted`,
+//! `tup_updated` and `tup_deleted` of the system's database, and
+//! `pg_current_wal_lsn()`. The log position is the whole server's:
+//! anything else running on the server at the time is counted too.
+//!
+//! Each regime's tables: every figure's rate, the median over the rounds;
+//! Tessera's rate over each peer's, per mode (a figure, all the enqueues
+//! of 1,000 per call being one), each round's ratio, their median and the
+//! lowest: one round's ratio moves with the machine; per processed job,
+//! transactions, rows and log bytes, and the CPU time, each the median
+//! over the rounds; the floor, one-row commits (`MinimalCommit`) from 1
+//! and from 8 clients, measured before the regime's first round and after
+//! its last, so a change in the machine's load during the run shows; last,
+//! the floor of a job's own rows: the six rows one job per claim changes,
+//! at random tasks of Tessera's tables (those of the last round), written
+//! in one data-modifying statement a job (one round trip, one commit, no
+//! reads), from 1, 4 and 8 clients.
 //!
 //! SQLite: in a temporary directory, the minimal commit (one row,
 //! `BEGIN IMMEDIATE` … `COMMIT`, the store's journal settings) from 1
 //! thread, then for 1, 2, 4 and 8 worker threads `JOBS` tasks enqueued
-//! 1,000 per call and processed one per claim, then batched, then by 1, 2
-//! and 4 threads sharing one `Worker` (the worker loop: it fetches 100
-//! ahead and acknowledges later, the worker holding up to 100
+//! 1,000 per call and processed one per claim, then batched with 1, 4 and
+//! 8, then by 1, 2 and 4 threads sharing one `Worker` (the worker loop: it
+//! fetches 100 ahead and acknowledges later, the worker holding up to 100
 //! acknowledgements for one transaction through the completer), the same
 //! with 2,000 tasks that each take 1 ms (a sleep, as a task waiting on
 //! I/O does), and last the floor
@@ -84,8 +127,9 @@
 //! minimal commit rate over the task rate.
 //!
 //! Every check that could fail is made: each step processes exactly
-//! `JOBS` jobs, no Tessera task is claimed twice, and graphile-worker's
-//! job table is empty after each processing step.
+//! `JOBS` jobs, no Tessera task is claimed twice, graphile-worker's job
+//! table is empty after each processing step, and pg-boss has no job of
+//! the queue left but completed ones.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -106,12 +150,13 @@ use tessera_store::{
 /// Worker counts of the one-job-per-claim steps.
 const WORKERS: [usize; 4] = [1, 2, 4, 8];
 /// Worker counts of the batched steps.
-const BATCHED_WORKERS: [usize; 2] = [4, 8];
+const BATCHED_WORKERS: [usize; 3] = [1, 4, 8];
 /// Threads sharing one `Worker` in the SQLite worker-loop steps.
 const LOOP_THREADS: [usize; 3] = [1, 2, 4];
-/// Tasks per `claim_batch`, and graphile-worker's local queue size.
+/// Tasks per `claim_batch`, graphile-worker's local queue size and
+/// pg-boss's `batchSize` in the batched steps (their scripts say so too).
 const CLAIM_BATCH: usize = 100;
-/// Tasks per `enqueue_batch` and per `addJobs`.
+/// Tasks per `enqueue_batch`, per `addJobs` and per pg-boss `insert`.
 const ENQUEUE_BATCH: usize = 1_000;
 /// Client counts of the PostgreSQL floor.
 const FLOOR_CLIENTS: [usize; 2] = [1, 8];
@@ -123,7 +168,6 @@ const SAME_ROWS_JOBS: usize = 4_000;
 const SAME_ROWS_CLIENTS: [usize; 3] = [1, 4, 8];
 const QUEUE: &str = "peers";
 const TESSERA_DATABASE: &str = "tessera_bench";
-const GRAPHILE_DATABASE: &str = "graphile_bench";
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -173,24 +217,6 @@ fn pool_size() -> u32 {
     }
 }
 
-/// Measures a step of both systems, graphile-worker's first when
-/// `graphile_first`: a step run again swaps the order, so that neither
-/// system always runs on the other's heels (its autovacuum, its cache).
-fn in_turn(
-    monitor: &mut Monitor,
-    graphile_first: bool,
-    tessera: impl FnOnce(&mut Monitor) -> Measured,
-    graphile: impl FnOnce(&mut Monitor) -> Option<Measured>,
-) -> (Measured, Option<Measured>) {
-    if graphile_first {
-        let g = graphile(monitor);
-        (tessera(monitor), g)
-    } else {
-        let t = tessera(monitor);
-        (t, graphile(monitor))
-    }
-}
-
 /// One step's outcome: jobs, seconds, and the server's counters over it.
 #[derive(Debug, Clone, Copy, Default)]
 struct Measured {
@@ -208,21 +234,33 @@ impl Measured {
         value as f64 / self.jobs as f64
     }
 
-    /// CPU milliseconds a job: the rest of the machine (the server, when it
-    /// runs here) and this program with its children (the system's client),
-    /// `–` where not measured.
-    fn cpu_per_job(&self) -> String {
+    /// CPU milliseconds a job of the rest of the machine: the server, when
+    /// it runs here.
+    fn server_ms_per_job(&self) -> Option<f64> {
         let counters = self.counters;
         let rest = counters
             .machine_cpu
             .zip(counters.client_cpu)
             .map(|(machine, client)| machine - client);
-        let ms = |cpu: Option<f64>| {
-            cpu.map_or("–".to_owned(), |cpu| {
-                format!("{:.3}", cpu * 1e3 / self.jobs as f64)
-            })
-        };
-        format!("{} + {}", ms(rest), ms(counters.client_cpu))
+        rest.map(|cpu| cpu * 1e3 / self.jobs as f64)
+    }
+
+    /// CPU milliseconds a job of this program with its children: the
+    /// system's client.
+    fn client_ms_per_job(&self) -> Option<f64> {
+        self.counters
+            .client_cpu
+            .map(|cpu| cpu * 1e3 / self.jobs as f64)
+    }
+
+    /// Server and client CPU milliseconds a job, `–` where not measured.
+    fn cpu_per_job(&self) -> String {
+        let ms = |cpu: Option<f64>| cpu.map_or("–".to_owned(), |cpu| format!("{cpu:.3}"));
+        format!(
+            "{} + {}",
+            ms(self.server_ms_per_job()),
+            ms(self.client_ms_per_job())
+        )
     }
 }
 
@@ -236,8 +274,8 @@ struct Counters {
     wal_bytes: i64,
     /// CPU seconds the whole machine was busy, where `/proc/stat` says.
     machine_cpu: Option<f64>,
-    /// CPU seconds of this process and its reaped children (graphile-
-    /// worker's Node process).
+    /// CPU seconds of this process and its reaped children (the peers'
+    /// Node processes).
     client_cpu: Option<f64>,
 }
 
@@ -372,8 +410,8 @@ impl Monitor {
 /// The kernel's user ticks a second on Linux, the unit of `/proc`'s times.
 const TICKS: f64 = 100.0;
 
-/// CPU seconds this process and the children it waited for (graphile-
-/// worker's Node process) have run, from `/proc/self/stat`.
+/// CPU seconds this process and the children it waited for (the peers'
+/// Node processes) have run, from `/proc/self/stat`.
 fn own_cpu() -> Option<f64> {
     let line = std::fs::read_to_string("/proc/self/stat").ok()?;
     // After the command's closing parenthesis: state, then utime, stime,
@@ -419,186 +457,486 @@ fn with_database(url: &str, database: &str) -> String {
     out
 }
 
-/// A figure of both systems: Tessera's and, if it ran, graphile-worker's.
+/// A figure of every system, over the rounds: `runs[round][system]`, the
+/// systems in `Systems` order (Tessera first).
 struct Row {
+    /// The figure as the tables name it.
     figure: String,
-    tessera: Measured,
-    graphile: Option<Measured>,
+    /// The figure less where it runs, for the ratios over the rounds: the
+    /// enqueues of `ENQUEUE_BATCH` per call before every step are one mode.
+    mode: String,
+    runs: Vec<Vec<Measured>>,
+}
+
+impl Row {
+    fn new(figure: String, mode: String) -> Self {
+        Self {
+            figure,
+            mode,
+            runs: Vec::new(),
+        }
+    }
+
+    /// The median over the rounds of `value` of `system`'s runs, `None`
+    /// where any run has none.
+    fn median(&self, system: usize, value: impl Fn(&Measured) -> Option<f64>) -> Option<f64> {
+        let values: Option<Vec<f64>> = self.runs.iter().map(|run| value(&run[system])).collect();
+        values.map(median)
+    }
+
+    fn rate(&self, system: usize) -> f64 {
+        self.median(system, |m| Some(m.rate())).unwrap()
+    }
+}
+
+/// The median of `values`, which are not empty: the mean of the middle
+/// two of an even count.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.len() % 2 == 0 {
+        (values[middle - 1] + values[middle]) / 2.0
+    } else {
+        values[middle]
+    }
+}
+
+/// The rounds each regime runs: `TESSERA_PEERS_ROUNDS`, else 3.
+fn rounds() -> usize {
+    match std::env::var("TESSERA_PEERS_ROUNDS") {
+        Ok(listed) => listed
+            .parse()
+            .ok()
+            .filter(|&rounds| rounds > 0)
+            .unwrap_or_else(|| panic!("TESSERA_PEERS_ROUNDS={listed:?} is not a count of rounds")),
+        Err(_) => 3,
+    }
+}
+
+/// How the systems' sessions commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Regime {
+    /// The server's own settings.
+    Default,
+    /// `synchronous_commit = off` for every session of the systems'
+    /// databases: a commit returns before its log record is flushed, so
+    /// what a flush costs drops out.
+    AsyncCommit,
+}
+
+impl Regime {
+    /// Both, in order; `TESSERA_PEERS_REGIMES` (`default`, `off`, or both
+    /// separated by a comma) lists which to run, in its own order.
+    fn selected() -> Vec<Self> {
+        let all = [Self::Default, Self::AsyncCommit];
+        match std::env::var("TESSERA_PEERS_REGIMES") {
+            Err(_) => all.to_vec(),
+            Ok(listed) => listed
+                .split(',')
+                .map(|name| {
+                    all.into_iter()
+                        .find(|regime| regime.key() == name.trim())
+                        .unwrap_or_else(|| {
+                            panic!("TESSERA_PEERS_REGIMES: {name:?} is neither default nor off")
+                        })
+                })
+                .collect(),
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::AsyncCommit => "off",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Self::Default => "the server's defaults",
+            Self::AsyncCommit => "synchronous_commit = off",
+        }
+    }
+
+    /// Sets `database`'s sessions to this regime: the setting for each new
+    /// session, which every system's pool then opens (each step opens its
+    /// own).
+    fn apply(self, client: &mut postgres::Client, database: &str) {
+        let statement = match self {
+            Self::Default => format!("ALTER DATABASE \"{database}\" RESET synchronous_commit"),
+            Self::AsyncCommit => {
+                format!("ALTER DATABASE \"{database}\" SET synchronous_commit = off")
+            }
+        };
+        client
+            .batch_execute(&statement)
+            .unwrap_or_else(|error| panic!("{statement}: {error}"));
+    }
+}
+
+/// Puts the systems' databases back to the server's default commit when
+/// dropped, a panicking run included.
+struct RegimeReset {
+    url: String,
+    databases: Vec<String>,
+}
+
+impl Drop for RegimeReset {
+    fn drop(&mut self) {
+        match postgres::Client::connect(&self.url, postgres::NoTls) {
+            Ok(mut client) => {
+                for database in &self.databases {
+                    Regime::Default.apply(&mut client, database);
+                }
+            }
+            Err(error) => eprintln!("synchronous_commit was not reset: {error}"),
+        }
+    }
+}
+
+/// `SHOW synchronous_commit` on a new session of `database`.
+fn synchronous_commit(url: &str, database: &str) -> String {
+    let mut client = postgres::Client::connect(&with_database(url, database), postgres::NoTls)
+        .expect("the database takes a connection");
+    client
+        .query_one("SHOW synchronous_commit", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// The systems of a round: Tessera, then the peers that run beside it.
+struct Systems<'a> {
+    tessera: Tessera,
+    peers: &'a [Peer],
+}
+
+/// The systems' names in `Systems` order: Tessera, then `peers`.
+fn names(peers: &[Peer]) -> Vec<&'static str> {
+    std::iter::once("Tessera")
+        .chain(peers.iter().map(|peer| peer.spec.name))
+        .collect()
+}
+
+impl Systems<'_> {
+    fn count(&self) -> usize {
+        1 + self.peers.len()
+    }
+
+    fn database(&self, system: usize) -> &'static str {
+        if system == 0 {
+            TESSERA_DATABASE
+        } else {
+            self.peers[system - 1].spec.database
+        }
+    }
+
+    /// Measures `action` of every system, each between readings of its own
+    /// database's counters, in turn: the `occurrence`th run of a step
+    /// starts with the system after the one that started the run before,
+    /// so that no system always runs on another's heels (its autovacuum,
+    /// its cache). Returns the systems' measures in their own order.
+    fn in_turn(
+        &self,
+        monitor: &mut Monitor,
+        occurrence: usize,
+        vacuum: bool,
+        mut action: impl FnMut(usize) -> (u64, f64),
+    ) -> Vec<Measured> {
+        let count = self.count();
+        let mut measured = vec![Measured::default(); count];
+        for turn in 0..count {
+            let system = (turn + occurrence) % count;
+            measured[system] = monitor.measure(self.database(system), vacuum, || action(system));
+        }
+        measured
+    }
+
+    fn enqueue(&self, system: usize, jobs: usize, per_call: usize) -> (u64, f64) {
+        if system == 0 {
+            self.tessera.enqueue(jobs, per_call)
+        } else {
+            self.peers[system - 1].run(&["enqueue", &jobs.to_string(), &per_call.to_string()])
+        }
+    }
+
+    fn process(
+        &self,
+        system: usize,
+        jobs: usize,
+        workers: usize,
+        batched: bool,
+        step: u64,
+    ) -> (u64, f64) {
+        if system == 0 {
+            self.tessera.process(jobs, workers, batched, step)
+        } else {
+            let (jobs, workers) = (jobs.to_string(), workers.to_string());
+            let mut args = vec!["process", &jobs, &workers];
+            if batched {
+                args.push("batched");
+            }
+            self.peers[system - 1].run(&args)
+        }
+    }
 }
 
 fn postgres(url: &str, jobs: usize) {
     let mut monitor = Monitor::connect(url);
     monitor.ensure_database(TESSERA_DATABASE);
     let tessera_url = with_database(url, TESSERA_DATABASE);
-    let graphile = Graphile::find(url, &mut monitor);
-    if graphile.is_none() {
-        println!("graphile-worker: TESSERA_PEER_GRAPHILE is not set; Tessera's side only");
-    }
-    let floor_schema = PostgresSchema::fresh(&tessera_url, "peers_floor");
-    let floor = MinimalCommit::create(&floor_schema, 8);
-    let floor_before: Vec<f64> = FLOOR_CLIENTS
-        .iter()
-        .map(|&clients| postgres_floor(&floor, clients))
-        .collect();
-    // Its clients close, so that the steps' counters can be read.
-    drop(floor);
-    let schema = PostgresSchema::fresh(&tessera_url, "peers");
-    let tessera = Tessera::setup(&tessera_url, schema.name());
-    if let Some(graphile) = &graphile {
-        graphile.run(&["reset"]);
-    }
-
-    let mut enqueues = Vec::new();
-    let mut processing = Vec::new();
+    let peers = Peer::find(url, &mut monitor);
+    let names = names(&peers);
+    let node = peers.first().map(Peer::node_version);
     let steps = steps();
-    for (round, &(workers, batched)) in steps.iter().enumerate() {
-        let step = round as u64 + 1;
-        let again = steps[..round]
+    let rounds = rounds();
+    let databases: Vec<&str> = std::iter::once(TESSERA_DATABASE)
+        .chain(peers.iter().map(|peer| peer.spec.database))
+        .collect();
+    // Back to the server's default once the run ends, however it ends.
+    let _reset = RegimeReset {
+        url: url.to_owned(),
+        databases: databases
             .iter()
-            .filter(|&&earlier| earlier == (workers, batched))
-            .count();
-        let graphile_first = again % 2 == 1;
-        let per_call = if round == 0 { 1 } else { ENQUEUE_BATCH };
-        let figure = if per_call == 1 {
-            "enqueue, one per call".to_owned()
-        } else {
-            format!("enqueue, {per_call} per call (before step {})", round + 1)
-        };
-        let (t, g) = in_turn(
-            &mut monitor,
-            graphile_first,
-            |monitor| monitor.measure(TESSERA_DATABASE, false, || tessera.enqueue(jobs, per_call)),
-            |monitor| {
-                graphile.as_ref().map(|graphile| {
-                    monitor.measure(GRAPHILE_DATABASE, false, || {
-                        graphile.run(&["enqueue", &jobs.to_string(), &per_call.to_string()])
-                    })
-                })
-            },
+            .map(|&database| database.to_owned())
+            .collect(),
+    };
+    for regime in Regime::selected() {
+        // Before any of the regime's sessions opens: a session takes its
+        // database's settings when it starts.
+        for database in &databases {
+            regime.apply(&mut monitor.client, database);
+        }
+        let settings: Vec<String> = databases
+            .iter()
+            .map(|database| format!("{database} {}", synchronous_commit(url, database)))
+            .collect();
+        let settings = settings.join(", ");
+        eprintln!(
+            "{}: synchronous_commit of a new session: {settings}",
+            regime.title()
         );
-        report_progress(&figure, &t, g.as_ref());
-        enqueues.push(Row {
-            figure,
-            tessera: t,
-            graphile: g,
-        });
 
-        let figure = if batched {
-            format!("process batched, {workers} workers")
-        } else {
-            format!(
-                "process one per claim, {workers} worker{}",
-                if workers == 1 { "" } else { "s" }
-            )
+        // The floor, in the regime too: its clients connect now.
+        let floor_schema = PostgresSchema::fresh(&tessera_url, "peers_floor");
+        let floor = MinimalCommit::create(&floor_schema, 8);
+        let floor_before: Vec<f64> = FLOOR_CLIENTS
+            .iter()
+            .map(|&clients| postgres_floor(&floor, clients))
+            .collect();
+        // Its clients close, so that the steps' counters can be read.
+        drop(floor);
+
+        let mut enqueues: Vec<Row> = Vec::new();
+        let mut processing: Vec<Row> = Vec::new();
+        let mut schema = None;
+        for round in 0..rounds {
+            // Each round on empty tables: Tessera's schema made anew, and
+            // each peer's by its script.
+            drop(schema.take());
+            let fresh = PostgresSchema::fresh(&tessera_url, "peers");
+            let systems = Systems {
+                tessera: Tessera::setup(&tessera_url, fresh.name()),
+                peers: &peers,
+            };
+            schema = Some(fresh);
+            for peer in &peers {
+                peer.run(&["reset"]);
+            }
+            for (at, &(workers, batched)) in steps.iter().enumerate() {
+                let step = (round * steps.len() + at) as u64 + 1;
+                let same = |&&earlier: &&(usize, bool)| earlier == (workers, batched);
+                // How many times this step ran before in this regime.
+                let occurrence = round * steps.iter().filter(same).count()
+                    + steps[..at].iter().filter(same).count();
+                let per_call = if at == 0 { 1 } else { ENQUEUE_BATCH };
+                if round == 0 {
+                    let (figure, mode) = if per_call == 1 {
+                        let figure = "enqueue, one per call".to_owned();
+                        (figure.clone(), figure)
+                    } else {
+                        (
+                            format!("enqueue, {per_call} per call (before step {})", at + 1),
+                            format!("enqueue, {per_call} per call"),
+                        )
+                    };
+                    enqueues.push(Row::new(figure, mode));
+                    let kind = if batched { "batched" } else { "one per claim" };
+                    let figure = format!("process {kind}, {workers} worker{}", plural(workers));
+                    processing.push(Row::new(figure.clone(), figure));
+                }
+                let measured = systems.in_turn(&mut monitor, occurrence, false, |system| {
+                    systems.enqueue(system, jobs, per_call)
+                });
+                report_progress(&names, round, &enqueues[at].figure, &measured);
+                enqueues[at].runs.push(measured);
+
+                let measured = systems.in_turn(&mut monitor, occurrence, at > 0, |system| {
+                    systems.process(system, jobs, workers, batched, step)
+                });
+                report_progress(&names, round, &processing[at].figure, &measured);
+                processing[at].runs.push(measured);
+            }
+        }
+        // At the last round's tasks; none where no step enqueued any.
+        let same_rows: Vec<f64> = match &schema {
+            Some(schema) if !steps.is_empty() => SAME_ROWS_CLIENTS
+                .iter()
+                .map(|&clients| same_rows_floor(&tessera_url, schema.name(), clients))
+                .collect(),
+            _ => Vec::new(),
         };
-        let (t, g) = in_turn(
-            &mut monitor,
-            graphile_first,
-            |monitor| {
-                monitor.measure(TESSERA_DATABASE, round > 0, || {
-                    tessera.process(jobs, workers, batched, step)
-                })
-            },
-            |monitor| {
-                graphile.as_ref().map(|graphile| {
-                    monitor.measure(GRAPHILE_DATABASE, round > 0, || {
-                        let mut args =
-                            vec!["process".to_owned(), jobs.to_string(), workers.to_string()];
-                        if batched {
-                            args.push("batched".to_owned());
-                        }
-                        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                        graphile.run(&args)
-                    })
-                })
-            },
-        );
-        report_progress(&figure, &t, g.as_ref());
-        processing.push(Row {
-            figure,
-            tessera: t,
-            graphile: g,
-        });
-    }
-    drop(tessera);
-    let same_rows: Vec<f64> = SAME_ROWS_CLIENTS
-        .iter()
-        .map(|&clients| same_rows_floor(&tessera_url, schema.name(), clients))
-        .collect();
+        let floor = MinimalCommit::attach(&tessera_url, floor_schema.name(), 8);
+        let floor_after: Vec<f64> = FLOOR_CLIENTS
+            .iter()
+            .map(|&clients| postgres_floor(&floor, clients))
+            .collect();
+        drop(floor);
+        drop(floor_schema);
+        drop(schema);
 
-    let floor = MinimalCommit::attach(&tessera_url, floor_schema.name(), 8);
-    let floor_after: Vec<f64> = FLOOR_CLIENTS
-        .iter()
-        .map(|&clients| postgres_floor(&floor, clients))
-        .collect();
-    drop(floor);
-    drop(floor_schema);
-    drop(schema);
-
-    println!();
-    println!(
-        "PostgreSQL, {jobs} no-op jobs a step; rates in jobs/s; Tessera's pool: {} connections",
-        pool_size()
-    );
-    println!();
-    println!("| figure | Tessera | graphile-worker | Tessera / graphile-worker |");
-    println!("| --- | ---: | ---: | ---: |");
-    for row in enqueues.iter().take(2).chain(&processing) {
-        let graphile = row.graphile.map(|g| g.rate());
+        println!();
+        println!("## PostgreSQL, {}", regime.title());
+        println!();
         println!(
-            "| {} | {:.0} | {} | {} |",
-            row.figure,
-            row.tessera.rate(),
-            graphile.map_or("–".to_owned(), |rate| format!("{rate:.0}")),
-            graphile.map_or("–".to_owned(), |rate| format!(
-                "{:.2}×",
-                row.tessera.rate() / rate
-            )),
+            "{jobs} no-op jobs a step, {rounds} round{}; synchronous_commit of a new session: \
+             {settings}",
+            plural(rounds)
+        );
+        let mut about = vec![format!("Tessera's pool: {} connections", pool_size())];
+        about.extend(
+            peers
+                .iter()
+                .map(|peer| format!("{} {}", peer.spec.name, peer.version)),
+        );
+        about.extend(node.iter().map(|node| format!("Node {node}")));
+        println!("{}", about.join("; "));
+        print_regime(
+            &names,
+            &steps,
+            &enqueues,
+            &processing,
+            &same_rows,
+            [&floor_before, &floor_after],
         );
     }
-    print_repeated(&processing);
-    let batch_rates: Vec<String> = enqueues
-        .iter()
-        .skip(1)
-        .map(|row| {
-            let graphile = row
-                .graphile
-                .map_or("–".to_owned(), |g| format!("{:.0}", g.rate()));
-            format!("{:.0}/{graphile}", row.tessera.rate())
-        })
-        .collect();
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 { "" } else { "s" }
+}
+
+/// The tables of one regime.
+fn print_regime(
+    names: &[&str],
+    steps: &[(usize, bool)],
+    enqueues: &[Row],
+    processing: &[Row],
+    same_rows: &[f64],
+    [floor_before, floor_after]: [&[f64]; 2],
+) {
+    let shown: Vec<&Row> = enqueues.iter().take(2).chain(processing).collect();
+    println!();
+    println!("Rates in jobs/s, each the median over the rounds");
+    println!();
+    println!("| figure | {} |", names.join(" | "));
+    println!("| --- |{}", " ---: |".repeat(names.len()));
+    for row in &shown {
+        let rates: Vec<String> = (0..names.len())
+            .map(|system| format!("{:.0}", row.rate(system)))
+            .collect();
+        println!("| {} | {} |", row.figure, rates.join(" | "));
+    }
+    if enqueues.len() > 2 {
+        let each: Vec<String> = enqueues
+            .iter()
+            .skip(1)
+            .map(|row| {
+                let rates: Vec<String> = (0..names.len())
+                    .map(|system| format!("{:.0}", row.rate(system)))
+                    .collect();
+                rates.join("/")
+            })
+            .collect();
+        println!();
+        println!(
+            "every enqueue of {ENQUEUE_BATCH} per call ({}): {}",
+            names.join("/"),
+            each.join(", ")
+        );
+    }
+
+    if names.len() > 1 {
+        println!();
+        println!(
+            "Tessera's rate over each peer's: each round's ratio (every run of the mode, in \
+             order), their median and the lowest"
+        );
+        println!();
+        println!("| figure | peer | each round | median | lowest |");
+        println!("| --- | --- | --- | ---: | ---: |");
+        let mut modes: Vec<&str> = Vec::new();
+        for row in &shown {
+            if !modes.contains(&row.mode.as_str()) {
+                modes.push(&row.mode);
+            }
+        }
+        let all: Vec<&Row> = enqueues.iter().chain(processing).collect();
+        for mode in modes {
+            for peer in 1..names.len() {
+                let ratios: Vec<f64> = all
+                    .iter()
+                    .filter(|row| row.mode == mode)
+                    .flat_map(|row| &row.runs)
+                    .map(|run| run[0].rate() / run[peer].rate())
+                    .collect();
+                let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
+                let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+                println!(
+                    "| {mode} | {} | {} | {:.2}× | {lowest:.2}× |",
+                    names[peer],
+                    each.join(", "),
+                    median(ratios),
+                );
+            }
+        }
+    }
+
     println!();
     println!(
-        "every enqueue of {ENQUEUE_BATCH} per call (Tessera/graphile-worker): {}",
-        batch_rates.join(", ")
+        "Per processed job, from the server's statistics, each the median over the rounds \
+         (WAL: the whole server's log)"
     );
-    println!();
-    println!("Per processed job, from the server's statistics (WAL: the whole server's log)");
     println!();
     println!(
         "| step | system | transactions | rows inserted + updated + deleted | WAL bytes | \
          CPU ms: server + client |"
     );
     println!("| --- | --- | ---: | ---: | ---: | ---: |");
-    for row in enqueues.iter().take(2).chain(&processing) {
-        for (system, measured) in [
-            ("Tessera", Some(row.tessera)),
-            ("graphile-worker", row.graphile),
-        ] {
-            let Some(m) = measured else { continue };
+    for row in &shown {
+        for (system, name) in names.iter().enumerate() {
+            let per_job = |value: fn(&Counters) -> i64| {
+                row.median(system, |m| Some(m.per_job(value(&m.counters))))
+                    .unwrap()
+            };
+            let cpu = |part: fn(&Measured) -> Option<f64>| {
+                row.median(system, part)
+                    .map_or("–".to_owned(), |cpu| format!("{cpu:.3}"))
+            };
             println!(
-                "| {} | {system} | {:.2} | {:.2} ({:.2} + {:.2} + {:.2}) | {:.0} | {} |",
+                "| {} | {name} | {:.2} | {:.2} ({:.2} + {:.2} + {:.2}) | {:.0} | {} + {} |",
                 row.figure,
-                m.per_job(m.counters.commits),
-                m.per_job(m.counters.rows()),
-                m.per_job(m.counters.inserted),
-                m.per_job(m.counters.updated),
-                m.per_job(m.counters.deleted),
-                m.per_job(m.counters.wal_bytes),
-                m.cpu_per_job(),
+                per_job(|c| c.commits),
+                per_job(|c| c.rows()),
+                per_job(|c| c.inserted),
+                per_job(|c| c.updated),
+                per_job(|c| c.deleted),
+                per_job(|c| c.wal_bytes),
+                cpu(Measured::server_ms_per_job),
+                cpu(Measured::client_ms_per_job),
             );
         }
     }
+
     println!();
     println!("The server's floor: one-row commits/s, before and after the steps");
     println!();
@@ -610,63 +948,37 @@ fn postgres(url: &str, jobs: usize) {
             floor_before[at], floor_after[at]
         );
     }
-    println!();
-    println!(
-        "The floor of a job's own rows: the six rows one job per claim changes, \
-         written in one statement a job (jobs/s)"
-    );
-    println!();
-    println!(
-        "| clients | the same rows, one statement | Tessera, one per claim | graphile-worker |"
-    );
-    println!("| ---: | ---: | ---: | ---: |");
-    for (clients, rate) in SAME_ROWS_CLIENTS.iter().zip(&same_rows) {
-        let step = steps
-            .iter()
-            .zip(&processing)
-            .find(|&(&(workers, batched), _)| workers == *clients && !batched)
-            .map(|(_, row)| row);
-        let tessera = step.map_or("–".to_owned(), |row| format!("{:.0}", row.tessera.rate()));
-        let graphile = step
-            .and_then(|row| row.graphile)
-            .map_or("–".to_owned(), |g| format!("{:.0}", g.rate()));
-        println!("| {clients} | {rate:.0} | {tessera} | {graphile} |");
-    }
-}
-
-/// For each processing step run more than once beside graphile-worker:
-/// its ratios in the order run and their median.
-fn print_repeated(processing: &[Row]) {
-    let mut figures: Vec<&str> = Vec::new();
-    for row in processing {
-        let runs = processing.iter().filter(|r| r.figure == row.figure).count();
-        if runs > 1 && row.graphile.is_some() && !figures.contains(&row.figure.as_str()) {
-            figures.push(&row.figure);
-        }
-    }
-    if figures.is_empty() {
+    if same_rows.is_empty() {
         return;
     }
     println!();
-    println!("Steps run more than once, in turn (graphile-worker first every second time)");
+    println!(
+        "The floor of a job's own rows: the six rows one job per claim changes, \
+         written in one statement a job (jobs/s; the systems' medians)"
+    );
     println!();
-    println!("| figure | Tessera / graphile-worker, each run | median |");
-    println!("| --- | --- | ---: |");
-    for figure in figures {
-        let mut ratios: Vec<f64> = processing
+    let peer_names: Vec<&str> = names[1..].to_vec();
+    println!(
+        "| clients | the same rows, one statement | Tessera, one per claim |{}",
+        peer_names
             .iter()
-            .filter(|row| row.figure == figure)
-            .filter_map(|row| row.graphile.map(|g| row.tessera.rate() / g.rate()))
+            .map(|name| format!(" {name} |"))
+            .collect::<String>()
+    );
+    println!(
+        "| ---: | ---: | ---: |{}",
+        " ---: |".repeat(peer_names.len())
+    );
+    for (clients, rate) in SAME_ROWS_CLIENTS.iter().zip(same_rows) {
+        let step = steps
+            .iter()
+            .zip(processing)
+            .find(|&(&(workers, batched), _)| workers == *clients && !batched)
+            .map(|(_, row)| row);
+        let rates: Vec<String> = (0..names.len())
+            .map(|system| step.map_or("–".to_owned(), |row| format!("{:.0}", row.rate(system))))
             .collect();
-        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
-        ratios.sort_by(f64::total_cmp);
-        let middle = ratios.len() / 2;
-        let median = if ratios.len() % 2 == 0 {
-            (ratios[middle - 1] + ratios[middle]) / 2.0
-        } else {
-            ratios[middle]
-        };
-        println!("| {figure} | {} | {median:.2}× |", each.join(", "));
+        println!("| {clients} | {rate:.0} | {} |", rates.join(" | "));
     }
 }
 
@@ -753,21 +1065,20 @@ fn same_rows_floor(url: &str, schema: &str, clients: usize) -> f64 {
     (per_client * clients) as f64 / elapsed.as_secs_f64()
 }
 
-fn report_progress(figure: &str, tessera: &Measured, graphile: Option<&Measured>) {
-    let graphile = graphile.map_or(String::new(), |g| {
-        format!(
-            "; graphile-worker {:.0}/s, {:.2} transactions/job, CPU ms/job {}",
-            g.rate(),
-            g.per_job(g.counters.commits),
-            g.cpu_per_job()
-        )
-    });
-    eprintln!(
-        "{figure}: Tessera {:.0}/s, {:.2} transactions/job, CPU ms/job {}{graphile}",
-        tessera.rate(),
-        tessera.per_job(tessera.counters.commits),
-        tessera.cpu_per_job()
-    );
+fn report_progress(names: &[&str], round: usize, figure: &str, measured: &[Measured]) {
+    let each: Vec<String> = names
+        .iter()
+        .zip(measured)
+        .map(|(name, m)| {
+            format!(
+                "{name} {:.0}/s, {:.2} transactions/job, CPU ms/job {}",
+                m.rate(),
+                m.per_job(m.counters.commits),
+                m.cpu_per_job()
+            )
+        })
+        .collect();
+    eprintln!("round {}, {figure}: {}", round + 1, each.join("; "));
 }
 
 /// `FLOOR_COMMITS` one-row commits shared by `clients` threads, each on
@@ -787,28 +1098,120 @@ fn postgres_floor(floor: &MinimalCommit, clients: usize) -> f64 {
     (per_client * clients) as f64 / elapsed.as_secs_f64()
 }
 
-/// graphile-worker's side: `node benches/peers/graphile.js` with the
-/// package from `TESSERA_PEER_GRAPHILE`.
-struct Graphile {
+/// What a peer is: its name in the tables, its names in
+/// `TESSERA_PEERS_WITH`, its npm package, its script in `benches/peers/`
+/// and its database.
+struct PeerSpec {
+    name: &'static str,
+    keys: [&'static str; 2],
+    package: &'static str,
+    script: &'static str,
+    database: &'static str,
+}
+
+/// The peers, in the order the tables show them.
+const PEER_SPECS: [PeerSpec; 2] = [
+    PeerSpec {
+        name: "graphile-worker",
+        keys: ["graphile", "graphile-worker"],
+        package: "graphile-worker",
+        script: "graphile.js",
+        database: "graphile_bench",
+    },
+    PeerSpec {
+        name: "pg-boss",
+        keys: ["pgboss", "pg-boss"],
+        package: "pg-boss",
+        script: "pgboss.js",
+        database: "pgboss_bench",
+    },
+];
+
+/// A peer's side: `node benches/peers/<script>` with the packages
+/// installed in `TESSERA_PEER_GRAPHILE`, and the Node there if one is.
+struct Peer {
+    spec: &'static PeerSpec,
+    node: PathBuf,
     node_path: PathBuf,
     script: PathBuf,
     database_url: String,
+    /// The package's version, as its script reports it.
+    version: String,
 }
 
-impl Graphile {
-    fn find(url: &str, monitor: &mut Monitor) -> Option<Self> {
-        let dir = std::env::var_os("TESSERA_PEER_GRAPHILE").filter(|dir| !dir.is_empty())?;
-        monitor.ensure_database(GRAPHILE_DATABASE);
-        Some(Self {
-            node_path: PathBuf::from(dir).join("node_modules"),
-            script: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("peers/graphile.js"),
-            database_url: with_database(url, GRAPHILE_DATABASE),
-        })
+impl Peer {
+    /// The peers of this run, each with its database (created when
+    /// missing) and its schema made anew: those `TESSERA_PEERS_WITH` names
+    /// (`graphile`, `pgboss`, separated by commas; `none` for none), else
+    /// every peer; none without `TESSERA_PEER_GRAPHILE`.
+    fn find(url: &str, monitor: &mut Monitor) -> Vec<Self> {
+        let Some(dir) = std::env::var_os("TESSERA_PEER_GRAPHILE").filter(|dir| !dir.is_empty())
+        else {
+            println!("TESSERA_PEER_GRAPHILE is not set: Tessera's side only");
+            return Vec::new();
+        };
+        let node_path = PathBuf::from(dir).join("node_modules");
+        let local = node_path.join(".bin").join("node");
+        let node = if local.exists() {
+            local
+        } else {
+            PathBuf::from("node")
+        };
+        let specs: Vec<&'static PeerSpec> = match std::env::var("TESSERA_PEERS_WITH") {
+            Err(_) => PEER_SPECS.iter().collect(),
+            Ok(listed) => listed
+                .split(',')
+                .map(str::trim)
+                .filter(|&name| name != "none" && !name.is_empty())
+                .map(|name| {
+                    PEER_SPECS
+                        .iter()
+                        .find(|spec| spec.keys.contains(&name))
+                        .unwrap_or_else(|| panic!("TESSERA_PEERS_WITH: no peer is named {name:?}"))
+                })
+                .collect(),
+        };
+        specs
+            .into_iter()
+            .map(|spec| {
+                assert!(
+                    node_path.join(spec.package).is_dir(),
+                    "{} is not installed in {}: benches/peers/run.sh installs it",
+                    spec.package,
+                    node_path.display()
+                );
+                monitor.ensure_database(spec.database);
+                let mut peer = Self {
+                    spec,
+                    node: node.clone(),
+                    node_path: node_path.clone(),
+                    script: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                        .join("peers")
+                        .join(spec.script),
+                    database_url: with_database(url, spec.database),
+                    version: String::new(),
+                };
+                let reset = peer.call(&["reset"]);
+                peer.version = reset["version"].as_str().unwrap_or("?").to_owned();
+                peer
+            })
+            .collect()
     }
 
-    /// Runs the script with `args`; returns its jobs and seconds.
-    fn run(&self, args: &[&str]) -> (u64, f64) {
-        let output = Command::new("node")
+    /// `node --version`.
+    fn node_version(&self) -> String {
+        let output = Command::new(&self.node)
+            .arg("--version")
+            .output()
+            .expect("node runs");
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Runs the script with `args`; returns the JSON line it printed last.
+    /// With `TESSERA_PEERS_DEBUG` set the script says what `SHOW
+    /// synchronous_commit` answered on its pool, and this prints it.
+    fn call(&self, args: &[&str]) -> serde_json::Value {
+        let output = Command::new(&self.node)
             .arg(&self.script)
             .args(args)
             .env("NODE_PATH", &self.node_path)
@@ -818,19 +1221,29 @@ impl Graphile {
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(
             output.status.success(),
-            "graphile.js {args:?} failed: {}\n{stdout}",
+            "{} {args:?} failed: {}\n{stdout}",
+            self.spec.script,
             String::from_utf8_lossy(&output.stderr)
         );
         let line = stdout.lines().last().unwrap_or_default();
-        let field = |name: &str| -> Option<f64> {
-            let at = line.find(&format!("\"{name}\":"))? + name.len() + 3;
-            let rest = &line[at..];
-            let end = rest.find([',', '}']).unwrap_or(rest.len());
-            rest[..end].trim().parse().ok()
-        };
+        let value: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|error| {
+            panic!("{} {args:?} printed {line:?}: {error}", self.spec.script)
+        });
+        if let Some(setting) = value["synchronous_commit"].as_str() {
+            eprintln!(
+                "{} {args:?}: synchronous_commit {setting} on its pool",
+                self.spec.name
+            );
+        }
+        value
+    }
+
+    /// Runs the script with `args`; returns its jobs and seconds.
+    fn run(&self, args: &[&str]) -> (u64, f64) {
+        let value = self.call(args);
         (
-            field("jobs").unwrap_or(0.0) as u64,
-            field("seconds").unwrap_or(0.0),
+            value["jobs"].as_u64().unwrap_or(0),
+            value["seconds"].as_f64().unwrap_or(0.0),
         )
     }
 }

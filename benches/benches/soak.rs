@@ -77,8 +77,7 @@
 //!   server's autovacuum. `--autovacuum N` does what an operator may: it
 //!   sets `autovacuum_vacuum_scale_factor = 0`,
 //!   `autovacuum_vacuum_threshold = N` and `autovacuum_vacuum_cost_delay =
-//!   0` on the run's own `tasks`, `attempts`, `receipts` and
-//!   `access_audit`, so each is vacuumed once N of its rows are dead (at
+//!   0` on the run's own `tasks`, `attempts` and `access_audit`, so each is vacuumed once N of its rows are dead (at
 //!   most once per the server's `autovacuum_naptime`).
 #![allow(missing_docs)]
 
@@ -537,7 +536,7 @@ fn open(options: &Options, retention: Retention, label: &str) -> Opened {
             let store = Store::open_postgres(pg, config).unwrap();
             let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
             if let Some(threshold) = options.autovacuum {
-                for table in ["tasks", "attempts", "receipts", "access_audit"] {
+                for table in NAMED {
                     client
                         .batch_execute(&format!(
                             "ALTER TABLE \"{}\".{table} SET (autovacuum_vacuum_scale_factor = 0, \
@@ -675,7 +674,7 @@ fn mib(bytes: u64) -> f64 {
 }
 
 /// The tables the reports name one by one; the rest are summed as "other".
-const NAMED: [&str; 4] = ["tasks", "attempts", "receipts", "access_audit"];
+const NAMED: [&str; 3] = ["tasks", "attempts", "access_audit"];
 
 fn header(backend: Backend) {
     let (specific, divider) = match backend {
@@ -686,10 +685,10 @@ fn header(backend: Backend) {
         ),
     };
     println!(
-        "| done | s | tasks/s | size MiB | tasks MiB | attempts MiB | receipts MiB | audit MiB | other MiB | tasks stored | rows/task {specific} claim p50 ms | p99 ms | max ms | probe ms |"
+        "| done | s | tasks/s | size MiB | tasks MiB | attempts MiB | audit MiB | other MiB | tasks stored | rows/task {specific} claim p50 ms | p99 ms | max ms | probe ms |"
     );
     println!(
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: {divider} ---: | ---: | ---: | ---: |"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: {divider} ---: | ---: | ---: | ---: |"
     );
 }
 
@@ -723,14 +722,13 @@ fn row(snapshots: &[Snapshot], latencies: &[u32]) {
     let mut sorted = latencies.to_vec();
     sorted.sort_unstable();
     println!(
-        "| {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.1} | {specific} | {:.2} | {:.2} | {:.1} | {} |",
+        "| {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.1} | {specific} | {:.2} | {:.2} | {:.1} | {} |",
         now.done,
         now.at.as_secs_f64(),
         tasks / seconds,
         mib(now.size.bytes),
         table("tasks"),
         table("attempts"),
-        table("receipts"),
         table("access_audit"),
         mib(other),
         now.size.tasks,

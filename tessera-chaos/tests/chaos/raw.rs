@@ -65,9 +65,10 @@ const TASKS: &str =
     "SELECT id, task_id, last_token, alternatives FROM tasks WHERE namespace = $1 ORDER BY id";
 const ATTEMPTS: &str =
     "SELECT task, number, state, tries FROM attempts WHERE namespace = $1 ORDER BY task, number";
-const RECEIPTS: &str = "SELECT r.task, r.attempt, r.token, r.idempotency_key, r.digest, \
-     r.accepted_at, r.output FROM receipts r JOIN tasks t ON t.id = r.task \
-     WHERE t.namespace = $1 ORDER BY r.id";
+/// Receipts, each in the row of the attempt it ended.
+const RECEIPTS: &str = "SELECT task, number AS attempt, token, idempotency_key, digest, \
+     accepted_at, output FROM attempts \
+     WHERE namespace = $1 AND idempotency_key IS NOT NULL ORDER BY accepted_at, task, number";
 const FIRES: &str = "SELECT schedule, run_at, task_id FROM schedule_fires \
      WHERE namespace = $1 ORDER BY id";
 const PURGES: &str = "SELECT resource FROM access_audit \

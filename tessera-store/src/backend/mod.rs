@@ -24,8 +24,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt,
-    ScheduleName, StateName, TaskRecord, UniqueSlot,
+    AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, ScheduleName,
+    StateName, TaskRecord, UniqueSlot,
 };
 
 use crate::error::{Error, StorageError};
@@ -457,6 +457,11 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         at: DateTime<Utc>,
     ) -> Result<()>;
 
+    /// Writes `writes` to the task at `handle`: what
+    /// [`save_task`](Self::save_task) writes, with the receipts its
+    /// attempts' state writes carry.
+    fn save_writes(&self, handle: TaskHandle, writes: rows::TaskWrites) -> Result<()>;
+
     /// Writes what a heartbeat changed, as [`save_task`](Self::save_task),
     /// and the progress value (JSON text) it carried for `attempt`, in
     /// the statement that moves the lease's expiry.
@@ -484,14 +489,6 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         now: DateTime<Utc>,
         limit: usize,
     ) -> Result<Vec<LoadedTask>>;
-
-    /// Stores an accepted receipt, with the output bytes if kept.
-    fn insert_receipt(
-        &self,
-        handle: TaskHandle,
-        receipt: &Receipt,
-        output: Option<&[u8]>,
-    ) -> Result<()>;
 
     /// Up to `count` claimable tasks of `queue` at `now` in claim order,
     /// with their briefs, each locked for the rest of the transaction (a
@@ -534,10 +531,11 @@ pub(crate) trait WriteTransaction: ReadTransaction {
 
     /// Writes what a batch of acknowledgements decided: what lease rules
     /// changed in many tasks (each at most once), the receipts they
-    /// accepted and their audit rows, in order. A backend that can should
-    /// write them set-based, in as few statements as it can (the default
-    /// writes them one by one, as [`save_task`](Self::save_task),
-    /// [`insert_receipt`](Self::insert_receipt) and
+    /// accepted (each in the row of the attempt it ended, written with
+    /// that attempt's state) and their audit rows, in order. A backend
+    /// that can should write them set-based, in as few statements as it
+    /// can (the default writes them one task at a time, as
+    /// [`save_writes`](Self::save_writes) and
     /// [`insert_event`](Self::insert_event) do).
     fn write_acknowledged(
         &self,
@@ -545,11 +543,11 @@ pub(crate) trait WriteTransaction: ReadTransaction {
         receipts: &[NewReceipt<'_>],
         events: &[AuditEvent],
     ) -> Result<()> {
-        for change in changes {
-            self.save_task(change.handle, change.before, change.after, change.at)?;
-        }
-        for new in receipts {
-            self.insert_receipt(new.handle, new.receipt, new.output)?;
+        for (change, writes) in changes
+            .iter()
+            .zip(rows::acknowledged_writes(changes, receipts)?)
+        {
+            self.save_writes(change.handle, writes)?;
         }
         events.iter().try_for_each(|event| self.insert_event(event))
     }

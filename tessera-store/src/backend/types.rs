@@ -33,8 +33,6 @@ pub(crate) struct QuickSubmit<'a> {
     pub(crate) task: &'a TaskRef,
     pub(crate) submission: &'a tessera_lease::Submission,
     pub(crate) output: Option<&'a [u8]>,
-    /// The receipt's artifact, for the first attempt under the token.
-    pub(crate) artifact: String,
     /// The acceptance's audit row, its resource included.
     pub(crate) event: rows::EventRow,
 }

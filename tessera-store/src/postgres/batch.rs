@@ -15,8 +15,8 @@ use super::claim::Named;
 use super::rows::{attempt_row, receipt_row, task_row, version};
 use super::transactions::PgTransaction;
 use crate::backend::rows::{
-    AttemptRow, AttemptWrite, EventRow, TaskRow, TaskWrites, claimable_column, corrupt,
-    duration_millis, millis, timing_columns,
+    AttemptRow, AttemptWrite, EventRow, ReceiptColumns, TaskRow, acknowledged_writes,
+    claimable_column, corrupt, duration_millis, millis, timing_columns,
 };
 use crate::backend::{LoadedTask, NewReceipt, NewTask, ReceiptKey, Result, TaskChange};
 use crate::model::task::{StoredReceipt, TaskRef};
@@ -221,18 +221,20 @@ impl PgTransaction<'_> {
         receipts: &[NewReceipt<'_>],
         events: &[AuditEvent],
     ) -> Result<()> {
-        let mut states: Vec<(i64, AttemptRow, i64)> = Vec::new();
+        let mut states: Vec<(i64, AttemptRow, i64, Option<ReceiptColumns>)> = Vec::new();
         let mut wholes: Vec<(i64, AttemptRow, i64)> = Vec::new();
         let mut expiries: Vec<(i64, AttemptRow)> = Vec::new();
         // A task's new token counter and claim column, each if it moved.
         let mut claimables: Vec<(i64, Option<Option<i64>>, Option<i64>)> = Vec::new();
-        for change in changes {
-            let mut writes = TaskWrites::between(change.before, change.after, change.at);
+        for (change, mut writes) in changes.iter().zip(acknowledged_writes(changes, receipts)?) {
             let id = change.handle.0;
             let mut rest = Vec::new();
-            for write in writes.attempts.drain(..) {
+            for write in std::mem::take(&mut writes.attempts) {
                 match write {
-                    AttemptWrite::State(row) => states.push((id, row, millis(change.at))),
+                    AttemptWrite::State(row) => {
+                        let receipt = writes.receipt(row.number).cloned();
+                        states.push((id, row, millis(change.at), receipt));
+                    }
                     AttemptWrite::Whole(row) => wholes.push((id, row, millis(change.at))),
                     // Progress is written with its lease's expiry.
                     AttemptWrite::Expiry(row)
@@ -258,7 +260,6 @@ impl PgTransaction<'_> {
             && wholes.is_empty()
             && expiries.is_empty()
             && claimables.is_empty()
-            && receipts.is_empty()
             && events.is_empty()
         {
             return Ok(());
@@ -266,19 +267,35 @@ impl PgTransaction<'_> {
         let rows: Vec<EventRow> = events.iter().map(EventRow::from_event).collect();
         let args = AcknowledgedArgs {
             state_task: states.iter().map(|(id, ..)| *id).collect(),
-            state_number: states.iter().map(|(_, r, _)| r.number).collect(),
-            state_state: states.iter().map(|(_, r, _)| r.state.as_str()).collect(),
-            state_until_at: states.iter().map(|(_, r, _)| r.until_at).collect(),
-            state_lapses_at: states.iter().map(|(_, r, _)| r.lapses_at).collect(),
+            state_number: states.iter().map(|(_, r, ..)| r.number).collect(),
+            state_state: states.iter().map(|(_, r, ..)| r.state.as_str()).collect(),
+            state_until_at: states.iter().map(|(_, r, ..)| r.until_at).collect(),
+            state_lapses_at: states.iter().map(|(_, r, ..)| r.lapses_at).collect(),
             state_discarded: states
                 .iter()
-                .map(|(_, r, _)| r.discarded.as_deref())
+                .map(|(_, r, ..)| r.discarded.as_deref())
                 .collect(),
             state_last_error: states
                 .iter()
-                .map(|(_, r, _)| r.last_error.as_deref())
+                .map(|(_, r, ..)| r.last_error.as_deref())
                 .collect(),
-            state_changed_at: states.iter().map(|(.., at)| *at).collect(),
+            state_changed_at: states.iter().map(|(_, _, at, _)| *at).collect(),
+            state_idempotency_key: states
+                .iter()
+                .map(|(.., receipt)| receipt.as_ref().map(|r| r.idempotency_key.as_str()))
+                .collect(),
+            state_digest: states
+                .iter()
+                .map(|(.., receipt)| receipt.as_ref().map(|r| r.digest.as_str()))
+                .collect(),
+            state_accepted_at: states
+                .iter()
+                .map(|(.., receipt)| receipt.as_ref().map(|r| r.accepted_at))
+                .collect(),
+            state_output: states
+                .iter()
+                .map(|(.., receipt)| receipt.as_ref().and_then(|r| r.output.as_deref()))
+                .collect(),
             whole_task: wholes.iter().map(|(id, ..)| *id).collect(),
             whole_number: wholes.iter().map(|(_, r, _)| r.number).collect(),
             whole_state: wholes.iter().map(|(_, r, _)| r.state.as_str()).collect(),
@@ -306,33 +323,6 @@ impl PgTransaction<'_> {
             claim_claimable_at: claimables.iter().map(|(_, at, _)| at.flatten()).collect(),
             claim_last_token: claimables.iter().map(|(.., token)| *token).collect(),
             claim_moves: claimables.iter().map(|(_, at, _)| at.is_some()).collect(),
-            receipt_task: receipts.iter().map(|r| r.handle.0).collect(),
-            receipt_attempt: receipts
-                .iter()
-                .map(|r| i64::from(r.receipt.attempt.as_u16()))
-                .collect(),
-            receipt_token: receipts.iter().map(|r| r.receipt.token.as_i64()).collect(),
-            receipt_principal: receipts
-                .iter()
-                .map(|r| r.receipt.principal.as_str())
-                .collect(),
-            receipt_idempotency_key: receipts
-                .iter()
-                .map(|r| r.receipt.idempotency_key.as_str())
-                .collect(),
-            receipt_artifact: receipts
-                .iter()
-                .map(|r| r.receipt.artifact.as_str())
-                .collect(),
-            receipt_digest: receipts
-                .iter()
-                .map(|r| r.receipt.digest.to_string())
-                .collect(),
-            receipt_accepted_at: receipts
-                .iter()
-                .map(|r| millis(r.receipt.accepted_at))
-                .collect(),
-            receipt_output: receipts.iter().map(|r| r.output).collect(),
             audit_at: rows.iter().map(|r| r.at).collect(),
             audit_principal: rows.iter().map(|r| r.principal.as_str()).collect(),
             audit_namespace: rows.iter().map(|r| r.namespace.as_str()).collect(),
@@ -492,6 +482,10 @@ pub(super) struct AcknowledgedArgs<'a> {
     pub(super) state_discarded: Vec<Option<&'a str>>,
     pub(super) state_last_error: Vec<Option<&'a str>>,
     pub(super) state_changed_at: Vec<i64>,
+    pub(super) state_idempotency_key: Vec<Option<&'a str>>,
+    pub(super) state_digest: Vec<Option<&'a str>>,
+    pub(super) state_accepted_at: Vec<Option<i64>>,
+    pub(super) state_output: Vec<Option<&'a [u8]>>,
     pub(super) whole_task: Vec<i64>,
     pub(super) whole_number: Vec<i64>,
     pub(super) whole_state: Vec<&'a str>,
@@ -513,15 +507,6 @@ pub(super) struct AcknowledgedArgs<'a> {
     pub(super) claim_claimable_at: Vec<Option<i64>>,
     pub(super) claim_last_token: Vec<Option<i64>>,
     pub(super) claim_moves: Vec<bool>,
-    pub(super) receipt_task: Vec<i64>,
-    pub(super) receipt_attempt: Vec<i64>,
-    pub(super) receipt_token: Vec<i64>,
-    pub(super) receipt_principal: Vec<&'a str>,
-    pub(super) receipt_idempotency_key: Vec<&'a str>,
-    pub(super) receipt_artifact: Vec<&'a str>,
-    pub(super) receipt_digest: Vec<String>,
-    pub(super) receipt_accepted_at: Vec<i64>,
-    pub(super) receipt_output: Vec<Option<&'a [u8]>>,
     pub(super) audit_at: Vec<i64>,
     pub(super) audit_principal: Vec<&'a str>,
     pub(super) audit_namespace: Vec<&'a str>,
@@ -532,7 +517,7 @@ pub(super) struct AcknowledgedArgs<'a> {
 }
 
 impl AcknowledgedArgs<'_> {
-    pub(super) fn params(&self) -> [Named<'_>; 45] {
+    pub(super) fn params(&self) -> [Named<'_>; 40] {
         [
             ("state_task", &self.state_task),
             ("state_number", &self.state_number),
@@ -542,6 +527,10 @@ impl AcknowledgedArgs<'_> {
             ("state_discarded", &self.state_discarded),
             ("state_last_error", &self.state_last_error),
             ("state_changed_at", &self.state_changed_at),
+            ("state_idempotency_key", &self.state_idempotency_key),
+            ("state_digest", &self.state_digest),
+            ("state_accepted_at", &self.state_accepted_at),
+            ("state_output", &self.state_output),
             ("whole_task", &self.whole_task),
             ("whole_number", &self.whole_number),
             ("whole_state", &self.whole_state),
@@ -563,15 +552,6 @@ impl AcknowledgedArgs<'_> {
             ("claim_claimable_at", &self.claim_claimable_at),
             ("claim_last_token", &self.claim_last_token),
             ("claim_moves", &self.claim_moves),
-            ("receipt_task", &self.receipt_task),
-            ("receipt_attempt", &self.receipt_attempt),
-            ("receipt_token", &self.receipt_token),
-            ("receipt_principal", &self.receipt_principal),
-            ("receipt_idempotency_key", &self.receipt_idempotency_key),
-            ("receipt_artifact", &self.receipt_artifact),
-            ("receipt_digest", &self.receipt_digest),
-            ("receipt_accepted_at", &self.receipt_accepted_at),
-            ("receipt_output", &self.receipt_output),
             ("audit_at", &self.audit_at),
             ("audit_principal", &self.audit_principal),
             ("audit_namespace", &self.audit_namespace),

@@ -97,7 +97,6 @@ fn statements() -> Vec<(&'static str, &'static str, Vec<&'static str>)> {
         idempotency_key: "",
         digest: String::new(),
         output: None,
-        artifact: "",
         event: &event,
     };
     let mut claim_then_submit = named(&claim.params());

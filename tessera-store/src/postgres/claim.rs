@@ -205,7 +205,6 @@ pub(super) struct SubmitArgs<'a> {
     pub(super) idempotency_key: &'a str,
     pub(super) digest: String,
     pub(super) output: Option<&'a [u8]>,
-    pub(super) artifact: &'a str,
     pub(super) event: &'a EventRow,
 }
 
@@ -221,13 +220,12 @@ impl<'a> SubmitArgs<'a> {
             idempotency_key: submission.key.as_str(),
             digest: submission.digest.to_string(),
             output: submit.output,
-            artifact: submit.artifact.as_str(),
             event: &submit.event,
         }
     }
 
-    /// `$11` to `$25` of [`SUBMIT_AND_CLAIM_ONE`].
-    pub(super) fn params(&self) -> [Named<'_>; 15] {
+    /// `$11` to `$24` of [`SUBMIT_AND_CLAIM_ONE`].
+    pub(super) fn params(&self) -> [Named<'_>; 14] {
         let event = self.event;
         [
             ("task_namespace", &self.task_namespace),
@@ -238,7 +236,6 @@ impl<'a> SubmitArgs<'a> {
             ("idempotency_key", &self.idempotency_key),
             ("digest", &self.digest),
             ("output", &self.output),
-            ("artifact", &self.artifact),
             ("submit_principal", &event.principal),
             ("submit_namespace", &event.namespace),
             ("submit_action", &event.action),
@@ -592,7 +589,12 @@ pub(super) mod tests {
             Checked::Ack(ack) => ack,
             Checked::Answered(_) => panic!("a submission for the completer"),
         };
-        let written = |rows: &mut dyn FnMut(&str) -> i64| (rows("receipts"), rows("access_audit"));
+        let written = |rows: &mut dyn FnMut(&str) -> i64| {
+            (
+                rows("attempts WHERE idempotency_key IS NOT NULL"),
+                rows("access_audit"),
+            )
+        };
         let now = store.now_utc();
 
         // A stale token: declined, nothing written.

@@ -46,7 +46,6 @@ pub(super) struct Pair {
     task: TaskRef,
     submission: Submission,
     output: Option<Vec<u8>>,
-    artifact: String,
     submit_event: EventRow,
     namespace: Namespace,
     queue: QueueName,
@@ -62,7 +61,6 @@ impl Pair {
             task: submit.task.clone(),
             submission: submit.submission.clone(),
             output: submit.output.map(<[u8]>::to_vec),
-            artifact: submit.artifact.clone(),
             submit_event: submit.event.clone(),
             namespace: claim.namespace.clone(),
             queue: claim.queue.clone(),
@@ -78,7 +76,6 @@ impl Pair {
             task: &self.task,
             submission: &self.submission,
             output: self.output.as_deref(),
-            artifact: self.artifact.clone(),
             event: self.submit_event.clone(),
         }
     }
@@ -259,7 +256,6 @@ pub(super) struct ManyArgs<'a> {
     pub(super) idempotency_key: Vec<&'a str>,
     pub(super) digest: Vec<String>,
     pub(super) output: Vec<Option<&'a [u8]>>,
-    pub(super) artifact: Vec<&'a str>,
     pub(super) submit_principal: Vec<&'a str>,
     pub(super) submit_namespace: Vec<&'a str>,
     pub(super) submit_action: Vec<&'a str>,
@@ -300,7 +296,6 @@ impl<'a> ManyArgs<'a> {
                 .map(|pair| pair.submission.digest.to_string())
                 .collect(),
             output: pairs.iter().map(|pair| pair.output.as_deref()).collect(),
-            artifact: each(&|pair| pair.artifact.as_str()),
             submit_principal: each(&|pair| pair.submit_event.principal.as_str()),
             submit_namespace: each(&|pair| pair.submit_event.namespace.as_str()),
             submit_action: each(&|pair| pair.submit_event.action.as_str()),
@@ -310,8 +305,8 @@ impl<'a> ManyArgs<'a> {
         }
     }
 
-    /// `$1` to `$26` of [`SUBMIT_AND_CLAIM_MANY`].
-    pub(super) fn params(&self) -> [Named<'_>; 26] {
+    /// `$1` to `$25` of [`SUBMIT_AND_CLAIM_MANY`].
+    pub(super) fn params(&self) -> [Named<'_>; 25] {
         [
             ("namespace", &self.namespace),
             ("queue", &self.queue),
@@ -332,7 +327,6 @@ impl<'a> ManyArgs<'a> {
             ("idempotency_key", &self.idempotency_key),
             ("digest", &self.digest),
             ("output", &self.output),
-            ("artifact", &self.artifact),
             ("submit_principal", &self.submit_principal),
             ("submit_namespace", &self.submit_namespace),
             ("submit_action", &self.submit_action),
@@ -508,7 +502,10 @@ mod tests {
             &claim(ns, &empty, &holder, now),
         ));
 
-        let (receipts, audits) = (count("receipts"), count("access_audit"));
+        let (receipts, audits) = (
+            count("attempts WHERE idempotency_key IS NOT NULL"),
+            count("access_audit"),
+        );
         let answers = scene.backend.run_pairs(batch.clone());
         assert_eq!(answers.len(), 6);
 
@@ -547,7 +544,10 @@ mod tests {
         let expected: Vec<_> = enqueued[5..].iter().map(|task| task.id.clone()).collect();
         assert_eq!(granted, expected);
         // Four receipts, and an audit row per submission and per grant.
-        assert_eq!(count("receipts"), receipts + 4);
+        assert_eq!(
+            count("attempts WHERE idempotency_key IS NOT NULL"),
+            receipts + 4
+        );
         assert_eq!(count("access_audit"), audits + 4 + 3);
         scene.finish();
     }
@@ -598,7 +598,10 @@ mod tests {
             })
             .collect();
         let mut pairs = acks.iter();
-        let before = (count("receipts"), count("access_audit"));
+        let before = (
+            count("attempts WHERE idempotency_key IS NOT NULL"),
+            count("access_audit"),
+        );
         for q in [&mixed, &lone] {
             let batch: Vec<Pair> = pairs
                 .by_ref()
@@ -613,7 +616,13 @@ mod tests {
                 "{q}: every caller declined, not {answers:?}"
             );
         }
-        assert_eq!((count("receipts"), count("access_audit")), before);
+        assert_eq!(
+            (
+                count("attempts WHERE idempotency_key IS NOT NULL"),
+                count("access_audit")
+            ),
+            before
+        );
         scene.finish();
     }
 }

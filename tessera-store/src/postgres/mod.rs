@@ -48,7 +48,7 @@
 //! | m of them from one process's threads at the same moment | 1 for all m (one statement, each caller's part of it decided as above) | 1 for all m |
 //! | any other submit and claim | 1 (the statement, declining) then 6 (`BEGIN`, the submitted task locked with its attempts, its receipt read, the claim's tasks locked, one statement writing both, `COMMIT`) | 2 (the declining statement's, which writes nothing, and the general one) |
 //! | heartbeat | 6 (task, attempts, attempt, audit row) | 1 |
-//! | submit or failure report, alone | 5 (tasks locked with their attempts, receipts read, one statement writing attempt states, claim columns, receipts and audit rows) | 1 |
+//! | submit or failure report, alone | 5 (tasks locked with their attempts, receipts read, one statement writing attempt states with their receipts, claim columns and audit rows) | 1 |
 //! | m of them at once (the completer, or `submit_batch`) | 5, as one | 1 for all m |
 //! | empty claim of a key that found the queue empty | 1 read | 1 read-only |
 //!
@@ -75,7 +75,7 @@
 //! (the task's one attempt, leased under the token to the submitter and
 //! not expired, no unique slot to release, no receipt under the key)
 //! and the claim is the one-statement claim's (or the queue is empty),
-//! writes the attempt done, the receipt and the audit row with the
+//! writes the attempt done with its receipt, and the audit row, with the
 //! claim's writes, and returns the submitted task as it was. The store
 //! applies the submit rule to it and checks the acceptance as it checks
 //! the grant. Anything else (a replay, a stale token, a claim the

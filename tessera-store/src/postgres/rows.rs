@@ -225,27 +225,26 @@ pub(super) fn attempt_row(row: &Row) -> Result<AttemptRow> {
 
 /// The columns [`receipt_row`] reads.
 #[cfg(test)]
-pub(super) fn receipt_columns() -> [&'static str; 8] {
+pub(super) fn receipt_columns() -> [&'static str; 7] {
     [
         "attempt",
         "token",
         "principal",
         "idempotency_key",
-        "artifact",
         "digest",
         "accepted_at",
         "output",
     ]
 }
 
-/// A receipt row in its table's own column names.
+/// A receipt, read from its attempt's row under the names
+/// [`receipt_columns`] lists.
 pub(super) fn receipt_row(row: &Row) -> Result<ReceiptRow> {
     Ok(ReceiptRow {
         attempt: row.try_get("attempt")?,
         token: row.try_get("token")?,
         principal: row.try_get("principal")?,
         idempotency_key: row.try_get("idempotency_key")?,
-        artifact: row.try_get("artifact")?,
         digest: row.try_get("digest")?,
         accepted_at: row.try_get("accepted_at")?,
         output: row.try_get("output")?,

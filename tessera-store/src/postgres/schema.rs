@@ -13,7 +13,7 @@ use postgres::Client;
 use crate::error::Error;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Every table, created if missing.
 const TABLES: &[(&str, &str)] = &[
@@ -91,13 +91,6 @@ const TABLES: &[(&str, &str)] = &[
         "CREATE TABLE IF NOT EXISTS queue_retention (namespace TEXT NOT NULL, \
          queue TEXT NOT NULL, done_ms BIGINT, discarded_ms BIGINT, cancelled_ms BIGINT, \
          updated_at BIGINT NOT NULL, PRIMARY KEY (namespace, queue))",
-    ),
-    (
-        "receipts",
-        "CREATE TABLE IF NOT EXISTS receipts (id BIGSERIAL PRIMARY KEY, \
-         task BIGINT NOT NULL, attempt BIGINT NOT NULL, token BIGINT NOT NULL, \
-         principal TEXT NOT NULL, idempotency_key TEXT NOT NULL, artifact TEXT NOT NULL, \
-         digest TEXT NOT NULL, accepted_at BIGINT NOT NULL, output BYTEA)",
     ),
     (
         "schedules",
@@ -197,13 +190,9 @@ const INDEXES: &[(&str, &str)] = &[
          WHERE ends_at IS NOT NULL",
     ),
     (
-        "receipts_key",
-        "CREATE UNIQUE INDEX IF NOT EXISTS receipts_key \
-         ON receipts (principal, task, idempotency_key)",
-    ),
-    (
-        "receipts_task",
-        "CREATE INDEX IF NOT EXISTS receipts_task ON receipts (task, attempt, id)",
+        "attempts_receipt_key",
+        "CREATE UNIQUE INDEX IF NOT EXISTS attempts_receipt_key \
+         ON attempts (task, holder, idempotency_key) WHERE idempotency_key IS NOT NULL",
     ),
     (
         "schedules_name",
@@ -257,7 +246,24 @@ const ALTERATIONS: &[&str] = &[
     "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS deadline_at BIGINT",
     // When a windowed unique slot's window ends (NULL: no window).
     "ALTER TABLE unique_slots ADD COLUMN IF NOT EXISTS ends_at BIGINT",
+    // Version 5: the receipt of the submission that ended an attempt, in
+    // the attempt's row (its token and holder are the receipt's token and
+    // principal); `receipts` before, moved by [`MOVE_RECEIPTS`].
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS idempotency_key TEXT",
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS digest TEXT",
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS accepted_at BIGINT",
+    "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS output BYTEA",
 ];
+
+/// Before version 5 each receipt was a row of its own table; it moves
+/// into the row of the attempt it ended, so a submission writes one row,
+/// not two, and the table goes. Runs after the [`ALTERATIONS`] and
+/// before the [`INDEXES`], where a `receipts` table is found. (A build
+/// older than version 5 refuses the database afterwards, as it refuses
+/// every newer schema.)
+const MOVE_RECEIPTS: &str = "UPDATE attempts a SET idempotency_key = r.idempotency_key, \
+     digest = r.digest, accepted_at = r.accepted_at, output = r.output \
+     FROM receipts r WHERE r.task = a.task AND r.attempt = a.number";
 
 /// Indexes earlier builds created and this one drops where it finds them,
 /// after the [`ALTERATIONS`].
@@ -418,10 +424,17 @@ pub(crate) fn migrate(
     for index in RETIRED_INDEXES {
         transaction.batch_execute(&format!("DROP INDEX IF EXISTS {index}"))?;
     }
+    let receipts_table: bool = transaction
+        .query_one("SELECT to_regclass('receipts') IS NOT NULL", &[])?
+        .get(0);
+    let mut rows = 0;
+    if receipts_table {
+        rows += transaction.execute(MOVE_RECEIPTS, &[])?;
+        transaction.batch_execute("DROP TABLE receipts")?;
+    }
     for (_, ddl) in INDEXES {
         transaction.batch_execute(ddl)?;
     }
-    let mut rows = 0;
     if inspection.version.is_some_and(|found| found < 2) {
         rows += transaction.execute(BACKFILL_MAX_TRIES, &[])?;
     }

@@ -48,7 +48,7 @@ fn a_batch_answers_each_submission_on_its_own(db: &TestDb) {
         tasks[0].version,
     );
     let events_before = db.count_rows("access_audit");
-    let receipts_before = db.count_rows("receipts");
+    let receipts_before = db.count_receipts();
 
     let batch = [
         request(&tasks[0], token(0), "k0", "zero"),
@@ -91,7 +91,7 @@ fn a_batch_answers_each_submission_on_its_own(db: &TestDb) {
     assert_eq!(answers[5].as_ref().unwrap_err().status(), 410);
 
     // One receipt and one audit row per accepted submission, in one commit.
-    assert_eq!(db.count_rows("receipts"), receipts_before + 2);
+    assert_eq!(db.count_receipts(), receipts_before + 2);
     assert_eq!(db.count_rows("access_audit"), events_before + 2);
     assert_eq!(cost.write_transactions, 1);
     let stored = f
@@ -143,7 +143,7 @@ fn a_batch_is_checked_whole_before_anything_is_written(db: &TestDb) {
         )
         .unwrap();
     assert_eq!(answers[0].as_ref().unwrap_err().status(), 403);
-    assert_eq!(db.count_rows("receipts"), 0);
+    assert_eq!(db.count_receipts(), 0);
 }
 
 fn a_refused_commit_acknowledges_none_of_its_batch(db: &TestDb) {
@@ -158,7 +158,7 @@ fn a_refused_commit_acknowledges_none_of_its_batch(db: &TestDb) {
     f.store.refuse_writes(true);
     let error = f.store.submit_batch(&worker, &batch).unwrap_err();
     assert_quota(&error, midnight());
-    assert_eq!(db.count_rows("receipts"), 0);
+    assert_eq!(db.count_receipts(), 0);
     f.store.refuse_writes(false);
     let answers = f.store.submit_batch(&worker, &batch).unwrap();
     assert!(
@@ -463,7 +463,7 @@ fn threads_carrying_their_next_claims_do_each_task_once(db: &TestDb) {
     let distinct: HashSet<&TaskRef> = all.iter().copied().collect();
     assert_eq!(all.len(), TASKS, "every task once");
     assert_eq!(distinct.len(), TASKS, "no task twice");
-    assert_eq!(db.count_rows("receipts"), TASKS as u64);
+    assert_eq!(db.count_receipts(), TASKS as u64);
     assert_eq!(
         db.count_rows("access_audit"),
         events_before + 2 * TASKS as u64,
@@ -476,7 +476,96 @@ fn threads_carrying_their_next_claims_do_each_task_once(db: &TestDb) {
     }
 }
 
+/// Version 4 kept each receipt in a table of its own; an upgrade moves
+/// each into the row of the attempt it ended, and every receipt still
+/// answers: read back, replayed under its key, a conflict under its key
+/// with another payload. A lease held across the upgrade still submits.
+fn an_upgrade_from_version_four_moves_every_receipt_into_its_attempt(db: &TestDb) {
+    let mut f = Fixture::new(db);
+    let secret = f.full_worker(Grant::AllNamespaces);
+    let worker = f.login(&secret);
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let tasks: Vec<TaskRef> = (0..3)
+        .map(|n| {
+            f.store
+                .enqueue(&worker, &ns, &q, &json_brief(n), &EnqueueOptions::default())
+                .unwrap()
+        })
+        .collect();
+    let mut receipts = Vec::new();
+    for (n, _) in tasks.iter().enumerate().take(2) {
+        let claimed = f.claim(&worker, &ns, &q);
+        let submitted = f
+            .store
+            .submit(
+                &worker,
+                &claimed.task,
+                claimed.lease.token(),
+                &key(&format!("k{n}")),
+                &Output::bytes(format!("out {n}")),
+            )
+            .unwrap();
+        receipts.push((claimed.task, submitted.receipt().clone()));
+    }
+    let held = f.claim(&worker, &ns, &q);
+    assert_eq!(held.task, tasks[2]);
+    let before: Vec<_> = tasks
+        .iter()
+        .map(|task| f.store.alternatives(&worker, task).unwrap())
+        .collect();
+    assert_eq!(before.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 0]);
+
+    db.downgrade_receipts_to_version_four();
+    assert_eq!(db.count_rows("receipts"), 2);
+    f.reopen(f.config());
+    let worker = f.login(&secret);
+    assert_eq!(db.count_receipts(), 2);
+    let after: Vec<_> = tasks
+        .iter()
+        .map(|task| f.store.alternatives(&worker, task).unwrap())
+        .collect();
+    assert_eq!(after, before, "every receipt reads back as it was");
+    for (n, (task, receipt)) in receipts.iter().enumerate() {
+        let token = receipt.token;
+        let replayed = f
+            .store
+            .submit(
+                &worker,
+                task,
+                token,
+                &key(&format!("k{n}")),
+                &Output::bytes(format!("out {n}")),
+            )
+            .unwrap();
+        assert_eq!(replayed, Submitted::Replayed(receipt.clone()));
+        let answer = f.store.submit(
+            &worker,
+            task,
+            token,
+            &key(&format!("k{n}")),
+            &Output::bytes("other"),
+        );
+        assert_eq!(
+            conflict_kind(&answer),
+            Some(ConflictKind::IdempotencyConflict)
+        );
+    }
+    let submitted = f
+        .store
+        .submit(
+            &worker,
+            &held.task,
+            held.lease.token(),
+            &key("k2"),
+            &Output::bytes("out 2"),
+        )
+        .unwrap();
+    assert!(matches!(submitted, Submitted::Accepted(_)));
+    assert_eq!(db.count_receipts(), 3);
+}
+
 conformance! {
+    an_upgrade_from_version_four_moves_every_receipt_into_its_attempt,
     a_submission_carries_the_next_claim_in_one_transaction,
     a_carried_claim_sees_the_task_its_submission_changed,
     threads_carrying_their_next_claims_do_each_task_once,

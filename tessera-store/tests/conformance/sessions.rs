@@ -248,7 +248,7 @@ fn retention_purges_what_a_session_made_and_keeps_keyed_namespaces(db: &TestDb) 
     assert!(matches!(submitted, tessera_store::Submitted::Accepted(_)));
     assert_eq!(db.count_rows("namespaces"), 2);
     assert_eq!(db.count_rows("tasks"), 2 + 3);
-    assert_eq!(db.count_rows("receipts"), 1);
+    assert_eq!(db.count_receipts(), 1);
 
     f.clock.advance(std::time::Duration::from_secs(2 * 3600));
     let report = f.store.maintain().unwrap();
@@ -256,7 +256,7 @@ fn retention_purges_what_a_session_made_and_keeps_keyed_namespaces(db: &TestDb) 
     assert_eq!(db.count_rows("namespaces"), 1, "the keyed namespace stays");
     assert_eq!(db.count_rows("tasks"), 2);
     assert_eq!(db.count_rows("attempts"), 2);
-    assert_eq!(db.count_rows("receipts"), 0);
+    assert_eq!(db.count_receipts(), 0);
     // The keyed namespace's tasks are untouched, and its health too.
     let health = f.store.health(&keyed, &namespace("renders")).unwrap();
     assert_eq!(health.attempts.ready, 2);

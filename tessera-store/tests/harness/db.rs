@@ -297,6 +297,19 @@ impl TestDb {
         }
     }
 
+    /// Stored receipts: the attempts a submission ended, each of which
+    /// keeps its receipt in its row.
+    pub(crate) fn count_receipts(&self) -> u64 {
+        let condition = "idempotency_key IS NOT NULL";
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::count_where(path, "attempts", condition),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => {
+                pg::count_where(url, schema, "attempts", condition)
+            }
+        }
+    }
+
     /// Stored counter rows: SQLite keeps them by minute of the day
     /// (`access_day_counters`), PostgreSQL by minute (`access_counters`).
     pub(crate) fn counter_rows(&self) -> u64 {
@@ -364,6 +377,18 @@ impl TestDb {
             #[cfg(feature = "postgres")]
             Place::Postgres { url, schema, .. } => pg::set_schema_version(url, schema, version),
         }
+    }
+
+    /// Rewrites the database as schema version 4 kept it: each receipt a
+    /// row of a `receipts` table of its own, the attempts without their
+    /// receipt columns, and the version marker at 4.
+    pub(crate) fn downgrade_receipts_to_version_four(&self) {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::downgrade_receipts(path),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => pg::downgrade_receipts(url, schema),
+        }
+        self.set_schema_version(4);
     }
 
     /// Sets the try count of every attempt of every task.

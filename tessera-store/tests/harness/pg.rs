@@ -87,9 +87,13 @@ pub(super) fn table_snapshot(url: &str, schema: &str) -> BTreeMap<String, (u64, 
 }
 
 pub(super) fn count_rows(url: &str, schema: &str, table: &str) -> u64 {
+    count_where(url, schema, table, "true")
+}
+
+pub(super) fn count_where(url: &str, schema: &str, table: &str, condition: &str) -> u64 {
     let count: i64 = client(url)
         .query_one(
-            &format!("SELECT count(*) FROM \"{schema}\".\"{table}\""),
+            &format!("SELECT count(*) FROM \"{schema}\".\"{table}\" WHERE {condition}"),
             &[],
         )
         .unwrap()
@@ -118,6 +122,28 @@ pub(super) fn set_schema_version(url: &str, schema: &str, version: i64) {
             ),
             &[&version.to_string()],
         )
+        .unwrap();
+}
+
+pub(super) fn downgrade_receipts(url: &str, schema: &str) {
+    client(url)
+        .batch_execute(&format!(
+            "SET search_path TO \"{schema}\"; BEGIN; \
+             CREATE TABLE receipts (id BIGSERIAL PRIMARY KEY, task BIGINT NOT NULL, \
+             attempt BIGINT NOT NULL, token BIGINT NOT NULL, principal TEXT NOT NULL, \
+             idempotency_key TEXT NOT NULL, artifact TEXT NOT NULL, digest TEXT NOT NULL, \
+             accepted_at BIGINT NOT NULL, output BYTEA); \
+             CREATE UNIQUE INDEX receipts_key ON receipts (principal, task, idempotency_key); \
+             CREATE INDEX receipts_task ON receipts (task, attempt, id); \
+             INSERT INTO receipts (task, attempt, token, principal, idempotency_key, artifact, \
+             digest, accepted_at, output) SELECT a.task, a.number, a.token, a.holder, \
+             a.idempotency_key, t.task_id || '.a' || a.number || '.t' || a.token, a.digest, \
+             a.accepted_at, a.output FROM attempts a JOIN tasks t ON t.id = a.task \
+             WHERE a.idempotency_key IS NOT NULL; \
+             ALTER TABLE attempts DROP COLUMN idempotency_key, DROP COLUMN digest, \
+             DROP COLUMN accepted_at, DROP COLUMN output; \
+             COMMIT;"
+        ))
         .unwrap();
 }
 

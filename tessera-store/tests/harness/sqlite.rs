@@ -56,10 +56,16 @@ pub(super) fn table_snapshot(path: &Path) -> BTreeMap<String, (u64, [u8; 32])> {
 }
 
 pub(super) fn count_rows(path: &Path, table: &str) -> u64 {
+    count_where(path, table, "true")
+}
+
+pub(super) fn count_where(path: &Path, table: &str, condition: &str) -> u64 {
     reader(path)
-        .query_row(&format!("SELECT count(*) FROM \"{table}\""), [], |row| {
-            row.get(0)
-        })
+        .query_row(
+            &format!("SELECT count(*) FROM \"{table}\" WHERE {condition}"),
+            [],
+            |row| row.get(0),
+        )
         .unwrap()
 }
 
@@ -111,6 +117,31 @@ pub(super) fn set_schema_version(path: &Path, version: i64) {
         .execute(
             "UPDATE tessera_meta SET value = ?1 WHERE key = 'schema_version'",
             [version.to_string()],
+        )
+        .unwrap();
+}
+
+pub(super) fn downgrade_receipts(path: &Path) {
+    writer(path)
+        .execute_batch(
+            "BEGIN IMMEDIATE; \
+             CREATE TABLE receipts (id INTEGER PRIMARY KEY, task INTEGER NOT NULL, \
+             attempt INTEGER NOT NULL, token INTEGER NOT NULL, principal TEXT NOT NULL, \
+             idempotency_key TEXT NOT NULL, artifact TEXT NOT NULL, digest TEXT NOT NULL, \
+             accepted_at INTEGER NOT NULL, output BLOB); \
+             CREATE UNIQUE INDEX receipts_key ON receipts (principal, task, idempotency_key); \
+             CREATE INDEX receipts_task ON receipts (task, attempt); \
+             INSERT INTO receipts (task, attempt, token, principal, idempotency_key, artifact, \
+             digest, accepted_at, output) SELECT a.task, a.number, a.token, a.holder, \
+             a.idempotency_key, t.task_id || '.a' || a.number || '.t' || a.token, a.digest, \
+             a.accepted_at, a.output FROM attempts a JOIN tasks t ON t.id = a.task \
+             WHERE a.idempotency_key IS NOT NULL; \
+             DROP INDEX attempts_receipt_key; \
+             ALTER TABLE attempts DROP COLUMN idempotency_key; \
+             ALTER TABLE attempts DROP COLUMN digest; \
+             ALTER TABLE attempts DROP COLUMN accepted_at; \
+             ALTER TABLE attempts DROP COLUMN output; \
+             COMMIT;",
         )
         .unwrap();
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tessera_lease::{
-    AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, ClaimableAt,
+    ArtifactKey, AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, ClaimableAt,
     ConcurrencyLimit, FencingToken, LeaseRecord, Namespace, PartitionKey, Principal, QueueName,
     Receipt, StateName, TaskId, TaskRecord, TaskState, UniqueKey, UniqueStates, first_claimable,
 };
@@ -226,17 +226,41 @@ fn stored_state(state: &str, until_at: Option<i64>, discarded: Option<&str>) -> 
     TaskState::from_parts(name, until_at.map(from_millis), reason).map_err(|_| bad())
 }
 
-/// A `receipts` row of a known task; times in Unix milliseconds.
+/// An accepted receipt as its attempt's row keeps it, of a known task;
+/// times in Unix milliseconds. The attempt's number, token and holder are
+/// the receipt's attempt, token and principal, and its artifact key is
+/// the grant's ([`ArtifactKey::for_grant`]).
 #[derive(Debug, Clone)]
 pub(crate) struct ReceiptRow {
     pub(crate) attempt: i64,
     pub(crate) token: i64,
     pub(crate) principal: String,
     pub(crate) idempotency_key: String,
-    pub(crate) artifact: String,
     pub(crate) digest: String,
     pub(crate) accepted_at: i64,
     pub(crate) output: Option<Vec<u8>>,
+}
+
+/// The receipt columns of an attempt row, as a submission that ends the
+/// attempt writes them with its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReceiptColumns {
+    pub(crate) idempotency_key: String,
+    pub(crate) digest: String,
+    pub(crate) accepted_at: i64,
+    pub(crate) output: Option<Vec<u8>>,
+}
+
+impl ReceiptColumns {
+    /// The columns of an accepted receipt, with its output bytes if kept.
+    pub(crate) fn of(receipt: &Receipt, output: Option<&[u8]>) -> Self {
+        Self {
+            idempotency_key: receipt.idempotency_key.as_str().to_owned(),
+            digest: receipt.digest.to_string(),
+            accepted_at: millis(receipt.accepted_at),
+            output: output.map(<[u8]>::to_vec),
+        }
+    }
 }
 
 /// A stored value this build cannot read back.
@@ -413,14 +437,16 @@ impl AttemptRow {
 impl ReceiptRow {
     pub(crate) fn stored(self, task: &TaskRef) -> Result<StoredReceipt> {
         let bad = |_| corrupt("receipt row");
+        let attempt = attempt_number(self.attempt).ok_or_else(|| corrupt("receipt row"))?;
+        let token = FencingToken::new(self.token).map_err(bad)?;
         let receipt = Receipt {
             task: task.id.clone(),
             version: task.version,
-            attempt: attempt_number(self.attempt).ok_or_else(|| corrupt("receipt row"))?,
-            token: FencingToken::new(self.token).map_err(bad)?,
+            attempt,
+            token,
             principal: self.principal.parse().map_err(bad)?,
             idempotency_key: self.idempotency_key.parse().map_err(bad)?,
-            artifact: self.artifact.parse().map_err(bad)?,
+            artifact: ArtifactKey::for_grant(&task.id, attempt, token),
             digest: self.digest.parse().map_err(bad)?,
             accepted_at: from_millis(self.accepted_at),
         };
@@ -651,6 +677,39 @@ pub(crate) fn next_claimable(
     }
 }
 
+/// The writes of a batch of acknowledgements, one per change in order,
+/// each with the receipts of its task. A receipt of a task the batch did
+/// not change is a broken batch, refused rather than lost.
+pub(crate) fn acknowledged_writes(
+    changes: &[super::TaskChange<'_>],
+    receipts: &[super::NewReceipt<'_>],
+) -> Result<Vec<TaskWrites>> {
+    if let Some(stray) = receipts
+        .iter()
+        .find(|new| !changes.iter().any(|change| change.handle == new.handle))
+    {
+        return Err(StorageError::new(
+            StorageErrorKind::Other,
+            None,
+            format!(
+                "a receipt of task row {} the batch did not change",
+                stray.handle.0
+            ),
+        ));
+    }
+    changes
+        .iter()
+        .map(|change| {
+            TaskWrites::between(change.before, change.after, change.at).with_receipts(
+                receipts
+                    .iter()
+                    .filter(|new| new.handle == change.handle)
+                    .map(|new| (new.receipt, new.output)),
+            )
+        })
+        .collect()
+}
+
 /// One attempt's write, with the narrowest statement that stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AttemptWrite {
@@ -678,6 +737,10 @@ pub(crate) struct TaskWrites {
     /// A heartbeat's progress value for an attempt (its number and JSON
     /// text), written with its lease's expiry.
     pub(crate) progress: Option<(i64, String)>,
+    /// The receipts accepted for attempts whose state this writes, by
+    /// attempt number: each is written by its attempt's state write, so
+    /// the write that ends an attempt is also its receipt.
+    pub(crate) receipts: Vec<(i64, ReceiptColumns)>,
 }
 
 impl TaskWrites {
@@ -737,7 +800,43 @@ impl TaskWrites {
             max_tries: None,
             changed_at: None,
             progress: None,
+            receipts: Vec::new(),
         }
+    }
+
+    /// Adds the receipts accepted for this task's attempts, each of an
+    /// attempt whose state this writes (a submission ends its attempt).
+    /// A receipt of an attempt without a state write is a broken batch,
+    /// refused rather than lost.
+    pub(crate) fn with_receipts<'r>(
+        mut self,
+        receipts: impl IntoIterator<Item = (&'r Receipt, Option<&'r [u8]>)>,
+    ) -> Result<Self> {
+        for (receipt, output) in receipts {
+            let number = i64::from(receipt.attempt.as_u16());
+            let written = self
+                .attempts
+                .iter()
+                .any(|write| matches!(write, AttemptWrite::State(row) if row.number == number));
+            if !written {
+                return Err(StorageError::new(
+                    StorageErrorKind::Other,
+                    None,
+                    "a receipt of an attempt whose state was not written",
+                ));
+            }
+            self.receipts
+                .push((number, ReceiptColumns::of(receipt, output)));
+        }
+        Ok(self)
+    }
+
+    /// The receipt the state write of attempt `number` carries.
+    pub(crate) fn receipt(&self, number: i64) -> Option<&ReceiptColumns> {
+        self.receipts
+            .iter()
+            .find(|(n, _)| *n == number)
+            .map(|(_, columns)| columns)
     }
 
     /// Whether there is nothing to write.

@@ -19,9 +19,9 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use tessera_audit::{Action, AuditEvent, Outcome};
 use tessera_lease::{
-    ArtifactKey, AttemptNumber, Failure, FencingToken, Idempotency, IdempotencyKey, LeaseError,
-    Principal, Receipt, Retry, Submission, Submitted, Task, TaskRecord, UniqueStates,
-    check_output_size, decide_idempotency,
+    AttemptNumber, Failure, FencingToken, Idempotency, IdempotencyKey, LeaseError, Principal,
+    Receipt, Retry, Submission, Submitted, Task, TaskRecord, UniqueStates, check_output_size,
+    decide_idempotency,
 };
 
 use crate::backend::rows::{AttemptRow, EventRow, claimable_column};
@@ -458,8 +458,8 @@ impl Store {
 
 impl Ack {
     /// This submission as a backend may accept it in one statement, with
-    /// the next claim: its receipt's artifact and its audit row as an
-    /// acceptance of the task's first attempt would write them. `None`
+    /// the next claim: its audit row as an acceptance of the task's first
+    /// attempt would write it. `None`
     /// for a failure report.
     pub(crate) fn quick_submit(&self, now: DateTime<Utc>) -> Option<QuickSubmit<'_>> {
         let AckKind::Submit { submission, output } = &self.kind else {
@@ -471,7 +471,6 @@ impl Ack {
             task: &self.task,
             submission,
             output: output.as_deref(),
-            artifact: ArtifactKey::for_grant(&self.task.id, first, submission.token).to_string(),
             event: EventRow::from_event(&self.scope.event(now, resource)),
         })
     }
@@ -501,7 +500,6 @@ pub(crate) fn checked_acceptance(
         .map(|attempt| AttemptRow::from_record(attempt, after.lapse_backoff));
     if expected.as_ref() != Some(&acceptance.after)
         || receipt.accepted_at != acceptance.accepted_at
-        || receipt.artifact.as_str() != submit.artifact
         || submit.event.resource != acceptance.resource
         || claimable_column(&before.record) != claimable_column(after)
         || before.record.last_token != after.last_token
@@ -581,7 +579,7 @@ impl Store {
             token: submission.token,
             principal: submission.principal.clone(),
             idempotency_key: submission.key.clone(),
-            artifact: ArtifactKey::for_grant(&task.id, attempt, submission.token),
+            artifact: tessera_lease::ArtifactKey::for_grant(&task.id, attempt, submission.token),
             digest: submission.digest,
             accepted_at: now,
         })

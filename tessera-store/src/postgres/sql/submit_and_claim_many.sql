@@ -11,7 +11,7 @@
 -- claim_namespace, claim_action, claim_outcome, claim_ip_hash),
 -- $12 task_namespace, $13 task_id, $14 task_version (the submitted
 -- task), $15 token, $16 submitter, $17 idempotency_key, $18 digest,
--- $19 output, $20 artifact, $21 to $26 the submission's audit row
+-- $19 output, $20 to $25 the submission's audit row
 -- (submit_principal, submit_namespace, submit_action, submit_outcome,
 -- submit_resource, submit_ip_hash).
 --
@@ -44,13 +44,13 @@ WITH c AS MATERIALIZED (
         $13::text[] /* task_id */, $14::bigint[] /* task_version */,
         $15::bigint[] /* token */, $16::text[] /* submitter */,
         $17::text[] /* idempotency_key */, $18::text[] /* digest */,
-        $19::bytea[] /* output */, $20::text[] /* artifact */,
-        $21::text[] /* submit_principal */, $22::text[] /* submit_namespace */,
-        $23::text[] /* submit_action */, $24::text[] /* submit_outcome */,
-        $25::text[] /* submit_resource */, $26::text[] /* submit_ip_hash */
+        $19::bytea[] /* output */,
+        $20::text[] /* submit_principal */, $21::text[] /* submit_namespace */,
+        $22::text[] /* submit_action */, $23::text[] /* submit_outcome */,
+        $24::text[] /* submit_resource */, $25::text[] /* submit_ip_hash */
     ) WITH ORDINALITY AS c(now, holder, expires_at, claim_principal, claim_namespace,
         claim_action, claim_outcome, claim_ip_hash, task_namespace, task_id, task_version,
-        token, submitter, idempotency_key, digest, output, artifact, submit_principal,
+        token, submitter, idempotency_key, digest, output, submit_principal,
         submit_namespace, submit_action, submit_outcome, submit_resource, submit_ip_hash, i)
 ), st AS MATERIALIZED (
     SELECT c.i, t.id, t.queue, t.task_id, t.version, NULL::bytea AS brief, t.brief_format,
@@ -73,8 +73,8 @@ WITH c AS MATERIALIZED (
     WHERE st.alternatives = 1 AND st.unique_states IS NULL AND sa.state = 'leased'
         AND sa.token = c.token AND sa.holder = c.submitter AND sa.expires_at > c.now
         AND NOT EXISTS (
-            SELECT 1 FROM receipts r
-            WHERE r.principal = c.submitter AND r.task = st.id
+            SELECT 1 FROM attempts r
+            WHERE r.task = st.id AND r.holder = c.submitter
                 AND r.idempotency_key = c.idempotency_key
         )
 ), picked AS MATERIALIZED (
@@ -168,18 +168,13 @@ WITH c AS MATERIALIZED (
             ))
 ), done AS (
     UPDATE attempts SET state = 'done', until_at = NULL, lapses_at = NULL, discarded = NULL,
-        changed_at = c.now
+        changed_at = c.now, idempotency_key = c.idempotency_key, digest = c.digest,
+        accepted_at = go.accepted_at, output = c.output
     FROM go JOIN c ON c.i = go.i
     WHERE attempts.task = go.id AND attempts.number = 1
     RETURNING go.i, attempts.number, attempts.state, attempts.until_at, attempts.tries,
         attempts.holder, attempts.token, attempts.granted_at, attempts.expires_at,
         attempts.lapses_at, attempts.discarded, attempts.last_error, go.accepted_at
-), receipted AS (
-    INSERT INTO receipts (task, attempt, token, principal, idempotency_key, artifact, digest,
-        accepted_at, output)
-    SELECT go.id, 1, c.token, c.submitter, c.idempotency_key, c.artifact, c.digest,
-        go.accepted_at, c.output
-    FROM go JOIN c ON c.i = go.i ORDER BY go.i
 ), submit_audited AS (
     INSERT INTO access_audit (at, principal, namespace, action, outcome, resource, ip_hash)
     SELECT c.now, c.submit_principal, c.submit_namespace, c.submit_action, c.submit_outcome,

@@ -9,7 +9,7 @@
 --   claim_outcome, claim_ip_hash;
 --   $11 task_namespace, $12 task_id, $13 task_version (the submitted
 --   task), $14 token, $15 submitter, $16 idempotency_key, $17 digest,
---   $18 output, $19 artifact, $20 to $25 the submission's audit row:
+--   $18 output, $19 to $24 the submission's audit row:
 --   submit_principal, submit_namespace, submit_action, submit_outcome,
 --   submit_resource, submit_ip_hash.
 --
@@ -25,15 +25,16 @@
 -- `sok` is the one shape decided here: a single attempt, leased under
 -- the token to the submitter and not expired, no unique slot, no receipt
 -- under the key (the task's id comes in as a scalar, so the search is
--- one descent of `receipts_key` on all three columns). It stamps the
+-- one descent of `attempts_receipt_key` on all three columns). It stamps the
 -- acceptance at the later of now and the grant, as the lease rules do
 -- (`rules.rs`).
 --
 -- From `picked` to `audited` the claim is `claim_one.sql`'s, made only
 -- with the submission (`ok`'s last condition). The submission is written
 -- only when the claim is made or the queue is empty (`go`): a claim the
--- statement declines leaves both to the general transaction. `done`, the
--- receipt and the audit row are all written for `go`'s row or none is.
+-- statement declines leaves both to the general transaction. `done`
+-- (the attempt ended with its receipt) and the audit row are both
+-- written for `go`'s row or neither is.
 --
 -- Two rows: the submission's (`role` `s`: `outcome` `submitted` or
 -- `declined`, the task and its attempt as they were, the attempt as
@@ -60,8 +61,8 @@ WITH st AS MATERIALIZED (
         AND sa.token = $14::bigint /* token */ AND sa.holder = $15::text /* submitter */
         AND sa.expires_at > $3::bigint /* now */
         AND NOT EXISTS (
-            SELECT 1 FROM receipts r
-            WHERE r.principal = $15::text /* submitter */ AND r.task = (SELECT id FROM st)
+            SELECT 1 FROM attempts r
+            WHERE r.task = (SELECT id FROM st) AND r.holder = $15::text /* submitter */
                 AND r.idempotency_key = $16::text /* idempotency_key */
         )
 ), picked AS (
@@ -141,25 +142,20 @@ WITH st AS MATERIALIZED (
         OR NOT (p.id IS NOT NULL OR h.lapsed IS NOT NULL OR h.configured)
 ), done AS (
     UPDATE attempts SET state = 'done', until_at = NULL, lapses_at = NULL, discarded = NULL,
-        changed_at = $3::bigint /* now */
+        changed_at = $3::bigint /* now */, idempotency_key = $16::text /* idempotency_key */,
+        digest = $17::text /* digest */, accepted_at = go.accepted_at,
+        output = $18::bytea /* output */
     FROM go
     WHERE attempts.task = go.id AND attempts.number = 1
     RETURNING attempts.number, attempts.state, attempts.until_at, attempts.tries,
         attempts.holder, attempts.token, attempts.granted_at, attempts.expires_at,
         attempts.lapses_at, attempts.discarded, attempts.last_error, go.accepted_at
-), receipted AS (
-    INSERT INTO receipts (task, attempt, token, principal, idempotency_key, artifact, digest,
-        accepted_at, output)
-    SELECT go.id, 1, $14::bigint /* token */, $15::text /* submitter */,
-        $16::text /* idempotency_key */, $19::text /* artifact */, $17::text /* digest */,
-        go.accepted_at, $18::bytea /* output */
-    FROM go
 ), submit_audited AS (
     INSERT INTO access_audit (at, principal, namespace, action, outcome, resource, ip_hash)
-    SELECT $3::bigint /* now */, $20::text /* submit_principal */,
-        $21::text /* submit_namespace */, $22::text /* submit_action */,
-        $23::text /* submit_outcome */, $24::text /* submit_resource */,
-        $25::text /* submit_ip_hash */
+    SELECT $3::bigint /* now */, $19::text /* submit_principal */,
+        $20::text /* submit_namespace */, $21::text /* submit_action */,
+        $22::text /* submit_outcome */, $23::text /* submit_resource */,
+        $24::text /* submit_ip_hash */
     FROM go
 )
 SELECT
@@ -179,7 +175,7 @@ SELECT
     d.granted_at AS after_granted_at, d.expires_at AS after_expires_at,
     d.lapses_at AS after_lapses_at, d.discarded AS after_discarded,
     d.last_error AS after_last_error,
-    CASE WHEN d.number IS NOT NULL THEN $24::text /* submit_resource */ END AS resource,
+    CASE WHEN d.number IS NOT NULL THEN $23::text /* submit_resource */ END AS resource,
     st.partition_key AS task_partition_key, st.unique_key AS task_unique_key,
     st.unique_states AS task_unique_states, st.lease_ms AS task_lease_ms,
     st.deadline_at AS task_deadline_at,

@@ -13,6 +13,12 @@ pub(in crate::postgres) const UPDATE_ATTEMPT: &str = "UPDATE attempts SET state 
 pub(in crate::postgres) const UPDATE_ATTEMPT_STATE: &str = "UPDATE attempts SET state = $3, until_at = $4, \
      lapses_at = $5, discarded = $6, last_error = $7, changed_at = coalesce($8, changed_at) \
      WHERE task = $1 AND number = $2";
+/// [`UPDATE_ATTEMPT_STATE`] of a submission: the state and the receipt
+/// it ended the attempt with, in one row write.
+pub(in crate::postgres) const UPDATE_ATTEMPT_RECEIPT: &str = "UPDATE attempts SET state = $3, \
+     until_at = $4, lapses_at = $5, discarded = $6, last_error = $7, \
+     changed_at = coalesce($8, changed_at), idempotency_key = $9, digest = $10, \
+     accepted_at = $11, output = $12 WHERE task = $1 AND number = $2";
 pub(in crate::postgres) const EXTEND_ATTEMPT: &str = "UPDATE attempts SET expires_at = $3, lapses_at = $4 \
      WHERE task = $1 AND number = $2";
 /// [`EXTEND_ATTEMPT`] with the progress value a heartbeat carried.

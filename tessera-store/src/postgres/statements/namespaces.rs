@@ -21,10 +21,9 @@ pub(in crate::postgres) const LOCK_PURGED_NAMESPACES: &str = "SELECT id FROM nam
 pub(in crate::postgres) const PURGE_EMPTY_NAMESPACES: &str = "DELETE FROM namespaces WHERE id = ANY($1) \
      AND NOT EXISTS (SELECT 1 FROM tasks WHERE tasks.namespace = namespaces.name)";
 /// A batch of purged sessions' tasks, locked or skipped, deleted with
-/// their receipts and attempts in one statement.
+/// their attempts (and so their receipts) in one statement.
 pub(in crate::postgres) const PURGE_SESSION_TASKS: &str = "WITH doomed AS (SELECT t.id FROM namespaces n \
      JOIN tasks t ON t.namespace = n.name WHERE n.purge_at IS NOT NULL AND n.purge_at <= $1 \
      ORDER BY t.id LIMIT $2 FOR UPDATE OF t SKIP LOCKED), \
-     receipts_gone AS (DELETE FROM receipts WHERE task IN (SELECT id FROM doomed)), \
      attempts_gone AS (DELETE FROM attempts WHERE task IN (SELECT id FROM doomed)) \
      DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)";

@@ -40,15 +40,14 @@ pub(in crate::postgres) const UPDATE_CLAIMABLE: &str =
 /// The tasks of `$1` no other transaction holds, locked.
 pub(in crate::postgres) const LOCK_FINISHED: &str = "SELECT id, namespace, queue FROM tasks \
      WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED";
-/// Deletes the tasks of `$1` with their receipts, attempts and unique
-/// slot; answers the rows deleted.
+/// Deletes the tasks of `$1` with their attempts (and so their
+/// receipts) and unique slot; answers the rows deleted.
 pub(in crate::postgres) const DELETE_TASKS: &str = "WITH gone AS (SELECT id, namespace, queue, task_id, \
      unique_slot FROM tasks WHERE id = ANY($1)), \
-     r AS (DELETE FROM receipts WHERE task IN (SELECT id FROM gone) RETURNING 1), \
      a AS (DELETE FROM attempts WHERE task IN (SELECT id FROM gone) RETURNING 1), \
      u AS (DELETE FROM unique_slots s USING gone g WHERE g.unique_slot IS NOT NULL \
      AND s.namespace = g.namespace AND s.queue = g.queue AND s.slot = g.unique_slot \
      AND s.task_id = g.task_id RETURNING 1), \
      t AS (DELETE FROM tasks WHERE id IN (SELECT id FROM gone) RETURNING 1) \
-     SELECT (SELECT count(*) FROM r) + (SELECT count(*) FROM a) + (SELECT count(*) FROM u) \
+     SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM u) \
      + (SELECT count(*) FROM t)";

@@ -2,10 +2,11 @@
 //! a task's writes only the difference the lease rules made.
 
 use chrono::{DateTime, Utc};
+use postgres::types::ToSql;
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, Namespace, PartitionKey, QueueName, Receipt, ScheduleName, TaskRecord,
-    UniqueKey, UniqueSlot,
+    AttemptNumber, Namespace, PartitionKey, QueueName, ScheduleName, TaskRecord, UniqueKey,
+    UniqueSlot,
 };
 
 use crate::backend::rows::{
@@ -367,6 +368,10 @@ impl WriteTransaction for PgTransaction<'_> {
         self.write_task(handle, writes)
     }
 
+    fn save_writes(&self, handle: TaskHandle, writes: TaskWrites) -> Result<()> {
+        self.write_task(handle, writes)
+    }
+
     fn resync_task(&self, handle: TaskHandle, record: &TaskRecord) -> Result<()> {
         self.write_task(handle, TaskWrites::resync(record))
     }
@@ -401,29 +406,6 @@ impl WriteTransaction for PgTransaction<'_> {
             }
         }
         Ok(tasks)
-    }
-
-    fn insert_receipt(
-        &self,
-        handle: TaskHandle,
-        receipt: &Receipt,
-        output: Option<&[u8]>,
-    ) -> Result<()> {
-        self.execute(
-            INSERT_RECEIPT,
-            &[
-                &handle.0,
-                &i64::from(receipt.attempt.as_u16()),
-                &receipt.token.as_i64(),
-                &receipt.principal.as_str(),
-                &receipt.idempotency_key.as_str(),
-                &receipt.artifact.as_str(),
-                &receipt.digest.to_string(),
-                &millis(receipt.accepted_at),
-                &output,
-            ],
-        )?;
-        Ok(())
     }
 
     fn insert_meta(&self, key: &str, value: &str) -> Result<()> {
@@ -587,9 +569,8 @@ impl PgTransaction<'_> {
         let mut progress = writes.progress.as_ref();
         for write in &writes.attempts {
             match write {
-                AttemptWrite::State(row) => self.execute(
-                    UPDATE_ATTEMPT_STATE,
-                    &[
+                AttemptWrite::State(row) => {
+                    let state: [&(dyn ToSql + Sync); 8] = [
                         &id,
                         &row.number,
                         &row.state,
@@ -598,8 +579,21 @@ impl PgTransaction<'_> {
                         &row.discarded,
                         &row.last_error,
                         &writes.changed_at,
-                    ],
-                )?,
+                    ];
+                    match writes.receipt(row.number) {
+                        None => self.execute(UPDATE_ATTEMPT_STATE, &state)?,
+                        Some(receipt) => {
+                            let mut all = state.to_vec();
+                            all.extend([
+                                &receipt.idempotency_key as &(dyn ToSql + Sync),
+                                &receipt.digest,
+                                &receipt.accepted_at,
+                                &receipt.output,
+                            ]);
+                            self.execute(UPDATE_ATTEMPT_RECEIPT, &all)?
+                        }
+                    }
+                }
                 AttemptWrite::Expiry(row) => match progress {
                     Some((number, value)) if *number == row.number => {
                         progress = None;

@@ -222,6 +222,15 @@ pub(crate) const TABLES: &[Table] = &[
             // The last progress value a heartbeat carried, as JSON text
             // (version 4).
             ("progress", "TEXT"),
+            // The receipt of the submission that ended it (version 5; a
+            // table of its own before): its idempotency key, the SHA-256
+            // of the output (64 hex digits), when it was accepted and the
+            // output if kept. Its token and holder are the receipt's
+            // token and principal. NULL until a submission is accepted.
+            ("idempotency_key", "TEXT"),
+            ("digest", "TEXT"),
+            ("accepted_at", "INTEGER"),
+            ("output", "BLOB"),
         ],
         clustered_key: None,
     },
@@ -272,23 +281,6 @@ pub(crate) const TABLES: &[Table] = &[
             ("updated_at", "INTEGER NOT NULL"),
         ],
         clustered_key: Some(&["namespace", "queue"]),
-    },
-    Table {
-        name: "receipts",
-        columns: &[
-            ("id", "INTEGER PRIMARY KEY"),
-            ("task", "INTEGER NOT NULL"),
-            ("attempt", "INTEGER NOT NULL"),
-            ("token", "INTEGER NOT NULL"),
-            ("principal", "TEXT NOT NULL"),
-            ("idempotency_key", "TEXT NOT NULL"),
-            ("artifact", "TEXT NOT NULL"),
-            // SHA-256 of the output, 64 hex digits.
-            ("digest", "TEXT NOT NULL"),
-            ("accepted_at", "INTEGER NOT NULL"),
-            ("output", "BLOB"),
-        ],
-        clustered_key: None,
     },
     // Periodic schedules (version 4), one per name in a namespace.
     Table {
@@ -478,19 +470,15 @@ pub(crate) const INDEXES: &[Index] = &[
         columns: &["namespace", "queue"],
         filter: None,
     },
+    // A submission's idempotency key is unique per (task, principal): a
+    // race lost to it replays the winner's receipt. Only attempts that
+    // ended with a receipt have an entry.
     Index {
-        name: "receipts_key",
-        table: "receipts",
+        name: "attempts_receipt_key",
+        table: "attempts",
         unique: true,
-        columns: &["principal", "task", "idempotency_key"],
-        filter: None,
-    },
-    Index {
-        name: "receipts_task",
-        table: "receipts",
-        unique: false,
-        columns: &["task", "attempt"],
-        filter: None,
+        columns: &["task", "holder", "idempotency_key"],
+        filter: Some("idempotency_key IS NOT NULL"),
     },
     Index {
         name: "schedules_name",
@@ -544,11 +532,22 @@ pub(crate) const RETIRED_INDEXES: &[&str] = &[
 /// opens the database again creates it anew, and the next open of this
 /// build moves its rows again.
 ///
+/// - `receipts` (before version 5): each receipt moves into the row of
+///   the attempt it ended, so a submission writes one row, not two (a
+///   build older than version 5 refuses the database afterwards).
 /// - `access_counters`, keyed by the whole minute: its rows move into
 ///   `access_day_counters` (the newest minute wins a minute of the day).
-pub(crate) const RETIRED_TABLES: &[(&str, &str)] = &[(
-    "access_counters",
-    "INSERT INTO access_day_counters \
+pub(crate) const RETIRED_TABLES: &[(&str, &str)] = &[
+    (
+        "receipts",
+        "UPDATE attempts SET idempotency_key = r.idempotency_key, digest = r.digest, \
+         accepted_at = r.accepted_at, output = r.output \
+         FROM receipts r WHERE r.task = attempts.task AND r.attempt = attempts.number; \
+         DROP TABLE receipts",
+    ),
+    (
+        "access_counters",
+        "INSERT INTO access_day_counters \
      (day_minute, principal, namespace, action, outcome, minute, count) \
      SELECT minute % 1440, principal, namespace, action, outcome, minute, count \
      FROM access_counters WHERE true ORDER BY minute \
@@ -557,7 +556,8 @@ pub(crate) const RETIRED_TABLES: &[(&str, &str)] = &[(
      WHEN minute < excluded.minute THEN excluded.count ELSE count END, \
      minute = max(minute, excluded.minute); \
      DROP TABLE access_counters",
-)];
+    ),
+];
 
 /// The names of every table, for loading index metadata.
 pub(crate) fn table_names() -> Vec<&'static str> {

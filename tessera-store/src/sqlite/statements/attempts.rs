@@ -9,7 +9,7 @@
 use rusqlite::{Row, params};
 
 use super::position;
-use crate::backend::rows::{AttemptRow, ListingRow, MatchingRow};
+use crate::backend::rows::{AttemptRow, ListingRow, MatchingRow, ReceiptColumns};
 use crate::sqlite::readers::Reader;
 use crate::sqlite::writer::Writer;
 
@@ -135,27 +135,46 @@ pub(crate) const UPDATE_ATTEMPT_STATE: &str = "UPDATE attempts SET state = ?3, u
      lapses_at = ?5, discarded = ?6, last_error = ?7, changed_at = coalesce(?8, changed_at) \
      WHERE task = ?1 AND number = ?2";
 
+/// [`UPDATE_ATTEMPT_STATE`] of a submission: the state and the receipt
+/// it ended the attempt with, in one row write.
+pub(crate) const UPDATE_ATTEMPT_RECEIPT: &str = "UPDATE attempts SET state = ?3, until_at = ?4, \
+     lapses_at = ?5, discarded = ?6, last_error = ?7, changed_at = coalesce(?8, changed_at), \
+     idempotency_key = ?9, digest = ?10, accepted_at = ?11, output = ?12 \
+     WHERE task = ?1 AND number = ?2";
+
 /// Writes an attempt's state alone (and its lapse time, which only a
-/// leased attempt has).
+/// leased attempt has), with the receipt of the submission that ended
+/// it, if one did.
 pub(crate) fn update_attempt_state(
     writer: &Writer<'_>,
     task: i64,
     row: &AttemptRow,
     changed_at: Option<i64>,
+    receipt: Option<&ReceiptColumns>,
 ) -> rusqlite::Result<()> {
-    writer.execute(
-        UPDATE_ATTEMPT_STATE,
-        params![
-            task,
-            row.number,
-            row.state,
-            row.until_at,
-            row.lapses_at,
-            row.discarded,
-            row.last_error,
-            changed_at
-        ],
-    )?;
+    let state = params![
+        task,
+        row.number,
+        row.state,
+        row.until_at,
+        row.lapses_at,
+        row.discarded,
+        row.last_error,
+        changed_at
+    ];
+    match receipt {
+        None => writer.execute(UPDATE_ATTEMPT_STATE, state)?,
+        Some(receipt) => {
+            let mut all: Vec<&dyn rusqlite::ToSql> = state.to_vec();
+            all.extend([
+                &receipt.idempotency_key as &dyn rusqlite::ToSql,
+                &receipt.digest,
+                &receipt.accepted_at,
+                &receipt.output,
+            ]);
+            writer.execute(UPDATE_ATTEMPT_RECEIPT, all.as_slice())?
+        }
+    };
     Ok(())
 }
 

@@ -134,16 +134,12 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: keys::PURGE_KEYS,
     },
     HotStatement {
-        name: "purge session receipts",
+        name: "purge session attempts",
         sql: tasks::PURGE_SESSION_TASKS[0],
     },
     HotStatement {
-        name: "purge session attempts",
-        sql: tasks::PURGE_SESSION_TASKS[1],
-    },
-    HotStatement {
         name: "purge session tasks",
-        sql: tasks::PURGE_SESSION_TASKS[2],
+        sql: tasks::PURGE_SESSION_TASKS[1],
     },
     HotStatement {
         name: "purge namespaces",
@@ -278,20 +274,16 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: attempts::ATTEMPT_ENDS,
     },
     HotStatement {
-        name: "purge a task's receipts",
+        name: "purge a task's attempts",
         sql: tasks::DELETE_TASK[0],
     },
     HotStatement {
-        name: "purge a task's attempts",
+        name: "purge a task's unique slot",
         sql: tasks::DELETE_TASK[1],
     },
     HotStatement {
-        name: "purge a task's unique slot",
-        sql: tasks::DELETE_TASK[2],
-    },
-    HotStatement {
         name: "purge a task",
-        sql: tasks::DELETE_TASK[3],
+        sql: tasks::DELETE_TASK[2],
     },
     HotStatement {
         name: "trim a schedule's fires",
@@ -312,10 +304,6 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
     HotStatement {
         name: "attempts by state",
         sql: health::COUNT_BY_STATE,
-    },
-    HotStatement {
-        name: "insert receipt",
-        sql: receipts::INSERT_RECEIPT,
     },
     HotStatement {
         name: "receipt by idempotency key",

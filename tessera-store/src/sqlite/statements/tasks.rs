@@ -266,10 +266,9 @@ pub(crate) fn task_place(
     })
 }
 
-/// The deletes of one task with every row of its own: receipts,
-/// attempts, its unique slot, the task.
-pub(crate) const DELETE_TASK: [&str; 4] = [
-    "DELETE FROM receipts WHERE task = ?1",
+/// The deletes of one task with every row of its own: its attempts
+/// (with their receipts), its unique slot, the task.
+pub(crate) const DELETE_TASK: [&str; 3] = [
     "DELETE FROM attempts WHERE task = ?1",
     "DELETE FROM unique_slots WHERE (namespace, queue, slot, task_id) IN \
      (SELECT namespace, queue, unique_slot, task_id FROM tasks \
@@ -295,23 +294,22 @@ macro_rules! session_tasks {
     };
 }
 
-/// A batch of purged sessions' tasks: their receipts, their attempts,
-/// then the tasks themselves, each statement over the same batch.
-pub(crate) const PURGE_SESSION_TASKS: [&str; 3] = [
-    concat!("DELETE FROM receipts WHERE task IN ", session_tasks!()),
+/// A batch of purged sessions' tasks: their attempts (with their
+/// receipts), then the tasks themselves, each statement over the same
+/// batch.
+pub(crate) const PURGE_SESSION_TASKS: [&str; 2] = [
     concat!("DELETE FROM attempts WHERE task IN ", session_tasks!()),
     concat!("DELETE FROM tasks WHERE id IN ", session_tasks!()),
 ];
 
 /// One retention batch of purged sessions' tasks, at most `limit`, with
-/// their attempts and receipts; returns how many tasks it deleted.
+/// their attempts; returns how many tasks it deleted.
 pub(crate) fn purge_session_tasks(
     writer: &Writer<'_>,
     threshold: i64,
     limit: i64,
 ) -> rusqlite::Result<usize> {
-    let [receipts, attempts, tasks] = PURGE_SESSION_TASKS;
-    writer.execute(receipts, params![threshold, limit])?;
+    let [attempts, tasks] = PURGE_SESSION_TASKS;
     writer.execute(attempts, params![threshold, limit])?;
     writer.execute(tasks, params![threshold, limit])
 }

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, Namespace, PartitionKey, QueueName, Receipt, ScheduleName, TaskRecord,
-    UniqueKey, UniqueSlot,
+    AttemptNumber, Namespace, PartitionKey, QueueName, ScheduleName, TaskRecord, UniqueKey,
+    UniqueSlot,
 };
 
 use super::load;
@@ -21,10 +21,9 @@ use crate::key::KeyId;
 use crate::model::access::{PrincipalId, PrincipalKind};
 use crate::model::queue::QueueSettings;
 use crate::model::task::TaskRef;
-use crate::sqlite::statements::receipts::NewReceipt;
 use crate::sqlite::statements::unique_slots::{self, Take};
 use crate::sqlite::statements::{
-    attempts, audit, keys, limits, meta, namespaces, queues, receipts, schedules, tasks,
+    attempts, audit, keys, limits, meta, namespaces, queues, schedules, tasks,
 };
 use crate::sqlite::writer::Writer;
 
@@ -34,9 +33,13 @@ fn write_task(writer: &Writer<'_>, handle: TaskHandle, writes: TaskWrites) -> Re
     let mut progress = writes.progress.as_ref();
     for write in &writes.attempts {
         match write {
-            AttemptWrite::State(row) => {
-                attempts::update_attempt_state(writer, id, row, writes.changed_at)?
-            }
+            AttemptWrite::State(row) => attempts::update_attempt_state(
+                writer,
+                id,
+                row,
+                writes.changed_at,
+                writes.receipt(row.number),
+            )?,
             AttemptWrite::Expiry(row) => match progress {
                 Some((number, value)) if *number == row.number => {
                     attempts::save_progress(writer, id, *number, Some(row), value)?;
@@ -306,6 +309,10 @@ impl WriteTransaction for Writer<'_> {
         write_task(self, handle, TaskWrites::resync(record))
     }
 
+    fn save_writes(&self, handle: TaskHandle, writes: TaskWrites) -> Result<()> {
+        write_task(self, handle, writes)
+    }
+
     fn lapsed_tasks(
         &self,
         namespace: &Namespace,
@@ -334,28 +341,6 @@ impl WriteTransaction for Writer<'_> {
             }
         }
         Ok(tasks)
-    }
-
-    fn insert_receipt(
-        &self,
-        handle: TaskHandle,
-        receipt: &Receipt,
-        output: Option<&[u8]>,
-    ) -> Result<()> {
-        Ok(receipts::insert_receipt(
-            self,
-            &NewReceipt {
-                task: handle.0,
-                attempt: i64::from(receipt.attempt.as_u16()),
-                token: receipt.token.as_i64(),
-                principal: receipt.principal.as_str(),
-                idempotency_key: receipt.idempotency_key.as_str(),
-                artifact: receipt.artifact.as_str(),
-                digest: &receipt.digest.to_string(),
-                accepted_at: millis(receipt.accepted_at),
-                output,
-            },
-        )?)
     }
 
     fn insert_meta(&self, key: &str, value: &str) -> Result<()> {

@@ -107,10 +107,12 @@
 //! over the rounds; the floor, one-row commits (`MinimalCommit`) from 1
 //! and from 8 clients, measured before the regime's first round and after
 //! its last, so a change in the machine's load during the run shows; last,
-//! the floor of a job's own rows: the six rows one job per claim changes,
-//! at random tasks of Tessera's tables (those of the last round), written
-//! in one data-modifying statement a job (one round trip, one commit, no
-//! reads), from 1, 4 and 8 clients.
+//! the floor of a job's own rows: the five rows one job per claim changes
+//! (the submitted attempt, which carries its receipt, and the claimed
+//! attempt, its task and two audit rows), at random tasks of Tessera's
+//! tables (those of the last round), written in one data-modifying
+//! statement a job (one round trip, one commit, no reads), from 1, 4 and 8
+//! clients, each measured as a step is, with its rows and log bytes a job.
 //!
 //! SQLite: in a temporary directory, the minimal commit (one row,
 //! `BEGIN IMMEDIATE` … `COMMIT`, the store's journal settings) from 1
@@ -121,7 +123,7 @@
 //! acknowledgements for one transaction through the completer), the same
 //! with 2,000 tasks that each take 1 ms (a sleep, as a task waiting on
 //! I/O does), and last the floor
-//! under a task: the six rows its claim and submission change, written by
+//! under a task: the five rows its claim and submission change, written by
 //! hand into the same file, 1 and then 100 tasks to a commit. "Minimal
 //! commits per task" is the time of one task in minimal commits: the
 //! minimal commit rate over the task rate.
@@ -778,10 +780,22 @@ fn postgres(url: &str, jobs: usize) {
             }
         }
         // At the last round's tasks; none where no step enqueued any.
-        let same_rows: Vec<f64> = match &schema {
+        let same_rows: Vec<Measured> = match &schema {
             Some(schema) if !steps.is_empty() => SAME_ROWS_CLIENTS
                 .iter()
-                .map(|&clients| same_rows_floor(&tessera_url, schema.name(), clients))
+                .map(|&clients| {
+                    let measured =
+                        same_rows_floor(&mut monitor, &tessera_url, schema.name(), clients);
+                    eprintln!(
+                        "the floor of a job's own rows, {clients} client{}: {:.0}/s, \
+                         {:.2} rows/job, {:.0} WAL bytes/job",
+                        plural(clients),
+                        measured.rate(),
+                        measured.per_job(measured.counters.rows()),
+                        measured.per_job(measured.counters.wal_bytes),
+                    );
+                    measured
+                })
                 .collect(),
             _ => Vec::new(),
         };
@@ -831,7 +845,7 @@ fn print_regime(
     steps: &[(usize, bool)],
     enqueues: &[Row],
     processing: &[Row],
-    same_rows: &[f64],
+    same_rows: &[Measured],
     [floor_before, floor_after]: [&[f64]; 2],
 ) {
     let shown: Vec<&Row> = enqueues.iter().take(2).chain(processing).collect();
@@ -953,23 +967,25 @@ fn print_regime(
     }
     println!();
     println!(
-        "The floor of a job's own rows: the six rows one job per claim changes, \
-         written in one statement a job (jobs/s; the systems' medians)"
+        "The floor of a job's own rows: the five rows one job per claim changes, \
+         written in one statement a job (jobs/s, the systems' medians; the floor's rows \
+         and WAL bytes a job from the server's statistics, WAL the whole server's log)"
     );
     println!();
     let peer_names: Vec<&str> = names[1..].to_vec();
     println!(
-        "| clients | the same rows, one statement | Tessera, one per claim |{}",
+        "| clients | the same rows, one statement | its rows a job | its WAL bytes a job | \
+         Tessera, one per claim |{}",
         peer_names
             .iter()
             .map(|name| format!(" {name} |"))
             .collect::<String>()
     );
     println!(
-        "| ---: | ---: | ---: |{}",
+        "| ---: | ---: | ---: | ---: | ---: |{}",
         " ---: |".repeat(peer_names.len())
     );
-    for (clients, rate) in SAME_ROWS_CLIENTS.iter().zip(same_rows) {
+    for (clients, floor) in SAME_ROWS_CLIENTS.iter().zip(same_rows) {
         let step = steps
             .iter()
             .zip(processing)
@@ -978,27 +994,33 @@ fn print_regime(
         let rates: Vec<String> = (0..names.len())
             .map(|system| step.map_or("–".to_owned(), |row| format!("{:.0}", row.rate(system))))
             .collect();
-        println!("| {clients} | {rate:.0} | {} |", rates.join(" | "));
+        println!(
+            "| {clients} | {:.0} | {:.2} | {:.0} | {} |",
+            floor.rate(),
+            floor.per_job(floor.counters.rows()),
+            floor.per_job(floor.counters.wal_bytes),
+            rates.join(" | ")
+        );
     }
 }
 
-/// The floor of a job's own writes: the six rows one job per claim
-/// changes (the submitted attempt, its receipt and audit row; the claimed
-/// attempt, its task's token and claim column, and its audit row), on
-/// Tessera's tables in `schema`, at random rows of its tasks, in one
-/// data-modifying statement a job (one round trip, one commit, no reads,
-/// no lock waited for), `SAME_ROWS_JOBS` jobs shared by `clients` threads
-/// with a connection each; returns jobs per second.
-fn same_rows_floor(url: &str, schema: &str, clients: usize) -> f64 {
+/// The floor of a job's own writes: the five rows one job per claim
+/// changes (the submitted attempt, its receipt written in its row, and its
+/// audit row; the claimed attempt, its task's token and claim column, and
+/// its audit row), on Tessera's tables in `schema`, at random rows of its
+/// tasks, in one data-modifying statement a job (one round trip, one
+/// commit, no reads, no lock waited for), `SAME_ROWS_JOBS` jobs shared by
+/// `clients` threads with a connection each, measured by `monitor` as a
+/// step is (right after a checkpoint, between two readings of the
+/// database's counters).
+fn same_rows_floor(monitor: &mut Monitor, url: &str, schema: &str, clients: usize) -> Measured {
     let statement = format!(
         "WITH submitted AS (UPDATE \"{schema}\".attempts SET state = CASE WHEN state = 'done' \
-         THEN 'leased' ELSE 'done' END, until_at = NULL, lapses_at = NULL, changed_at = $3 \
+         THEN 'leased' ELSE 'done' END, until_at = NULL, lapses_at = NULL, changed_at = $3, \
+         idempotency_key = 'k' || $3::bigint, \
+         digest = '762069bc07a6e1b5df123a5ae7bd91c10daa04694fbaa17fba0cd6a8dcce8f22', \
+         accepted_at = $3, output = 'done' \
          WHERE task = $1 AND number = 1 RETURNING 1), \
-         receipt AS (INSERT INTO \"{schema}\".receipts (task, attempt, token, principal, \
-         idempotency_key, artifact, digest, accepted_at, output) VALUES ($1, 1, 1, 'p2', \
-         'k' || $3, 't-01a23cc863e77c254d21b955aaa0.a1.t1', \
-         '762069bc07a6e1b5df123a5ae7bd91c10daa04694fbaa17fba0cd6a8dcce8f22', $3, 'done') \
-         RETURNING 1), \
          audited AS (INSERT INTO \"{schema}\".access_audit (at, principal, namespace, action, \
          outcome, resource, ip_hash) VALUES \
          ($3, 'p2', 'bench', 'submit', 'ok', 'task:t-01a23cc863e77c254d21b955aaa0@1/a1/t1', ''), \
@@ -1011,12 +1033,11 @@ fn same_rows_floor(url: &str, schema: &str, clients: usize) -> f64 {
          moved AS (UPDATE \"{schema}\".tasks SET last_token = last_token + 1, \
          claimable_at = CASE WHEN claimable_at IS NULL THEN $3 ELSE NULL END \
          WHERE id = $2 RETURNING 1) \
-         SELECT (SELECT count(*) FROM submitted) + (SELECT count(*) FROM receipt) \
-         + (SELECT count(*) FROM audited) + (SELECT count(*) FROM leased) \
-         + (SELECT count(*) FROM moved)"
+         SELECT (SELECT count(*) FROM submitted) + (SELECT count(*) FROM audited) \
+         + (SELECT count(*) FROM leased) + (SELECT count(*) FROM moved)"
     );
-    let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
     let (first, last): (i64, i64) = {
+        let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
         let row = client
             .query_one(
                 &format!("SELECT min(id), max(id) FROM \"{schema}\".tasks"),
@@ -1027,42 +1048,44 @@ fn same_rows_floor(url: &str, schema: &str, clients: usize) -> f64 {
     };
     let span = u64::try_from(last - first + 1).unwrap();
     let per_client = SAME_ROWS_JOBS / clients;
-    let elapsed = tessera_benches::on_threads(
-        clients,
-        per_client as u64,
-        |_, n| {
-            let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
-            let prepared = client.prepare(&statement).unwrap();
-            (client, prepared, n)
-        },
-        |thread, (mut client, prepared, n)| {
-            // A xorshift stream per thread picks the rows.
-            let mut state = 0x9E37_79B9_7F4A_7C15_u64 ^ (thread as u64 + 1);
-            let mut pick = || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                first + i64::try_from(state % span).unwrap()
-            };
-            for job in 0..n {
-                // Two tasks: a row changed twice in one statement is
-                // changed once.
-                let submitted = pick();
-                let claimed = std::iter::repeat_with(&mut pick)
-                    .find(|&task| task != submitted)
-                    .unwrap();
-                // Unique per job and measurement, so each receipt's key
-                // is new.
-                let stamp = (clients as i64) << 48 | (thread as i64) << 40 | job as i64;
-                let written: i64 = client
-                    .query_one(&prepared, &[&submitted, &claimed, &stamp])
-                    .unwrap()
-                    .get(0);
-                assert_eq!(written, 6, "a job's six rows");
-            }
-        },
-    );
-    (per_client * clients) as f64 / elapsed.as_secs_f64()
+    monitor.measure(TESSERA_DATABASE, false, || {
+        let elapsed = tessera_benches::on_threads(
+            clients,
+            per_client as u64,
+            |_, n| {
+                let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+                let prepared = client.prepare(&statement).unwrap();
+                (client, prepared, n)
+            },
+            |thread, (mut client, prepared, n)| {
+                // A xorshift stream per thread picks the rows.
+                let mut state = 0x9E37_79B9_7F4A_7C15_u64 ^ (thread as u64 + 1);
+                let mut pick = || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    first + i64::try_from(state % span).unwrap()
+                };
+                for job in 0..n {
+                    // Two tasks: a row changed twice in one statement is
+                    // changed once.
+                    let submitted = pick();
+                    let claimed = std::iter::repeat_with(&mut pick)
+                        .find(|&task| task != submitted)
+                        .unwrap();
+                    // Unique per job and measurement, so each submission's
+                    // idempotency key is new, as a worker's are.
+                    let stamp = (clients as i64) << 48 | (thread as i64) << 40 | job as i64;
+                    let written: i64 = client
+                        .query_one(&prepared, &[&submitted, &claimed, &stamp])
+                        .unwrap()
+                        .get(0);
+                    assert_eq!(written, 5, "a job's five rows");
+                }
+            },
+        );
+        ((per_client * clients) as u64, elapsed.as_secs_f64())
+    })
 }
 
 fn report_progress(names: &[&str], round: usize, figure: &str, measured: &[Measured]) {
@@ -1551,12 +1574,13 @@ const SQLITE_SAME_ROWS_PER_COMMIT: [usize; 2] = [1, CLAIM_BATCH];
 /// Tasks the SQLite floor of a task's own rows writes.
 const SQLITE_SAME_ROWS_TASKS: usize = 20_000;
 
-/// The floor under a processed task on SQLite: the six rows one task's
-/// claim and submission change (the attempt leased then done, the task's
-/// token and claim column, the receipt, two audit rows), written by hand
-/// into Tessera's own file, tables and indexes with prepared statements,
-/// at tasks in enqueue order, `per_commit` tasks to a `BEGIN IMMEDIATE` …
-/// `COMMIT`, no rules, reads or meter. Tasks/s from one thread.
+/// The floor under a processed task on SQLite: the five rows one task's
+/// claim and submission change (the attempt leased, then done with its
+/// receipt in the same row, the task's token and claim column, two audit
+/// rows), written by hand into Tessera's own file, tables and indexes
+/// with prepared statements, at tasks in enqueue order, `per_commit`
+/// tasks to a `BEGIN IMMEDIATE` … `COMMIT`, no rules, reads or meter.
+/// Tasks/s from one thread.
 fn sqlite_same_rows_floor(path: &std::path::Path, per_commit: usize) -> f64 {
     let conn = rusqlite::Connection::open(path).unwrap();
     conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
@@ -1599,16 +1623,11 @@ fn sqlite_same_rows_floor(path: &std::path::Path, per_commit: usize) -> f64 {
                 ),
                 run(
                     "UPDATE attempts SET state = CASE WHEN state = 'done' THEN 'leased' \
-                     ELSE 'done' END, until_at = NULL, lapses_at = NULL, changed_at = ?2 \
+                     ELSE 'done' END, until_at = NULL, lapses_at = NULL, changed_at = ?2, \
+                     idempotency_key = 'k' || ?2, \
+                     digest = '762069bc07a6e1b5df123a5ae7bd91c10daa04694fbaa17fba0cd6a8dcce8f22', \
+                     accepted_at = ?2, output = x'646f6e65' \
                      WHERE task = ?1 AND number = 1",
-                    rusqlite::params![task, stamp],
-                ),
-                run(
-                    "INSERT INTO receipts (task, attempt, token, principal, idempotency_key, \
-                     artifact, digest, accepted_at, output) VALUES (?1, 1, 1, 'p2', \
-                     'k' || ?2, 't-01a23cc863e77c254d21b955aaa0.a1.t1', \
-                     '762069bc07a6e1b5df123a5ae7bd91c10daa04694fbaa17fba0cd6a8dcce8f22', ?2, \
-                     x'646f6e65')",
                     rusqlite::params![task, stamp],
                 ),
                 run(
@@ -1618,7 +1637,7 @@ fn sqlite_same_rows_floor(path: &std::path::Path, per_commit: usize) -> f64 {
                     rusqlite::params![stamp],
                 ),
             ];
-            assert_eq!(written, [1; 6], "a task's six rows");
+            assert_eq!(written, [1; 5], "a task's five rows");
         }
         run("COMMIT", &[]);
     }

@@ -122,6 +122,11 @@ pub(crate) enum QuickClaimed {
     Declined,
     /// Nothing in the queue was claimable (and nothing written).
     Empty,
+    /// No claimable task was free, but one was seen that another
+    /// statement held locked (or took since the statement's snapshot):
+    /// the claim asks again rather than answer empty. Nothing was written
+    /// for the claim.
+    Skipped,
     /// One grant, committed.
     Leased(Box<QuickGrant>),
 }

@@ -267,6 +267,7 @@ pub(super) fn claimed(row: &Row) -> Result<QuickClaimed, Error> {
     match outcome {
         "leased" => {}
         "empty" => return Ok(QuickClaimed::Empty),
+        "skipped" => return Ok(QuickClaimed::Skipped),
         _ => return Ok(QuickClaimed::Declined),
     }
     let task = TaskColumns::TASK.read(row)?;
@@ -524,9 +525,71 @@ pub(super) mod tests {
                     assert_eq!(grant.before.record.priority, ready);
                 }
                 QuickClaimed::Declined => assert!(!quick_grants, "declined below {ready}"),
-                QuickClaimed::Empty => panic!("a ready task and a due lapse are not empty"),
+                QuickClaimed::Empty | QuickClaimed::Skipped => {
+                    panic!("a ready task and a due lapse are not empty")
+                }
             }
         }
+        quick.finish();
+    }
+
+    /// A queue whose only claimable task another transaction holds
+    /// locked is not empty: the statement says it skipped one, and once
+    /// the lock is gone it grants the task.
+    #[test]
+    #[cfg_attr(
+        tessera_no_test_postgres,
+        ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+    )]
+    fn a_task_another_statement_holds_is_skipped_not_empty() {
+        let quick = Quick::open("quick_skipped");
+        let Quick {
+            url,
+            schema,
+            store,
+            worker,
+            ns,
+            ..
+        } = &quick;
+        let q = QueueName::parse("jobs").unwrap();
+        let holder = worker.lease_principal();
+        let backend = store.backend();
+        store
+            .enqueue(
+                worker,
+                ns,
+                &q,
+                &Brief::Bytes(b"frame".to_vec()),
+                &EnqueueOptions::default(),
+            )
+            .unwrap();
+        let mut other = postgres::Client::connect(url, postgres::NoTls).unwrap();
+        let mut holding = other.transaction().unwrap();
+        let held = holding
+            .query(
+                &format!(
+                    "SELECT id FROM \"{schema}\".tasks WHERE claimable_at IS NOT NULL \
+                     FOR NO KEY UPDATE"
+                ),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(held.len(), 1);
+        let now = store.now_utc();
+        assert!(matches!(
+            backend.claim_quick(&claim(ns, &q, &holder, now)).unwrap(),
+            QuickClaimed::Skipped
+        ));
+        holding.rollback().unwrap();
+        assert!(matches!(
+            backend.claim_quick(&claim(ns, &q, &holder, now)).unwrap(),
+            QuickClaimed::Leased(_)
+        ));
+        // Taken, the queue is empty again.
+        assert!(matches!(
+            backend.claim_quick(&claim(ns, &q, &holder, now)).unwrap(),
+            QuickClaimed::Empty
+        ));
         quick.finish();
     }
 

@@ -422,9 +422,14 @@ fn a_carried_claim_sees_the_task_its_submission_changed(db: &TestDb) {
 /// with its own key, until the queue is empty: every task is done once,
 /// by the thread that held its lease, with one receipt and a claim and a
 /// submission audit row each, and no task was held by two threads.
+/// Threads that each submit and claim until they hear "empty": every task
+/// is done once, and no thread hears "empty" while a task is still ready
+/// (one another thread's statement held locked, say). Nothing is
+/// enqueued meanwhile and no lease lapses, so a ready task seen after an
+/// empty answer was ready when it was given.
 fn threads_carrying_their_next_claims_do_each_task_once(db: &TestDb) {
-    const THREADS: usize = 4;
-    const TASKS: usize = 60;
+    const THREADS: usize = 8;
+    const TASKS: usize = 240;
     let f = Fixture::new(db);
     let (ns, q) = (namespace("renders"), queue("jobs"));
     let workers: Vec<_> = (0..THREADS)
@@ -440,6 +445,9 @@ fn threads_carrying_their_next_claims_do_each_task_once(db: &TestDb) {
                 scope.spawn(move || {
                     let mut mine = Vec::new();
                     let mut next = store.claim(worker, ns, q).unwrap().claimed().cloned();
+                    if next.is_none() {
+                        assert_eq!(db.count_attempts_in("ready"), 0, "empty while work waits");
+                    }
                     while let Some(claimed) = next {
                         let (submitted, outcome) = store
                             .submit_and_claim(
@@ -452,6 +460,10 @@ fn threads_carrying_their_next_claims_do_each_task_once(db: &TestDb) {
                         assert!(matches!(submitted, Submitted::Accepted(_)));
                         mine.push(claimed.task.clone());
                         next = outcome.unwrap().claimed().cloned();
+                        if next.is_none() {
+                            let ready = db.count_attempts_in("ready");
+                            assert_eq!(ready, 0, "empty while work waits");
+                        }
                     }
                     mine
                 })

@@ -310,6 +310,18 @@ impl TestDb {
         }
     }
 
+    /// Attempts in `state` (its stored name, e.g. `ready`).
+    pub(crate) fn count_attempts_in(&self, state: &str) -> u64 {
+        let condition = format!("state = '{state}'");
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::count_where(path, "attempts", &condition),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => {
+                pg::count_where(url, schema, "attempts", &condition)
+            }
+        }
+    }
+
     /// Stored counter rows: SQLite keeps them by minute of the day
     /// (`access_day_counters`), PostgreSQL by minute (`access_counters`).
     pub(crate) fn counter_rows(&self) -> u64 {

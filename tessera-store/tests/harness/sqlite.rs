@@ -136,7 +136,6 @@ pub(super) fn downgrade_receipts(path: &Path) {
              a.idempotency_key, t.task_id || '.a' || a.number || '.t' || a.token, a.digest, \
              a.accepted_at, a.output FROM attempts a JOIN tasks t ON t.id = a.task \
              WHERE a.idempotency_key IS NOT NULL; \
-             DROP INDEX attempts_receipt_key; \
              ALTER TABLE attempts DROP COLUMN idempotency_key; \
              ALTER TABLE attempts DROP COLUMN digest; \
              ALTER TABLE attempts DROP COLUMN accepted_at; \

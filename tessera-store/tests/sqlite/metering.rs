@@ -199,11 +199,11 @@ fn operation_cost_table() {
         )
         .unwrap()
     };
-    // Receipt (row + 2 indexes), attempt state (row + state, lease and
-    // changed indexes), audit; the task, out of the claim index while
-    // leased, stays out.
+    // Attempt state with its receipt in one row write (row + state,
+    // lease and changed indexes), audit; the task, out of the claim index
+    // while leased, stays out.
     let (_, cost) = f.store.measure(submit);
-    row("submit", cost, 3 + 4 + AUDIT);
+    row("submit", cost, 4 + AUDIT);
     let (_, cost) = f.store.measure(submit);
     row("submit, replayed", cost, 0);
 

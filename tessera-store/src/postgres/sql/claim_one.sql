@@ -36,7 +36,10 @@
 --
 -- The three writes run only for `ok`'s row. The answer is one row:
 -- `outcome` (`leased`; `declined`, a task, a due lapse or queue settings
--- left to the general claim; or `empty`), the task (`task_`) and its
+-- left to the general claim; `skipped`, when no task was free but the
+-- snapshot holds a claimable one: another statement has it locked, or
+-- took it since, so the caller asks again rather than hear "empty"; or
+-- `empty`), the task (`task_`) and its
 -- attempt as they were (`before_`), the attempt as written (`after_`) and
 -- the audit row's `resource`. Each part is a join of one-row results,
 -- not a subquery a column: every subquery is a plan of its own that each
@@ -114,6 +117,15 @@ WITH picked AS (
 SELECT
     CASE WHEN l.number IS NOT NULL AND m.id IS NOT NULL THEN 'leased'
         WHEN (p.id IS NOT NULL OR h.lapsed IS NOT NULL OR h.configured) THEN 'declined'
+        WHEN EXISTS (
+            SELECT 1 FROM (VALUES (3), (2), (1), (0)) AS each(level) CROSS JOIN LATERAL (
+                SELECT 1 FROM tasks t
+                WHERE t.namespace = $1 /* namespace */ AND t.queue = $2 /* queue */
+                    AND t.claimable_at IS NOT NULL AND t.claimable_at <= $3::bigint /* now */
+                    AND t.priority = each.level
+                ORDER BY t.claimable_at, t.id LIMIT 1
+            ) AS turn
+        ) THEN 'skipped'
         ELSE 'empty' END AS outcome,
     p.id AS task_id, p.queue AS task_queue, p.task_id AS task_task_id,
     p.version AS task_version, p.brief AS task_brief, p.brief_format AS task_brief_format,

@@ -209,6 +209,16 @@ UNION ALL
 SELECT
     CASE WHEN l.number IS NOT NULL AND m.id IS NOT NULL THEN 'leased'
         WHEN (p.id IS NOT NULL OR h.lapsed IS NOT NULL OR h.configured) THEN 'declined'
+        WHEN EXISTS (
+            SELECT 1 FROM (VALUES (3), (2), (1), (0)) AS each(level) CROSS JOIN LATERAL (
+                SELECT 1 FROM tasks t
+                WHERE t.namespace = $1 /* namespace */ AND t.queue = $2 /* queue */
+                    AND t.claimable_at IS NOT NULL AND t.claimable_at <= $3::bigint /* search_now */
+                    AND t.priority = each.level
+                    AND NOT EXISTS (SELECT 1 FROM picked q WHERE q.id = t.id)
+                ORDER BY t.claimable_at, t.id LIMIT 1
+            ) AS turn
+        ) THEN 'skipped'
         ELSE 'empty' END,
     p.id, p.queue, p.task_id, p.version, p.brief, p.brief_format, p.lapse_backoff_ms,
     p.last_token, p.claimable_at, p.created_at, p.max_tries, p.priority,

@@ -227,6 +227,10 @@ pub(crate) const TABLES: &[Table] = &[
             // of the output (64 hex digits), when it was accepted and the
             // output if kept. Its token and holder are the receipt's
             // token and principal. NULL until a submission is accepted.
+            // A key is looked up among its task's attempts
+            // (`attempts_task`); writes take turns, so a lookup and the
+            // write after it see the same rows, and no index of its own
+            // keeps it unique.
             ("idempotency_key", "TEXT"),
             ("digest", "TEXT"),
             ("accepted_at", "INTEGER"),
@@ -469,16 +473,6 @@ pub(crate) const INDEXES: &[Index] = &[
         unique: true,
         columns: &["namespace", "queue"],
         filter: None,
-    },
-    // A submission's idempotency key is unique per (task, principal): a
-    // race lost to it replays the winner's receipt. Only attempts that
-    // ended with a receipt have an entry.
-    Index {
-        name: "attempts_receipt_key",
-        table: "attempts",
-        unique: true,
-        columns: &["task", "holder", "idempotency_key"],
-        filter: Some("idempotency_key IS NOT NULL"),
     },
     Index {
         name: "schedules_name",

@@ -38,6 +38,90 @@ struct Counts {
     wal: i64,
 }
 
+/// Where each byte of a figure's WAL went, by record type and relation,
+/// when `TESSERA_JOB_COSTS_WAL_DIR` names the server's `pg_wal` directory
+/// (readable here, with `pg_waldump` on the `PATH` or in
+/// `TESSERA_JOB_COSTS_WALDUMP`): one line a (record, relation), in bytes
+/// per job, largest first.
+fn wal_breakdown(db: &mut Database, start: i64, end: i64, jobs: usize) {
+    let Ok(dir) = std::env::var("TESSERA_JOB_COSTS_WAL_DIR") else {
+        return;
+    };
+    let waldump =
+        std::env::var("TESSERA_JOB_COSTS_WALDUMP").unwrap_or_else(|_| "pg_waldump".into());
+    let lsn = |at: i64| format!("{:X}/{:X}", at >> 32, at & 0xffff_ffff);
+    let mut names = std::collections::HashMap::new();
+    {
+        let mut client = Client::connect(&db.url, NoTls).unwrap();
+        for row in client
+            .query("SELECT pg_relation_filenode(oid)::bigint, relname::text FROM pg_class WHERE pg_relation_filenode(oid) IS NOT NULL", &[])
+            .unwrap()
+        {
+            names.insert(row.get::<_, i64>(0).to_string(), row.get::<_, String>(1));
+        }
+    }
+    let out = std::process::Command::new(waldump)
+        .args(["-p", &dir, "-s", &lsn(start), "-e", &lsn(end)])
+        .output()
+        .expect("pg_waldump runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut bytes: std::collections::HashMap<(String, String), (i64, i64)> =
+        std::collections::HashMap::new();
+    for line in text.lines() {
+        let field = |name: &str| {
+            line.split(name).nth(1).map(|rest| {
+                rest.trim_start()
+                    .split([',', ' '])
+                    .next()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+        };
+        let Some(rmgr) = field("rmgr:") else { continue };
+        let total: i64 = line
+            .split("len (rec/tot):")
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|pair| pair.split('/').nth(1))
+            .and_then(|tot| tot.trim().parse().ok())
+            .unwrap_or(0);
+        let kind = line
+            .split("desc:")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or("")
+            .to_owned();
+        let relation = line
+            .split("rel ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|rel| rel.rsplit('/').next())
+            .map(|node| {
+                names
+                    .get(node)
+                    .cloned()
+                    .unwrap_or_else(|| format!("filenode {node}"))
+            })
+            .unwrap_or_default();
+        let entry = bytes
+            .entry((format!("{rmgr}/{kind}"), relation))
+            .or_default();
+        entry.0 += 1;
+        entry.1 += total;
+    }
+    let mut lines: Vec<_> = bytes.into_iter().collect();
+    lines.sort_by_key(|(_, (_, total))| -total);
+    println!("| record | relation | records per job | bytes per job |");
+    println!("| --- | --- | ---: | ---: |");
+    for ((record, relation), (count, total)) in lines.into_iter().take(30) {
+        println!(
+            "| {record} | {relation} | {:.2} | {:.0} |",
+            count as f64 / jobs as f64,
+            total as f64 / jobs as f64
+        );
+    }
+}
+
 /// A database of this program's own.
 struct Database {
     admin: Client,
@@ -255,6 +339,7 @@ fn measure_processing(
     drop(store);
     assert_eq!(done, jobs, "every job processed once");
     let after = db.counts();
+    wal_breakdown(db, before.wal, after.wal, jobs);
     let what = match batch {
         None => format!("process one job per claim, {threads} workers"),
         Some(size) => format!("process batched ({size}), {threads} workers"),

@@ -203,6 +203,42 @@ struct Figure {
     jobs: usize,
     seconds: f64,
     cost: Counts,
+    /// Updates of `attempts` and `tasks` and how many of them were HOT
+    /// (no index entry written), by `pg_stat_user_tables`.
+    hot: String,
+}
+
+/// Updates and HOT updates by table, from `pg_stat_user_tables` of the
+/// figure's database (read once no session is left on it, so every
+/// session's counts are in).
+fn updates(db: &Database) -> std::collections::HashMap<String, (i64, i64)> {
+    let mut client = Client::connect(&db.url, NoTls).unwrap();
+    client
+        .query(
+            "SELECT relname::text, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), (row.get(1), row.get(2))))
+        .collect()
+}
+
+/// "table: HOT/updates" for the tables a job updates, between two reads
+/// of [`updates`].
+fn hot_share(
+    before: &std::collections::HashMap<String, (i64, i64)>,
+    after: &std::collections::HashMap<String, (i64, i64)>,
+) -> String {
+    ["attempts", "tasks"]
+        .iter()
+        .map(|table| {
+            let (u0, h0) = before.get(*table).copied().unwrap_or_default();
+            let (u1, h1) = after.get(*table).copied().unwrap_or_default();
+            format!("{table} {}/{}", h1 - h0, u1 - u0)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn namespace() -> Namespace {
@@ -314,6 +350,7 @@ fn measure_enqueue(db: &mut Database, secret: &str, jobs: usize, per_call: usize
         jobs,
         seconds,
         cost: difference(before, after),
+        hot: String::new(),
     }
 }
 
@@ -326,6 +363,7 @@ fn measure_processing(
     batch: Option<usize>,
 ) -> Figure {
     let before = db.counts();
+    let updates_before = updates(db);
     let store = db.open(threads as u32);
     let caller = store.authenticate(Some(secret)).unwrap();
     let start = Instant::now();
@@ -339,6 +377,7 @@ fn measure_processing(
     drop(store);
     assert_eq!(done, jobs, "every job processed once");
     let after = db.counts();
+    let hot = hot_share(&updates_before, &updates(db));
     wal_breakdown(db, before.wal, after.wal, jobs);
     let what = match batch {
         None => format!("process one job per claim, {threads} workers"),
@@ -349,6 +388,7 @@ fn measure_processing(
         jobs,
         seconds,
         cost: difference(before, after),
+        hot,
     }
 }
 
@@ -383,6 +423,7 @@ fn measure_floor(db: &mut Database, commits: usize, threads: usize) -> Figure {
         jobs: commits / threads * threads,
         seconds,
         cost: difference(before, after),
+        hot: String::new(),
     }
 }
 
@@ -430,17 +471,20 @@ fn main() {
             pending = 0;
         }
     }
-    println!("| figure | jobs/s | transactions per job | rows per job | WAL bytes per job |");
-    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!(
+        "| figure | jobs/s | transactions per job | rows per job | WAL bytes per job | HOT updates / updates |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | --- |");
     for figure in &figures {
         let per = |value: i64| value as f64 / figure.jobs as f64;
         println!(
-            "| {} | {:.0} | {:.3} | {:.2} | {:.0} |",
+            "| {} | {:.0} | {:.3} | {:.2} | {:.0} | {} |",
             figure.what,
             figure.jobs as f64 / figure.seconds,
             per(figure.cost.commits),
             per(figure.cost.rows),
             per(figure.cost.wal),
+            figure.hot,
         );
     }
 }

@@ -229,9 +229,10 @@ pub(crate) trait ReadTransaction {
 
     /// The attempts of a namespace that match `filter` and whose state
     /// last changed at or before `upto`, after `after` in (changed_at,
-    /// task row, number) order, at most `limit`, each with its task: one
-    /// range of an index on (namespace, changed_at, task, number), the
-    /// filter's time range its bounds.
+    /// task row, number) order, at most `limit`, each with its task:
+    /// those at rest, or the leased ones when `after` is among them
+    /// ([`BulkPosition::leased`]). One range of an index on (namespace,
+    /// changed_at, task, number), the filter's time range its bounds.
     fn attempts_matching(
         &self,
         namespace: &Namespace,
@@ -319,7 +320,8 @@ pub(crate) trait ReadTransaction {
 
     /// Attempts of `namespace` in `state` (a final one) that reached it at
     /// or before `cutoff`, after `after` in (changed_at, task) order, at
-    /// most `limit`: one range of the `attempts_changed` index.
+    /// most `limit`: one range of the index of attempts at rest by when
+    /// they changed.
     fn finished_attempts(
         &self,
         namespace: &Namespace,

@@ -110,9 +110,12 @@ impl BulkFilter {
 
 /// Where a bulk action's scan goes on: after the attempt whose state
 /// changed at `changed_at` (Unix milliseconds), of task row `task`,
-/// numbered `number`.
+/// numbered `number`, among the attempts at rest (not leased) first,
+/// then among the leased ones (`leased`), which an index of their own
+/// holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct BulkPosition {
+    pub(crate) leased: bool,
     pub(crate) changed_at: i64,
     pub(crate) task: i64,
     pub(crate) number: i64,
@@ -121,10 +124,34 @@ pub(crate) struct BulkPosition {
 impl BulkPosition {
     /// Before every attempt.
     pub(crate) const START: Self = Self {
+        leased: false,
         changed_at: i64::MIN,
         task: i64::MIN,
         number: i64::MIN,
     };
+
+    /// Before every leased attempt, after every one at rest.
+    pub(crate) const LEASED: Self = Self {
+        leased: true,
+        ..Self::START
+    };
+
+    /// Where a scan for `filter` starts: among the leased attempts when
+    /// it asks for those alone.
+    pub(crate) fn start(filter: &BulkFilter) -> Self {
+        if filter.state == Some(StateName::Leased) {
+            Self::LEASED
+        } else {
+            Self::START
+        }
+    }
+
+    /// Where the scan goes on once the attempts at rest are done: the
+    /// leased ones, unless the filter names a state other than leased.
+    pub(crate) fn after_at_rest(self, filter: &BulkFilter) -> Option<Self> {
+        (!self.leased && filter.state.is_none_or(|state| state == StateName::Leased))
+            .then_some(Self::LEASED)
+    }
 }
 
 /// The last progress value a heartbeat carried for one attempt.

@@ -24,7 +24,8 @@ impl Store {
     /// is passed over. Returns how many tasks it changed.
     ///
     /// Paged: each transaction takes at most [`BULK_BATCH`] tasks from one
-    /// range of an index on (namespace, changed_at, task, attempt), so no
+    /// range of an index on (namespace, changed_at, task, attempt) of the
+    /// attempts at rest, then of the leases in flight, so no
     /// call holds the writer for long, and each batch that changed tasks
     /// writes one audit row, `cancel_tasks`, naming the filter and how
     /// many it changed (`filter:queue=…,state=…/n200`). Only attempts whose
@@ -68,7 +69,7 @@ impl Store {
     ) -> Result<u64, Error> {
         let scope = self.admit(caller, namespace, Scope::Enqueue, action)?;
         let upto = self.now_utc();
-        let mut after = BulkPosition::START;
+        let mut after = BulkPosition::start(filter);
         let mut total = 0_u64;
         loop {
             let now = self.now_utc();
@@ -110,9 +111,11 @@ fn batch(
     // Attempts, not tasks, are paged: a task with several matching
     // attempts takes several of the page, and is ruled on once.
     let found = writer.attempts_matching(namespace, filter, after, upto, BULK_BATCH)?;
-    let next = (found.len() == BULK_BATCH)
-        .then(|| found.last().map(|(position, _)| *position))
-        .flatten();
+    let next = if found.len() == BULK_BATCH {
+        found.last().map(|(position, _)| *position)
+    } else {
+        after.after_at_rest(filter)
+    };
     let mut refs: Vec<&TaskRef> = found.iter().map(|(_, task)| task).collect();
     refs.sort_unstable();
     refs.dedup();

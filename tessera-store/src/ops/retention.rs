@@ -12,8 +12,8 @@ use crate::error::Error;
 use crate::model::audit::ActionScope;
 use crate::store::Store;
 
-/// The final states, each searched in a namespace as one range of
-/// `attempts_changed`.
+/// The final states, each searched in a namespace as one range of the
+/// index of attempts at rest by when they changed.
 const FINAL_STATES: [StateName; 4] = [
     StateName::Done,
     StateName::Failed,
@@ -36,7 +36,8 @@ impl Store {
     /// start, by their queue's keep times ([`Store::set_queue_retention`])
     /// or the store's: namespace by namespace, for each final state, the
     /// attempts that reached it at or before its latest cutoff (found in
-    /// the namespace's range of `attempts_changed`), a batch of at most
+    /// the namespace's range of the index of attempts at rest by when they
+    /// changed), a batch of at most
     /// [`RetentionRun::batch_size`] (500) at a time, each batch its own
     /// transaction. Attempts kept longer than the shortest keep time of
     /// their state in the namespace (another state's, or a queue that

@@ -232,6 +232,25 @@ fn bulk_actions_page_in_batches_with_an_audit_row_each(db: &TestDb) {
     assert_eq!(audited(&f, "retry_tasks").len(), 3);
 }
 
+/// A filter without a state takes the tasks at rest and then the leases
+/// in flight, however the backend indexes them, each once.
+fn a_filter_without_a_state_takes_the_leases_in_flight_too(db: &TestDb) {
+    let f = Fixture::new(db);
+    let worker = f.login(&f.full_worker(Grant::AllNamespaces));
+    let ns = namespace("renders");
+    let jobs = enqueue(&f, &worker, "jobs", 0, 5, EnqueueOptions::default());
+    let first = f.claim(&worker, &ns, &queue("jobs"));
+    let second = f.claim(&worker, &ns, &queue("jobs"));
+    assert_eq!((&first.task, &second.task), (&jobs[0], &jobs[1]));
+    let all = BulkFilter::default();
+    assert_eq!(f.store.cancel_tasks(&worker, &ns, &all).unwrap(), 5);
+    for task in &jobs {
+        assert_eq!(state(&f, task), TaskState::Cancelled, "{task:?}");
+    }
+    assert_eq!(audited(&f, "cancel_tasks").len(), 2, "one row a batch");
+    assert_eq!(f.store.cancel_tasks(&worker, &ns, &all).unwrap(), 0);
+}
+
 fn a_filter_that_matches_nothing_changes_nothing(db: &TestDb) {
     let f = Fixture::new(db);
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
@@ -325,5 +344,6 @@ conformance!(
     bulk_retry_takes_discarded_tasks_since_a_time,
     bulk_actions_page_in_batches_with_an_audit_row_each,
     a_filter_that_matches_nothing_changes_nothing,
+    a_filter_without_a_state_takes_the_leases_in_flight_too,
     heartbeat_progress_is_stored_shown_and_capped,
 );

@@ -148,6 +148,7 @@ pub(crate) fn bulk_range(
 ) -> Option<(BulkPosition, i64)> {
     let start = match filter.changed_since {
         Some(since) => after.max(BulkPosition {
+            leased: after.leased,
             changed_at: millis(since),
             task: i64::MIN,
             number: i64::MIN,
@@ -165,15 +166,18 @@ pub(crate) fn bulk_range(
 /// number), its task's id and version.
 pub(crate) type MatchingRow = ((i64, i64, i64), String, i64);
 
-/// A page of attempts matching a bulk filter in `namespace`, from their
-/// positions and their tasks' ids and versions.
+/// A page of attempts matching a bulk filter in `namespace` (`leased`:
+/// from the leased ones), from their positions and their tasks' ids and
+/// versions.
 pub(crate) fn matching(
     namespace: &Namespace,
+    leased: bool,
     rows: Vec<MatchingRow>,
 ) -> Result<Vec<(BulkPosition, TaskRef)>> {
     rows.into_iter()
         .map(|((changed_at, task, number), task_id, version)| {
             let position = BulkPosition {
+                leased,
                 changed_at,
                 task,
                 number,

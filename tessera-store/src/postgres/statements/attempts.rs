@@ -1,5 +1,6 @@
 //! The `attempts` table: a task's attempts, their insert and updates,
-//! progress, the listings by state and the ranges of `attempts_changed`.
+//! progress, the listings by state and the ranges of
+//! `attempts_changed_at_rest`.
 
 pub(in crate::postgres) const ATTEMPTS_OF_TASK: &str = "SELECT number, state, until_at, tries, holder, token, \
      granted_at, expires_at, lapses_at, discarded, last_error FROM attempts WHERE task = $1 \
@@ -30,17 +31,32 @@ pub(in crate::postgres) const UPDATE_PROGRESS: &str =
 /// The progress values of a task's attempts, in number order.
 pub(in crate::postgres) const PROGRESS_OF_TASK: &str = "SELECT number, progress FROM attempts \
      WHERE task = $1 AND progress IS NOT NULL ORDER BY number";
-/// A namespace's attempts after position ($2, $3, $4) in (changed_at,
-/// task, number) order, whose state changed at or before $5, of queue $6,
-/// in state $7 and of partition key $9 where those are set, each with its
-/// task's reference: one range of `attempts_changed`.
-pub(in crate::postgres) const ATTEMPTS_MATCHING: &str = "SELECT a.changed_at, a.task, a.number, \
-     t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task \
-     WHERE a.namespace = $1 AND (a.changed_at, a.task, a.number) > ($2, $3, $4) \
-     AND a.changed_at <= $5 AND ($6::text IS NULL OR a.queue = $6) \
-     AND ($7::text IS NULL OR a.state = $7) \
-     AND ($9::text IS NULL OR t.partition_key = $9) \
-     ORDER BY a.changed_at, a.task, a.number LIMIT $8";
+/// A bulk filter's page of a namespace's attempts whose state is
+/// `$state` (a comparison with `'leased'`), after position ($2, $3, $4) in
+/// (changed_at, task, number) order, whose state changed at or before
+/// $5, of queue $6, in state $7 and of partition key $9 where those are
+/// set, each with its task's reference.
+macro_rules! attempts_matching {
+    ($state:literal) => {
+        concat!(
+            "SELECT a.changed_at, a.task, a.number, t.task_id, t.version ",
+            "FROM attempts a JOIN tasks t ON t.id = a.task ",
+            "WHERE a.namespace = $1 AND a.state ",
+            $state,
+            " AND (a.changed_at, a.task, a.number) > ($2, $3, $4) ",
+            "AND a.changed_at <= $5 AND ($6::text IS NULL OR a.queue = $6) ",
+            "AND ($7::text IS NULL OR a.state = $7) ",
+            "AND ($9::text IS NULL OR t.partition_key = $9) ",
+            "ORDER BY a.changed_at, a.task, a.number LIMIT $8"
+        )
+    };
+}
+/// The attempts at rest (not leased) a bulk filter matches: one range of
+/// `attempts_changed_at_rest`.
+pub(in crate::postgres) const ATTEMPTS_MATCHING: &str = attempts_matching!("<> 'leased'");
+/// The leased attempts a bulk filter matches: the namespace's leases in
+/// flight, from `attempts_lapse_order`, sorted (a bounded few).
+pub(in crate::postgres) const LEASED_MATCHING: &str = attempts_matching!("= 'leased'");
 /// A listing's columns and join, in [`ListingRow`] order, of the state
 /// `$2`, which `$state` (a comparison with `'leased'`) says is leased or
 /// not, so the planner knows which index holds it.
@@ -82,12 +98,13 @@ pub(in crate::postgres) const TASKS_BY_STATE_NEWEST: &str =
 pub(in crate::postgres) const LEASED_OLDEST: &str = select_listing!("= 'leased'", oldest_first!());
 /// [`LEASED_OLDEST`] newest first, before ($3, $4).
 pub(in crate::postgres) const LEASED_NEWEST: &str = select_listing!("= 'leased'", newest_first!());
-/// Attempts of namespace `$6` in state `$1` that reached it at or before
-/// `$2`, after `($3, $4)` in (changed_at, task) order, at most `$5`: one
-/// range of `attempts_changed`, the state read beside it.
+/// Attempts of namespace `$6` in state `$1` (a final one, never leased)
+/// that reached it at or before `$2`, after `($3, $4)` in (changed_at,
+/// task) order, at most `$5`: one range of `attempts_changed_at_rest`,
+/// the state read beside it.
 pub(in crate::postgres) const FINISHED_ATTEMPTS: &str = "SELECT changed_at, task FROM attempts \
-     WHERE namespace = $6 AND (changed_at, task) > ($3, $4) AND changed_at <= $2 \
-     AND state = $1 ORDER BY changed_at, task LIMIT $5";
+     WHERE namespace = $6 AND state <> 'leased' AND (changed_at, task) > ($3, $4) \
+     AND changed_at <= $2 AND state = $1 ORDER BY changed_at, task LIMIT $5";
 /// The attempts of the tasks of `$1`: state and when it was reached.
 pub(in crate::postgres) const ATTEMPT_ENDS: &str =
     "SELECT task, state, changed_at FROM attempts WHERE task = ANY($1) ORDER BY task, number";

@@ -43,7 +43,7 @@ fn claim_listing_and_audit_statements_search_their_indexes() {
             "attempts matching a bulk filter",
             ATTEMPTS_MATCHING,
             bulk,
-            "attempts_changed",
+            "attempts_changed_at_rest",
             1,
         ),
         (
@@ -186,7 +186,7 @@ fn lease_searches_read_the_lapse_index_when_leases_are_rare() {
         }
     }
     // Retention's search of one namespace's final state is one range
-    // of `attempts_changed`, in a generic plan too.
+    // of `attempts_changed_at_rest`, in a generic plan too.
     client
         .batch_execute(&format!("PREPARE finished AS {FINISHED_ATTEMPTS}"))
         .unwrap();
@@ -200,9 +200,9 @@ fn lease_searches_read_the_lapse_index_when_leases_are_rare() {
         .map(|row| row.get(0))
         .collect();
     let plan = plan.join("\n");
-    if !plan.contains("using attempts_changed") {
+    if !plan.contains("using attempts_changed_at_rest") {
         failures.push(format!(
-            "finished attempts: attempts_changed wanted\n{plan}"
+            "finished attempts: attempts_changed_at_rest wanted\n{plan}"
         ));
     }
     // A queue depth reads the claim order, not the tasks.

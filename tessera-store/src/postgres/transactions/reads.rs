@@ -321,9 +321,14 @@ impl ReadTransaction for PgTransaction<'_> {
         let queue = filter.queue.as_ref().map(QueueName::as_str);
         let state = filter.state.map(StateName::as_str);
         let partition = filter.partition_key.as_ref().map(PartitionKey::as_str);
+        let statement = if start.leased {
+            LEASED_MATCHING
+        } else {
+            ATTEMPTS_MATCHING
+        };
         let found = self
             .query(
-                ATTEMPTS_MATCHING,
+                statement,
                 &[
                     &namespace.as_str(),
                     &start.changed_at,
@@ -345,7 +350,7 @@ impl ReadTransaction for PgTransaction<'_> {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        rows::matching(namespace, found)
+        rows::matching(namespace, start.leased, found)
     }
 
     fn progress_of_task(&self, handle: TaskHandle) -> Result<Vec<(AttemptNumber, String)>> {

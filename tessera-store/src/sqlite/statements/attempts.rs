@@ -296,22 +296,38 @@ pub(crate) fn tasks_by_state(
     )
 }
 
-/// A namespace's attempts after position (`?2`, `?3`, `?4`) in
-/// (changed_at, task, number) order, whose state changed at or before
-/// `?5`, of queue `?6`, in state `?7` and of partition key `?9` where those
-/// are set, each with its task's reference: one range of `attempts_changed`.
-pub(crate) const ATTEMPTS_MATCHING: &str = "SELECT a.changed_at, a.task, a.number, \
-     t.task_id, t.version FROM attempts a JOIN tasks t ON t.id = a.task \
-     WHERE a.namespace = ?1 AND (a.changed_at, a.task, a.number) > (?2, ?3, ?4) \
-     AND a.changed_at <= ?5 AND (?6 IS NULL OR a.queue = ?6) AND (?7 IS NULL OR a.state = ?7) \
-     AND (?9 IS NULL OR t.partition_key = ?9) \
-     ORDER BY a.changed_at, a.task, a.number LIMIT ?8";
+/// A bulk filter's page of a namespace's attempts whose state is
+/// `$state` (a comparison with `'leased'`), after position (`?2`, `?3`,
+/// `?4`) in (changed_at, task, number) order, whose state changed at or
+/// before `?5`, of queue `?6`, in state `?7` and of partition key `?9`
+/// where those are set, each with its task's reference: one range of
+/// `attempts_changed`.
+macro_rules! attempts_matching {
+    ($state:literal) => {
+        concat!(
+            "SELECT a.changed_at, a.task, a.number, t.task_id, t.version ",
+            "FROM attempts a JOIN tasks t ON t.id = a.task ",
+            "WHERE a.namespace = ?1 AND (a.changed_at, a.task, a.number) > (?2, ?3, ?4) ",
+            "AND a.changed_at <= ?5 AND a.state ",
+            $state,
+            " AND (?6 IS NULL OR a.queue = ?6) AND (?7 IS NULL OR a.state = ?7) ",
+            "AND (?9 IS NULL OR t.partition_key = ?9) ",
+            "ORDER BY a.changed_at, a.task, a.number LIMIT ?8"
+        )
+    };
+}
+/// The attempts at rest (not leased) a bulk filter matches.
+pub(crate) const ATTEMPTS_MATCHING: &str = attempts_matching!("<> 'leased'");
+/// The leased attempts a bulk filter matches.
+pub(crate) const LEASED_MATCHING: &str = attempts_matching!("= 'leased'");
 
-/// One page of attempts matching a bulk filter (see [`ATTEMPTS_MATCHING`]):
-/// each one's position, then its task's id and version.
+/// One page of attempts matching a bulk filter (see [`ATTEMPTS_MATCHING`],
+/// or [`LEASED_MATCHING`] when `leased`): each one's position, then its
+/// task's id and version.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attempts_matching(
     reader: &Reader<'_>,
+    leased: bool,
     namespace: &str,
     after: (i64, i64, i64),
     upto: i64,
@@ -321,7 +337,11 @@ pub(crate) fn attempts_matching(
     limit: i64,
 ) -> rusqlite::Result<Vec<MatchingRow>> {
     reader.all(
-        ATTEMPTS_MATCHING,
+        if leased {
+            LEASED_MATCHING
+        } else {
+            ATTEMPTS_MATCHING
+        },
         params![
             namespace, after.0, after.1, after.2, upto, queue, state, limit, partition
         ],

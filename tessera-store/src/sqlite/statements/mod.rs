@@ -254,6 +254,10 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: attempts::ATTEMPTS_MATCHING,
     },
     HotStatement {
+        name: "leases matching a bulk filter",
+        sql: attempts::LEASED_MATCHING,
+    },
+    HotStatement {
         name: "lapsed leases",
         sql: attempts::LAPSED_LEASES,
     },

@@ -246,6 +246,7 @@ impl ReadTransaction for Reader<'_> {
         };
         let found = attempts::attempts_matching(
             self,
+            start.leased,
             namespace.as_str(),
             (start.changed_at, start.task, start.number),
             end,
@@ -254,7 +255,7 @@ impl ReadTransaction for Reader<'_> {
             filter.partition_key.as_ref().map(PartitionKey::as_str),
             count(limit),
         )?;
-        rows::matching(namespace, found)
+        rows::matching(namespace, start.leased, found)
     }
 
     fn progress_of_task(&self, handle: TaskHandle) -> Result<Vec<(AttemptNumber, String)>> {

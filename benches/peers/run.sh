@@ -11,8 +11,13 @@
 # regime runs its steps TESSERA_PEERS_ROUNDS times (default 3) and reports
 # the medians, and Tessera's rate over each peer's round by round, with
 # the median and the lowest. The steps: enqueue one per call, then 1,000
-# per call before each processing step; process one job per claim with 1,
-# 2, 4 and 8 workers, then batched (100) with 1, 4 and 8.
+# per call before each processing step; process one job at a time with 1,
+# 2, 4 and 8 workers, then batched (100) with 1, 4 and 8. A worker count is
+# that many workers of one process sharing one worker loop: for Tessera,
+# threads sharing one `Worker` (one at a time with its defaults; batched
+# fetching 100 with held acknowledgements). Each step also runs Tessera's
+# direct store calls (the submit_and_claim loop; claim_batch +
+# submit_batch) on a schema of its own, shown as extra rows.
 #
 # Environment (all optional):
 #   TESSERA_BENCH_POSTGRES_URL  the server (default: the local one at
@@ -28,7 +33,8 @@
 #   TESSERA_PEERS_REGIMES  default, off, or both (default).
 #   TESSERA_PEERS_ROUNDS   rounds of every step in each regime (default 3).
 #   TESSERA_PEERS_STEPS    the processing steps to run, by worker count, b
-#       for batched, in order (for example 1,4,8b).
+#       for batched, in order (for example 1,4,8b: one at a time with 1
+#       and 4 workers, batched with 8; each for every system).
 #   TESSERA_PEERS_POOL     Tessera's pool size (default twice the cores).
 #   TESSERA_PEERS_DEBUG    set: each peer's script says what `SHOW
 #       synchronous_commit` answers on its own pool.

@@ -21,20 +21,27 @@
 //! `TESSERA_PEERS_REGIMES` (`default`, `off`, or both) picks the regimes,
 //! both by default. `TESSERA_PEERS_ROUNDS` (default 3) sets the rounds.
 //! `TESSERA_PEERS_STEPS` (for example `4,8,4b`) runs only the processing
-//! steps it names, by worker count, `b` for batched, in its order; the
-//! first enqueues one per call. A step named again runs again (`4,4,4,4`
-//! four times a round). `TESSERA_PEERS_DEBUG`, when set, has each peer's
-//! script report what `SHOW synchronous_commit` answers on its own pool,
-//! which this program prints. Tessera's connection pool holds twice this
-//! machine's cores (the server's, as the server runs here), as
-//! `PostgresOptions::with_pool_size` advises; `TESSERA_PEERS_POOL` sets
+//! steps it names, by worker count, `b` for batched, in its order: `4`
+//! processes one at a time with 4 workers (Tessera: its `Worker` with its
+//! defaults, and the `submit_and_claim` loop), `4b` batched with 4
+//! (Tessera: its `Worker` fetching 100 with held acknowledgements, and
+//! `claim_batch` with `submit_batch`); the first enqueues one per call. A
+//! step named again runs again (`4,4,4,4` four times a round).
+//! `TESSERA_PEERS_DEBUG`, when set, has each peer's script report what
+//! `SHOW synchronous_commit` answers on its own pool, which this program
+//! prints. Tessera's connection pool holds twice this machine's cores (the
+//! server's, as the server runs here), as
+//! `PostgresOptions::with_pool_size` advises (each of its two sides opens
+//! its own store, one at a time); `TESSERA_PEERS_POOL` sets
 //! another size. graphile-worker and pg-boss keep their own pools, at
 //! least 10 and at least the workers and 2.
 //!
 //! PostgreSQL: each system has a database of its own on the same server,
 //! `tessera_bench`, `graphile_bench` and `pgboss_bench` (created when
-//! missing), so `pg_stat_database` counts one system's work alone. The
-//! regimes, each with its own set of tables:
+//! missing), so `pg_stat_database` counts one system's work alone
+//! (Tessera's two sides, below, each on a schema of its own in
+//! `tessera_bench`, never run at once). The regimes, each with its own set
+//! of tables:
 //!
 //! - the server's defaults (`ALTER DATABASE … RESET synchronous_commit`
 //!   for each of the three, in case an earlier run left the other);
@@ -52,35 +59,59 @@
 //! included.
 //!
 //! Each regime runs its steps `TESSERA_PEERS_ROUNDS` times, each round on
-//! empty tables (Tessera's schema made anew, each peer's schema dropped
-//! and made anew by its script). A round runs the steps in this order,
-//! each for the three systems in turn (the system that starts a step moves
-//! on by one every time the step runs again, so no system always runs on
-//! another's heels):
+//! empty tables (Tessera's two schemas made anew, each peer's schema
+//! dropped and made anew by its script). A round runs the steps in this
+//! order, each for every system in turn (Tessera's `Worker`, the peers,
+//! Tessera's store calls; the system that starts a step moves on by one
+//! every time the step runs again, so no system always runs on another's
+//! heels):
 //!
 //! 1. enqueue `JOBS`, one per call (`enqueue`; `addJob`; pg-boss `send`),
-//!    then process them with 1 worker, one job per claim;
+//!    then process them with 1 worker, one job at a time;
 //! 2. for 2, 4 and 8 workers: enqueue `JOBS`, 1,000 per call
 //!    (`enqueue_batch`; `addJobs`; pg-boss `insert`), then process them
-//!    one job per claim;
+//!    one job at a time;
 //! 3. for each of `BATCHED_WORKERS` (1, 4 and 8): enqueue `JOBS` 1,000 per
-//!    call, then process them batched (Tessera: `claim_batch` of 100 and
-//!    one `submit_batch` of what it got; graphile-worker: a local queue of
-//!    100 and batched completions; pg-boss: `work()` with `batchSize`
-//!    100, one fetch and one completion a batch).
+//!    call, then process them batched (Tessera: its `Worker` fetching 100
+//!    ahead, acknowledgements held and committed together;
+//!    graphile-worker: a local queue of 100 and batched completions;
+//!    pg-boss: `work()` with `batchSize` 100, one fetch and one completion
+//!    a batch).
 //!
-//! Processing is "no-op": Tessera's workers are threads of one process
-//! sharing one `Store`, each with its own key, each claiming and
-//! submitting until its claim finds the queue empty (one job per claim:
-//! a `claim`, then `submit_and_claim` for each task, whose submission
-//! carries the next claim); graphile-worker's are one `run()` with
-//! `concurrentJobs` set to the count (the script
+//! Processing is "no-op", and a worker count means the same for every
+//! system: that many workers in one process sharing one worker loop.
+//! Tessera's are threads sharing one `Worker` (tessera-store's worker
+//! loop, one key), each taking the next task and submitting it until the
+//! worker answers empty: one at a time with `WorkerOptions::default()`
+//! (it fetches 10 ahead; a thread's `submit` waits for its commit, the
+//! store's completer coalescing the threads' submissions), as
+//! graphile-worker's stock `run()` and pg-boss's `batchSize` 1 are those
+//! peers' defaults; batched with `with_fetch(100)` and `submit_later`, the
+//! worker holding up to 100 acknowledgements for one transaction, each
+//! thread collecting its answers once the worker answered empty (as
+//! `process_with_worker` does on SQLite too). graphile-worker's are one
+//! `run()` with `concurrentJobs` set to the count (the script
 //! `benches/peers/graphile.js`); pg-boss's are one `work()` with
 //! `localConcurrency` set to the count and `batchSize` 1, or 100 when
 //! batched (the script `benches/peers/pgboss.js`, which says how its
-//! workers are kept fetching while jobs are left). Each step's rate is its
-//! jobs over its own time; for a peer that time runs from starting it to
-//! the end of its `stop()`, which waits for every completion. Every
+//! workers are kept fetching while jobs are left).
+//!
+//! Each step also runs Tessera through direct store calls, reported in
+//! rows of their own labelled "Tessera, submit_and_claim loop" (one at a
+//! time) and "Tessera, claim_batch + submit_batch" (batched), on a schema
+//! of its own (`peers_calls`, made anew each round, so that each of
+//! Tessera's sides works on tables holding its own jobs alone, as each
+//! peer does): threads of one process sharing one `Store`, each with its
+//! own key, each claiming and submitting until its claim finds the queue
+//! empty (one at a time: a `claim`, then `submit_and_claim` for each task,
+//! whose submission carries the next claim; batched: `claim_batch` of 100
+//! and one `submit_batch` of what it got). Its enqueues, the same calls
+//! as the `Worker` side's, fill its queue and are not shown.
+//!
+//! Each step's rate is its jobs over its own time; for a peer that time
+//! runs from starting it to the end of its `stop()`, which waits for every
+//! completion, and for Tessera from its threads' start to the last one's
+//! end, every submission committed. Every
 //! processing step but the first of a round starts right after a
 //! `VACUUM (ANALYZE)` of the system's database: a claim's index search
 //! walks past the entries earlier claims left until a vacuum removes them
@@ -99,20 +130,24 @@
 //! `pg_current_wal_lsn()`. The log position is the whole server's:
 //! anything else running on the server at the time is counted too.
 //!
-//! Each regime's tables: every figure's rate, the median over the rounds;
-//! Tessera's rate over each peer's, per mode (a figure, all the enqueues
-//! of 1,000 per call being one), each round's ratio, their median and the
-//! lowest: one round's ratio moves with the machine; per processed job,
-//! transactions, rows and log bytes, and the CPU time, each the median
-//! over the rounds; the floor, one-row commits (`MinimalCommit`) from 1
-//! and from 8 clients, measured before the regime's first round and after
-//! its last, so a change in the machine's load during the run shows; last,
-//! the floor of a job's own rows: the five rows one job per claim changes
-//! (the submitted attempt, which carries its receipt, and the claimed
+//! Each regime's tables: every figure's rate, the median over the rounds
+//! (Tessera's column its `Worker`, each processing step followed by a row
+//! of its store calls); Tessera's rate over each peer's, per mode (a
+//! figure, all the enqueues of 1,000 per call being one), the `Worker`'s
+//! and then, in rows of their own, the store calls', each round's ratio,
+//! their median and the lowest: one round's ratio moves with the machine;
+//! per processed job, for every system and the store calls, transactions,
+//! rows and log bytes, and the CPU time, each the median over the rounds;
+//! the floor, one-row commits (`MinimalCommit`) from 1 and from 8 clients,
+//! measured before the regime's first round and after its last, so a
+//! change in the machine's load during the run shows; last, the floor of
+//! a job's own rows: the five rows the `submit_and_claim` loop changes a
+//! job (the submitted attempt, which carries its receipt, and the claimed
 //! attempt, its task and two audit rows), at random tasks of Tessera's
-//! tables (those of the last round), written in one data-modifying
-//! statement a job (one round trip, one commit, no reads), from 1, 4 and 8
-//! clients, each measured as a step is, with its rows and log bytes a job.
+//! `Worker` tables (those of the last round), written in one
+//! data-modifying statement a job (one round trip, one commit, no reads),
+//! from 1, 4 and 8 clients, each measured as a step is, with its rows and
+//! log bytes a job, beside the one-at-a-time rates of as many workers.
 //!
 //! SQLite: in a temporary directory, the minimal commit (one row,
 //! `BEGIN IMMEDIATE` … `COMMIT`, the store's journal settings) from 1
@@ -460,21 +495,26 @@ fn with_database(url: &str, database: &str) -> String {
 }
 
 /// A figure of every system, over the rounds: `runs[round][system]`, the
-/// systems in `Systems` order (Tessera first).
+/// systems in `Systems` order (Tessera's `Worker` first, its store-call
+/// side last).
 struct Row {
     /// The figure as the tables name it.
     figure: String,
     /// The figure less where it runs, for the ratios over the rounds: the
     /// enqueues of `ENQUEUE_BATCH` per call before every step are one mode.
     mode: String,
+    /// The store-call side's label where the tables show it (the
+    /// processing steps): its rows follow the figure's.
+    extra: Option<String>,
     runs: Vec<Vec<Measured>>,
 }
 
 impl Row {
-    fn new(figure: String, mode: String) -> Self {
+    fn new(figure: String, mode: String, extra: Option<String>) -> Self {
         Self {
             figure,
             mode,
+            extra,
             runs: Vec::new(),
         }
     }
@@ -606,26 +646,56 @@ fn synchronous_commit(url: &str, database: &str) -> String {
         .get(0)
 }
 
-/// The systems of a round: Tessera, then the peers that run beside it.
+/// The systems of a round: Tessera through its `Worker`, the peers that
+/// run beside it, and last Tessera through direct store calls (the
+/// `submit_and_claim` loop, or `claim_batch` and `submit_batch`), on a
+/// schema of its own, reported as extra rows.
 struct Systems<'a> {
     tessera: Tessera,
     peers: &'a [Peer],
+    calls: Tessera,
 }
 
-/// The systems' names in `Systems` order: Tessera, then `peers`.
+/// The systems' names in the tables' columns: Tessera, then `peers`. The
+/// store-call side, measured after them (at index `names.len()` of every
+/// run), has rows of its own.
 fn names(peers: &[Peer]) -> Vec<&'static str> {
     std::iter::once("Tessera")
         .chain(peers.iter().map(|peer| peer.spec.name))
         .collect()
 }
 
+/// The store-call side's label in a processing step's rows.
+fn calls_label(batched: bool) -> &'static str {
+    if batched {
+        "Tessera, claim_batch + submit_batch"
+    } else {
+        "Tessera, submit_and_claim loop"
+    }
+}
+
+/// The store-call side's label in the enqueue steps' progress lines.
+const CALLS_SIDE: &str = "Tessera, store-call side";
+
 impl Systems<'_> {
     fn count(&self) -> usize {
-        1 + self.peers.len()
+        2 + self.peers.len()
+    }
+
+    fn is_tessera(&self, system: usize) -> bool {
+        system == 0 || system == self.count() - 1
+    }
+
+    fn tessera(&self, system: usize) -> &Tessera {
+        if system == 0 {
+            &self.tessera
+        } else {
+            &self.calls
+        }
     }
 
     fn database(&self, system: usize) -> &'static str {
-        if system == 0 {
+        if self.is_tessera(system) {
             TESSERA_DATABASE
         } else {
             self.peers[system - 1].spec.database
@@ -654,8 +724,8 @@ impl Systems<'_> {
     }
 
     fn enqueue(&self, system: usize, jobs: usize, per_call: usize) -> (u64, f64) {
-        if system == 0 {
-            self.tessera.enqueue(jobs, per_call)
+        if self.is_tessera(system) {
+            self.tessera(system).enqueue(jobs, per_call)
         } else {
             self.peers[system - 1].run(&["enqueue", &jobs.to_string(), &per_call.to_string()])
         }
@@ -670,7 +740,12 @@ impl Systems<'_> {
         step: u64,
     ) -> (u64, f64) {
         if system == 0 {
-            self.tessera.process(jobs, workers, batched, step)
+            let (jobs, seconds, _) =
+                self.tessera
+                    .process_with_worker(jobs, workers, Duration::ZERO, batched, step);
+            (jobs, seconds)
+        } else if self.is_tessera(system) {
+            self.calls.process(jobs, workers, batched, step)
         } else {
             let (jobs, workers) = (jobs.to_string(), workers.to_string());
             let mut args = vec!["process", &jobs, &workers];
@@ -732,15 +807,19 @@ fn postgres(url: &str, jobs: usize) {
         let mut processing: Vec<Row> = Vec::new();
         let mut schema = None;
         for round in 0..rounds {
-            // Each round on empty tables: Tessera's schema made anew, and
-            // each peer's by its script.
+            // Each round on empty tables: Tessera's schemas made anew (one
+            // for its `Worker`, one for its store-call side, so that each
+            // side's tables hold its own steps' jobs alone, as each peer's
+            // do), and each peer's by its script.
             drop(schema.take());
             let fresh = PostgresSchema::fresh(&tessera_url, "peers");
+            let fresh_calls = PostgresSchema::fresh(&tessera_url, "peers_calls");
             let systems = Systems {
                 tessera: Tessera::setup(&tessera_url, fresh.name()),
                 peers: &peers,
+                calls: Tessera::setup(&tessera_url, fresh_calls.name()),
             };
-            schema = Some(fresh);
+            schema = Some((fresh, fresh_calls));
             for peer in &peers {
                 peer.run(&["reset"]);
             }
@@ -761,27 +840,34 @@ fn postgres(url: &str, jobs: usize) {
                             format!("enqueue, {per_call} per call"),
                         )
                     };
-                    enqueues.push(Row::new(figure, mode));
-                    let kind = if batched { "batched" } else { "one per claim" };
+                    enqueues.push(Row::new(figure, mode, None));
+                    let kind = if batched { "batched" } else { "one at a time" };
                     let figure = format!("process {kind}, {workers} worker{}", plural(workers));
-                    processing.push(Row::new(figure.clone(), figure));
+                    let calls = calls_label(batched).to_owned();
+                    processing.push(Row::new(figure.clone(), figure, Some(calls)));
                 }
                 let measured = systems.in_turn(&mut monitor, occurrence, false, |system| {
                     systems.enqueue(system, jobs, per_call)
                 });
-                report_progress(&names, round, &enqueues[at].figure, &measured);
+                let labels: Vec<&str> = names.iter().copied().chain([CALLS_SIDE]).collect();
+                report_progress(&labels, round, &enqueues[at].figure, &measured);
                 enqueues[at].runs.push(measured);
 
                 let measured = systems.in_turn(&mut monitor, occurrence, at > 0, |system| {
                     systems.process(system, jobs, workers, batched, step)
                 });
-                report_progress(&names, round, &processing[at].figure, &measured);
+                let labels: Vec<&str> = names
+                    .iter()
+                    .copied()
+                    .chain([calls_label(batched)])
+                    .collect();
+                report_progress(&labels, round, &processing[at].figure, &measured);
                 processing[at].runs.push(measured);
             }
         }
         // At the last round's tasks; none where no step enqueued any.
         let same_rows: Vec<Measured> = match &schema {
-            Some(schema) if !steps.is_empty() => SAME_ROWS_CLIENTS
+            Some((schema, _)) if !steps.is_empty() => SAME_ROWS_CLIENTS
                 .iter()
                 .map(|&clients| {
                     let measured =
@@ -848,9 +934,16 @@ fn print_regime(
     same_rows: &[Measured],
     [floor_before, floor_after]: [&[f64]; 2],
 ) {
+    // The store-call side's place in every run, after the columns'.
+    let calls = names.len();
     let shown: Vec<&Row> = enqueues.iter().take(2).chain(processing).collect();
     println!();
-    println!("Rates in jobs/s, each the median over the rounds");
+    println!(
+        "Rates in jobs/s, each the median over the rounds. Tessera: threads sharing one \
+         `Worker` (one at a time: `WorkerOptions::default()`, `submit`; batched: \
+         `with_fetch({CLAIM_BATCH})`, `submit_later`); the rows \"Tessera, …\" after a step: \
+         Tessera's direct store calls, threads sharing one `Store`, a key each"
+    );
     println!();
     println!("| figure | {} |", names.join(" | "));
     println!("| --- |{}", " ---: |".repeat(names.len()));
@@ -859,6 +952,14 @@ fn print_regime(
             .map(|system| format!("{:.0}", row.rate(system)))
             .collect();
         println!("| {} | {} |", row.figure, rates.join(" | "));
+        if let Some(label) = &row.extra {
+            println!(
+                "| {}: {label} | {:.0} |{}",
+                row.figure,
+                row.rate(calls),
+                " – |".repeat(names.len() - 1)
+            );
+        }
     }
     if enqueues.len() > 2 {
         let each: Vec<String> = enqueues
@@ -896,21 +997,29 @@ fn print_regime(
         }
         let all: Vec<&Row> = enqueues.iter().chain(processing).collect();
         for mode in modes {
-            for peer in 1..names.len() {
-                let ratios: Vec<f64> = all
-                    .iter()
-                    .filter(|row| row.mode == mode)
-                    .flat_map(|row| &row.runs)
-                    .map(|run| run[0].rate() / run[peer].rate())
-                    .collect();
-                let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
-                let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-                println!(
-                    "| {mode} | {} | {} | {:.2}× | {lowest:.2}× |",
-                    names[peer],
-                    each.join(", "),
-                    median(ratios),
-                );
+            let rows: Vec<&Row> = all.iter().copied().filter(|row| row.mode == mode).collect();
+            // Tessera's `Worker`, then its store-call side where shown.
+            let sides = std::iter::once((0, mode.to_owned())).chain(
+                rows.iter()
+                    .find_map(|row| row.extra.as_deref())
+                    .map(|label| (calls, format!("{mode}: {label}"))),
+            );
+            for (tessera, figure) in sides {
+                for peer in 1..names.len() {
+                    let ratios: Vec<f64> = rows
+                        .iter()
+                        .flat_map(|row| &row.runs)
+                        .map(|run| run[tessera].rate() / run[peer].rate())
+                        .collect();
+                    let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
+                    let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+                    println!(
+                        "| {figure} | {} | {} | {:.2}× | {lowest:.2}× |",
+                        names[peer],
+                        each.join(", "),
+                        median(ratios),
+                    );
+                }
             }
         }
     }
@@ -927,7 +1036,12 @@ fn print_regime(
     );
     println!("| --- | --- | ---: | ---: | ---: | ---: |");
     for row in &shown {
-        for (system, name) in names.iter().enumerate() {
+        let systems = names
+            .iter()
+            .copied()
+            .enumerate()
+            .chain(row.extra.as_deref().map(|label| (calls, label)));
+        for (system, name) in systems {
             let per_job = |value: fn(&Counters) -> i64| {
                 row.median(system, |m| Some(m.per_job(value(&m.counters))))
                     .unwrap()
@@ -967,23 +1081,23 @@ fn print_regime(
     }
     println!();
     println!(
-        "The floor of a job's own rows: the five rows one job per claim changes, \
-         written in one statement a job (jobs/s, the systems' medians; the floor's rows \
-         and WAL bytes a job from the server's statistics, WAL the whole server's log)"
+        "The floor of a job's own rows: the five rows the submit_and_claim loop changes a \
+         job, written in one statement a job (jobs/s, the systems' medians one at a time; \
+         the floor's rows and WAL bytes a job from the server's statistics, WAL the whole \
+         server's log)"
     );
     println!();
-    let peer_names: Vec<&str> = names[1..].to_vec();
+    let columns: Vec<&str> = names.iter().copied().chain([calls_label(false)]).collect();
     println!(
-        "| clients | the same rows, one statement | its rows a job | its WAL bytes a job | \
-         Tessera, one per claim |{}",
-        peer_names
+        "| clients | the same rows, one statement | its rows a job | its WAL bytes a job |{}",
+        columns
             .iter()
             .map(|name| format!(" {name} |"))
             .collect::<String>()
     );
     println!(
-        "| ---: | ---: | ---: | ---: | ---: |{}",
-        " ---: |".repeat(peer_names.len())
+        "| ---: | ---: | ---: | ---: |{}",
+        " ---: |".repeat(columns.len())
     );
     for (clients, floor) in SAME_ROWS_CLIENTS.iter().zip(same_rows) {
         let step = steps
@@ -991,7 +1105,7 @@ fn print_regime(
             .zip(processing)
             .find(|&(&(workers, batched), _)| workers == *clients && !batched)
             .map(|(_, row)| row);
-        let rates: Vec<String> = (0..names.len())
+        let rates: Vec<String> = (0..columns.len())
             .map(|system| step.map_or("–".to_owned(), |row| format!("{:.0}", row.rate(system))))
             .collect();
         println!(
@@ -1356,10 +1470,11 @@ impl Tessera {
         (jobs as u64, began.elapsed().as_secs_f64())
     }
 
-    /// Processes the queue with `workers` threads until each finds it
-    /// empty: a claim and a submit per task, or a `claim_batch` of
-    /// `CLAIM_BATCH` and one `submit_batch`. Checks that `jobs` distinct
-    /// tasks were processed.
+    /// Processes the queue through direct store calls, with `workers`
+    /// threads sharing one `Store`, a key each, until each finds it empty:
+    /// a claim and a submit per task (the `submit_and_claim` loop), or a
+    /// `claim_batch` of `CLAIM_BATCH` and one `submit_batch`. Checks that
+    /// `jobs` distinct tasks were processed.
     fn process(&self, jobs: usize, workers: usize, batched: bool, step: u64) -> (u64, f64) {
         let store = (self.open)();
         let callers: Vec<Caller> = (0..workers).map(|w| self.caller(&store, w)).collect();
@@ -1443,15 +1558,32 @@ impl Tessera {
 
 impl Tessera {
     /// Processes the queue with `threads` threads sharing one [`Worker`]
-    /// (one key, fetching `CLAIM_BATCH` ahead), each taking the next task,
-    /// taking `work` over it (a sleep, as a task waiting on I/O does) and
-    /// submitting it until the worker answers empty. Checks that `jobs`
-    /// distinct tasks were processed; returns them, the seconds, and the
-    /// worker's transactions (claims and flushes).
-    fn process_with_worker(&self, jobs: usize, threads: usize, work: Duration) -> (u64, f64, u64) {
+    /// (one key), each taking the next task, taking `work` over it (a
+    /// sleep, as a task waiting on I/O does) and submitting it until the
+    /// worker answers empty. One at a time (not `batched`): the worker's
+    /// defaults (`WorkerOptions::default()`, fetching 10 ahead) and
+    /// `submit`, which waits for its commit (the completer coalescing the
+    /// threads' submissions). Batched: fetching `CLAIM_BATCH` ahead and
+    /// `submit_later`, the worker holding up to `CLAIM_BATCH`
+    /// acknowledgements for one transaction, each thread collecting its
+    /// answers at the end. Checks that `jobs` distinct tasks were
+    /// processed; returns them, the seconds, and the worker's transactions
+    /// (claims and flushes of held acknowledgements).
+    fn process_with_worker(
+        &self,
+        jobs: usize,
+        threads: usize,
+        work: Duration,
+        batched: bool,
+        step: u64,
+    ) -> (u64, f64, u64) {
         let store = (self.open)();
         let caller = self.caller(&store, 0);
-        let options = WorkerOptions::default().with_fetch(CLAIM_BATCH);
+        let options = if batched {
+            WorkerOptions::default().with_fetch(CLAIM_BATCH)
+        } else {
+            WorkerOptions::default()
+        };
         let worker = Worker::new(&store, caller, namespace(), queue(QUEUE), options).unwrap();
         let output = Output::bytes(b"done".to_vec());
         let start = Barrier::new(threads + 1);
@@ -1467,12 +1599,17 @@ impl Tessera {
                         if !work.is_zero() {
                             thread::sleep(work);
                         }
-                        let key = idempotency_key(thread, mine.len() as u64);
-                        pending.push(worker.submit_later(&claimed, &key, output).unwrap());
+                        let key = idempotency_key(thread, step << 32 | mine.len() as u64);
+                        if batched {
+                            pending.push(worker.submit_later(&claimed, &key, output).unwrap());
+                        } else {
+                            let submitted = worker.submit(&claimed, &key, output).unwrap();
+                            assert!(matches!(submitted, Submitted::Accepted(_)));
+                        }
                         mine.push(claimed.task.id.to_string());
                     }
-                    // The `next` that found the queue empty committed
-                    // what was held.
+                    // Batched: the `next` that found the queue empty
+                    // committed what was held.
                     for pending in pending {
                         let submitted = worker.answer(pending).unwrap();
                         assert!(matches!(submitted, Submitted::Accepted(_)));
@@ -1518,10 +1655,13 @@ fn sqlite(jobs: usize) {
         rows.push((workers, kind.to_owned(), rate));
     }
     let mut slow = Vec::new();
+    let mut step = 200;
     for (work, tasks) in [(Duration::ZERO, jobs), (SLOW_TASK, SLOW_TASKS)] {
         for threads in LOOP_THREADS {
             tessera.enqueue(tasks, ENQUEUE_BATCH);
-            let (done, seconds, transactions) = tessera.process_with_worker(tasks, threads, work);
+            step += 1;
+            let (done, seconds, transactions) =
+                tessera.process_with_worker(tasks, threads, work, true, step);
             let rate = done as f64 / seconds;
             let per_task = transactions as f64 / done as f64;
             if work.is_zero() {

@@ -178,6 +178,10 @@ pub(crate) struct Capabilities {
     /// Whether [`Backend::meter`] counts rows (and the daily allowance can
     /// be kept).
     pub(crate) metered: bool,
+    /// Whether a claim passes over a task another transaction holds
+    /// locked (PostgreSQL's `SKIP LOCKED`), so that one that found nothing
+    /// may have passed over work: it looks again before it answers empty.
+    pub(crate) skips_locked: bool,
 }
 
 /// How a committed write transaction ended.

@@ -1,10 +1,12 @@
 //! Bulk actions by filter: an operator's cancel or retry of every task a
 //! [`BulkFilter`] matches, paged in transactions of [`BULK_BATCH`] tasks.
 
+use std::collections::HashSet;
+
 use tessera_audit::Action;
 use tessera_lease::{LeaseError, Namespace, Task};
 
-use crate::backend::{TaskChange, WriteTransaction};
+use crate::backend::{TaskChange, TaskHandle, WriteTransaction};
 use crate::error::Error;
 use crate::model::access::{Caller, Scope};
 use crate::model::audit::Trail;
@@ -71,19 +73,26 @@ impl Store {
         let upto = self.now_utc();
         let mut after = BulkPosition::start(filter);
         let mut total = 0_u64;
+        // The tasks this call changed, so none is changed twice: another
+        // process whose clock is behind this one's can move a task changed
+        // here back into the scan, ahead of its position, stamped before
+        // the call began.
+        let mut done: HashSet<TaskHandle> = HashSet::new();
         loop {
             let now = self.now_utc();
             let (changed, next) = self.perform_or_count(&scope, now, |writer| {
-                let (changed, next) = batch(writer, namespace, filter, after, upto, now, rule)?;
-                let trail = if changed == 0 {
+                let (changed, next) =
+                    batch(writer, namespace, filter, after, upto, now, rule, &done)?;
+                let trail = if changed.is_empty() {
                     Trail::Count(tessera_audit::Outcome::Ok)
                 } else {
-                    Trail::Row(filter.resource(changed))
+                    Trail::Row(filter.resource(changed.len()))
                 };
                 Ok(((changed, next), trail))
             })?;
-            if changed > 0 {
-                total += changed as u64;
+            if !changed.is_empty() {
+                total += changed.len() as u64;
+                done.extend(changed);
                 self.namespace_changed(namespace);
             }
             match next {
@@ -96,9 +105,10 @@ impl Store {
 }
 
 /// One batch: up to [`BULK_BATCH`] tasks with an attempt matching after
-/// `after`, each locked, ruled on and written at `now`. Returns how many
-/// it changed, and where the next batch starts (`None`: the scan is
-/// done).
+/// `after`, each locked, ruled on and written at `now`, but those of
+/// `done`, which the call changed already. Returns the tasks it changed,
+/// and where the next batch starts (`None`: the scan is done).
+#[allow(clippy::too_many_arguments)]
 fn batch(
     writer: &dyn WriteTransaction,
     namespace: &Namespace,
@@ -107,7 +117,8 @@ fn batch(
     upto: chrono::DateTime<chrono::Utc>,
     now: chrono::DateTime<chrono::Utc>,
     rule: Rule,
-) -> Result<(usize, Option<BulkPosition>), Error> {
+    done: &HashSet<TaskHandle>,
+) -> Result<(Vec<TaskHandle>, Option<BulkPosition>), Error> {
     // Attempts, not tasks, are paged: a task with several matching
     // attempts takes several of the page, and is ruled on once.
     let found = writer.attempts_matching(namespace, filter, after, upto, BULK_BATCH)?;
@@ -122,6 +133,9 @@ fn batch(
     let loaded = writer.lock_tasks(&refs)?;
     let mut ruled = Vec::with_capacity(loaded.len());
     for loaded in loaded.into_iter().flatten() {
+        if done.contains(&loaded.handle) {
+            continue;
+        }
         let before = loaded.record.clone();
         let mut task = Task::restore(loaded.record)?;
         // Matched on a read without locks: another process may have
@@ -163,5 +177,5 @@ fn batch(
             writer.release_unique_slot(*handle)?;
         }
     }
-    Ok((changes.len(), next))
+    Ok((changes.iter().map(|change| change.handle).collect(), next))
 }

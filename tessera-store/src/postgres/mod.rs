@@ -416,7 +416,10 @@ impl Backend for PostgresBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { metered: false }
+        Capabilities {
+            metered: false,
+            skips_locked: true,
+        }
     }
 
     fn close(&mut self) {

@@ -303,7 +303,10 @@ impl Backend for SqliteBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { metered: true }
+        Capabilities {
+            metered: true,
+            skips_locked: false,
+        }
     }
 
     fn close(&mut self) {

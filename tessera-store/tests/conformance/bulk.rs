@@ -251,6 +251,76 @@ fn a_filter_without_a_state_takes_the_leases_in_flight_too(db: &TestDb) {
     assert_eq!(f.store.cancel_tasks(&worker, &ns, &all).unwrap(), 0);
 }
 
+/// A bulk retry changes each task at most once in one call, even while
+/// another process whose clock runs a second behind this one's claims
+/// and fails the tasks it retried: those come back into the scan stamped
+/// before the call began, ahead of its position.
+fn a_bulk_action_changes_a_task_once_beside_a_process_whose_clock_is_behind(db: &TestDb) {
+    const TASKS: usize = 2 * BULK_BATCH;
+    let f = Fixture::new(db);
+    let secret = f.full_worker(Grant::AllNamespaces);
+    let worker = f.login(&secret);
+    let behind =
+        tessera_store::ManualClock::new(crate::harness::noon() - chrono::TimeDelta::seconds(1));
+    let other = db.open_shared(
+        tessera_store::StoreConfig::default().with_clock(std::sync::Arc::new(behind.clone())),
+    );
+    let other_worker = other.authenticate(Some(secret.secret.expose())).unwrap();
+    let (ns, q) = (namespace("renders"), queue("jobs"));
+    let tasks = enqueue(&f, &worker, "jobs", 0, TASKS, EnqueueOptions::default());
+    let fail_one = || match other.claim(&other_worker, &ns, &q).unwrap() {
+        tessera_store::ClaimOutcome::Granted(claimed) => {
+            other
+                .fail(
+                    &other_worker,
+                    &claimed.task,
+                    claimed.lease.token(),
+                    Retry::Never,
+                )
+                .unwrap();
+            true
+        }
+        _ => false,
+    };
+    for _ in 0..TASKS {
+        assert!(fail_one());
+    }
+    behind.advance(Duration::from_millis(10));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let retried = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if !fail_one() {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let filter = BulkFilter::default()
+            .with_queue(q.clone())
+            .with_state(StateName::Failed);
+        let retried = f.store.retry_tasks(&worker, &ns, &filter).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        retried
+    });
+    assert!(
+        retried as usize <= TASKS,
+        "{retried} changes of {TASKS} tasks"
+    );
+    let counted: u64 = audited(&f, "retry_tasks")
+        .iter()
+        .map(|resource| {
+            resource
+                .rsplit("/n")
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(counted, retried, "the audit rows add up to the answer");
+    assert_eq!(tasks.len(), TASKS);
+}
+
 fn a_filter_that_matches_nothing_changes_nothing(db: &TestDb) {
     let f = Fixture::new(db);
     let worker = f.login(&f.full_worker(Grant::AllNamespaces));
@@ -345,5 +415,6 @@ conformance!(
     bulk_actions_page_in_batches_with_an_audit_row_each,
     a_filter_that_matches_nothing_changes_nothing,
     a_filter_without_a_state_takes_the_leases_in_flight_too,
+    a_bulk_action_changes_a_task_once_beside_a_process_whose_clock_is_behind,
     heartbeat_progress_is_stored_shown_and_capped,
 );

@@ -485,7 +485,59 @@ fn threads_racing_for_one_task_get_every_token_in_turn(db: &TestDb) {
     assert_eq!(tokens, expected);
 }
 
+/// Two claims at once on a queue whose one task has two alternatives:
+/// each gets one, round after round. Where a claim passes over a task
+/// another transaction holds (PostgreSQL), the one that found the task
+/// locked looks again rather than answer empty while its second
+/// alternative waits.
+fn two_claims_at_once_take_both_alternatives_of_one_task(db: &TestDb) {
+    let f = Fixture::new(db);
+    let ns = namespace("renders");
+    let workers: Vec<Caller> = (0..2)
+        .map(|_| f.login(&f.full_worker(Grant::Namespace(ns.clone()))))
+        .collect();
+    for round in 0..20 {
+        let q = queue(&format!("pairs{round}"));
+        let task = f
+            .store
+            .enqueue(
+                &workers[0],
+                &ns,
+                &q,
+                &json_brief(round),
+                &EnqueueOptions::default().with_alternatives(2),
+            )
+            .unwrap();
+        let barrier = Barrier::new(2);
+        let outcomes: Vec<ClaimOutcome> = std::thread::scope(|scope| {
+            let handles: Vec<_> = workers
+                .iter()
+                .map(|worker| {
+                    let (store, barrier, ns, q) = (&f.store, &barrier, &ns, &q);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        store.claim(worker, ns, q).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let attempts: HashSet<u16> = outcomes
+            .iter()
+            .map(|outcome| match outcome {
+                ClaimOutcome::Granted(claimed) => {
+                    assert_eq!(claimed.task, task);
+                    claimed.lease.attempt().as_u16()
+                }
+                other => panic!("round {round}: {other:?} while an alternative waits"),
+            })
+            .collect();
+        assert_eq!(attempts, HashSet::from([1, 2]), "round {round}");
+    }
+}
+
 conformance! {
+    two_claims_at_once_take_both_alternatives_of_one_task,
     one_hundred_simultaneous_claims_get_one_hundred_distinct_leases,
     a_burst_of_a_thousand_claims_from_one_key_waits_instead_of_429,
     waiting_principals_take_turns,

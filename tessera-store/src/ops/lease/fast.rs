@@ -23,11 +23,17 @@ use crate::store::compose::carry_observation;
 use super::grant::checked_grant;
 use super::{LeaseGrant, LeaseResult};
 
-/// How many times a one-statement claim asks again after it saw a
-/// claimable task that another statement held, before the general claim
-/// transaction decides: with the pauses between them (50 µs doubling to
-/// 3.2 ms), about 40 ms in all, past any statement of this process.
-const SKIPPED_RETRIES: u32 = 16;
+/// How many times a claim asks again after it passed over a claimable
+/// task that another statement held: with the pauses between them
+/// ([`skipped_pause`]), about 0.2 s in all, past any statement or claim
+/// transaction of this process.
+pub(super) const SKIPPED_RETRIES: u32 = 64;
+
+/// The pause before the `skipped`-th retry (from 0): 50 µs doubling to
+/// 3.2 ms.
+pub(super) fn skipped_pause(skipped: u32) {
+    std::thread::sleep(Duration::from_micros(50 << skipped.min(6)));
+}
 
 impl Store {
     /// The transaction of [`submit_and_claim`](Self::submit_and_claim):
@@ -196,10 +202,7 @@ impl Store {
         ) {
             return result;
         }
-        self.perform_or_count(scope, now, |writer| {
-            let now = self.now_utc().max(now);
-            self.lease_in(writer, scope, caller, request, None, now)
-        })
+        self.lease_general(scope, caller, request, now)
     }
 
     /// The claim of one task in one statement, where the backend makes it
@@ -242,7 +245,7 @@ impl Store {
                 // once that statement has had time to grant or release
                 // it, and past the bound the general claim decides.
                 Ok(QuickClaimed::Skipped) if skipped < SKIPPED_RETRIES => {
-                    std::thread::sleep(Duration::from_micros(50 << skipped.min(6)));
+                    skipped_pause(skipped);
                     skipped += 1;
                 }
                 Ok(QuickClaimed::Skipped) => return None,

@@ -22,6 +22,7 @@ use crate::ops::task::apply;
 use crate::state::waiting::{ClaimRequest, QueueKey};
 use crate::store::Store;
 
+use super::fast::{SKIPPED_RETRIES, skipped_pause};
 use super::{LeaseGrant, MAX_LAPSES_RECORDED, MAX_PICKS, Placed};
 
 impl Store {
@@ -74,14 +75,53 @@ impl Store {
                 return result;
             }
         }
-        self.perform_or_count(scope, now, |writer| {
-            // The clock again, now the transaction has begun: a claim that
-            // waited for a connection or the writer would otherwise stamp
-            // its lease with the time it began waiting, before the end of a
-            // lease whose lapse another process recorded meanwhile.
-            let now = self.now_utc().max(now);
-            self.lease_in(writer, scope, caller, request, None, now)
-        })
+        self.lease_general(scope, caller, request, now)
+    }
+
+    /// The general lease transaction. Where claims pass over tasks other
+    /// transactions hold ([`Capabilities::skips_locked`]), one that found
+    /// nothing while the queue still has a claimable task (one that
+    /// another claim of this process, say, held locked and then released
+    /// or has yet to commit) runs again, up to [`SKIPPED_RETRIES`] times,
+    /// so it answers empty only when nothing claimable is left.
+    ///
+    /// [`Capabilities::skips_locked`]: crate::backend::Capabilities
+    pub(super) fn lease_general(
+        &self,
+        scope: &ActionScope,
+        caller: &Caller,
+        request: &ClaimRequest,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<LeaseGrant>, EmptyReason), Error> {
+        let skips_locked = self.backend().capabilities().skips_locked;
+        let mut skipped = 0;
+        loop {
+            let result = self.perform_or_count(scope, now, |writer| {
+                // The clock again, now the transaction has begun: a claim
+                // that waited for a connection or the writer would
+                // otherwise stamp its lease with the time it began waiting,
+                // before the end of a lease whose lapse another process
+                // recorded meanwhile.
+                let now = self.now_utc().max(now);
+                self.lease_in(writer, scope, caller, request, None, now)
+            })?;
+            let passed_over = skips_locked
+                && skipped < SKIPPED_RETRIES
+                && result.0.is_empty()
+                && result.1 == EmptyReason::Empty
+                && self.read(|reader| {
+                    Ok(reader.has_claimable(
+                        &request.namespace,
+                        &request.queue,
+                        self.now_utc().max(now),
+                    )?)
+                })?;
+            if !passed_over {
+                return Ok(result);
+            }
+            skipped_pause(skipped);
+            skipped += 1;
+        }
     }
 
     /// The lease transaction's work, in `writer`: see [`lease`](Self::lease).

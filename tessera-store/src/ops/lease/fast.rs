@@ -164,7 +164,11 @@ impl Store {
                 self.count(scope, Outcome::Empty);
                 Ok((Vec::new(), EmptyReason::Empty))
             }
-            QuickClaimed::Skipped => self.lease_after_skip(scope, caller, request, now),
+            // The statement saw a claimable task only another statement
+            // held: the claim is asked again on its own, after the
+            // submission committed, so the caller does not hear "empty"
+            // while that task waits.
+            QuickClaimed::Skipped => self.lease_written(scope, caller, request, now),
             QuickClaimed::Declined => Err(crate::error::corrupt(
                 "a one-statement submission with a declined claim",
             )),
@@ -175,34 +179,6 @@ impl Store {
             .next()
             .expect("one answer per acknowledgement");
         Some((answer, claimed))
-    }
-
-    /// The claim of a submission's statement that saw a claimable task
-    /// only another statement held ([`QuickClaimed::Skipped`]), after the
-    /// submission committed: asked again on its own, as
-    /// [`lease`](Self::lease) claims, so no caller hears "empty" while a
-    /// task waits that another statement of this process was about to
-    /// grant or release.
-    fn lease_after_skip(
-        &self,
-        scope: &ActionScope,
-        caller: &Caller,
-        request: &ClaimRequest,
-        now: DateTime<Utc>,
-    ) -> Result<(Vec<LeaseGrant>, EmptyReason), Error> {
-        let holder = caller.lease_principal();
-        let duration = self.config.lease_duration();
-        if let Some(result) = self.lease_quick(
-            scope,
-            &request.namespace,
-            &request.queue,
-            &holder,
-            duration,
-            now,
-        ) {
-            return result;
-        }
-        self.lease_general(scope, caller, request, now)
     }
 
     /// The claim of one task in one statement, where the backend makes it

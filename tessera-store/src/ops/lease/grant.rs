@@ -67,11 +67,31 @@ impl Store {
                 return Ok((Vec::new(), reason));
             }
         }
-        let holder = caller.lease_principal();
-        let duration = self.config.lease_duration();
-        if request.count == 1 && !session {
-            if let Some(result) = self.lease_quick(scope, namespace, queue, &holder, duration, now)
-            {
+        self.lease_written(scope, caller, request, now)
+    }
+
+    /// The claim's writing part: one task for a keyed caller in one
+    /// statement where the backend makes it
+    /// ([`lease_quick`](Self::lease_quick)), else the general lease
+    /// transaction ([`lease_general`](Self::lease_general)).
+    pub(super) fn lease_written(
+        &self,
+        scope: &ActionScope,
+        caller: &Caller,
+        request: &ClaimRequest,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<LeaseGrant>, EmptyReason), Error> {
+        if request.count == 1 && caller.kind() != PrincipalKind::Anonymous {
+            let holder = caller.lease_principal();
+            let duration = self.config.lease_duration();
+            if let Some(result) = self.lease_quick(
+                scope,
+                &request.namespace,
+                &request.queue,
+                &holder,
+                duration,
+                now,
+            ) {
                 return result;
             }
         }

@@ -171,9 +171,14 @@ impl PostgresOptions {
         // Every statement is prepared once per connection and its plan
         // kept: the server would otherwise plan a statement that takes
         // arrays (a batch's `unnest`) anew on every call, which costs more
-        // than running it.
+        // than running it. A kept plan is made at a statement's first
+        // call, often while the tables are still small, and lasts until
+        // the next `ANALYZE`: with sequential scans priced out, it is the
+        // index plan a large table needs (a hash join over a scan of
+        // `attempts` costs a scan of the whole table on every call as it
+        // grows), and the plan the statement tests check.
         let mut session = format!(
-            "-c statement_timeout={} -c plan_cache_mode=force_generic_plan",
+            "-c statement_timeout={} -c plan_cache_mode=force_generic_plan -c enable_seqscan=off",
             self.statement_timeout.as_millis()
         );
         if let Some(schema) = &self.schema {

@@ -4,6 +4,7 @@ use super::*;
 use crate::postgres::checks::fresh_schema;
 use crate::postgres::claim::CLAIM_ONE;
 use crate::postgres::coalesce::SUBMIT_AND_CLAIM_MANY;
+use crate::postgres::options::PostgresOptions;
 
 type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
@@ -311,6 +312,73 @@ fn coalesced_submissions_search_their_indexes_in_every_plan() {
         for table in ["tasks", "attempts"] {
             if plan.contains(&format!("Seq Scan on {table}")) {
                 failures.push(format!("{mode}: {table} read whole\n{plan}"));
+            }
+        }
+    }
+    client
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// A connection keeps each statement's plan from its first call, which
+/// is often made while the tables are nearly empty. On the store's own
+/// connections (its session settings) those plans still find the rows of
+/// `tasks` and `attempts` through indexes: a plan that read a whole
+/// table, cheap while it is small, would read all of it on every call as
+/// it grows, until the next `ANALYZE`.
+#[test]
+#[cfg_attr(
+    tessera_no_test_postgres,
+    ignore = "needs a PostgreSQL server: set TESSERA_TEST_POSTGRES_URL"
+)]
+fn plans_kept_from_empty_tables_search_indexes() {
+    use crate::postgres::batch::{
+        INSERT_ATTEMPTS, INSERT_NEW_TASKS, INSERT_TASKS, LOCK_AND_LOAD, LOCK_CLAIMABLE,
+        RECEIPTS_BY_KEYS, WRITE_ACKNOWLEDGED,
+    };
+    use crate::postgres::claim::SUBMIT_AND_CLAIM_ONE;
+
+    let (client, schema) = fresh_schema("empty_plans");
+    drop(client);
+    let url = std::env::var("TESSERA_TEST_POSTGRES_URL").unwrap();
+    let mut client = PostgresOptions::new(url.as_str())
+        .with_schema(schema.as_str())
+        .config()
+        .unwrap()
+        .connect(postgres::NoTls)
+        .unwrap();
+    let statements = [
+        ("write_acknowledged.sql", WRITE_ACKNOWLEDGED),
+        ("lock_and_load.sql", LOCK_AND_LOAD),
+        ("lock_claimable.sql", LOCK_CLAIMABLE),
+        ("receipts_by_keys.sql", RECEIPTS_BY_KEYS),
+        ("insert_tasks.sql", INSERT_TASKS),
+        ("insert_new_tasks.sql", INSERT_NEW_TASKS),
+        ("insert_attempts.sql", INSERT_ATTEMPTS),
+        ("claim_one.sql", CLAIM_ONE),
+        ("submit_and_claim_one.sql", SUBMIT_AND_CLAIM_ONE),
+        ("submit_and_claim_many.sql", SUBMIT_AND_CLAIM_MANY),
+    ];
+    let mut failures = Vec::new();
+    for (index, (name, sql)) in statements.into_iter().enumerate() {
+        let parameters = client.prepare(sql).unwrap().params().len();
+        client
+            .batch_execute(&format!("PREPARE kept_{index} AS {sql}"))
+            .unwrap();
+        // Every parameter is typed by a cast in the statement, so nulls
+        // stand for any arguments: the kept plan does not depend on them.
+        let arguments = vec!["NULL"; parameters].join(", ");
+        let plan: Vec<String> = client
+            .query(&format!("EXPLAIN EXECUTE kept_{index}({arguments})"), &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        for table in ["tasks", "attempts"] {
+            if plan.contains(&format!("Seq Scan on {table}")) {
+                failures.push(format!("{name}: {table} read whole\n{plan}"));
             }
         }
     }

@@ -1622,6 +1622,9 @@ impl Tessera {
         });
         let seconds = began.elapsed().as_secs_f64();
         let stats = worker.stats();
+        if std::env::var_os("TESSERA_PEERS_DEBUG").is_some() {
+            eprintln!("worker stats: {stats:?}");
+        }
         let processed = processed.into_inner().unwrap();
         let distinct: HashSet<&String> = processed.iter().collect();
         assert_eq!(processed.len(), jobs, "processed != enqueued");

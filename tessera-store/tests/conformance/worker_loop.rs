@@ -2,7 +2,8 @@
 //! refill), hands out buffered tasks in claim order, heartbeats its buffer
 //! in one transaction, lets go of a buffered task whose lease runs short,
 //! hands its buffer back on release, and acknowledges through the
-//! completer, from threads and from an async host.
+//! completer, each submission carrying a claim while the buffer has room,
+//! from threads and from an async host.
 
 use std::future::Future;
 use std::pin::pin;
@@ -70,14 +71,61 @@ fn a_worker_claims_ahead_and_hands_out_in_claim_order(db: &TestDb) {
         handed.push(claimed.task);
     }
     assert_eq!(handed, tasks, "claim order, each once");
+    // One batch of 3; the first three submissions each carried a claim
+    // while the buffer had room: two leased the last tasks, the third
+    // found the queue empty, and the last two carried none.
     let stats = worker.stats();
-    assert_eq!((stats.claims, stats.claimed, stats.handed_out), (2, 5, 5));
+    assert_eq!(
+        (stats.claims, stats.claimed, stats.handed_out, stats.carried),
+        (4, 5, 5, 3)
+    );
     assert_eq!(worker.buffered(), 0);
+    // The carried claim's empty answer, while its Retry-After holds: no
+    // claim of its own.
     match worker.next().unwrap() {
-        WorkerNext::Empty { reason, .. } => assert_eq!(reason, EmptyReason::Empty),
+        WorkerNext::Empty {
+            reason,
+            retry_after,
+        } => {
+            assert_eq!(reason, EmptyReason::Empty);
+            assert!(retry_after > Duration::ZERO);
+        }
         other => panic!("expected an empty queue, got {other:?}"),
     }
-    assert_eq!(worker.stats().claims, 3);
+    assert_eq!(worker.stats().claims, 4);
+    // Once it no longer holds, `next` asks again.
+    f.clock.advance(Duration::from_secs(60));
+    assert!(matches!(worker.next().unwrap(), WorkerNext::Empty { .. }));
+    assert_eq!(worker.stats().claims, 5);
+}
+
+/// One at a time, each submission carries the next claim: one
+/// transaction a task after the first claim, and the task it leased is
+/// the next one handed out.
+fn a_submission_carries_the_next_claim_into_the_buffer(db: &TestDb) {
+    let f = Fixture::new(db);
+    let (ns, q) = (namespace("farm"), queue("frames"));
+    let caller = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
+    let tasks: Vec<TaskRef> = f.enqueue(&caller, &ns, &q, 4);
+    let options = WorkerOptions::default().with_fetch(1);
+    let worker = Worker::new(&f.store, caller.clone(), ns.clone(), q.clone(), options).unwrap();
+    let first = task(worker.next().unwrap());
+    assert_eq!(worker.buffered(), 0, "fetch 1: nothing buffered ahead");
+    done(&worker, &first);
+    assert_eq!(worker.buffered(), 1, "the submission leased the next task");
+    let health = f.store.health(&caller, &ns).unwrap();
+    assert_eq!((health.attempts.done, health.attempts.leased), (1, 1));
+    let mut handed = vec![first.task];
+    while let WorkerNext::Task(claimed) = worker.next().unwrap() {
+        done(&worker, &claimed);
+        handed.push(claimed.task);
+    }
+    assert_eq!(handed, tasks, "claim order, each once");
+    let stats = worker.stats();
+    // The first claim, three carried that leased, one carried that found
+    // the queue empty and answered the last `next`.
+    assert_eq!((stats.claims, stats.claimed, stats.carried), (5, 4, 4));
+    assert_eq!(f.store.health(&caller, &ns).unwrap().attempts.done, 4);
 }
 
 fn a_worker_heartbeats_its_buffer_and_lets_go_of_short_leases(db: &TestDb) {
@@ -458,6 +506,7 @@ fn bad_worker_options_are_invalid_input(db: &TestDb) {
 
 conformance!(
     a_worker_claims_ahead_and_hands_out_in_claim_order,
+    a_submission_carries_the_next_claim_into_the_buffer,
     a_worker_heartbeats_its_buffer_and_lets_go_of_short_leases,
     release_hands_the_buffer_back_at_once,
     release_keeps_the_try_of_a_task_on_its_last_try,

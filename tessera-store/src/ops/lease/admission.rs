@@ -280,15 +280,49 @@ impl Store {
         namespace: &Namespace,
         queue: &QueueName,
     ) -> Result<(Submitted, Result<ClaimOutcome, Error>), Error> {
+        self.submit_carrying(caller, submission, namespace, queue, true)
+            .map(|(submitted, claimed)| {
+                (
+                    submitted,
+                    claimed.expect("a carried claim that waits is made"),
+                )
+            })
+    }
+
+    /// [`submit_and_claim`](Self::submit_and_claim); with `wait` false, a
+    /// claim that admission would make wait is not made (`None`, nothing
+    /// counted): the submission commits alone at once, and a later claim
+    /// of the caller's own waits its turn.
+    pub(crate) fn submit_carrying(
+        &self,
+        caller: &Caller,
+        submission: &SubmitRequest,
+        namespace: &Namespace,
+        queue: &QueueName,
+        wait: bool,
+    ) -> Result<(Submitted, Option<Result<ClaimOutcome, Error>>), Error> {
         let ack = match self.submission(caller, submission)? {
             Checked::Ack(ack) => ack,
-            Checked::Answered(submitted) => {
-                return Ok((submitted, self.claim(caller, namespace, queue)));
+            Checked::Answered(submitted) if wait => {
+                return Ok((submitted, Some(self.claim(caller, namespace, queue))));
+            }
+            Checked::Answered(submitted) => return Ok((submitted, None)),
+        };
+        let admitted = if wait {
+            self.admit_blocking(caller, namespace, queue, 1, None)
+        } else {
+            match self.offer_claim(caller, namespace, queue, 1, WaitedBy::Thread) {
+                Ok(ClaimStart::Admitted(permit)) => Ok(permit),
+                Ok(ClaimStart::Queued(ticket)) => {
+                    self.gate.shared.withdraw(ticket);
+                    return Ok((self.submit_alone(ack)?, None));
+                }
+                Err(error) => Err(error),
             }
         };
-        let permit = match self.admit_blocking(caller, namespace, queue, 1, None) {
+        let permit = match admitted {
             Ok(permit) => permit,
-            Err(error) => return Ok((self.submit_alone(ack)?, Err(error))),
+            Err(error) => return Ok((self.submit_alone(ack)?, Some(Err(error)))),
         };
         let mut answer = None;
         let leased = self.run_claim_with(permit, |scope, caller, request, _, now| {
@@ -310,7 +344,7 @@ impl Store {
                 Acked::Failed(_) => unreachable!("a submission is answered as one"),
             },
         };
-        Ok((submitted, leased.map(Leased::outcome)))
+        Ok((submitted, Some(leased.map(Leased::outcome))))
     }
 
     /// Runs an admitted claim of one or a batch: see

@@ -1,6 +1,6 @@
-//! The worker loop: claims ahead in batches, holds a small buffer,
-//! heartbeats what it holds at once, and acknowledges through the
-//! completer.
+//! The worker loop: claims ahead in batches, holds a small buffer that
+//! each submission tops up with a claim it carries, heartbeats what it
+//! holds at once, and acknowledges through the completer.
 
 use std::collections::VecDeque;
 use std::ops::Deref;
@@ -17,7 +17,7 @@ use tessera_lease::{
 use crate::error::Error;
 use crate::model::access::Caller;
 use crate::model::ack::{Ack, AckAnswer, Acked};
-use crate::model::claim::{Claimed, ClaimedBatch, EmptyReason, MAX_CLAIM_BATCH};
+use crate::model::claim::{ClaimOutcome, Claimed, ClaimedBatch, EmptyReason, MAX_CLAIM_BATCH};
 use crate::model::task::{Output, SubmitRequest, TaskRef};
 use crate::ops::lease::complete::Checked;
 use crate::store::Store;
@@ -132,6 +132,10 @@ pub struct WorkerStats {
     /// completer's.
     #[serde(default)]
     pub flushes: u64,
+    /// Claims carried by a [`submit`](Worker::submit) (counted in
+    /// `claims` too), each in the submission's transaction.
+    #[serde(default)]
+    pub carried: u64,
 }
 
 /// A worker loop for one principal and one queue: it claims ahead in
@@ -152,7 +156,9 @@ pub struct WorkerStats {
 ///
 /// A refill is one [`claim_batch`](Store::claim_batch): one offer to
 /// admission, holding one unit of capacity for its lease transaction,
-/// whatever its size. Admission shares the store's time between
+/// whatever its size. A claim a submission carries (see
+/// [`submit`](Self::submit)) is one offer too, made only if admission
+/// takes it at once. Admission shares the store's time between
 /// principals, not tasks, so a worker that fetches ahead takes its fair
 /// share of claim slots as one claimer, and the tasks it buffers are not
 /// claims other principals wait behind. What the buffer does change is
@@ -240,6 +246,11 @@ where
     queue: QueueName,
     options: WorkerOptions,
     buffer: Mutex<VecDeque<Claimed>>,
+    /// What a claim carried by a submission answered when it found
+    /// nothing to lease, and until when its `Retry-After` holds: until
+    /// then submissions carry no claim, and a [`next`](Self::next) with
+    /// an empty buffer answers it rather than asking again.
+    found_empty: Mutex<Option<(DateTime<Utc>, EmptyReason)>>,
     held: Mutex<HeldAcks>,
     stats: Mutex<WorkerStats>,
 }
@@ -357,6 +368,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
             queue,
             options,
             buffer: Mutex::new(VecDeque::new()),
+            found_empty: Mutex::new(None),
             held: Mutex::new(HeldAcks::default()),
             stats: Mutex::new(WorkerStats::default()),
         })
@@ -372,6 +384,9 @@ impl<S: Deref<Target = Store>> Worker<S> {
     pub fn next(&self) -> Result<WorkerNext, Error> {
         if let Some(claimed) = self.buffered_or_flush() {
             return Ok(WorkerNext::Task(Box::new(claimed)));
+        }
+        if let Some(empty) = self.carried_empty() {
+            return Ok(empty);
         }
         let batch = self.store.claim_batch(
             &self.caller,
@@ -391,6 +406,9 @@ impl<S: Deref<Target = Store>> Worker<S> {
         if let Some(claimed) = self.buffered_or_flush() {
             return Ok(WorkerNext::Task(Box::new(claimed)));
         }
+        if let Some(empty) = self.carried_empty() {
+            return Ok(empty);
+        }
         let permit = self
             .store
             .batch_permit(
@@ -405,20 +423,78 @@ impl<S: Deref<Target = Store>> Worker<S> {
     }
 
     /// Submits a handed-out task's output, through the completer, as
-    /// [`Store::submit`] does.
+    /// [`Store::submit`] does, with the same answers.
+    ///
+    /// While the buffer holds fewer than `fetch` tasks, the submission
+    /// carries the next claim, as [`Store::submit_and_claim`] does (one
+    /// transaction for both), if admission takes that claim at once: the
+    /// task it leases joins the buffer. A claim admission would make wait
+    /// is not carried; the submission commits alone, without waiting.
+    /// Once a carried claim finds the queue empty (or paused, or at its
+    /// limit), submissions carry none, and the [`next`](Self::next) that
+    /// finds the buffer empty answers that claim's
+    /// [`WorkerNext::Empty`] rather than asking again.
     pub fn submit(
         &self,
         claimed: &Claimed,
         key: &IdempotencyKey,
         output: &Output,
     ) -> Result<Submitted, Error> {
-        self.store.submit(
+        let room = self.buffer.lock().len() < self.options.fetch;
+        if !room || self.empty_in_force(false).is_some() {
+            return self.store.submit(
+                &self.caller,
+                &claimed.task,
+                claimed.lease.token(),
+                key,
+                output,
+            );
+        }
+        let request = SubmitRequest {
+            task: claimed.task.clone(),
+            token: claimed.lease.token(),
+            key: key.clone(),
+            output: output.clone(),
+        };
+        let (submitted, carried) = self.store.submit_carrying(
             &self.caller,
-            &claimed.task,
-            claimed.lease.token(),
-            key,
-            output,
-        )
+            &request,
+            &self.namespace,
+            &self.queue,
+            false,
+        )?;
+        match carried {
+            Some(Ok(ClaimOutcome::Granted(next))) => {
+                {
+                    let mut stats = self.stats.lock();
+                    stats.claims += 1;
+                    stats.claimed += 1;
+                    stats.carried += 1;
+                }
+                self.buffer.lock().push_back(next);
+            }
+            Some(Ok(ClaimOutcome::Empty {
+                retry_after,
+                reason,
+                ..
+            })) => {
+                {
+                    let mut stats = self.stats.lock();
+                    stats.claims += 1;
+                    stats.carried += 1;
+                }
+                let until = self
+                    .store
+                    .now_utc()
+                    .checked_add_signed(TimeDelta::from_std(retry_after).unwrap_or(TimeDelta::MAX))
+                    .unwrap_or(DateTime::<Utc>::MAX_UTC);
+                *self.found_empty.lock() = Some((until, reason));
+            }
+            // The claim's own error (`429`, `403`) is the next claim's
+            // to meet; no claim, nothing to hand out.
+            Some(Err(_)) | None => {}
+        }
+        Ok(submitted)
     }
 
     /// Reports a handed-out task's failure, through the completer, as
@@ -636,6 +712,31 @@ impl<S: Deref<Target = Store>> Worker<S> {
             self.flush();
         }
         claimed
+    }
+
+    /// The empty answer a carried claim heard, once, while its
+    /// `Retry-After` holds, with the time left of it.
+    fn carried_empty(&self) -> Option<WorkerNext> {
+        self.empty_in_force(true)
+            .map(|(retry_after, reason)| WorkerNext::Empty {
+                retry_after,
+                reason,
+            })
+    }
+
+    /// The time left of a carried claim's empty answer and its reason,
+    /// if it still holds; forgotten once it no longer does, or when
+    /// `take`n.
+    fn empty_in_force(&self, take: bool) -> Option<(Duration, EmptyReason)> {
+        let mut found = self.found_empty.lock();
+        let (until, reason) = (*found)?;
+        let left = (until - self.store.now_utc())
+            .to_std()
+            .unwrap_or(Duration::ZERO);
+        if take || left.is_zero() {
+            *found = None;
+        }
+        (!left.is_zero()).then_some((left, reason))
     }
 
     /// The oldest buffered task with enough lease left; those before it

@@ -149,6 +149,29 @@ impl<P: Hash + Eq + Clone> Admission<P> {
         Offer::Queued(self.queue.push(principal, now))
     }
 
+    /// A claim of `principal` admitted only if [`offer`](Self::offer)
+    /// would admit it at once: its quota allows it, nobody waits and
+    /// in-flight is below the limit. Admitted, it is exactly that offer
+    /// (the quota charged, a slot taken). Otherwise `None`, and nothing
+    /// changes: no ticket, no quota charge, no saturation signal, no
+    /// eviction. For a claim made only if it costs no one a wait, such as
+    /// one a submission carries on its way.
+    pub fn try_admit(&mut self, principal: P, now: Instant) -> Option<Permit> {
+        let now = self.advance(now);
+        if let Some(quota) = &self.quota {
+            if quota.check(&principal, now).is_err() {
+                return None;
+            }
+        }
+        if !self.queue.is_empty() || self.in_flight >= self.aimd.limit() {
+            return None;
+        }
+        if let Some(quota) = &mut self.quota {
+            quota.charge(principal, now);
+        }
+        Some(self.admit(now))
+    }
+
     /// An admitted claim finished, successfully or not.
     ///
     /// Its service time, from [`Permit::admitted_at`] to `now` (never the

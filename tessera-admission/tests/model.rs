@@ -1,5 +1,5 @@
-//! Model test: random sequences of offer, release, cancel, time and polling
-//! against the invariants of the admission controller.
+//! Model test: random sequences of offer, try-admit, release, cancel, time
+//! and polling against the invariants of the admission controller.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -18,6 +18,8 @@ fn start() -> Instant {
 #[derive(Debug, Clone)]
 enum Op {
     Offer(u8),
+    /// A claim admitted only if it costs no one a wait.
+    TryAdmit(u8),
     /// Release the n-th held permit (modulo how many are held).
     Release(usize),
     /// Cancel the n-th ticket ever issued (modulo how many).
@@ -30,6 +32,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0u8..4).prop_map(Op::Offer),
+        2 => (0u8..4).prop_map(Op::TryAdmit),
         3 => any::<usize>().prop_map(Op::Release),
         1 => any::<usize>().prop_map(Op::Cancel),
         2 => (0u64..1500).prop_map(|ms| Op::Advance(Duration::from_millis(ms))),
@@ -129,6 +132,29 @@ impl Model {
                     }
                 }
             },
+            Op::TryAdmit(principal) => {
+                let before = self.gate.stats();
+                match self.gate.try_admit(principal, self.now) {
+                    Some(permit) => {
+                        let stats = self.gate.stats();
+                        assert_eq!(stats.pending, 0, "admitted past waiters");
+                        assert!(stats.in_flight <= stats.limit);
+                        assert_eq!(stats.in_flight, before.in_flight + 1);
+                        self.held.push(permit);
+                    }
+                    None => {
+                        // Declined: no slot taken, no ticket queued (time
+                        // moving on may only have ended waiters).
+                        let after = self.gate.stats();
+                        assert_eq!(after.in_flight, before.in_flight);
+                        assert!(after.pending <= before.pending);
+                        let blocked = after.pending > 0
+                            || after.in_flight >= after.limit
+                            || self.config.claims_per_minute > 0;
+                        assert!(blocked, "declined with room: {after:?}");
+                    }
+                }
+            }
             Op::Release(n) => {
                 if !self.held.is_empty() {
                     let permit = self.held.swap_remove(n % self.held.len());

@@ -207,6 +207,20 @@ impl GateShared {
         offer
     }
 
+    /// `request` admitted only if admission takes it at once
+    /// ([`Admission::try_admit`](tessera_admission::Admission::try_admit));
+    /// `None`, with no ticket, otherwise.
+    pub(crate) fn try_offer(&self, request: &ClaimRequest) -> Option<Permit> {
+        let now = self.clock.now();
+        let mut state = self.state.lock();
+        let permit = state.admission.try_admit(request.caller.principal(), now);
+        // Time moving on may have ended waiters: their answers go out.
+        let wake = state.drain(now);
+        drop(state);
+        self.wake(wake);
+        permit
+    }
+
     /// The next outcome decided for the host, in the order they were
     /// decided; moves admission to the clock's now first.
     pub(crate) fn next_for_host(&self) -> Option<(Ticket, Decided)> {

@@ -62,7 +62,7 @@ fn a_worker_claims_ahead_and_hands_out_in_claim_order(db: &TestDb) {
     let caller = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     let tasks: Vec<TaskRef> = f.enqueue(&caller, &ns, &q, 5);
     let options = WorkerOptions::default().with_fetch(3);
-    let worker = Worker::new(&f.store, caller, ns.clone(), q.clone(), options).unwrap();
+    let worker = Worker::new(&f.store, caller.clone(), ns.clone(), q.clone(), options).unwrap();
 
     let mut handed = Vec::new();
     for _ in 0..5 {
@@ -80,8 +80,16 @@ fn a_worker_claims_ahead_and_hands_out_in_claim_order(db: &TestDb) {
         (4, 5, 5, 3)
     );
     assert_eq!(worker.buffered(), 0);
-    // The carried claim's empty answer, while its Retry-After holds: no
-    // claim of its own.
+    // An enqueue ends the carried claim's empty answer at once: the next
+    // `next` claims the new task.
+    let late = f.enqueue(&caller, &ns, &q, 1);
+    let claimed = task(worker.next().unwrap());
+    assert_eq!(claimed.task, late[0]);
+    assert_eq!(worker.stats().claims, 5);
+    done(&worker, &claimed);
+    assert_eq!(worker.stats().carried, 4, "it carried a claim again");
+    // That claim found the queue empty: while its Retry-After holds, the
+    // next `next` answers it, with no claim of its own.
     match worker.next().unwrap() {
         WorkerNext::Empty {
             reason,
@@ -92,11 +100,11 @@ fn a_worker_claims_ahead_and_hands_out_in_claim_order(db: &TestDb) {
         }
         other => panic!("expected an empty queue, got {other:?}"),
     }
-    assert_eq!(worker.stats().claims, 4);
+    assert_eq!(worker.stats().claims, 6);
     // Once it no longer holds, `next` asks again.
     f.clock.advance(Duration::from_secs(60));
     assert!(matches!(worker.next().unwrap(), WorkerNext::Empty { .. }));
-    assert_eq!(worker.stats().claims, 5);
+    assert_eq!(worker.stats().claims, 7);
 }
 
 /// One at a time, each submission carries the next claim: one
@@ -179,7 +187,12 @@ fn release_hands_the_buffer_back_at_once(db: &TestDb) {
     let other = f.login(&f.full_worker(Grant::Namespace(ns.clone())));
     let claimed = f.claim(&other, &ns, &q);
     assert_eq!(claimed.task, tasks[1]);
+    // A released worker's submission carries no claim: the last task
+    // stays claimable by anyone rather than leased into a buffer no one
+    // reads.
     done(&worker, &first);
+    assert_eq!((worker.stats().carried, worker.buffered()), (0, 0));
+    assert_eq!(f.claim(&other, &ns, &q).task, tasks[2]);
 }
 
 /// A task handed back never ran, so it keeps its try: on its last try it

@@ -290,9 +290,10 @@ impl Store {
     }
 
     /// [`submit_and_claim`](Self::submit_and_claim); with `wait` false, a
-    /// claim that admission would make wait is not made (`None`, nothing
-    /// counted): the submission commits alone at once, and a later claim
-    /// of the caller's own waits its turn.
+    /// claim that admission would make wait is not made (`None`: nothing
+    /// queued, charged or counted, see
+    /// [`try_claim_permit`](Self::try_claim_permit)), and the submission
+    /// commits alone at once.
     pub(crate) fn submit_carrying(
         &self,
         caller: &Caller,
@@ -311,12 +312,9 @@ impl Store {
         let admitted = if wait {
             self.admit_blocking(caller, namespace, queue, 1, None)
         } else {
-            match self.offer_claim(caller, namespace, queue, 1, WaitedBy::Thread) {
-                Ok(ClaimStart::Admitted(permit)) => Ok(permit),
-                Ok(ClaimStart::Queued(ticket)) => {
-                    self.gate.shared.withdraw(ticket);
-                    return Ok((self.submit_alone(ack)?, None));
-                }
+            match self.try_claim_permit(caller, namespace, queue) {
+                Ok(Some(permit)) => Ok(permit),
+                Ok(None) => return Ok((self.submit_alone(ack)?, None)),
                 Err(error) => Err(error),
             }
         };
@@ -471,6 +469,43 @@ impl Store {
         count: usize,
         by: WaitedBy,
     ) -> Result<ClaimStart, Error> {
+        Ok(self
+            .offer_or_try(caller, namespace, queue, count, Some(by))?
+            .expect("an offer is admitted, queued or rejected"))
+    }
+
+    /// A claim of one task admitted only if admission takes it at once
+    /// ([`Admission::try_admit`](tessera_admission::Admission::try_admit)):
+    /// `None`, with nothing queued, charged or counted, when it would
+    /// wait; the key's refusals (`403`) as [`offer_claim`](Self::offer_claim)
+    /// gives them.
+    pub(crate) fn try_claim_permit(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+    ) -> Result<Option<ClaimPermit>, Error> {
+        Ok(
+            match self.offer_or_try(caller, namespace, queue, 1, None)? {
+                Some(ClaimStart::Admitted(permit)) => Some(permit),
+                Some(ClaimStart::Queued(ticket)) => {
+                    unreachable!("a claim tried at once is never queued: {ticket:?}")
+                }
+                None => None,
+            },
+        )
+    }
+
+    /// [`offer_claim`](Self::offer_claim) waited for `by`, or, with
+    /// `None`, [`try_claim_permit`](Self::try_claim_permit).
+    fn offer_or_try(
+        &self,
+        caller: &Caller,
+        namespace: &Namespace,
+        queue: &QueueName,
+        count: usize,
+        by: Option<WaitedBy>,
+    ) -> Result<Option<ClaimStart>, Error> {
         let scope = self.admit(caller, namespace, Scope::Claim, Action::Claim)?;
         // Checked after the key, so a key without the scope is 403 first.
         if count == 0 || count > MAX_CLAIM_BATCH {
@@ -487,17 +522,23 @@ impl Store {
             count,
         });
         let shared = &self.gate.shared;
-        let offer = shared.offer(&request, by);
+        let offer = match by {
+            Some(by) => shared.offer(&request, by),
+            None => match shared.try_offer(&request) {
+                Some(permit) => Offer::Admitted(permit),
+                None => return Ok(None),
+            },
+        };
         match offer {
-            Offer::Admitted(permit) => Ok(ClaimStart::Admitted(ClaimPermit {
+            Offer::Admitted(permit) => Ok(Some(ClaimStart::Admitted(ClaimPermit {
                 permit: Some(permit),
                 shared: Arc::clone(shared),
                 request,
                 waited: None,
-            })),
+            }))),
             Offer::Queued(ticket) => {
                 crate::observe::claim_queued(&scope, queue.as_str());
-                Ok(ClaimStart::Queued(ticket))
+                Ok(Some(ClaimStart::Queued(ticket)))
             }
             Offer::Rejected(rejection) => {
                 let error = rate_limited(&rejection);

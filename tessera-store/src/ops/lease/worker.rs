@@ -27,7 +27,8 @@ use crate::store::Store;
 pub struct WorkerOptions {
     /// The most tasks one refill claims (one
     /// [`claim_batch`](Store::claim_batch), one admission offer), 1 to
-    /// [`MAX_CLAIM_BATCH`]; the buffer never holds more. Default 10.
+    /// [`MAX_CLAIM_BATCH`]; the buffer never holds more, the claims
+    /// submissions carry included. Default 10.
     pub fetch: usize,
     /// A buffered task is handed out only while its lease has at least
     /// this long left, or half its lease's length if that is less (a task
@@ -99,8 +100,9 @@ pub enum WorkerNext {
     /// lease's length if that is less.
     Task(Box<Claimed>),
     /// Nothing claimable: the buffer is empty and the claim found nothing
-    /// to take. Ask again after `retry_after` (the claim's `Retry-After`);
-    /// `retry_after_ms` in serde.
+    /// to take. Ask again after `retry_after` (the claim's `Retry-After`,
+    /// or the time left of it for the answer of a claim a submission
+    /// carried); `retry_after_ms` in serde.
     Empty {
         /// The idle-pacing hint.
         #[serde(rename = "retry_after_ms", with = "crate::model::millis")]
@@ -146,9 +148,10 @@ pub struct WorkerStats {
 /// Share it between threads (it is `Send + Sync` when its store handle
 /// is, as `Arc<Store>` and `&Store` are), with an `Arc` or a scope: each
 /// thread calls [`next`](Self::next), works, and calls
-/// [`submit`](Self::submit) or [`fail`](Self::fail); the submits of all
-/// threads are coalesced into one transaction by the completer
-/// ([`AckBatching`](crate::AckBatching)). An async host awaits
+/// [`submit`](Self::submit) or [`fail`](Self::fail); the acknowledgements
+/// threads make at the same moment are coalesced into one transaction
+/// ([`AckBatching`](crate::AckBatching)), and a submission carries the
+/// next claim while the buffer has room (see [`submit`](Self::submit)). An async host awaits
 /// [`next_async`](Self::next_async), which waits for admission through its
 /// `Waker` as [`Store::claim_async`] does.
 ///
@@ -245,14 +248,39 @@ where
     namespace: Namespace,
     queue: QueueName,
     options: WorkerOptions,
-    buffer: Mutex<VecDeque<Claimed>>,
-    /// What a claim carried by a submission answered when it found
-    /// nothing to lease, and until when its `Retry-After` holds: until
-    /// then submissions carry no claim, and a [`next`](Self::next) with
-    /// an empty buffer answers it rather than asking again.
-    found_empty: Mutex<Option<(DateTime<Utc>, EmptyReason)>>,
+    buffer: Mutex<Buffer>,
     held: Mutex<HeldAcks>,
     stats: Mutex<WorkerStats>,
+}
+
+/// The tasks a [`Worker`] leased and has not handed out, and what it
+/// knows about claiming more.
+#[derive(Debug, Default)]
+struct Buffer {
+    /// In the order they were leased.
+    tasks: VecDeque<Claimed>,
+    /// Places taken by claims under way (a refill, or claims carried by
+    /// submissions): `tasks.len() + reserved` never exceeds `fetch`.
+    reserved: usize,
+    /// Set by [`Worker::release`], cleared by the next
+    /// [`Worker::next`]: a worker handing its tasks back carries no claim.
+    released: bool,
+    /// What a carried claim answered when it found the queue empty or
+    /// paused, and until when its `Retry-After` holds.
+    found_empty: Option<(DateTime<Utc>, EmptyReason)>,
+}
+
+impl Buffer {
+    /// Adds `claimed` after every task leased no later than it.
+    fn insert(&mut self, claimed: Claimed) {
+        let at = claimed.lease.granted_at();
+        let place = self
+            .tasks
+            .iter()
+            .rposition(|other| other.lease.granted_at() <= at)
+            .map_or(0, |place| place + 1);
+        self.tasks.insert(place, claimed);
+    }
 }
 
 /// The acknowledgements a [`Worker`] holds, oldest first, and where each
@@ -367,8 +395,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
             namespace,
             queue,
             options,
-            buffer: Mutex::new(VecDeque::new()),
-            found_empty: Mutex::new(None),
+            buffer: Mutex::new(Buffer::default()),
             held: Mutex::new(HeldAcks::default()),
             stats: Mutex::new(WorkerStats::default()),
         })
@@ -377,24 +404,22 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// The next task: the oldest buffered one whose lease has enough
     /// left, or, when the buffer is empty, the first of a new batch
     /// claimed now (blocking the thread while admission makes it wait, as
-    /// [`Store::claim`] does). Held acknowledgements commit first when
+    /// [`Store::claim`] does), of as many tasks as the buffer has room
+    /// for beside the claims submissions carry meanwhile. While a carried
+    /// claim's empty answer holds (see [`submit`](Self::submit)), an
+    /// empty buffer answers it instead of claiming. Held acknowledgements commit first when
     /// the buffer is empty or the oldest is due (see "Held
     /// acknowledgements"). The errors are the claim's (`403`, `429`,
     /// storage).
     pub fn next(&self) -> Result<WorkerNext, Error> {
-        if let Some(claimed) = self.buffered_or_flush() {
-            return Ok(WorkerNext::Task(Box::new(claimed)));
-        }
-        if let Some(empty) = self.carried_empty() {
-            return Ok(empty);
-        }
-        let batch = self.store.claim_batch(
-            &self.caller,
-            &self.namespace,
-            &self.queue,
-            self.options.fetch,
-        )?;
-        Ok(self.refilled(batch))
+        let reserved = match self.next_step() {
+            NextStep::Answer(answer) => return Ok(answer),
+            NextStep::Claim(reserved) => reserved,
+        };
+        let batch =
+            self.store
+                .claim_batch(&self.caller, &self.namespace, &self.queue, reserved.count)?;
+        Ok(self.refilled(batch, reserved))
     }
 
     /// [`next`](Self::next) for async hosts: a buffered task at once;
@@ -403,23 +428,16 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// [`Store::claim_async`] does (see there for hosts that must not
     /// block a runtime thread at all).
     pub async fn next_async(&self) -> Result<WorkerNext, Error> {
-        if let Some(claimed) = self.buffered_or_flush() {
-            return Ok(WorkerNext::Task(Box::new(claimed)));
-        }
-        if let Some(empty) = self.carried_empty() {
-            return Ok(empty);
-        }
+        let reserved = match self.next_step() {
+            NextStep::Answer(answer) => return Ok(answer),
+            NextStep::Claim(reserved) => reserved,
+        };
         let permit = self
             .store
-            .batch_permit(
-                &self.caller,
-                &self.namespace,
-                &self.queue,
-                self.options.fetch,
-            )
+            .batch_permit(&self.caller, &self.namespace, &self.queue, reserved.count)
             .await?;
         let batch = self.store.finish_claim_batch(permit)?;
-        Ok(self.refilled(batch))
+        Ok(self.refilled(batch, reserved))
     }
 
     /// Submits a handed-out task's output, through the completer, as
@@ -440,8 +458,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
         key: &IdempotencyKey,
         output: &Output,
     ) -> Result<Submitted, Error> {
-        let room = self.buffer.lock().len() < self.options.fetch;
-        if !room || self.empty_in_force(false).is_some() {
+        let Some(reserved) = self.reserve_carried() else {
             return self.store.submit(
                 &self.caller,
                 &claimed.task,
@@ -449,7 +466,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
                 key,
                 output,
             );
-        }
+        };
         let request = SubmitRequest {
             task: claimed.task.clone(),
             token: claimed.lease.token(),
@@ -463,36 +480,30 @@ impl<S: Deref<Target = Store>> Worker<S> {
             &self.queue,
             false,
         )?;
-        match carried {
-            Some(Ok(ClaimOutcome::Granted(next))) => {
-                {
-                    let mut stats = self.stats.lock();
-                    stats.claims += 1;
-                    stats.claimed += 1;
-                    stats.carried += 1;
+        let Some(Ok(outcome)) = carried else {
+            // Not carried, or the claim's own error (`429`, `403`): the
+            // next claim meets it; nothing to hand out.
+            return Ok(submitted);
+        };
+        {
+            let mut stats = self.stats.lock();
+            stats.claims += 1;
+            stats.carried += 1;
+            stats.claimed += u64::from(matches!(outcome, ClaimOutcome::Granted(_)));
+        }
+        match outcome {
+            ClaimOutcome::Granted(next) => {
+                let unwanted = reserved.fill(vec![next]);
+                // Released meanwhile: handed back at once, as the rest was.
+                if !unwanted.is_empty() {
+                    let _ = self.hand_back(&unwanted);
                 }
-                self.buffer.lock().push_back(next);
             }
-            Some(Ok(ClaimOutcome::Empty {
+            ClaimOutcome::Empty {
                 retry_after,
                 reason,
                 ..
-            })) => {
-                {
-                    let mut stats = self.stats.lock();
-                    stats.claims += 1;
-                    stats.carried += 1;
-                }
-                let until = self
-                    .store
-                    .now_utc()
-                    .checked_add_signed(TimeDelta::from_std(retry_after).unwrap_or(TimeDelta::MAX))
-                    .unwrap_or(DateTime::<Utc>::MAX_UTC);
-                *self.found_empty.lock() = Some((until, reason));
-            }
-            // The claim's own error (`429`, `403`) is the next claim's
-            // to meet; no claim, nothing to hand out.
-            Some(Err(_)) | None => {}
+            } => reserved.found_empty(self.store.now_utc(), retry_after, reason),
         }
         Ok(submitted)
     }
@@ -633,6 +644,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
         let held: Vec<(TaskRef, FencingToken)> = self
             .buffer
             .lock()
+            .tasks
             .iter()
             .map(|claimed| (claimed.task.clone(), claimed.lease.token()))
             .collect();
@@ -642,7 +654,8 @@ impl<S: Deref<Target = Store>> Worker<S> {
         let answers = self.store.heartbeat_many(&self.caller, &held)?;
         self.stats.lock().heartbeats += 1;
         let mut extended = 0;
-        let mut buffer = self.buffer.lock();
+        let mut guard = self.buffer.lock();
+        let buffer = &mut guard.tasks;
         for ((task, token), answer) in held.iter().zip(answers) {
             let place = buffer
                 .iter()
@@ -669,9 +682,19 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// its last try goes back as any other. Returns how many went back.
     pub fn release(&self) -> Result<usize, Error> {
         self.flush();
-        let held: Vec<Claimed> = self.buffer.lock().drain(..).collect();
+        let held: Vec<Claimed> = {
+            let mut buffer = self.buffer.lock();
+            buffer.released = true;
+            buffer.tasks.drain(..).collect()
+        };
+        self.hand_back(&held)
+    }
+
+    /// Hands `held` back to the queue in one transaction, each a snooze
+    /// of zero; how many went back.
+    fn hand_back(&self, held: &[Claimed]) -> Result<usize, Error> {
         let mut acks = Vec::with_capacity(held.len());
-        for claimed in &held {
+        for claimed in held {
             let failure = Failure::from(Retry::Snooze(Duration::ZERO));
             if let Ok(ack) = self.store.failure_report(
                 &self.caller,
@@ -694,7 +717,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
 
     /// How many tasks wait in the buffer.
     pub fn buffered(&self) -> usize {
-        self.buffer.lock().len()
+        self.buffer.lock().tasks.len()
     }
 
     /// What the worker did so far.
@@ -714,29 +737,67 @@ impl<S: Deref<Target = Store>> Worker<S> {
         claimed
     }
 
-    /// The empty answer a carried claim heard, once, while its
-    /// `Retry-After` holds, with the time left of it.
-    fn carried_empty(&self) -> Option<WorkerNext> {
-        self.empty_in_force(true)
-            .map(|(retry_after, reason)| WorkerNext::Empty {
+    /// What [`next`](Self::next) does once no buffered task is left: it
+    /// answers a carried claim's empty answer while that holds, or claims
+    /// as many tasks as the buffer has room for (at least one), their
+    /// places reserved.
+    fn next_step(&self) -> NextStep<'_> {
+        if let Some(claimed) = self.buffered_or_flush() {
+            return NextStep::Answer(WorkerNext::Task(Box::new(claimed)));
+        }
+        let mut buffer = self.buffer.lock();
+        buffer.released = false;
+        if let Some((retry_after, reason)) = self.empty_in_force(&mut buffer) {
+            buffer.found_empty = None;
+            return NextStep::Answer(WorkerNext::Empty {
                 retry_after,
                 reason,
-            })
+            });
+        }
+        let count = self
+            .options
+            .fetch
+            .saturating_sub(buffer.tasks.len() + buffer.reserved)
+            .max(1);
+        buffer.reserved += count;
+        NextStep::Claim(Reserved {
+            buffer: &self.buffer,
+            count,
+        })
     }
 
-    /// The time left of a carried claim's empty answer and its reason,
-    /// if it still holds; forgotten once it no longer does, or when
-    /// `take`n.
-    fn empty_in_force(&self, take: bool) -> Option<(Duration, EmptyReason)> {
-        let mut found = self.found_empty.lock();
-        let (until, reason) = (*found)?;
+    /// A place reserved for a claim a submission carries, if it should
+    /// carry one: the buffer has room, the worker is not handing its
+    /// tasks back, and no carried claim's empty answer holds.
+    fn reserve_carried(&self) -> Option<Reserved<'_>> {
+        let mut buffer = self.buffer.lock();
+        let room = buffer.tasks.len() + buffer.reserved < self.options.fetch;
+        if !room || buffer.released || self.empty_in_force(&mut buffer).is_some() {
+            return None;
+        }
+        buffer.reserved += 1;
+        Some(Reserved {
+            buffer: &self.buffer,
+            count: 1,
+        })
+    }
+
+    /// The time left of a carried claim's empty answer, and its reason,
+    /// while it holds: before its `Retry-After` ends, and while the store
+    /// still counts this key's last claim of the queue as finding it
+    /// empty (no enqueue to it, no grant to the key since). Forgotten once
+    /// it no longer holds.
+    fn empty_in_force(&self, buffer: &mut Buffer) -> Option<(Duration, EmptyReason)> {
+        let (until, reason) = buffer.found_empty?;
         let left = (until - self.store.now_utc())
             .to_std()
             .unwrap_or(Duration::ZERO);
-        if take || left.is_zero() {
-            *found = None;
+        let key = (self.namespace.clone(), self.queue.clone());
+        if left.is_zero() || !self.store.gate.found_empty(&self.caller.principal(), &key) {
+            buffer.found_empty = None;
+            return None;
         }
-        (!left.is_zero()).then_some((left, reason))
+        Some((left, reason))
     }
 
     /// The oldest buffered task with enough lease left; those before it
@@ -744,7 +805,7 @@ impl<S: Deref<Target = Store>> Worker<S> {
     fn take_buffered(&self) -> Option<Claimed> {
         let now = self.store.now_utc();
         let mut buffer = self.buffer.lock();
-        while let Some(claimed) = buffer.pop_front() {
+        while let Some(claimed) = buffer.tasks.pop_front() {
             if self.has_time_left(&claimed.lease, now) {
                 drop(buffer);
                 self.stats.lock().handed_out += 1;
@@ -763,8 +824,9 @@ impl<S: Deref<Target = Store>> Worker<S> {
             .is_some_and(|needed| lease.expires_at() > needed)
     }
 
-    /// The first of a new batch handed out, the rest buffered.
-    fn refilled(&self, batch: ClaimedBatch) -> WorkerNext {
+    /// The first of a new batch handed out, the rest buffered in the
+    /// places `reserved` for them.
+    fn refilled(&self, batch: ClaimedBatch, reserved: Reserved<'_>) -> WorkerNext {
         let claimed = batch.claimed;
         {
             let mut stats = self.stats.lock();
@@ -778,9 +840,76 @@ impl<S: Deref<Target = Store>> Worker<S> {
                 reason: batch.reason.unwrap_or_default(),
             };
         };
-        self.buffer.lock().extend(claimed);
+        // A release meanwhile ended this `next`'s own wait, not the
+        // host's: its batch is buffered all the same.
+        reserved.fill_anyway(claimed);
         self.stats.lock().handed_out += 1;
         WorkerNext::Task(Box::new(first))
+    }
+}
+
+/// What [`Worker::next`] does next.
+enum NextStep<'b> {
+    /// Answers at once.
+    Answer(WorkerNext),
+    /// Claims `count` tasks, their places reserved.
+    Claim(Reserved<'b>),
+}
+
+/// Places reserved in a worker's buffer for a claim under way, given
+/// back when it is dropped (a claim that failed) or filled.
+struct Reserved<'b> {
+    buffer: &'b Mutex<Buffer>,
+    count: usize,
+}
+
+impl Reserved<'_> {
+    /// Buffers what the claim leased, in place of the reservation; what
+    /// it could not buffer because the worker was released meanwhile
+    /// comes back, to be handed back.
+    fn fill(mut self, claimed: Vec<Claimed>) -> Vec<Claimed> {
+        let mut buffer = self.buffer.lock();
+        buffer.reserved -= std::mem::take(&mut self.count);
+        if buffer.released {
+            return claimed;
+        }
+        for claimed in claimed {
+            buffer.insert(claimed);
+        }
+        Vec::new()
+    }
+
+    /// Buffers what the claim leased, in place of the reservation,
+    /// whether or not the worker was released.
+    fn fill_anyway(mut self, claimed: impl IntoIterator<Item = Claimed>) {
+        let mut buffer = self.buffer.lock();
+        buffer.reserved -= std::mem::take(&mut self.count);
+        for claimed in claimed {
+            buffer.insert(claimed);
+        }
+    }
+
+    /// Gives the reservation back, keeping a carried claim's answer
+    /// that the queue was empty or paused, made at `now`, until its
+    /// `retry_after` ends. A queue at its limit is not kept: this
+    /// worker's own acknowledgements free its slots.
+    fn found_empty(mut self, now: DateTime<Utc>, retry_after: Duration, reason: EmptyReason) {
+        let mut buffer = self.buffer.lock();
+        buffer.reserved -= std::mem::take(&mut self.count);
+        if reason != EmptyReason::Limited {
+            let until = now
+                .checked_add_signed(TimeDelta::from_std(retry_after).unwrap_or(TimeDelta::MAX))
+                .unwrap_or(DateTime::<Utc>::MAX_UTC);
+            buffer.found_empty = Some((until, reason));
+        }
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if self.count > 0 {
+            self.buffer.lock().reserved -= self.count;
+        }
     }
 }
 

@@ -1657,8 +1657,23 @@ fn sqlite(jobs: usize) {
         eprintln!("SQLite, {kind}, {workers} workers: {rate:.0} tasks/s");
         rows.push((workers, kind.to_owned(), rate));
     }
-    let mut slow = Vec::new();
     let mut step = 200;
+    // One at a time through the worker loop: `submit`, which carries the
+    // next claim while the buffer has room.
+    for threads in LOOP_THREADS {
+        tessera.enqueue(jobs, ENQUEUE_BATCH);
+        step += 1;
+        let (done, seconds, _) =
+            tessera.process_with_worker(jobs, threads, Duration::ZERO, false, step);
+        let rate = done as f64 / seconds;
+        eprintln!("SQLite, worker loop one at a time, {threads} threads: {rate:.0} tasks/s");
+        rows.push((
+            threads,
+            "worker loop, one at a time (`submit`)".to_owned(),
+            rate,
+        ));
+    }
+    let mut slow = Vec::new();
     for (work, tasks) in [(Duration::ZERO, jobs), (SLOW_TASK, SLOW_TASKS)] {
         for threads in LOOP_THREADS {
             tessera.enqueue(tasks, ENQUEUE_BATCH);

@@ -27,8 +27,10 @@ use crate::store::Store;
 pub struct WorkerOptions {
     /// The most tasks one refill claims (one
     /// [`claim_batch`](Store::claim_batch), one admission offer), 1 to
-    /// [`MAX_CLAIM_BATCH`]; the buffer never holds more, the claims
-    /// submissions carry included. Default 10.
+    /// [`MAX_CLAIM_BATCH`]. A refill claims what the buffer has room for
+    /// beside the claims submissions carry, and a submission carries one
+    /// only while the buffer has room; threads whose `next` each find the
+    /// buffer empty each refill. Default 10.
     pub fetch: usize,
     /// A buffered task is handed out only while its lease has at least
     /// this long left, or half its lease's length if that is less (a task
@@ -259,9 +261,9 @@ where
 struct Buffer {
     /// In the order they were leased.
     tasks: VecDeque<Claimed>,
-    /// Places taken by claims under way (a refill, or claims carried by
-    /// submissions): `tasks.len() + reserved` never exceeds `fetch`.
-    reserved: usize,
+    /// Claims submissions carry, under way: a submission carries one
+    /// only while `tasks.len() + carrying` is below `fetch`.
+    carrying: usize,
     /// Set by [`Worker::release`], cleared by the next
     /// [`Worker::next`]: a worker handing its tasks back carries no claim.
     released: bool,
@@ -412,14 +414,14 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// acknowledgements"). The errors are the claim's (`403`, `429`,
     /// storage).
     pub fn next(&self) -> Result<WorkerNext, Error> {
-        let reserved = match self.next_step() {
+        let count = match self.next_step() {
             NextStep::Answer(answer) => return Ok(answer),
-            NextStep::Claim(reserved) => reserved,
+            NextStep::Claim(count) => count,
         };
-        let batch =
-            self.store
-                .claim_batch(&self.caller, &self.namespace, &self.queue, reserved.count)?;
-        Ok(self.refilled(batch, reserved))
+        let batch = self
+            .store
+            .claim_batch(&self.caller, &self.namespace, &self.queue, count)?;
+        Ok(self.refilled(batch))
     }
 
     /// [`next`](Self::next) for async hosts: a buffered task at once;
@@ -428,16 +430,16 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// [`Store::claim_async`] does (see there for hosts that must not
     /// block a runtime thread at all).
     pub async fn next_async(&self) -> Result<WorkerNext, Error> {
-        let reserved = match self.next_step() {
+        let count = match self.next_step() {
             NextStep::Answer(answer) => return Ok(answer),
-            NextStep::Claim(reserved) => reserved,
+            NextStep::Claim(count) => count,
         };
         let permit = self
             .store
-            .batch_permit(&self.caller, &self.namespace, &self.queue, reserved.count)
+            .batch_permit(&self.caller, &self.namespace, &self.queue, count)
             .await?;
         let batch = self.store.finish_claim_batch(permit)?;
-        Ok(self.refilled(batch, reserved))
+        Ok(self.refilled(batch))
     }
 
     /// Submits a handed-out task's output, through the completer, as
@@ -739,9 +741,9 @@ impl<S: Deref<Target = Store>> Worker<S> {
 
     /// What [`next`](Self::next) does once no buffered task is left: it
     /// answers a carried claim's empty answer while that holds, or claims
-    /// as many tasks as the buffer has room for (at least one), their
-    /// places reserved.
-    fn next_step(&self) -> NextStep<'_> {
+    /// as many tasks as the buffer has room for beside the claims
+    /// submissions carry (at least one).
+    fn next_step(&self) -> NextStep {
         if let Some(claimed) = self.buffered_or_flush() {
             return NextStep::Answer(WorkerNext::Task(Box::new(claimed)));
         }
@@ -757,13 +759,9 @@ impl<S: Deref<Target = Store>> Worker<S> {
         let count = self
             .options
             .fetch
-            .saturating_sub(buffer.tasks.len() + buffer.reserved)
+            .saturating_sub(buffer.tasks.len() + buffer.carrying)
             .max(1);
-        buffer.reserved += count;
-        NextStep::Claim(Reserved {
-            buffer: &self.buffer,
-            count,
-        })
+        NextStep::Claim(count)
     }
 
     /// A place reserved for a claim a submission carries, if it should
@@ -771,11 +769,11 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// tasks back, and no carried claim's empty answer holds.
     fn reserve_carried(&self) -> Option<Reserved<'_>> {
         let mut buffer = self.buffer.lock();
-        let room = buffer.tasks.len() + buffer.reserved < self.options.fetch;
+        let room = buffer.tasks.len() + buffer.carrying < self.options.fetch;
         if !room || buffer.released || self.empty_in_force(&mut buffer).is_some() {
             return None;
         }
-        buffer.reserved += 1;
+        buffer.carrying += 1;
         Some(Reserved {
             buffer: &self.buffer,
             count: 1,
@@ -824,9 +822,8 @@ impl<S: Deref<Target = Store>> Worker<S> {
             .is_some_and(|needed| lease.expires_at() > needed)
     }
 
-    /// The first of a new batch handed out, the rest buffered in the
-    /// places `reserved` for them.
-    fn refilled(&self, batch: ClaimedBatch, reserved: Reserved<'_>) -> WorkerNext {
+    /// The first of a new batch handed out, the rest buffered.
+    fn refilled(&self, batch: ClaimedBatch) -> WorkerNext {
         let claimed = batch.claimed;
         {
             let mut stats = self.stats.lock();
@@ -840,23 +837,27 @@ impl<S: Deref<Target = Store>> Worker<S> {
                 reason: batch.reason.unwrap_or_default(),
             };
         };
-        // A release meanwhile ended this `next`'s own wait, not the
-        // host's: its batch is buffered all the same.
-        reserved.fill_anyway(claimed);
+        // A release meanwhile does not stop this `next`: its host asked
+        // for a task, and the rest of the batch is buffered.
+        let mut buffer = self.buffer.lock();
+        for claimed in claimed {
+            buffer.insert(claimed);
+        }
+        drop(buffer);
         self.stats.lock().handed_out += 1;
         WorkerNext::Task(Box::new(first))
     }
 }
 
 /// What [`Worker::next`] does next.
-enum NextStep<'b> {
+enum NextStep {
     /// Answers at once.
     Answer(WorkerNext),
-    /// Claims `count` tasks, their places reserved.
-    Claim(Reserved<'b>),
+    /// Claims this many tasks.
+    Claim(usize),
 }
 
-/// Places reserved in a worker's buffer for a claim under way, given
+/// A place in a worker's buffer for a claim a submission carries, given
 /// back when it is dropped (a claim that failed) or filled.
 struct Reserved<'b> {
     buffer: &'b Mutex<Buffer>,
@@ -869,7 +870,7 @@ impl Reserved<'_> {
     /// comes back, to be handed back.
     fn fill(mut self, claimed: Vec<Claimed>) -> Vec<Claimed> {
         let mut buffer = self.buffer.lock();
-        buffer.reserved -= std::mem::take(&mut self.count);
+        buffer.carrying -= std::mem::take(&mut self.count);
         if buffer.released {
             return claimed;
         }
@@ -879,23 +880,13 @@ impl Reserved<'_> {
         Vec::new()
     }
 
-    /// Buffers what the claim leased, in place of the reservation,
-    /// whether or not the worker was released.
-    fn fill_anyway(mut self, claimed: impl IntoIterator<Item = Claimed>) {
-        let mut buffer = self.buffer.lock();
-        buffer.reserved -= std::mem::take(&mut self.count);
-        for claimed in claimed {
-            buffer.insert(claimed);
-        }
-    }
-
     /// Gives the reservation back, keeping a carried claim's answer
     /// that the queue was empty or paused, made at `now`, until its
     /// `retry_after` ends. A queue at its limit is not kept: this
     /// worker's own acknowledgements free its slots.
     fn found_empty(mut self, now: DateTime<Utc>, retry_after: Duration, reason: EmptyReason) {
         let mut buffer = self.buffer.lock();
-        buffer.reserved -= std::mem::take(&mut self.count);
+        buffer.carrying -= std::mem::take(&mut self.count);
         if reason != EmptyReason::Limited {
             let until = now
                 .checked_add_signed(TimeDelta::from_std(retry_after).unwrap_or(TimeDelta::MAX))
@@ -908,7 +899,7 @@ impl Reserved<'_> {
 impl Drop for Reserved<'_> {
     fn drop(&mut self) {
         if self.count > 0 {
-            self.buffer.lock().reserved -= self.count;
+            self.buffer.lock().carrying -= self.count;
         }
     }
 }

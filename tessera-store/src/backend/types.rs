@@ -182,6 +182,14 @@ pub(crate) struct Capabilities {
     /// locked (PostgreSQL's `SKIP LOCKED`), so that one that found nothing
     /// may have passed over work: it looks again before it answers empty.
     pub(crate) skips_locked: bool,
+    /// Whether every statement and commit is a round trip to a server
+    /// (PostgreSQL), so that a claim carried in a submission's
+    /// transaction saves one, and the submissions several threads carry
+    /// at once share a statement. In the process (SQLite) a commit costs
+    /// no trip, the writer takes one transaction at a time, and a
+    /// [`Worker`](crate::Worker) refilling ten at once does less than ten
+    /// submissions carrying a claim each.
+    pub(crate) round_trips: bool,
 }
 
 /// How a committed write transaction ended.

@@ -419,6 +419,7 @@ impl Backend for PostgresBackend {
         Capabilities {
             metered: false,
             skips_locked: true,
+            round_trips: true,
         }
     }
 

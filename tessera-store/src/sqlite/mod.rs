@@ -306,6 +306,7 @@ impl Backend for SqliteBackend {
         Capabilities {
             metered: true,
             skips_locked: false,
+            round_trips: false,
         }
     }
 

@@ -445,10 +445,14 @@ impl<S: Deref<Target = Store>> Worker<S> {
     /// Submits a handed-out task's output, through the completer, as
     /// [`Store::submit`] does, with the same answers.
     ///
-    /// While the buffer holds fewer than `fetch` tasks, the submission
-    /// carries the next claim, as [`Store::submit_and_claim`] does (one
-    /// transaction for both), if admission takes that claim at once: the
-    /// task it leases joins the buffer. A claim admission would make wait
+    /// On PostgreSQL, while the buffer holds fewer than `fetch` tasks,
+    /// the submission carries the next claim, as
+    /// [`Store::submit_and_claim`] does (one transaction for both, and
+    /// one statement for the submissions several threads carry at once),
+    /// if admission takes that claim at once: the task it leases joins
+    /// the buffer. On SQLite a commit costs no round trip and the writer
+    /// takes one transaction at a time, so a submission carries none: a
+    /// refill of `fetch` costs less than as many carried claims. A claim admission would make wait
     /// is not carried; the submission commits alone, without waiting.
     /// Once a carried claim finds the queue empty (or paused, or at its
     /// limit), submissions carry none, and the [`next`](Self::next) that
@@ -765,12 +769,17 @@ impl<S: Deref<Target = Store>> Worker<S> {
     }
 
     /// A place reserved for a claim a submission carries, if it should
-    /// carry one: the buffer has room, the worker is not handing its
+    /// carry one: the store is a server's (a commit is a round trip), the
+    /// buffer has room, the worker is not handing its
     /// tasks back, and no carried claim's empty answer holds.
     fn reserve_carried(&self) -> Option<Reserved<'_>> {
         let mut buffer = self.buffer.lock();
         let room = buffer.tasks.len() + buffer.carrying < self.options.fetch;
-        if !room || buffer.released || self.empty_in_force(&mut buffer).is_some() {
+        if !self.store.backend().capabilities().round_trips
+            || !room
+            || buffer.released
+            || self.empty_in_force(&mut buffer).is_some()
+        {
             return None;
         }
         buffer.carrying += 1;

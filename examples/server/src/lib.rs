@@ -45,6 +45,7 @@ mod mcp;
 mod metrics;
 mod objects;
 mod openapi;
+mod route_tools;
 mod routes;
 mod setup;
 

@@ -70,12 +70,17 @@ pub(crate) fn tools() -> Vec<Value> {
     vec![
         tool(
             "enqueue",
-            "enqueue a task: a JSON brief, optionally its id, priority, tries, its own lease length (lease_ms) and a deadline (deadline, RFC 3339, or timeout_ms from now) after which what is not done ends discarded",
+            "enqueue a task: a JSON brief, optionally its id, version, competing attempts (alternatives), priority, tries, start (not_before, RFC 3339), partition key, uniqueness (unique: key, window_ms, states, mode keep, replace or debounce with delay_ms and max_delay_ms), its own lease length (lease_ms) and a deadline (deadline, RFC 3339, or timeout_ms from now) after which what is not done ends discarded",
             json!({ "namespace": ns, "queue": queue, "brief": {},
-                "id": limits::TASK_ID.schema(), "priority": limits::PRIORITY.schema(),
+                "id": limits::TASK_ID.schema(), "version": limits::VERSION.schema(),
+                "alternatives": limits::ALTERNATIVES.schema(),
+                "priority": limits::PRIORITY.schema(),
                 "max_tries": limits::MAX_TRIES_INPUT.schema(),
+                "not_before": limits::TIME.schema(),
                 "lease_ms": limits::LEASE_MS.schema(), "deadline": limits::TIME.schema(),
-                "timeout_ms": limits::TASK_TIMEOUT_MS.schema() }),
+                "timeout_ms": limits::TASK_TIMEOUT_MS.schema(),
+                "partition_key": limits::PARTITION_KEY.schema(),
+                "unique": crate::routes::tasks::unique_schema() }),
             &["namespace", "queue", "brief"],
         ),
         tool(
@@ -131,6 +136,13 @@ pub(crate) fn tools() -> Vec<Value> {
             &[],
         ),
     ]
+    .into_iter()
+    .chain(
+        crate::route_tools::route_tools()
+            .iter()
+            .map(|tool| tool.listing.clone()),
+    )
+    .collect()
 }
 
 /// The tools' names.
@@ -370,13 +382,17 @@ async fn handle(state: &Arc<AppState>, key: Option<&str>, message: Value) -> Opt
             if let Err(message) = check_arguments(&name, &arguments) {
                 return Some(rpc_error(id, INVALID_PARAMS, &message));
             }
-            let result = match call(state, key, &name, arguments).await {
+            let answered = match crate::route_tools::route_tool(&name) {
+                Some(tool) => crate::route_tools::call(state, key, tool, &arguments).await,
+                None => call(state, key, &name, arguments).await.map_err(tool_error),
+            };
+            let result = match answered {
                 Ok(value) => json!({
                     "content": [{ "type": "text", "text": value.to_string() }],
                     "structuredContent": value,
                     "isError": false,
                 }),
-                Err(error) => tool_error(error),
+                Err(envelope) => envelope,
             };
             rpc_result(id, result)
         }
@@ -416,7 +432,7 @@ fn check_arguments(name: &str, arguments: &Value) -> Result<(), String> {
 
 /// An error as the tool-error envelope: the store's own, or the same
 /// shape for the HTTP layer's.
-fn tool_error(error: ApiError) -> Value {
+pub(crate) fn tool_error(error: ApiError) -> Value {
     match error {
         ApiError::Store(error) => json!(error.tool_error()),
         ApiError::Http {
@@ -477,11 +493,16 @@ async fn call(
             let mut fields = json!({ "brief": arguments["brief"].clone() });
             for optional in [
                 "id",
+                "version",
+                "alternatives",
                 "priority",
                 "max_tries",
+                "not_before",
                 "lease_ms",
                 "deadline",
                 "timeout_ms",
+                "partition_key",
+                "unique",
             ] {
                 if !arguments[optional].is_null() {
                     fields[optional] = arguments[optional].clone();

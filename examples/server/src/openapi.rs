@@ -71,6 +71,11 @@ impl Doc {
         self.parameter("header", input, true, None)
     }
 
+    /// The operation object as built.
+    pub(crate) fn operation(&self) -> &Map<String, Value> {
+        &self.operation
+    }
+
     /// A JSON request body of `schema`.
     pub(crate) fn body(mut self, schema: Value) -> Self {
         self.operation.insert(

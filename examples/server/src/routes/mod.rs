@@ -270,6 +270,12 @@ pub(crate) fn shutting_down() -> ApiError {
 
 /// The router of `routes` over `state`.
 fn app(state: Arc<AppState>) -> Router {
+    routed().with_state(state)
+}
+
+/// The router of `routes`, its layers included, before its state: the
+/// server's, and the one `/mcp` calls a route tool through.
+pub(crate) fn routed() -> Router<Arc<AppState>> {
     routes()
         .into_iter()
         .fold(Router::new(), |router, route| {
@@ -289,7 +295,6 @@ fn app(state: Arc<AppState>) -> Router {
         })
         .layer(axum::middleware::from_fn(bounds))
         .layer(axum::middleware::from_fn(access))
-        .with_state(state)
 }
 
 /// The longest request target (path and query) the server reads: `414`

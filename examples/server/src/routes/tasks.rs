@@ -55,7 +55,7 @@ fn new_task() -> Value {
 
 /// A unique enqueue's schema: the key, a window, the states in which a
 /// duplicate counts, and what a duplicate does.
-fn unique_schema() -> Value {
+pub(crate) fn unique_schema() -> Value {
     object(
         json!({
             "key": UNIQUE_KEY.schema(),

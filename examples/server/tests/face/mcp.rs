@@ -76,9 +76,38 @@ fn initialize_ping_tools_list_and_notifications_read_only_the_key() {
                 "cancel",
                 "list_tasks",
                 "health",
-                "audit"
+                "audit",
+                "read_task",
+                "alternatives",
+                "retry_task",
+                "cancel_tasks",
+                "retry_tasks",
+                "enqueue_batch",
+                "pause_queue",
+                "resume_queue",
+                "set_queue_limits",
+                "queue_settings",
+                "put_schedule",
+                "read_schedule",
+                "list_schedules",
+                "pause_schedule",
+                "resume_schedule",
+                "delete_schedule"
             ]
         );
+        // A route tool's schema is its route's: path parameters and the
+        // body required, nothing else taken.
+        let limits = listed["result"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|tool| tool["name"] == "set_queue_limits")
+            .unwrap();
+        assert_eq!(
+            limits["inputSchema"]["required"],
+            json!(["ns", "queue", "body"])
+        );
+        assert_eq!(limits["inputSchema"]["additionalProperties"], false);
         let batch = json!([rpc(4, "ping", json!({})), rpc(5, "tools/list", json!({}))]);
         assert_eq!(call(&service, key, &batch).as_array().unwrap().len(), 2);
         let cost = service.store.meter().since(&before);

@@ -151,10 +151,11 @@ async def operator(admin):
                          "unique": {"key": "report-q3", "mode": "keep"}}
                 failed, body = await call("enqueue", every)
                 check(not failed and body["task"]["id"] == "report-q3"
-                      and body["task"]["version"] == 2, "enqueue with every option")
+                      and body["task"]["version"] == 2 and body["created"] is True,
+                      "enqueue with every option")
                 failed, body = await call("enqueue", {**every, "id": "report-q3-again"})
-                check(not failed and body["task"]["id"] == "report-q3",
-                      "a unique duplicate answers the task holding the key")
+                check(not failed and body["task"]["id"] == "report-q3" and body["created"] is False,
+                      "a unique duplicate answers the task holding the key, created false")
 
                 where = {"ns": ns, "task": "report-q3", "version": 2}
                 failed, detail = await call("read_task", where)
@@ -240,6 +241,15 @@ async def operator(admin):
                 except Exception:  # the SDK raises the JSON-RPC error
                     refused = True
                 check(refused, "an argument the schema does not name is refused")
+                try:
+                    await session.call_tool("read_task", {"ns": ns, "task": 5})
+                    refused = False
+                except Exception:  # the SDK raises the JSON-RPC error
+                    refused = True
+                check(refused, "an argument of another type than its schema's is refused")
+                limits = listed["set_queue_limits"].input_schema["properties"]["body"]
+                check(limits["properties"]["queue"]["type"] == ["integer", "null"],
+                      "schemas are JSON Schema: a nullable type lists null")
 
 
 async def without_key():

@@ -47,6 +47,7 @@ const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
 const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
+const INTERNAL_ERROR: i64 = -32603;
 
 /// The tools, with their input schemas: the same limits as the routes.
 pub(crate) fn tools() -> Vec<Value> {
@@ -142,6 +143,7 @@ pub(crate) fn tools() -> Vec<Value> {
             .iter()
             .map(|tool| tool.listing.clone()),
     )
+    .map(json_schema)
     .collect()
 }
 
@@ -160,6 +162,15 @@ pub(crate) fn handler() -> MethodRouter<Arc<AppState>> {
 /// The most calls one JSON-RPC batch may carry: each runs in turn, so a
 /// longer one would hold its connection for as long as the client likes.
 pub(crate) const MAX_BATCH: usize = 32;
+
+/// The most bytes of a result also given as text: past it, the text is a
+/// note pointing to the structured content.
+const MAX_TEXT_COPY: usize = 64 * 1024;
+
+/// The most bytes a batch's answers may hold: a call whose answer would
+/// pass it is answered with an error instead (JSON-RPC `-32603`), and
+/// is not run, so a small request cannot make the server hold gigabytes.
+pub(crate) const MAX_BATCH_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 
 /// The base URL a client reached this server at, from its `Host` header
 /// (and `X-Forwarded-Proto` behind a proxy that ends TLS).
@@ -294,8 +305,24 @@ async fn endpoint(State(state): State<Arc<AppState>>, request: axum::extract::Re
         // admission on its own, and a batch never fans out.
         Value::Array(calls) => {
             let mut answers = Vec::new();
+            let mut held = 0;
             for call in calls {
-                answers.extend(handle(&state, key.as_deref(), call).await);
+                if held > MAX_BATCH_ANSWER_BYTES {
+                    let id = call.get("id").cloned().unwrap_or(Value::Null);
+                    answers.push(rpc_error(
+                        id,
+                        INTERNAL_ERROR,
+                        &format!(
+                            "the batch's answers passed {MAX_BATCH_ANSWER_BYTES} bytes; \
+                             send this call again on its own"
+                        ),
+                    ));
+                    continue;
+                }
+                if let Some(answer) = handle(&state, key.as_deref(), call).await {
+                    held += answer.to_string().len();
+                    answers.push(answer);
+                }
             }
             (!answers.is_empty()).then_some(Value::Array(answers))
         }
@@ -387,11 +414,24 @@ async fn handle(state: &Arc<AppState>, key: Option<&str>, message: Value) -> Opt
                 None => call(state, key, &name, arguments).await.map_err(tool_error),
             };
             let result = match answered {
-                Ok(value) => json!({
-                    "content": [{ "type": "text", "text": value.to_string() }],
-                    "structuredContent": value,
-                    "isError": false,
-                }),
+                Ok(value) => {
+                    let text = value.to_string();
+                    // The text copy of a large result is a note, not the
+                    // result again: an answer is held whole until it goes.
+                    let text = if text.len() > MAX_TEXT_COPY {
+                        format!(
+                            "the result is the structured content ({} bytes)",
+                            text.len()
+                        )
+                    } else {
+                        text
+                    };
+                    json!({
+                        "content": [{ "type": "text", "text": text }],
+                        "structuredContent": value,
+                        "isError": false,
+                    })
+                }
                 Err(envelope) => envelope,
             };
             rpc_result(id, result)
@@ -427,7 +467,54 @@ fn check_arguments(name: &str, arguments: &Value) -> Result<(), String> {
             return Err(format!("{name}: {required} is required"));
         }
     }
+    for (argument, value) in given {
+        let expected = &schema["properties"][argument]["type"];
+        if !of_type(value, expected) {
+            return Err(format!("{name}: {argument} must be of type {expected}"));
+        }
+    }
     Ok(())
+}
+
+/// Whether `value` is of the JSON Schema `expected` type (a name, or a
+/// list of names); any value when the schema names none.
+fn of_type(value: &Value, expected: &Value) -> bool {
+    let one = |name: &str| match name {
+        "null" => value.is_null(),
+        "boolean" => value.is_boolean(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "string" => value.is_string(),
+        "array" => value.is_array(),
+        "object" => value.is_object(),
+        _ => true,
+    };
+    match expected {
+        Value::String(name) => one(name),
+        Value::Array(names) => names.iter().any(|name| name.as_str().is_some_and(one)),
+        _ => true,
+    }
+}
+
+/// An OpenAPI 3.0 schema as JSON Schema, which MCP's input schemas are: a
+/// `nullable` type becomes a list of it and `null`, all the way down.
+pub(crate) fn json_schema(schema: Value) -> Value {
+    match schema {
+        Value::Object(mut fields) => {
+            let nullable = fields.remove("nullable") == Some(Value::Bool(true));
+            for value in fields.values_mut() {
+                *value = json_schema(value.take());
+            }
+            if nullable {
+                if let Some(Value::String(name)) = fields.get("type").cloned() {
+                    fields.insert("type".to_owned(), json!([name, "null"]));
+                }
+            }
+            Value::Object(fields)
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(json_schema).collect()),
+        other => other,
+    }
 }
 
 /// An error as the tool-error envelope: the store's own, or the same
@@ -511,10 +598,12 @@ async fn call(
             let task: crate::routes::tasks::NewTask = crate::objects::from_value(fields)
                 .map_err(|error| invalid(format!("arguments: {error}")))?;
             let (brief, options) = task.into_parts()?;
-            let task = state
-                .call(move |store| store.enqueue(&caller, &ns, &queue, &brief, &options))
+            let enqueued = state
+                .call(move |store| store.enqueue_one(&caller, &ns, &queue, &brief, &options))
                 .await?;
-            Ok(json!({ "task": task }))
+            // A unique task's duplicate answers the task holding its key,
+            // `created` false, as the route's 200 does.
+            Ok(json!({ "task": enqueued.task, "created": enqueued.created }))
         }
         "claim" => {
             let ns = namespace()?;
@@ -670,6 +759,39 @@ mod tests {
             headers.insert(ORIGIN, HeaderValue::from_static(origin));
         }
         headers
+    }
+
+    #[test]
+    fn schemas_are_json_schema_and_arguments_are_checked_by_type() {
+        use serde_json::json;
+
+        use super::{json_schema, of_type};
+        let schema = json_schema(json!({
+            "type": "object",
+            "properties": { "limit": { "type": "integer", "nullable": true },
+                "tags": { "type": "array", "items": { "type": "string", "nullable": true } } },
+        }));
+        assert_eq!(
+            schema["properties"]["limit"]["type"],
+            json!(["integer", "null"])
+        );
+        assert_eq!(
+            schema["properties"]["tags"]["items"]["type"],
+            json!(["string", "null"])
+        );
+        assert!(schema["properties"]["limit"].get("nullable").is_none());
+        let nullable = json!(["integer", "null"]);
+        for (value, expected, ok) in [
+            (json!(5), json!("integer"), true),
+            (json!("5"), json!("integer"), false),
+            (json!(1.5), json!("integer"), false),
+            (json!(null), nullable.clone(), true),
+            (json!(true), nullable, false),
+            (json!(5), json!("string"), false),
+            (json!({ "a": 1 }), json!(null), true),
+        ] {
+            assert_eq!(of_type(&value, &expected), ok, "{value} as {expected}");
+        }
     }
 
     #[test]

@@ -46,8 +46,16 @@ pub(crate) const ROUTE_TOOLS: &[&str] = &[
 ];
 
 /// The most bytes of a route's answer a tool call reads: past every
-/// answer a listing's limits allow.
-const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+/// answer the routes give (a task's alternatives, at most
+/// `MAX_ALTERNATIVES` outputs of up to 1 MiB each, are the largest).
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The most bytes of a `body` a route tool sends: the `/mcp` message it
+/// came in was at most [`MAX_BODY_BYTES`](crate::errors::MAX_BODY_BYTES),
+/// and writing its JSON again may lengthen it (a number as `1e15` is
+/// written `1000000000000000.0`), so a body `/mcp` took is never refused
+/// for its length here.
+const MAX_REWRITTEN_BODY_BYTES: usize = 5 * crate::errors::MAX_BODY_BYTES;
 
 /// One route as a tool.
 #[derive(Debug, Clone)]
@@ -104,11 +112,15 @@ fn tool_of(id: &str, method: Method, path: &'static str, doc: &Map<String, Value
         properties.insert("body".to_owned(), schema.clone());
         required.push("body".to_owned());
     }
-    let description = doc["summary"].as_str().unwrap_or_default();
+    let summary = doc["summary"].as_str().unwrap_or_default();
+    let description = match body {
+        Some(_) => format!("{summary} (the route {method} {path}; its JSON body as `body`)"),
+        None => format!("{summary} (the route {method} {path})"),
+    };
     RouteTool {
         listing: json!({
             "name": id,
-            "description": format!("{description} (the route {method} {path}; its JSON body as `body`)"),
+            "description": description,
             "inputSchema": {
                 "type": "object",
                 "properties": properties,
@@ -142,7 +154,11 @@ pub(crate) async fn call(
     let request = request(tool, key, arguments).map_err(error_envelope)?;
     static ROUTED: OnceLock<Router<Arc<AppState>>> = OnceLock::new();
     let router = ROUTED
-        .get_or_init(crate::routes::routed)
+        .get_or_init(|| {
+            crate::routes::routed().layer(axum::extract::DefaultBodyLimit::max(
+                MAX_REWRITTEN_BODY_BYTES,
+            ))
+        })
         .clone()
         .with_state(Arc::clone(state));
     let response = match router.oneshot(request).await {
@@ -157,7 +173,13 @@ pub(crate) async fn call(
         .and_then(|value| value.parse::<u64>().ok());
     let bytes = axum::body::to_bytes(response.into_body(), MAX_ANSWER_BYTES)
         .await
-        .map_err(|error| error_envelope(invalid(format!("the route's answer: {error}"))))?;
+        .map_err(|error| {
+            error_envelope(ApiError::http(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "answer_too_large",
+                format!("the route's answer could not be read whole: {error}"),
+            ))
+        })?;
     let body: Value = if bytes.is_empty() {
         json!({})
     } else {

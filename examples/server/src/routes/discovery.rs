@@ -167,7 +167,16 @@ async fn llms_txt(State(state): State<Arc<AppState>>) -> Response {
          - An empty claim answers `204` (MCP: `lease: null`) with `Retry-After` (`retry_after`): \
          5, 10, 20, 40, then 60 seconds while the queue stays empty. Wait that long, or long-poll.\n\
          - `429 rate_limited` and `503` carry `Retry-After`; honour it and add jitter.\n\
-         - `503 storage_quota_exhausted` carries `reset_at` (next 00:00 UTC); keep idempotency keys when retrying.\n",
+         - `503 storage_quota_exhausted` carries `reset_at` (next 00:00 UTC); keep idempotency keys when retrying.\n\n\
+         ## Clients\n\n\
+         A worker loop that does all of the above, in Python (`pip install ./clients/python` from \
+         the repository):\n\n\
+         ```python\n\
+         from tessera_client import Client, Worker\n\
+         client = Client(base_url, key)  # this server, and a key with the claim scope\n\
+         worker = Worker(client, \"renders\", \"frames\", lambda task: {{\"frame\": task.brief}})\n\
+         worker.run(threads=4)  # until worker.stop is set\n\
+         ```\n",
         tools = tools.join(", "),
     );
     ([(CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()

@@ -43,6 +43,20 @@ fn discovery_depends_on_configuration_only() {
         "{}",
         llms.text()
     );
+    // The Python client's worker, as its README shows it.
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../clients/python/README.md"
+    ))
+    .unwrap();
+    for line in [
+        "from tessera_client import Client, Worker",
+        "worker = Worker(client, \"renders\", \"frames\", lambda task: {\"frame\": task.brief})",
+        "worker.run(threads=4)  # until worker.stop is set",
+    ] {
+        assert!(llms.text().contains(line), "{line} in {}", llms.text());
+        assert!(readme.contains(line), "{line} in the client's README");
+    }
     let robots = service.send("GET", "/robots.txt", None, None).text();
     assert!(
         robots.contains("Allow: /board") && robots.contains("Disallow: /"),

@@ -1,0 +1,262 @@
+"""A remote worker loop, blocking (``Worker``, threads) and async
+(``AsyncWorker``, tasks): claims, honouring ``Retry-After`` with jitter
+and long-polling an empty queue; heartbeats each held lease at a fraction
+of its length; submits under an idempotency key of the lease, retried
+with the same key after a lost answer; waits out ``503`` until
+``reset_at``; and reports a handler's exception as a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Optional
+
+import httpx
+
+from ._client import AsyncClient, Client
+from ._errors import Conflict, QuotaExhausted, RateLimited, TesseraError, Unavailable
+from ._models import Claimed, Empty, Lease, Receipt
+
+
+@dataclass
+class WorkerStats:
+    """What a worker loop did."""
+
+    claimed: int = 0
+    done: int = 0
+    failed: int = 0
+    #: Leases lost before their submission landed (a stale token, 409).
+    lost: int = 0
+    empty: int = 0
+    #: Waits a refusal or a lost connection asked for.
+    waits: int = 0
+    receipts: list = field(default_factory=list)
+
+
+def idempotency_key(lease: Lease) -> str:
+    """The key a lease's submission is made under: the same for every
+    retry of it, another for every other lease."""
+    return f"a{lease.attempt}.t{lease.token}"
+
+
+def pause_for(error: Exception, attempt: int, rng: random.Random,
+              now: Optional[datetime] = None) -> float:
+    """Seconds to wait before asking again after ``error``, the
+    ``attempt``-th time in a row: a ``Retry-After`` or ``reset_at`` the
+    server gave, plus up to a fifth more as jitter; else a backoff from
+    0.1 s doubling to 5 s, with jitter."""
+    if isinstance(error, QuotaExhausted) and error.reset_at is not None:
+        now = now or datetime.now(timezone.utc)
+        base = max((error.reset_at - now).total_seconds(), 0.0)
+    elif isinstance(error, TesseraError) and error.retry_after is not None:
+        base = float(error.retry_after)
+    else:
+        base = min(0.1 * (2 ** min(attempt, 6)), 5.0)
+    return base + rng.uniform(0, base / 5 if base > 0 else 0.05)
+
+
+def _retryable(error: Exception) -> bool:
+    return isinstance(error, (httpx.TransportError, RateLimited, QuotaExhausted, Unavailable))
+
+
+class Worker:
+    """Runs ``handler(claimed) -> output`` on the tasks of ``queue``, from
+    ``threads`` threads: ``Worker(client, ns, queue, handler).run()``."""
+
+    def __init__(self, client: Client, ns: str, queue: str,
+                 handler: Callable[[Claimed], Any], *, wait: float = 30.0,
+                 heartbeat_fraction: float = 1 / 3, rng: Optional[random.Random] = None) -> None:
+        self.client, self.ns, self.queue, self.handler = client, ns, queue, handler
+        self.wait, self.fraction = wait, heartbeat_fraction
+        self.rng = rng or random.Random()
+        self.stats = WorkerStats()
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+        #: A refusal no wait answers (a key without the claim scope, say):
+        #: the first one stops every thread, and ``run`` raises it.
+        self.error: Optional[Exception] = None
+
+    def _count(self, name: str, value: Any = 1) -> None:
+        with self._lock:
+            if name == "receipts":
+                self.stats.receipts.append(value)
+            else:
+                setattr(self.stats, name, getattr(self.stats, name) + value)
+
+    def _retrying(self, call: Callable[[], Any]) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return call()
+            except Exception as error:  # noqa: BLE001 - sorted below
+                if not _retryable(error) or self.stop.is_set():
+                    raise
+                self._count("waits")
+                self.stop.wait(pause_for(error, attempt, self.rng))
+                attempt += 1
+
+    def run(self, threads: int = 1, *, until_empty: bool = False) -> WorkerStats:
+        """Works until ``stop`` is set (or, ``until_empty``, until a claim
+        finds the queue empty), from ``threads`` threads; what it did."""
+        workers = [threading.Thread(target=self._loop, args=(until_empty,), daemon=True)
+                   for _ in range(threads)]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.stats
+
+    def _loop(self, until_empty: bool) -> None:
+        try:
+            self._claims(until_empty)
+        except Exception as error:  # noqa: BLE001 - handed to `run`
+            with self._lock:
+                if self.error is None and not self.stop.is_set():
+                    self.error = error
+            self.stop.set()
+
+    def _claims(self, until_empty: bool) -> None:
+        while not self.stop.is_set():
+            claimed = self._retrying(lambda: self.client.claim(self.ns, self.queue))
+            if isinstance(claimed, Empty):
+                self._count("empty")
+                if until_empty and claimed.reason == "empty":
+                    return
+                pause = claimed.retry_after + self.rng.uniform(0, claimed.retry_after / 5)
+                self._retrying(lambda: self.client.wait_for_work(self.ns, self.queue,
+                                                                 min(pause, self.wait)))
+                continue
+            self._count("claimed")
+            self._work(claimed)
+
+    def _work(self, claimed: Claimed) -> None:
+        held = {"lease": claimed.lease, "lost": False}
+        beating = threading.Event()
+
+        def beat() -> None:
+            while not beating.wait(max(held["lease"].length * self.fraction, 0.05)):
+                try:
+                    held["lease"] = self.client.heartbeat(held["lease"])
+                except Conflict:
+                    held["lost"] = True
+                    return
+                except Exception:  # noqa: BLE001 - the next beat tries again
+                    continue
+
+        heart = threading.Thread(target=beat, daemon=True)
+        heart.start()
+        try:
+            try:
+                output = self.handler(claimed)
+            except Exception as error:  # noqa: BLE001 - the task's failure
+                beating.set()
+                try:
+                    self._retrying(lambda: self.client.fail(held["lease"], str(error)[:2048]))
+                    self._count("failed")
+                except Conflict:
+                    self._count("lost")
+                return
+            beating.set()
+            key = idempotency_key(claimed.lease)
+            try:
+                receipt: Receipt = self._retrying(
+                    lambda: self.client.submit(held["lease"], output, key))
+                self._count("done")
+                self._count("receipts", receipt)
+            except Conflict:
+                self._count("lost")
+        finally:
+            beating.set()
+            heart.join()
+
+
+class AsyncWorker:
+    """:class:`Worker` for asyncio: ``await AsyncWorker(client, ns, queue,
+    handler).run(tasks=4)``, the handler a coroutine function."""
+
+    def __init__(self, client: AsyncClient, ns: str, queue: str,
+                 handler: Callable[[Claimed], Awaitable[Any]], *, wait: float = 30.0,
+                 heartbeat_fraction: float = 1 / 3, rng: Optional[random.Random] = None) -> None:
+        self.client, self.ns, self.queue, self.handler = client, ns, queue, handler
+        self.wait, self.fraction = wait, heartbeat_fraction
+        self.rng = rng or random.Random()
+        self.stats = WorkerStats()
+        self.stop = asyncio.Event()
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except Exception as error:  # noqa: BLE001 - sorted below
+                if not _retryable(error) or self.stop.is_set():
+                    raise
+                self.stats.waits += 1
+                try:
+                    await asyncio.wait_for(self.stop.wait(), pause_for(error, attempt, self.rng))
+                except asyncio.TimeoutError:
+                    pass
+                attempt += 1
+
+    async def run(self, tasks: int = 1, *, until_empty: bool = False) -> WorkerStats:
+        """Works until ``stop`` is set (or, ``until_empty``, until a claim
+        finds the queue empty), from ``tasks`` tasks; what it did."""
+        await asyncio.gather(*(self._loop(until_empty) for _ in range(tasks)))
+        return self.stats
+
+    async def _loop(self, until_empty: bool) -> None:
+        while not self.stop.is_set():
+            claimed = await self._retrying(lambda: self.client.claim(self.ns, self.queue))
+            if isinstance(claimed, Empty):
+                self.stats.empty += 1
+                if until_empty and claimed.reason == "empty":
+                    return
+                pause = claimed.retry_after + self.rng.uniform(0, claimed.retry_after / 5)
+                await self._retrying(lambda: self.client.wait_for_work(
+                    self.ns, self.queue, min(pause, self.wait)))
+                continue
+            self.stats.claimed += 1
+            await self._work(claimed)
+
+    async def _work(self, claimed: Claimed) -> None:
+        held = {"lease": claimed.lease}
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(max(held["lease"].length * self.fraction, 0.05))
+                try:
+                    held["lease"] = await self.client.heartbeat(held["lease"])
+                except Conflict:
+                    return
+                except Exception:  # noqa: BLE001 - the next beat tries again
+                    continue
+
+        heart = asyncio.create_task(beat())
+        try:
+            try:
+                output = await self.handler(claimed)
+            except Exception as error:  # noqa: BLE001 - the task's failure
+                heart.cancel()
+                try:
+                    await self._retrying(lambda: self.client.fail(held["lease"], str(error)[:2048]))
+                    self.stats.failed += 1
+                except Conflict:
+                    self.stats.lost += 1
+                return
+            heart.cancel()
+            key = idempotency_key(claimed.lease)
+            try:
+                receipt = await self._retrying(
+                    lambda: self.client.submit(held["lease"], output, key))
+                self.stats.done += 1
+                self.stats.receipts.append(receipt)
+            except Conflict:
+                self.stats.lost += 1
+        finally:
+            heart.cancel()

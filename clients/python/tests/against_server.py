@@ -132,8 +132,12 @@ def restart_midway(server, count_done, total, label):
     print(f"ok: {label}: the server was killed at {count_done()} of {total} done and started again")
 
 
-def check_store(client, queue, stats, handled, label):
-    health = client.health(NS)
+def check_store(client, queue, stats, handled, label, done_before):
+    health = client.health(NS).attempts
+    check(health.get("done") == done_before + TASKS and not health.get("leased")
+          and not health.get("ready"),
+          f"{label}: the store holds {health.get('done', 0) - done_before} more done, none ready"
+          f" or leased")
     receipts = stats.receipts
     per_task = {}
     for receipt in receipts:
@@ -149,7 +153,6 @@ def check_store(client, queue, stats, handled, label):
         if states != ["done"]:
             raise SystemExit(f"python client: FAILED: {label}: {task} is {states} in the store")
     check(set(handled) >= set(per_task), f"{label}: every acknowledged task was worked on")
-    return health
 
 
 def run_sync(server, key):
@@ -164,6 +167,7 @@ def run_sync(server, key):
             handled.append(task.task.id)
         return {"n": task.brief["n"], "squared": task.brief["n"] ** 2}
 
+    done_before = client.health(NS).attempts.get("done", 0)
     worker = Worker(client, NS, "sync", handler, wait=1.0)
     done = threading.Event()
     runner = threading.Thread(target=lambda: (worker.run(threads=WORKERS), done.set()))
@@ -174,7 +178,7 @@ def run_sync(server, key):
         time.sleep(0.05)
     worker.stop.set()
     runner.join()
-    check_store(client, "sync", worker.stats, handled, "Worker, 8 threads")
+    check_store(client, "sync", worker.stats, handled, "Worker, 8 threads", done_before)
     return client
 
 
@@ -189,6 +193,7 @@ async def run_async(server, key):
             await asyncio.sleep(0)
             return {"n": task.brief["n"]}
 
+        done_before = (await client.health(NS)).attempts.get("done", 0)
         worker = AsyncWorker(client, NS, "async", handler, wait=1.0)
         running = asyncio.create_task(worker.run(tasks=WORKERS))
         restart = asyncio.get_running_loop().run_in_executor(
@@ -199,7 +204,8 @@ async def run_async(server, key):
         worker.stop.set()
         await restart
         await running
-    check_store(Client(server.base, key), "async", worker.stats, handled, "AsyncWorker, 8 tasks")
+    check_store(Client(server.base, key), "async", worker.stats, handled, "AsyncWorker, 8 tasks",
+                done_before)
 
 
 def stale_submission_is_a_conflict(server, key):

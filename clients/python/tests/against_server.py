@@ -132,12 +132,12 @@ def restart_midway(server, count_done, total, label):
     print(f"ok: {label}: the server was killed at {count_done()} of {total} done and started again")
 
 
-def check_store(client, queue, stats, handled, label, done_before):
+def check_store(client, queue, stats, handled, label, before):
     health = client.health(NS).attempts
-    check(health.get("done") == done_before + TASKS and not health.get("leased")
-          and not health.get("ready"),
-          f"{label}: the store holds {health.get('done', 0) - done_before} more done, none ready"
-          f" or leased")
+    check(health.get("done") == before.get("done", 0) + TASKS and not health.get("leased")
+          and health.get("ready", 0) == before.get("ready", 0),
+          f"{label}: the store holds {health.get('done', 0) - before.get('done', 0)} more done,"
+          f" none more ready, none leased")
     receipts = stats.receipts
     per_task = {}
     for receipt in receipts:
@@ -167,7 +167,8 @@ def run_sync(server, key):
             handled.append(task.task.id)
         return {"n": task.brief["n"], "squared": task.brief["n"] ** 2}
 
-    done_before = client.health(NS).attempts.get("done", 0)
+    before = client.health(NS).attempts
+    before["ready"] = before.get("ready", 0) - TASKS
     worker = Worker(client, NS, "sync", handler, wait=1.0)
     done = threading.Event()
     runner = threading.Thread(target=lambda: (worker.run(threads=WORKERS), done.set()))
@@ -178,7 +179,7 @@ def run_sync(server, key):
         time.sleep(0.05)
     worker.stop.set()
     runner.join()
-    check_store(client, "sync", worker.stats, handled, "Worker, 8 threads", done_before)
+    check_store(client, "sync", worker.stats, handled, "Worker, 8 threads", before)
     return client
 
 
@@ -193,7 +194,8 @@ async def run_async(server, key):
             await asyncio.sleep(0)
             return {"n": task.brief["n"]}
 
-        done_before = (await client.health(NS)).attempts.get("done", 0)
+        before = (await client.health(NS)).attempts
+        before["ready"] = before.get("ready", 0) - TASKS
         worker = AsyncWorker(client, NS, "async", handler, wait=1.0)
         running = asyncio.create_task(worker.run(tasks=WORKERS))
         restart = asyncio.get_running_loop().run_in_executor(
@@ -205,7 +207,7 @@ async def run_async(server, key):
         await restart
         await running
     check_store(Client(server.base, key), "async", worker.stats, handled, "AsyncWorker, 8 tasks",
-                done_before)
+                before)
 
 
 def stale_submission_is_a_conflict(server, key):
@@ -224,6 +226,57 @@ def stale_submission_is_a_conflict(server, key):
         check(error.status == 409, f"another payload under the same key is a 409 ({error.code})")
 
 
+def handlers_that_misbehave(server, key):
+    """A handler longer than its lease, one that raises with text the
+    server would refuse as is, one whose result is not JSON, and a paused
+    queue: each task ends once, the loop goes on, and nothing spins."""
+    client = Client(server.base, key)
+    client.enqueue(NS, "slow", {"n": 1}, id="slow-1", lease_ms=1500)
+    runs = []
+
+    def slow(task):
+        runs.append(task.task.id)
+        time.sleep(5)  # over three lease lengths: only heartbeats keep it
+        return {"slow": True}
+
+    worker = Worker(client, NS, "slow", slow, wait=0.5)
+    worker.run(threads=2, until_empty=True)
+    check(runs == ["slow-1"] and worker.stats.done == 1 and worker.stats.lost == 0,
+          f"a handler three leases long is run once and submitted ({worker.stats.done} done,"
+          f" {worker.stats.lost} lost)")
+
+    for n, kind in enumerate(["raises", "unencodable", "fine"]):
+        client.enqueue(NS, "odd", {"kind": kind}, id=f"odd-{n}", max_tries=1)
+
+    def odd(task):
+        if task.brief["kind"] == "raises":
+            raise KeyError("clé\nwith\ta newline")
+        if task.brief["kind"] == "unencodable":
+            return {"when": object()}
+        return {"ok": True}
+
+    worker = Worker(client, NS, "odd", odd, wait=0.5)
+    worker.run(threads=1, until_empty=True)
+    check(worker.stats.failed == 2 and worker.stats.done == 1,
+          f"a raising handler and an unencodable result fail their tasks and the loop goes on"
+          f" ({worker.stats.failed} failed, {worker.stats.done} done)")
+    detail = client.read_task(NS, "odd-0")
+    error = detail["record"]["attempts"][0].get("last_error") or ""
+    check("KeyError" in error and "\\n" in error, f"the failure's text, escaped: {error!r}")
+
+    client.enqueue(NS, "held", {}, id="held-1")
+    admin = {"Authorization": f"Bearer {server.admin()}"}
+    httpx.put(f"{server.base}/v1/ns/{NS}/queues/held/pause", headers=admin).raise_for_status()
+    worker = Worker(client, NS, "held", lambda task: {}, wait=0.5)
+    stopper = threading.Timer(2.0, worker.stop.set)
+    stopper.start()
+    worker.run(threads=2)
+    check(worker.stats.empty <= 4 and worker.stats.claimed == 0,
+          f"a paused queue is waited out, not polled ({worker.stats.empty} claims in 2 s"
+          f" from 2 threads)")
+    httpx.put(f"{server.base}/v1/ns/{NS}/queues/held/resume", headers=admin).raise_for_status()
+
+
 def backend(label, args):
     with tempfile.TemporaryDirectory() as work:
         server = Server(work, args(work))
@@ -232,6 +285,7 @@ def backend(label, args):
             check_models(server.base)
             key = make_key(server)
             stale_submission_is_a_conflict(server, key)
+            handlers_that_misbehave(server, key)
             run_sync(server, key)
             asyncio.run(run_async(server, key))
         finally:

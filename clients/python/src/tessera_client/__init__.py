@@ -10,10 +10,12 @@ from ._client import AsyncClient, Client
 from ._errors import (Conflict, NotFound, QuotaExhausted, RateLimited, TesseraError,
                       Unavailable)
 from ._models import Claimed, Empty, Enqueued, Health, Lease, Receipt, TaskRef
-from ._worker import AsyncWorker, Worker, WorkerStats, idempotency_key, pause_for
+from ._worker import (AsyncWorker, Worker, WorkerStats, failure_text, idempotency_key, jittered,
+                      pause_for)
 
 __all__ = [
     "AsyncClient", "AsyncWorker", "Claimed", "Client", "Conflict", "Empty", "Enqueued",
     "Health", "Lease", "NotFound", "QuotaExhausted", "RateLimited", "Receipt", "TaskRef",
-    "TesseraError", "Unavailable", "Worker", "WorkerStats", "idempotency_key", "pause_for",
+    "TesseraError", "Unavailable", "Worker", "WorkerStats", "failure_text", "idempotency_key",
+    "jittered", "pause_for",
 ]

@@ -15,6 +15,9 @@ from ._models import Claimed, Empty, Enqueued, Health, Lease, Receipt
 
 
 def _seg(text: str) -> str:
+    # `.` and `..` would be resolved as dot segments, not sent.
+    if text in (".", ".."):
+        return text.replace(".", "%2E")
     return quote(text, safe="")
 
 

@@ -42,29 +42,38 @@ class NotFound(TesseraError):
 
 
 class Unavailable(TesseraError):
-    """503 other than a spent quota (the server shutting down, storage
-    failing): ask again after ``retry_after``."""
+    """502, 504, or 503 other than a spent quota (the server restarting
+    behind a proxy, shutting down, storage failing): ask again after
+    ``retry_after``."""
 
 
 def error_of(status: int, body: object, retry_after_header: Optional[str]) -> TesseraError:
     """The exception for a refusal with JSON ``body``."""
-    error = body.get("error", {}) if isinstance(body, dict) else {}
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        # Not the server's own body (a proxy's page, say).
+        error = {"message": str(error)} if error is not None else {}
     code = str(error.get("code") or "unknown")
     message = str(error.get("message") or f"http {status}")
     retry_after = error.get("retry_after")
+    if not isinstance(retry_after, (int, float)):
+        retry_after = None
     if retry_after is None and retry_after_header:
         try:
             retry_after = float(retry_after_header)
         except ValueError:
             retry_after = None
     reset_at = error.get("reset_at")
-    reset = datetime.fromisoformat(reset_at.replace("Z", "+00:00")) if reset_at else None
+    try:
+        reset = datetime.fromisoformat(reset_at.replace("Z", "+00:00")) if reset_at else None
+    except (AttributeError, ValueError):
+        reset = None
     kind = TesseraError
     if status == 429:
         kind = RateLimited
     elif status == 503 and code == "storage_quota_exhausted":
         kind = QuotaExhausted
-    elif status == 503:
+    elif status in (502, 503, 504):
         kind = Unavailable
     elif status == 409:
         kind = Conflict

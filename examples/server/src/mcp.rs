@@ -49,25 +49,40 @@ const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 const INTERNAL_ERROR: i64 = -32603;
 
-/// The tools, with their input schemas: the same limits as the routes.
-pub(crate) fn tools() -> Vec<Value> {
+/// A tool as `tools/list` shows it: `properties` are its arguments, of
+/// which `required` must be given, and no other is taken.
+pub(crate) fn tool_listing(
+    name: &str,
+    description: &str,
+    properties: Value,
+    required: &[&str],
+) -> Value {
+    json!({
+        "name": name,
+        "description": description,
+        "inputSchema": {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": false,
+        },
+    })
+}
+
+/// The tools, with their input schemas (the same limits as the routes),
+/// made once.
+pub(crate) fn tools() -> &'static [Value] {
+    static TOOLS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
+    TOOLS.get_or_init(make_tools)
+}
+
+fn make_tools() -> Vec<Value> {
     let ns = json!({ "type": "string", "description": "the namespace" });
     let queue = json!({ "type": "string", "description": "the queue" });
     let task = json!({ "type": "string", "description": "the task id" });
     let version = limits::VERSION.schema();
     let token = TOKEN.schema();
-    let tool = |name: &str, description: &str, properties: Value, required: &[&str]| {
-        json!({
-            "name": name,
-            "description": description,
-            "inputSchema": {
-                "type": "object",
-                "properties": properties,
-                "required": required,
-                "additionalProperties": false,
-            },
-        })
-    };
+    let tool = tool_listing;
     vec![
         tool(
             "enqueue",
@@ -150,7 +165,7 @@ pub(crate) fn tools() -> Vec<Value> {
 /// The tools' names.
 pub(crate) fn tool_names() -> impl Iterator<Item = String> {
     tools()
-        .into_iter()
+        .iter()
         .filter_map(|tool| tool["name"].as_str().map(str::to_owned))
 }
 
@@ -446,8 +461,7 @@ async fn handle(state: &Arc<AppState>, key: Option<&str>, message: Value) -> Opt
 /// values' own limits are checked where each is read, by the same
 /// definitions as the HTTP routes'.
 fn check_arguments(name: &str, arguments: &Value) -> Result<(), String> {
-    let tools = tools();
-    let Some(tool) = tools.iter().find(|tool| tool["name"] == name) else {
+    let Some(tool) = tools().iter().find(|tool| tool["name"] == name) else {
         return Err(format!("unknown tool {name:?}"));
     };
     let Some(given) = arguments.as_object() else {

@@ -117,17 +117,9 @@ fn tool_of(id: &str, method: Method, path: &'static str, doc: &Map<String, Value
         Some(_) => format!("{summary} (the route {method} {path}; its JSON body as `body`)"),
         None => format!("{summary} (the route {method} {path})"),
     };
+    let required: Vec<&str> = required.iter().map(String::as_str).collect();
     RouteTool {
-        listing: json!({
-            "name": id,
-            "description": description,
-            "inputSchema": {
-                "type": "object",
-                "properties": properties,
-                "required": required,
-                "additionalProperties": false,
-            },
-        }),
+        listing: crate::mcp::tool_listing(id, &description, Value::Object(properties), &required),
         method,
         path,
         query_parameters,
@@ -151,7 +143,7 @@ pub(crate) async fn call(
     tool: &RouteTool,
     arguments: &Value,
 ) -> Result<Value, Value> {
-    let request = request(tool, key, arguments).map_err(error_envelope)?;
+    let request = request(tool, key, arguments).map_err(crate::mcp::tool_error)?;
     static ROUTED: OnceLock<Router<Arc<AppState>>> = OnceLock::new();
     let router = ROUTED
         .get_or_init(|| {
@@ -174,7 +166,7 @@ pub(crate) async fn call(
     let bytes = axum::body::to_bytes(response.into_body(), MAX_ANSWER_BYTES)
         .await
         .map_err(|error| {
-            error_envelope(ApiError::http(
+            crate::mcp::tool_error(ApiError::http(
                 axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                 "answer_too_large",
                 format!("the route's answer could not be read whole: {error}"),
@@ -279,11 +271,6 @@ fn encode(text: &str) -> String {
         }
     }
     encoded
-}
-
-/// An error before the route runs, as the tool-error envelope.
-fn error_envelope(error: ApiError) -> Value {
-    crate::mcp::tool_error(error)
 }
 
 #[cfg(test)]

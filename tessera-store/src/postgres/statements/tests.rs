@@ -302,23 +302,39 @@ fn coalesced_submissions_search_their_indexes_in_every_plan() {
         client
             .batch_execute(&format!("SET plan_cache_mode = {mode}"))
             .unwrap();
-        let plan: Vec<String> = client
-            .query(&format!("EXPLAIN EXECUTE many({arguments})"), &[])
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        let plan = plan.join("\n");
-        for table in ["tasks", "attempts"] {
-            if plan.contains(&format!("Seq Scan on {table}")) {
-                failures.push(format!("{mode}: {table} read whole\n{plan}"));
-            }
-        }
+        read_whole(
+            &mut client,
+            &format!("many({arguments})"),
+            mode,
+            &mut failures,
+        );
     }
     client
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Adds to `failures`, under `label`, each of `tasks` and `attempts` that
+/// the plan of the prepared statement call `execute` reads whole.
+fn read_whole(
+    client: &mut postgres::Client,
+    execute: &str,
+    label: &str,
+    failures: &mut Vec<String>,
+) {
+    let plan: Vec<String> = client
+        .query(&format!("EXPLAIN EXECUTE {execute}"), &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    for table in ["tasks", "attempts"] {
+        if plan.contains(&format!("Seq Scan on {table}")) {
+            failures.push(format!("{label}: {table} read whole\n{plan}"));
+        }
+    }
 }
 
 /// A connection keeps each statement's plan from its first call, which
@@ -369,18 +385,12 @@ fn plans_kept_from_empty_tables_search_indexes() {
         // Every parameter is typed by a cast in the statement, so nulls
         // stand for any arguments: the kept plan does not depend on them.
         let arguments = vec!["NULL"; parameters].join(", ");
-        let plan: Vec<String> = client
-            .query(&format!("EXPLAIN EXECUTE kept_{index}({arguments})"), &[])
-            .unwrap()
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        let plan = plan.join("\n");
-        for table in ["tasks", "attempts"] {
-            if plan.contains(&format!("Seq Scan on {table}")) {
-                failures.push(format!("{name}: {table} read whole\n{plan}"));
-            }
-        }
+        read_whole(
+            &mut client,
+            &format!("kept_{index}({arguments})"),
+            name,
+            &mut failures,
+        );
     }
     client
         .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))

@@ -609,9 +609,9 @@ async fn call(
                     fields[optional] = arguments[optional].clone();
                 }
             }
-            let task: crate::routes::tasks::NewTask = crate::objects::from_value(fields)
+            let task: tessera_client::NewTask = crate::objects::from_value(fields)
                 .map_err(|error| invalid(format!("arguments: {error}")))?;
-            let (brief, options) = task.into_parts()?;
+            let (brief, options) = crate::routes::tasks::task_parts(task)?;
             let enqueued = state
                 .call(move |store| store.enqueue_one(&caller, &ns, &queue, &brief, &options))
                 .await?;

@@ -6,18 +6,18 @@ use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::header::RETRY_AFTER;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tessera_store::{ClaimOutcome, ClaimedBatch, EmptyReason};
 
-use super::{AppState, Route, object, queue_doc, queue_names, shutting_down, with_task_ref};
+use super::{AppState, Route, object, queue_doc, queue_names, shutting_down};
 use crate::auth::Authenticated;
 use crate::errors::{ApiError, JsonBody, path, retry_after_header};
 use crate::limits::{CLAIM_COUNT, TIMEOUT_MS};
 use crate::openapi::Doc;
+use tessera_client::wire::{self, ClaimCount, WaitTimeout};
 
 /// Links from a granted lease at `lease` (a JSON pointer) to the routes
 /// that work under it.
@@ -51,9 +51,8 @@ fn lease_links(doc: Doc, lease: &str) -> Doc {
 pub(super) fn routes() -> Vec<Route> {
     let claimed = json!({ "type": "object", "required": ["task", "lease", "brief"] });
     vec![
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/queues/{queue}/claims",
+        Route::at(
+            wire::CLAIM,
             Some("claim"),
             lease_links(
                 queue_doc(Doc::new(
@@ -68,9 +67,8 @@ pub(super) fn routes() -> Vec<Route> {
             ),
             post(claim),
         ),
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/queues/{queue}/claims/batch",
+        Route::at(
+            wire::CLAIM_BATCH,
             Some("claim_batch"),
             lease_links(
                 queue_doc(Doc::new(
@@ -91,9 +89,8 @@ pub(super) fn routes() -> Vec<Route> {
             ),
             post(claim_batch),
         ),
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/queues/{queue}/wait",
+        Route::at(
+            wire::WAIT,
             Some("wait_for_work"),
             queue_doc(Doc::new(
                 "wait_for_work",
@@ -143,9 +140,7 @@ async fn claim(
 }
 
 pub(crate) fn claimed_json(claimed: &tessera_store::Claimed) -> Value {
-    let mut body = json!(claimed);
-    body["lease"] = with_task_ref(body["lease"].take(), &claimed.task);
-    body
+    json!(wire::Claim::from(claimed))
 }
 
 fn admission_headers(
@@ -168,18 +163,11 @@ fn admission_headers(
     }
 }
 
-/// `POST .../claims/batch`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchSize {
-    count: i64,
-}
-
 async fn claim_batch(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
     parts: Result<Path<(String, String)>, PathRejection>,
-    JsonBody(request): JsonBody<BatchSize>,
+    JsonBody(request): JsonBody<ClaimCount>,
 ) -> Result<Response, ApiError> {
     let (ns, queue) = path(parts)?;
     let (ns, queue) = queue_names(&ns, &queue)?;
@@ -192,9 +180,11 @@ async fn claim_batch(
     let mut response = if batch.claimed.is_empty() {
         StatusCode::NO_CONTENT.into_response()
     } else {
-        let claimed: Vec<Value> = batch.claimed.iter().map(claimed_json).collect();
-        Json(json!({ "claimed": claimed, "waited_ms": batch.waited.as_millis() as u64 }))
-            .into_response()
+        Json(wire::Claims {
+            claimed: batch.claimed.iter().map(wire::Claim::from).collect(),
+            waited_ms: batch.waited.as_millis() as u64,
+        })
+        .into_response()
     };
     admission_headers(
         response.headers_mut(),
@@ -206,18 +196,11 @@ async fn claim_batch(
     Ok(response)
 }
 
-/// `POST .../wait`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Timeout {
-    timeout_ms: i64,
-}
-
 async fn wait_for_work(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
     parts: Result<Path<(String, String)>, PathRejection>,
-    JsonBody(request): JsonBody<Timeout>,
+    JsonBody(request): JsonBody<WaitTimeout>,
 ) -> Result<Response, ApiError> {
     let (ns, queue) = path(parts)?;
     let (ns, queue) = queue_names(&ns, &queue)?;

@@ -21,9 +21,10 @@ use crate::limits::{
 };
 use crate::limits::{NAMESPACE, SUBMIT_BATCH, TASK};
 use crate::openapi::Doc;
+use tessera_client::wire::{self, Beat, FailureReport, Snooze, Submission};
 
 /// The header a submit is keyed by.
-const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+const IDEMPOTENCY_HEADER: &str = wire::IDEMPOTENCY_KEY;
 
 pub(super) fn routes() -> Vec<Route> {
     let held = || json!({ "version": VERSION.schema(), "token": TOKEN.schema() });
@@ -39,9 +40,8 @@ pub(super) fn routes() -> Vec<Route> {
     let mut snoozed = held();
     snoozed["delay_ms"] = SNOOZE_MS.schema();
     vec![
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/tasks/{task}/heartbeat",
+        Route::at(
+            wire::HEARTBEAT,
             Some("heartbeat"),
             task_doc(Doc::new("heartbeat", "extend a lease, with the task's version and the fencing token from the claim, and optionally report progress: a small JSON value (at most 4096 bytes as compact text) kept on the attempt, shown by the task view and listings"))
                 .keyed()
@@ -50,9 +50,8 @@ pub(super) fn routes() -> Vec<Route> {
                 .answers("200", "the lease as it now stands", Some(lease)),
             post(heartbeat),
         ),
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/tasks/{task}/submit",
+        Route::at(
+            wire::SUBMIT,
             Some("submit"),
             task_doc(Doc::new("submit", "submit the output under an Idempotency-Key: the same key and output replay the receipt (Idempotent-Replayed: true); the same key with another output is 409"))
                 .keyed()
@@ -95,9 +94,8 @@ pub(super) fn routes() -> Vec<Route> {
                 ),
             post(submit_batch),
         ),
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/tasks/{task}/fail",
+        Route::at(
+            wire::FAIL,
             Some("fail"),
             task_doc(Doc::new("fail", "end a lease with a failure: retry never, after the default backoff, or after `after_ms` (which counts for `after` and `snooze` alone, 0 if absent); `snooze` steps back without spending the try, claimable again after `after_ms`"))
                 .keyed()
@@ -106,9 +104,8 @@ pub(super) fn routes() -> Vec<Route> {
                 .answers("200", "the attempt's new state", Some(json!({ "type": "object", "required": ["state"] }))),
             post(fail),
         ),
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/tasks/{task}/snooze",
+        Route::at(
+            wire::SNOOZE,
             Some("snooze"),
             task_doc(Doc::new("snooze", "hand a leased task back to its queue, claimable again after `delay_ms`, without spending the try its lease took; fenced as a submit, and the same snooze retried (token and delay) answers the state its first call left"))
                 .keyed()
@@ -120,22 +117,11 @@ pub(super) fn routes() -> Vec<Route> {
     ]
 }
 
-/// The task's version and the fencing token from the claim, and the
-/// progress a heartbeat may carry.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HeldLease {
-    version: i64,
-    token: i64,
-    #[serde(default)]
-    progress: Option<Value>,
-}
-
 async fn heartbeat(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
     task_path: Result<Path<(String, String)>, PathRejection>,
-    JsonBody(request): JsonBody<HeldLease>,
+    JsonBody(request): JsonBody<Beat>,
 ) -> Result<Response, ApiError> {
     let (ns, task) = path(task_path)?;
     let task = task_ref(&ns, &task, request.version)?;
@@ -147,16 +133,7 @@ async fn heartbeat(
             None => store.heartbeat(&caller, &task, token),
         })
         .await?;
-    Ok(Json(with_task_ref(json!(lease), &reference)).into_response())
-}
-
-/// A submission: the lease, and the output, any JSON value.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewSubmission {
-    version: i64,
-    token: i64,
-    output: Value,
+    Ok(Json(wire::Lease::of(&reference, &lease)).into_response())
 }
 
 async fn submit(
@@ -164,7 +141,7 @@ async fn submit(
     Authenticated(caller): Authenticated,
     task_path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
-    JsonBody(request): JsonBody<NewSubmission>,
+    JsonBody(request): JsonBody<Submission>,
 ) -> Result<Response, ApiError> {
     let mut keys = headers.get_all(IDEMPOTENCY_HEADER).iter();
     let key = match (keys.next(), keys.next()) {
@@ -188,10 +165,10 @@ async fn submit(
         Submitted::Accepted(receipt) => (receipt, false),
         Submitted::Replayed(receipt) => (receipt, true),
     };
-    let mut response = Json(with_task_ref(json!(receipt), &reference)).into_response();
+    let mut response = Json(wire::Receipt::of(&reference, receipt)).into_response();
     if replayed {
         response.headers_mut().insert(
-            HeaderName::from_static("idempotent-replayed"),
+            HeaderName::from_static(wire::REPLAYED),
             HeaderValue::from_static("true"),
         );
     }
@@ -272,17 +249,6 @@ async fn submit_batch(
     Ok(Json(answers).into_response())
 }
 
-/// A failure report.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FailureReport {
-    version: i64,
-    token: i64,
-    retry: String,
-    after_ms: Option<i64>,
-    error: Option<String>,
-}
-
 async fn fail(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
@@ -303,23 +269,14 @@ async fn fail(
     let new_state = state
         .call(move |store| store.fail(&caller, &task, token, failure))
         .await?;
-    Ok(Json(json!({ "state": new_state })).into_response())
-}
-
-/// A snooze.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SnoozeRequest {
-    version: i64,
-    token: i64,
-    delay_ms: i64,
+    Ok(Json(wire::NewState { state: new_state }).into_response())
 }
 
 async fn snooze(
     State(state): State<Arc<AppState>>,
     Authenticated(caller): Authenticated,
     task_path: Result<Path<(String, String)>, PathRejection>,
-    JsonBody(request): JsonBody<SnoozeRequest>,
+    JsonBody(request): JsonBody<Snooze>,
 ) -> Result<Response, ApiError> {
     let (ns, task) = path(task_path)?;
     let task = task_ref(&ns, &task, request.version)?;
@@ -328,5 +285,5 @@ async fn snooze(
     let new_state = state
         .call(move |store| store.snooze(&caller, &task, token, delay))
         .await?;
-    Ok(Json(json!({ "state": new_state })).into_response())
+    Ok(Json(wire::NewState { state: new_state }).into_response())
 }

@@ -54,6 +54,23 @@ impl std::fmt::Debug for Route {
 }
 
 impl Route {
+    /// The route at `endpoint`, the client's name for it.
+    pub(crate) fn at(
+        endpoint: tessera_client::wire::Endpoint,
+        operation: Option<&'static str>,
+        doc: Doc,
+        handler: MethodRouter<Arc<AppState>>,
+    ) -> Self {
+        use tessera_client::wire::Verb;
+        let method = match endpoint.verb {
+            Verb::Get => Method::GET,
+            Verb::Post => Method::POST,
+            Verb::Put => Method::PUT,
+            Verb::Delete => Method::DELETE,
+        };
+        Self::new(method, endpoint.path, operation, doc, handler)
+    }
+
     pub(crate) fn new(
         method: Method,
         path: &'static str,

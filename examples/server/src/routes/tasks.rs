@@ -31,6 +31,7 @@ use crate::limits::{
     any_value,
 };
 use crate::openapi::Doc;
+use tessera_client::wire::{self, NewTask, NewTasks, Unique};
 
 /// A new task's schema.
 fn new_task() -> Value {
@@ -105,9 +106,8 @@ pub(super) fn routes() -> Vec<Route> {
         "version": "$response.body#/version",
     });
     vec![
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/queues/{queue}/tasks",
+        Route::at(
+            wire::ENQUEUE,
             Some("enqueue"),
             queue_doc(Doc::new("enqueue", "enqueue a task: a JSON brief, and optionally its id, version, competing attempts, priority, tries, start, partition key and uniqueness; a unique task's duplicate answers 200 with the task already there, created false; a unique mode of keep or replace takes no delays, and debounce needs delay_ms at most max_delay_ms (400 invalid_input otherwise)"))
                 .keyed()
@@ -124,9 +124,8 @@ pub(super) fn routes() -> Vec<Route> {
                 ),
             post(enqueue),
         ),
-        Route::new(
-            Method::POST,
-            "/v1/ns/{ns}/queues/{queue}/tasks/batch",
+        Route::at(
+            wire::ENQUEUE_BATCH,
             Some("enqueue_batch"),
             queue_doc(Doc::new("enqueue_batch", "enqueue tasks at once, each created or found already there (uniqueness as for enqueue: keep or replace take no delays, debounce needs delay_ms at most max_delay_ms); one bad task enqueues none"))
                 .keyed()
@@ -237,98 +236,66 @@ pub(super) fn routes() -> Vec<Route> {
     ]
 }
 
-/// A new task, as its schema says.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewTask {
-    brief: Value,
-    id: Option<String>,
-    version: Option<i64>,
-    alternatives: Option<i64>,
-    priority: Option<i64>,
-    max_tries: Option<i64>,
-    not_before: Option<DateTime<Utc>>,
-    lease_ms: Option<i64>,
-    deadline: Option<DateTime<Utc>>,
-    timeout_ms: Option<i64>,
-    partition_key: Option<String>,
-    unique: Option<UniqueField>,
-}
-
-/// A new task's `unique`, as its schema says.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct UniqueField {
-    key: String,
-    window_ms: Option<i64>,
-    states: Option<Vec<String>>,
-    mode: Option<String>,
-    delay_ms: Option<i64>,
-    max_delay_ms: Option<i64>,
-}
-
-impl UniqueField {
-    fn into_uniqueness(self) -> Result<Uniqueness, ApiError> {
-        let mut unique = Uniqueness::new(UniqueKey::parse(&self.key)?);
-        if let Some(window) = self.window_ms {
-            unique.window = Some(Duration::from_millis(
-                UNIQUE_WINDOW_MS.integer(window)? as u64
-            ));
-        }
-        if let Some(states) = self.states {
-            let states = limits::at_most("states", states, 8)?;
-            unique.states = states
-                .iter()
-                .map(|state| limits::state(state))
-                .collect::<Result<Vec<_>, _>>()?
-                .into();
-        }
-        let mode = self.mode.as_deref().unwrap_or("keep");
-        unique.mode = limits::unique_mode(mode, self.delay_ms, self.max_delay_ms)?;
-        Ok(unique)
+/// The store's brief and options of a new task, each field checked
+/// against its limit.
+fn unique_of(unique: Unique) -> Result<Uniqueness, ApiError> {
+    let mut uniqueness = Uniqueness::new(UniqueKey::parse(&unique.key)?);
+    if let Some(window) = unique.window_ms {
+        uniqueness.window = Some(Duration::from_millis(
+            UNIQUE_WINDOW_MS.integer(window)? as u64
+        ));
     }
+    if let Some(states) = unique.states {
+        let states = limits::at_most("states", states, 8)?;
+        uniqueness.states = states
+            .iter()
+            .map(|state| limits::state(state))
+            .collect::<Result<Vec<_>, _>>()?
+            .into();
+    }
+    let mode = unique.mode.as_deref().unwrap_or("keep");
+    uniqueness.mode = limits::unique_mode(mode, unique.delay_ms, unique.max_delay_ms)?;
+    Ok(uniqueness)
 }
 
-impl NewTask {
-    pub(crate) fn into_parts(self) -> Result<(Brief, EnqueueOptions), ApiError> {
-        let mut options = EnqueueOptions::default();
-        if let Some(id) = &self.id {
-            options = options.with_task_id(TaskId::parse(id)?);
-        }
-        if let Some(version) = self.version {
-            options = options.with_version(BriefVersion::new(VERSION.integer(version)? as u32)?);
-        }
-        if let Some(alternatives) = self.alternatives {
-            options = options.with_alternatives(ALTERNATIVES.integer(alternatives)? as u16);
-        }
-        if let Some(priority) = self.priority {
-            options = options.with_priority(PRIORITY.integer(priority)? as u8);
-        }
-        if let Some(tries) = self.max_tries {
-            options = options.with_max_tries(MAX_TRIES_INPUT.integer(tries)? as u32);
-        }
-        if let Some(at) = self.not_before {
-            options = options.with_not_before(at);
-        }
-        if let Some(ms) = self.lease_ms {
-            options =
-                options.with_lease_duration(Duration::from_millis(LEASE_MS.integer(ms)? as u64));
-        }
-        if let Some(at) = self.deadline {
-            options = options.with_deadline(at);
-        }
-        if let Some(ms) = self.timeout_ms {
-            options =
-                options.with_timeout(Duration::from_millis(TASK_TIMEOUT_MS.integer(ms)? as u64));
-        }
-        if let Some(key) = &self.partition_key {
-            options = options.with_partition_key(PartitionKey::parse(key)?);
-        }
-        if let Some(unique) = self.unique {
-            options = options.with_unique(unique.into_uniqueness()?);
-        }
-        Ok((Brief::Json(self.brief), options))
+/// A new task as the store's brief and options, each field checked
+/// against its limit.
+pub(crate) fn task_parts(task: NewTask) -> Result<(Brief, EnqueueOptions), ApiError> {
+    let mut options = EnqueueOptions::default();
+    if let Some(id) = &task.id {
+        options = options.with_task_id(TaskId::parse(id)?);
     }
+    if let Some(version) = task.version {
+        options = options.with_version(BriefVersion::new(VERSION.integer(version)? as u32)?);
+    }
+    if let Some(alternatives) = task.alternatives {
+        options = options.with_alternatives(ALTERNATIVES.integer(alternatives)? as u16);
+    }
+    if let Some(priority) = task.priority {
+        options = options.with_priority(PRIORITY.integer(priority)? as u8);
+    }
+    if let Some(tries) = task.max_tries {
+        options = options.with_max_tries(MAX_TRIES_INPUT.integer(tries)? as u32);
+    }
+    if let Some(at) = task.not_before {
+        options = options.with_not_before(at);
+    }
+    if let Some(ms) = task.lease_ms {
+        options = options.with_lease_duration(Duration::from_millis(LEASE_MS.integer(ms)? as u64));
+    }
+    if let Some(at) = task.deadline {
+        options = options.with_deadline(at);
+    }
+    if let Some(ms) = task.timeout_ms {
+        options = options.with_timeout(Duration::from_millis(TASK_TIMEOUT_MS.integer(ms)? as u64));
+    }
+    if let Some(key) = &task.partition_key {
+        options = options.with_partition_key(PartitionKey::parse(key)?);
+    }
+    if let Some(unique) = task.unique {
+        options = options.with_unique(unique_of(unique)?);
+    }
+    Ok((Brief::Json(task.brief), options))
 }
 
 async fn enqueue(
@@ -339,7 +306,7 @@ async fn enqueue(
 ) -> Result<Response, ApiError> {
     let (ns, queue) = path(parts)?;
     let (ns, queue) = queue_names(&ns, &queue)?;
-    let (brief, options) = request.into_parts()?;
+    let (brief, options) = task_parts(request)?;
     let enqueued = state
         .call(move |store| store.enqueue_one(&caller, &ns, &queue, &brief, &options))
         .await?;
@@ -350,21 +317,14 @@ async fn enqueue(
     } else {
         StatusCode::OK
     };
-    let task = &enqueued.task;
-    let body = json!({
-        "namespace": task.namespace,
-        "id": task.id,
-        "version": task.version,
-        "created": enqueued.created,
-    });
+    let task = enqueued.task;
+    let body = wire::EnqueuedTask {
+        namespace: task.namespace,
+        id: task.id,
+        version: task.version,
+        created: enqueued.created,
+    };
     Ok((status, Json(body)).into_response())
-}
-
-/// `POST .../tasks/batch`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewTasks {
-    tasks: Vec<NewTask>,
 }
 
 async fn enqueue_batch(
@@ -377,7 +337,7 @@ async fn enqueue_batch(
     let (ns, queue) = queue_names(&ns, &queue)?;
     ENQUEUE_BATCH.integer(request.tasks.len() as i64)?;
     let tasks = (request.tasks.into_iter())
-        .map(NewTask::into_parts)
+        .map(task_parts)
         .collect::<Result<Vec<_>, _>>()?;
     let enqueued = state
         .call(move |store| store.enqueue_batch(&caller, &ns, &queue, &tasks))

@@ -20,7 +20,8 @@
 //! use serde_json::json;
 //! use tessera_client::{Client, Worker};
 //!
-//! let client = Client::new("http://127.0.0.1:8080", "tsk_…")?; // a key with the claim scope
+//! # let key = String::new();
+//! let client = Client::new("http://127.0.0.1:8080", &key)?; // a key with the claim scope
 //! let worker = Worker::new(client, "renders", "frames", |claim| Ok(json!({ "frame": claim.brief_json() })))?;
 //! worker.run(4)?; // until worker.stopper().stop()
 //! # Ok::<(), tessera_client::Error>(())

@@ -705,3 +705,122 @@ where
         running.join().unwrap().unwrap()
     })
 }
+
+/// A proxy in front of the server that passes each request on and, for
+/// the first `drops` submissions, drops the server's answer: the
+/// submission landed, and the worker does not know it.
+struct LossyProxy {
+    port: u16,
+    submissions: std::sync::Arc<AtomicU64>,
+}
+
+impl LossyProxy {
+    fn start(server_port: u16, drops: u64) -> Self {
+        use std::io::{Read, Write};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let submissions = std::sync::Arc::new(AtomicU64::new(0));
+        let counter = std::sync::Arc::clone(&submissions);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { return };
+                let counter = std::sync::Arc::clone(&counter);
+                std::thread::spawn(move || {
+                    // One request per connection: read its head and body.
+                    let mut request = Vec::new();
+                    let mut buffer = [0u8; 8192];
+                    let head_end = loop {
+                        let Ok(read) = client.read(&mut buffer) else {
+                            return;
+                        };
+                        if read == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buffer[..read]);
+                        if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&request[..head_end]).to_lowercase();
+                    let length: usize = (head.lines())
+                        .find_map(|line| line.strip_prefix("content-length:"))
+                        .map_or(0, |value| value.trim().parse().unwrap());
+                    while request.len() < head_end + length {
+                        let Ok(read) = client.read(&mut buffer) else {
+                            return;
+                        };
+                        if read == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buffer[..read]);
+                    }
+                    // Passed on with `Connection: close`, so the answer
+                    // ends at the end of the stream.
+                    let mut upstream =
+                        std::net::TcpStream::connect(("127.0.0.1", server_port)).unwrap();
+                    let first_line_end = request.windows(2).position(|w| w == b"\r\n").unwrap();
+                    upstream.write_all(&request[..first_line_end + 2]).unwrap();
+                    upstream.write_all(b"connection: close\r\n").unwrap();
+                    upstream.write_all(&request[first_line_end + 2..]).unwrap();
+                    let mut answer = Vec::new();
+                    let _ = upstream.read_to_end(&mut answer);
+                    let submission = head
+                        .lines()
+                        .next()
+                        .is_some_and(|line| line.contains("/submit "));
+                    if submission && counter.fetch_add(1, Ordering::SeqCst) < drops {
+                        return; // the answer is lost
+                    }
+                    let _ = client.write_all(&answer);
+                });
+            }
+        });
+        Self { port, submissions }
+    }
+}
+
+#[test]
+fn a_submission_whose_answer_was_lost_is_retried_under_its_key_and_lands_once() {
+    let server = Server::sqlite();
+    let key = server.key(&["enqueue", "claim", "read"]);
+    let direct = Client::new(&server.base(), &key).unwrap();
+    let tasks: Vec<NewTask> = (0..20)
+        .map(|n| task(&format!("lossy-{n}"), json!(n)))
+        .collect();
+    direct
+        .enqueue_batch(&ns(), &queue("lossy"), &tasks)
+        .unwrap();
+    let proxy = LossyProxy::start(server.port, 10);
+    let client = Client::new(&format!("http://127.0.0.1:{}", proxy.port), &key).unwrap();
+    let runs = Mutex::new(BTreeMap::<String, u32>::new());
+    let worker = Worker::new(client, NS, "lossy", |claim| {
+        *runs
+            .lock()
+            .unwrap()
+            .entry(claim.task.id.to_string())
+            .or_default() += 1;
+        Ok(json!({ "n": claim.brief_json() }))
+    })
+    .unwrap()
+    .with_options(WorkerOptions {
+        wait: Duration::from_millis(300),
+        ..WorkerOptions::default()
+    });
+    let stats = run_until(&worker, 4, |stats| stats.done >= 20);
+    assert!(
+        proxy.submissions.load(Ordering::SeqCst) >= 30,
+        "ten answers were dropped, and their submissions made again"
+    );
+    assert_eq!((stats.done, stats.lost), (20, 0), "{stats:?}");
+    let runs = runs.into_inner().unwrap();
+    assert!(
+        runs.values().all(|&count| count == 1),
+        "each handler ran once: {runs:?}"
+    );
+    for n in 0..20 {
+        let view = server.read(&format!("/v1/ns/{NS}/tasks/lossy-{n}"));
+        let attempts = view["record"]["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{view}");
+        assert_eq!(attempts[0]["state"]["state"], "done", "{view}");
+    }
+}

@@ -176,6 +176,14 @@ async fn llms_txt(State(state): State<Arc<AppState>>) -> Response {
          client = Client(base_url, key)  # this server, and a key with the claim scope\n\
          worker = Worker(client, \"renders\", \"frames\", lambda task: {{\"frame\": task.brief}})\n\
          worker.run(threads=4)  # until worker.stop is set\n\
+         ```\n\n\
+         In Rust (the `tessera-client` crate of the repository):\n\n\
+         ```rust\n\
+         use serde_json::json;\n\
+         use tessera_client::{{Client, Worker}};\n\
+         let client = Client::new(base_url, &key)?; // this server, and a key with the claim scope\n\
+         let worker = Worker::new(client, \"renders\", \"frames\", |claim| Ok(json!({{ \"frame\": claim.brief_json() }})))?;\n\
+         worker.run(4)?; // until worker.stopper().stop()\n\
          ```\n",
         tools = tools.join(", "),
     );

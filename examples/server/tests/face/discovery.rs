@@ -57,6 +57,25 @@ fn discovery_depends_on_configuration_only() {
         assert!(llms.text().contains(line), "{line} in {}", llms.text());
         assert!(readme.contains(line), "{line} in the client's README");
     }
+    // The Rust client's worker, as its crate documentation (a compiled
+    // doctest) and the server's README show it.
+    let crate_docs = include_str!("../../../../tessera-client/src/lib.rs");
+    let server_readme = include_str!("../../README.md");
+    for line in [
+        "use tessera_client::{Client, Worker};",
+        "let worker = Worker::new(client, \"renders\", \"frames\", |claim| Ok(json!({ \"frame\": claim.brief_json() })))?;",
+        "worker.run(4)?; // until worker.stopper().stop()",
+    ] {
+        assert!(llms.text().contains(line), "{line} in {}", llms.text());
+        assert!(
+            crate_docs.contains(line),
+            "{line} in the client's crate docs"
+        );
+        assert!(
+            server_readme.contains(line),
+            "{line} in the server's README"
+        );
+    }
     let robots = service.send("GET", "/robots.txt", None, None).text();
     assert!(
         robots.contains("Allow: /board") && robots.contains("Disallow: /"),

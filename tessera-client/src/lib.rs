@@ -5,7 +5,8 @@
 //!   `async`) makes the same calls on tokio, over hyper. Both build each
 //!   request and read each answer with the same code ([`ClaimAnswer`],
 //!   [`Accepted`], [`Error`]), and only the transport differs.
-//! - [`Worker`] (feature `blocking`) is the remote worker loop: claims
+//! - [`Worker`] (feature `blocking`, on threads) and [`AsyncWorker`]
+//!   (feature `async`, on tokio) are the remote worker loop: claims
 //!   with the long-poll, waits as the server asks with jitter, heartbeats
 //!   held leases, and submits under an idempotency key retried until it
 //!   lands.
@@ -38,7 +39,7 @@ mod calls;
 mod error;
 pub mod pacing;
 pub mod wire;
-#[cfg(feature = "blocking")]
+#[cfg(any(feature = "blocking", feature = "async"))]
 mod worker;
 
 use std::time::Duration;
@@ -51,8 +52,12 @@ pub use calls::{Accepted, ClaimAnswer};
 pub use error::Error;
 pub use tessera_store as store;
 pub use wire::{Claim, EnqueuedTask, Lease, NewTask, Receipt};
+#[cfg(feature = "async")]
+pub use worker::AsyncWorker;
 #[cfg(feature = "blocking")]
-pub use worker::{HandlerError, Stopper, Worker, WorkerOptions, WorkerStats, failure_text};
+pub use worker::Worker;
+#[cfg(any(feature = "blocking", feature = "async"))]
+pub use worker::{HandlerError, Stopper, WorkerOptions, WorkerStats, failure_text};
 
 /// The `User-Agent` the client sends.
 pub const USER_AGENT: &str = concat!("tessera-client/", env!("CARGO_PKG_VERSION"));

@@ -486,72 +486,133 @@ fn on_postgres(name: &str, run: impl FnOnce(&mut Server)) {
     }
 }
 
-/// `tasks` tasks through a `Worker` of 8 threads while the server is
-/// killed and started again when about half are done: each task is done
-/// once in the store, with one accepted attempt, and no submission the
-/// server accepted is accepted twice.
+/// `tasks` tasks through a `Worker` of 8 threads, then `tasks` more
+/// through an `AsyncWorker` of 8 tasks, each while the server is killed
+/// and started again when about half are done: each task is done once in
+/// the store, with one accepted attempt, and no submission the server
+/// accepted is accepted twice.
 fn through_a_restart(server: &mut Server, tasks: usize) {
     let key = server.key(&["enqueue", "claim", "read"]);
-    let client = Client::new(&server.base(), &key).unwrap();
-    let (ns, q) = (ns(), queue("restart"));
-    let all: Vec<NewTask> = (0..tasks)
-        .map(|n| NewTask {
-            // Short, so a grant whose answer the kill lost lapses soon;
-            // the heartbeats keep the others.
-            lease_ms: Some(4_000),
-            ..task(&format!("r-{n}"), json!({ "n": n }))
-        })
-        .collect();
-    for chunk in all.chunks(1000) {
-        client.enqueue_batch(&ns, &q, chunk).unwrap();
-    }
-    let handled = Mutex::new(BTreeMap::<String, u32>::new());
-    let calls = AtomicU64::new(0);
-    let worker = Worker::new(client, NS, "restart", |claim| {
-        calls.fetch_add(1, Ordering::Relaxed);
-        *handled
-            .lock()
+    for threads in [true, false] {
+        let name = if threads {
+            "restart-threads"
+        } else {
+            "restart-tasks"
+        };
+        let client = Client::new(&server.base(), &key).unwrap();
+        let all: Vec<NewTask> = (0..tasks)
+            .map(|n| NewTask {
+                // Short, so a grant whose answer the kill lost lapses
+                // soon; the heartbeats keep the others.
+                lease_ms: Some(4_000),
+                ..task(&format!("{name}-{n}"), json!({ "n": n }))
+            })
+            .collect();
+        for chunk in all.chunks(1000) {
+            client.enqueue_batch(&ns(), &queue(name), chunk).unwrap();
+        }
+        let handled = Mutex::new(BTreeMap::<String, u32>::new());
+        let handle = |claim: &tessera_client::Claim| {
+            *handled
+                .lock()
+                .unwrap()
+                .entry(claim.task.id.to_string())
+                .or_default() += 1;
+            let n = claim
+                .brief_json()
+                .and_then(|brief| brief["n"].as_u64())
+                .unwrap();
+            json!({ "n": n, "squared": n * n })
+        };
+        let options = WorkerOptions {
+            wait: Duration::from_millis(500),
+            ..WorkerOptions::default()
+        };
+        let stats = if threads {
+            let worker = Worker::new(client, NS, name, |claim| Ok(handle(claim)))
+                .unwrap()
+                .with_options(options);
+            restart_midway(
+                server,
+                tasks,
+                || worker.stats(),
+                || worker.stopper(),
+                || worker.run(8),
+            )
+        } else {
+            let client = AsyncClient::new(&server.base(), &key).unwrap();
+            let worker = tessera_client::AsyncWorker::new(client, NS, name, |claim| {
+                let output = handle(&claim);
+                async move { Ok(output) }
+            })
             .unwrap()
-            .entry(claim.task.id.to_string())
-            .or_default() += 1;
-        let n = claim
-            .brief_json()
-            .and_then(|brief| brief["n"].as_u64())
-            .unwrap();
-        Ok(json!({ "n": n, "squared": n * n }))
-    })
-    .unwrap()
-    .with_options(WorkerOptions {
-        wait: Duration::from_millis(500),
-        ..WorkerOptions::default()
-    });
-    let stats: WorkerStats = std::thread::scope(|scope| {
-        let running = scope.spawn(|| worker.run(8));
+            .with_options(options);
+            restart_midway(
+                server,
+                tasks,
+                || worker.stats(),
+                || worker.stopper(),
+                || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    runtime.block_on(worker.run(8))
+                },
+            )
+        };
+        let in_namespace = if threads { tasks } else { 2 * tasks };
+        let handled = handled.into_inner().unwrap();
+        check_run(server, (name, tasks, in_namespace), stats, handled);
+    }
+}
+
+/// Runs a worker loop (`run`) until half of `tasks` are done, kills the
+/// server and starts it again, and stops the loop once all are done.
+fn restart_midway(
+    server: &mut Server,
+    tasks: usize,
+    stats: impl Fn() -> WorkerStats,
+    stopper: impl Fn() -> tessera_client::Stopper,
+    run: impl FnOnce() -> Result<WorkerStats, Error> + Send,
+) -> WorkerStats {
+    std::thread::scope(|scope| {
+        let running = scope.spawn(run);
         let deadline = Instant::now() + Duration::from_secs(600);
-        while worker.stats().done < (tasks / 2) as u64 && Instant::now() < deadline {
+        while stats().done < (tasks / 2) as u64 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let at = worker.stats().done;
+        let at = stats().done;
         server.kill();
         std::thread::sleep(Duration::from_millis(300));
         server.start();
         eprintln!("killed at {at} of {tasks} done, started again");
-        while worker.stats().done < tasks as u64 && Instant::now() < deadline {
+        while stats().done < tasks as u64 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        worker.stopper().stop();
+        stopper().stop();
         running
             .join()
             .unwrap()
             .expect("the worker runs to its stop")
-    });
+    })
+}
+
+/// The checks of one run of `tasks` tasks in the queue `name`: each task
+/// done once in the store, with one accepted attempt, and the namespace's
+/// attempts `in_namespace`, every one done.
+fn check_run(
+    server: &Server,
+    (name, tasks, in_namespace): (&str, usize, usize),
+    stats: WorkerStats,
+    handled: BTreeMap<String, u32>,
+) {
     eprintln!("{stats:?}");
     assert_eq!(
         stats.done, tasks as u64,
         "every task's submission landed once: {stats:?}"
     );
     assert_eq!(stats.abandoned, 0);
-    let handled = handled.into_inner().unwrap();
     assert_eq!(handled.len(), tasks, "every task was handled");
     let twice = handled.values().filter(|&&runs| runs > 1).count() as u64;
     assert!(
@@ -560,7 +621,7 @@ fn through_a_restart(server: &mut Server, tasks: usize) {
     );
 
     let health = server.read(&format!("/v1/ns/{NS}/health"));
-    assert_eq!(health["attempts"]["done"], json!(tasks), "{health}");
+    assert_eq!(health["attempts"]["done"], json!(in_namespace), "{health}");
     // Every attempt in the namespace is done, one per task: none doubled,
     // none left ready, leased or failed.
     for (state, count) in health["attempts"].as_object().unwrap() {
@@ -570,13 +631,13 @@ fn through_a_restart(server: &mut Server, tasks: usize) {
     }
     // A sample of tasks read back: one attempt each, done.
     for n in (0..tasks).step_by((tasks / 40).max(1)) {
-        let view = server.read(&format!("/v1/ns/{NS}/tasks/r-{n}"));
+        let view = server.read(&format!("/v1/ns/{NS}/tasks/{name}-{n}"));
         let attempts = view["record"]["attempts"].as_array().unwrap();
         let states: Vec<&Value> = attempts
             .iter()
             .map(|attempt| &attempt["state"]["state"])
             .collect();
-        assert_eq!(states, [&json!("done")], "r-{n}: {view}");
+        assert_eq!(states, [&json!("done")], "{name}-{n}: {view}");
     }
 }
 

@@ -1,114 +1,18 @@
 //! [`Worker`]: a remote worker loop on threads, over [`Client`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde_json::Value;
-use tessera_store::{EmptyReason, Namespace, QueueName, Retry};
+use tessera_store::{EmptyReason, Namespace, QueueName};
 
+use super::{
+    Counts, HandlerError, Stopper, Unsettled, WorkerOptions, WorkerStats, failure_text, random,
+};
 use crate::calls::ClaimAnswer;
 use crate::{Client, Error, pacing, wire};
-
-/// What a handler's failure is: any error, its text kept as the
-/// attempt's last error.
-pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
-
-/// How a [`Worker`] paces itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerOptions {
-    /// The longest single wait: a long-poll on an empty queue, a wait out
-    /// of a paused or limited one. It is also about how long
-    /// [`Worker::run`] takes to return once stopped. Default 10 s.
-    pub wait: Duration,
-    /// What a handler's failure asks for. Default [`Retry::Backoff`].
-    pub retry: Retry,
-}
-
-impl Default for WorkerOptions {
-    fn default() -> Self {
-        Self {
-            wait: Duration::from_secs(10),
-            retry: Retry::Backoff,
-        }
-    }
-}
-
-/// What a [`Worker`] has done so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct WorkerStats {
-    /// Tasks whose output was accepted (a replay included).
-    pub done: u64,
-    /// Tasks whose handler failed and whose failure was reported.
-    pub failed: u64,
-    /// Tasks whose lease was lost before its submission landed (`409`
-    /// or `410`): someone else's now, or finished or cancelled.
-    pub lost: u64,
-    /// Tasks given up because the worker was stopped while their
-    /// submission still waited to be made: their leases lapse.
-    pub abandoned: u64,
-    /// Empty claims.
-    pub empty: u64,
-    /// Waits for the server (a `429`, `502`, `503`, `504` or a lost
-    /// connection), each followed by the same call again.
-    pub retries: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    done: AtomicU64,
-    failed: AtomicU64,
-    lost: AtomicU64,
-    abandoned: AtomicU64,
-    empty: AtomicU64,
-    retries: AtomicU64,
-}
-
-impl Counts {
-    fn add(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> WorkerStats {
-        WorkerStats {
-            done: self.done.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
-            lost: self.lost.load(Ordering::Relaxed),
-            abandoned: self.abandoned.load(Ordering::Relaxed),
-            empty: self.empty.load(Ordering::Relaxed),
-            retries: self.retries.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// Stops a running [`Worker`]: each thread finishes the task it holds,
-/// and [`Worker::run`] returns within about [`WorkerOptions::wait`].
-#[derive(Debug, Clone, Default)]
-pub struct Stopper(Arc<AtomicBool>);
-
-impl Stopper {
-    /// Asks the worker to stop.
-    pub fn stop(&self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether it was asked to.
-    pub fn is_stopped(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// Why an attempt's settling (submission or failure) did not land.
-enum Unsettled {
-    /// The lease is gone.
-    Lost,
-    /// Stopped while waiting to retry.
-    Stopped,
-    /// A refusal no wait answers.
-    Fatal(Error),
-}
 
 /// A remote worker: claims tasks from one queue over HTTP and runs
 /// `handler` on each, on as many threads as [`run`](Self::run) is given.
@@ -350,41 +254,5 @@ where
             Counts::add(&self.counts.retries);
             self.sleep(wait);
         }
-    }
-}
-
-/// A handler's error as the server keeps it: printable ASCII (others
-/// escaped), at most the server's limit on an error's length.
-pub fn failure_text(text: &str) -> String {
-    let mut escaped: String = text.escape_default().collect();
-    let limit = tessera_store::limits::MAX_ERROR_BYTES;
-    if escaped.len() > limit {
-        let mut end = limit - 3;
-        while !escaped.is_char_boundary(end) {
-            end -= 1;
-        }
-        escaped.truncate(end);
-        escaped.push_str("...");
-    }
-    escaped
-}
-
-fn random() -> u64 {
-    getrandom::u64().unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_failures_text_is_printable_and_bounded() {
-        assert_eq!(
-            failure_text("bad\nthing \u{1F4A5}"),
-            "bad\\nthing \\u{1f4a5}"
-        );
-        let long = failure_text(&"x".repeat(100_000));
-        assert!(long.len() <= tessera_store::limits::MAX_ERROR_BYTES);
-        assert!(long.ends_with("..."));
     }
 }

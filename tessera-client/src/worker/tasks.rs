@@ -1,0 +1,284 @@
+//! [`AsyncWorker`]: the remote worker loop as tokio tasks, over
+//! [`AsyncClient`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::Value;
+use tessera_store::{EmptyReason, Namespace, QueueName};
+use tokio::time::Instant;
+
+use super::{
+    Counts, HandlerError, Stopper, Unsettled, WorkerOptions, WorkerStats, failure_text, random,
+};
+use crate::calls::ClaimAnswer;
+use crate::{AsyncClient, Error, pacing, wire};
+
+/// The remote worker loop of [`Worker`](crate::Worker) (feature
+/// `blocking`), as tasks on a tokio runtime, with an async handler.
+///
+/// ```no_run
+/// use serde_json::json;
+/// use tessera_client::{AsyncClient, AsyncWorker};
+///
+/// # async fn run(key: String) -> Result<(), tessera_client::Error> {
+/// let client = AsyncClient::new("http://127.0.0.1:8080", &key)?;
+/// let worker = AsyncWorker::new(client, "renders", "frames", |claim| async move {
+///     Ok(json!({ "frame": claim.brief_json() }))
+/// })?;
+/// worker.run(8).await?; // until worker.stopper().stop()
+/// # Ok(()) }
+/// ```
+///
+/// It claims, waits, heartbeats and submits as [`Worker`](crate::Worker)
+/// does; each of `run`'s tasks holds one claim at a time, and its
+/// heartbeats run beside the handler.
+#[derive(Debug)]
+pub struct AsyncWorker<H> {
+    client: AsyncClient,
+    ns: Namespace,
+    queue: QueueName,
+    handler: H,
+    options: WorkerOptions,
+    stopper: Stopper,
+    counts: Arc<Counts>,
+}
+
+impl<H, F> AsyncWorker<H>
+where
+    H: Fn(wire::Claim) -> F,
+    F: Future<Output = Result<Value, HandlerError>>,
+{
+    /// A worker of `queue` in `ns`, with the default [`WorkerOptions`].
+    pub fn new(client: AsyncClient, ns: &str, queue: &str, handler: H) -> Result<Self, Error> {
+        let invalid = |error: tessera_store::LeaseError| Error::InvalidInput {
+            reason: error.to_string(),
+        };
+        Ok(Self {
+            client,
+            ns: Namespace::parse(ns).map_err(invalid)?,
+            queue: QueueName::parse(queue).map_err(invalid)?,
+            handler,
+            options: WorkerOptions::default(),
+            stopper: Stopper::default(),
+            counts: Arc::default(),
+        })
+    }
+
+    /// The same worker with `options`.
+    #[must_use]
+    pub fn with_options(mut self, options: WorkerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// What stops it.
+    pub fn stopper(&self) -> Stopper {
+        self.stopper.clone()
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> WorkerStats {
+        self.counts.snapshot()
+    }
+
+    /// Runs `tasks` loops at once (at least one), on the current task,
+    /// until stopped or until one meets a refusal no wait answers, which
+    /// is returned once every loop has finished its task.
+    pub async fn run(&self, tasks: usize) -> Result<WorkerStats, Error> {
+        let loops = (0..tasks.max(1)).map(|_| async {
+            let outcome = self.work().await;
+            if outcome.is_err() {
+                self.stopper.stop();
+            }
+            outcome
+        });
+        let outcomes = join_all(loops.collect()).await;
+        match outcomes.into_iter().find_map(Result::err) {
+            Some(error) => Err(error),
+            None => Ok(self.stats()),
+        }
+    }
+
+    async fn work(&self) -> Result<(), Error> {
+        let mut failures = 0;
+        while !self.stopper.is_stopped() {
+            let answer = match self.client.claim(&self.ns, &self.queue).await {
+                Ok(answer) => {
+                    failures = 0;
+                    answer
+                }
+                Err(error) => {
+                    failures += 1;
+                    self.wait_after(&error, failures).await?;
+                    continue;
+                }
+            };
+            match answer {
+                ClaimAnswer::Granted(claim) => self.process(claim).await?,
+                ClaimAnswer::Empty {
+                    reason,
+                    retry_after,
+                } => {
+                    Counts::add(&self.counts.empty);
+                    let wait = pacing::jittered(retry_after, random()).min(self.options.wait);
+                    if reason == EmptyReason::Empty {
+                        let polled = self.client.wait_for_work(&self.ns, &self.queue, wait);
+                        if let Err(error) = polled.await {
+                            failures += 1;
+                            self.wait_after(&error, failures).await?;
+                        }
+                    } else {
+                        self.sleep(wait).await;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_after(&self, error: &Error, failures: u32) -> Result<(), Error> {
+        match pacing::after_error(error, Utc::now(), failures, random()) {
+            Some(wait) => {
+                Counts::add(&self.counts.retries);
+                self.sleep(wait).await;
+                Ok(())
+            }
+            None => Err(error.clone()),
+        }
+    }
+
+    /// Sleeps `wait`, or until stopped.
+    async fn sleep(&self, wait: Duration) {
+        let until = Instant::now() + wait;
+        while !self.stopper.is_stopped() && Instant::now() < until {
+            let left = until.saturating_duration_since(Instant::now());
+            tokio::time::sleep(left.min(Duration::from_millis(50))).await;
+        }
+    }
+
+    /// Runs the handler on `claim` and settles it, heartbeating the lease
+    /// until it is settled.
+    async fn process(&self, claim: wire::Claim) -> Result<(), Error> {
+        let lease = claim.lease.clone();
+        let settle = self.settle(claim);
+        tokio::pin!(settle);
+        let every = pacing::heartbeat_every(lease.length());
+        let mut beats = tokio::time::interval_at(Instant::now() + every, every);
+        let mut beating = true;
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut settle => break outcome,
+                _ = beats.tick(), if beating => {
+                    // A beat runs beside the settling, not before it.
+                    let beat = self.client.heartbeat(&lease, None);
+                    tokio::pin!(beat);
+                    tokio::select! {
+                        outcome = &mut settle => break outcome,
+                        result = &mut beat => {
+                            // A lost lease shows in the settling's answer.
+                            beating = !matches!(result, Err(error) if error.is_lease_lost());
+                        }
+                    }
+                }
+            }
+        };
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(Unsettled::Lost) => {
+                Counts::add(&self.counts.lost);
+                Ok(())
+            }
+            Err(Unsettled::Stopped) => {
+                Counts::add(&self.counts.abandoned);
+                Ok(())
+            }
+            Err(Unsettled::Fatal(error)) => Err(error),
+        }
+    }
+
+    async fn settle(&self, claim: wire::Claim) -> Result<(), Unsettled> {
+        let lease = claim.lease.clone();
+        match (self.handler)(claim).await {
+            Ok(output) => {
+                let key = lease.idempotency_key();
+                let mut failures = 0;
+                loop {
+                    let outcome = self.client.submit(&lease, &output, &key).await;
+                    if self.landed(outcome, &mut failures).await? {
+                        break;
+                    }
+                }
+                Counts::add(&self.counts.done);
+            }
+            Err(error) => {
+                let text = failure_text(&error.to_string());
+                let mut failures = 0;
+                loop {
+                    let outcome = (self.client)
+                        .fail(&lease, self.options.retry, Some(&text))
+                        .await;
+                    if self.landed(outcome, &mut failures).await? {
+                        break;
+                    }
+                }
+                Counts::add(&self.counts.failed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a settling call landed; after a transient error, waits as
+    /// it asks and answers `false`, so the call is made again.
+    async fn landed<T>(
+        &self,
+        outcome: Result<T, Error>,
+        failures: &mut u32,
+    ) -> Result<bool, Unsettled> {
+        let error = match outcome {
+            Ok(_) => return Ok(true),
+            Err(error) if error.is_lease_lost() => return Err(Unsettled::Lost),
+            Err(error) => error,
+        };
+        if self.stopper.is_stopped() {
+            return Err(Unsettled::Stopped);
+        }
+        *failures += 1;
+        let Some(wait) = pacing::after_error(&error, Utc::now(), *failures, random()) else {
+            return Err(Unsettled::Fatal(error));
+        };
+        Counts::add(&self.counts.retries);
+        self.sleep(wait).await;
+        Ok(false)
+    }
+}
+
+/// Every future of `futures` run to its end, concurrently on the calling
+/// task, their outputs in order.
+async fn join_all<T, F: Future<Output = T>>(futures: Vec<F>) -> Vec<T> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(context) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|output| output.expect("each future ended"))
+        .collect()
+}

@@ -8,9 +8,7 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
-use tessera_store::{
-    Enqueued, IdempotencyKey, Namespace, QueueName, Retry, TaskState, WaitOutcome,
-};
+use tessera_store::{IdempotencyKey, Namespace, QueueName, Retry, TaskState, WaitOutcome};
 
 use crate::calls::{self, Accepted, Call, ClaimAnswer, Reply};
 use crate::{ClientConfig, Error, wire};
@@ -43,6 +41,7 @@ impl AsyncClient {
 
     async fn send(&self, call: Call) -> Result<Reply, Error> {
         let url = self.config.url(&call.path);
+        let limit = call.limit(&self.config);
         let mut request = http::Request::builder()
             .method(call.verb.as_str())
             .uri(&url)
@@ -59,7 +58,6 @@ impl AsyncClient {
             .map_err(|error| Error::InvalidInput {
                 reason: format!("a request to {url}: {error}"),
             })?;
-        let limit = self.config.timeout + call.held;
         let exchange = async {
             let response = self.http.request(request).await.map_err(transport)?;
             let (parts, body) = response.into_parts();
@@ -106,7 +104,7 @@ impl AsyncClient {
         ns: &Namespace,
         queue: &QueueName,
         tasks: &[wire::NewTask],
-    ) -> Result<Vec<Enqueued>, Error> {
+    ) -> Result<Vec<wire::EnqueuedTask>, Error> {
         calls::enqueued_batch(&self.send(calls::enqueue_batch(ns, queue, tasks)?).await?)
     }
 

@@ -3,9 +3,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tessera_store::{
-    Enqueued, IdempotencyKey, Namespace, QueueName, Retry, TaskState, WaitOutcome,
-};
+use tessera_store::{IdempotencyKey, Namespace, QueueName, Retry, TaskState, WaitOutcome};
 use ureq::http::Request as HttpRequest;
 
 use crate::calls::{self, Accepted, Call, ClaimAnswer, Reply};
@@ -25,17 +23,17 @@ impl Client {
     /// without a path prefix) under the API key `key`, with the default
     /// [`ClientConfig`].
     pub fn new(base_url: &str, key: &str) -> Result<Self, Error> {
-        Self::with_config(ClientConfig::new(base_url, key)?)
+        Ok(Self::with_config(ClientConfig::new(base_url, key)?))
     }
 
     /// A client with `config`.
-    pub fn with_config(config: ClientConfig) -> Result<Self, Error> {
+    pub fn with_config(config: ClientConfig) -> Self {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .user_agent(crate::USER_AGENT)
             .build()
             .into();
-        Ok(Self { agent, config })
+        Self { agent, config }
     }
 
     /// The configuration it calls with.
@@ -45,6 +43,7 @@ impl Client {
 
     fn send(&self, call: Call) -> Result<Reply, Error> {
         let url = self.config.url(&call.path);
+        let limit = call.limit(&self.config);
         let mut request = HttpRequest::builder()
             .method(call.verb.as_str())
             .uri(&url)
@@ -63,7 +62,7 @@ impl Client {
         let request = self
             .agent
             .configure_request(request)
-            .timeout_global(Some(self.config.timeout + call.held))
+            .timeout_global(Some(limit))
             .build();
         let mut response = self.agent.run(request).map_err(transport)?;
         let header = |name: &str| {
@@ -102,7 +101,7 @@ impl Client {
         ns: &Namespace,
         queue: &QueueName,
         tasks: &[wire::NewTask],
-    ) -> Result<Vec<Enqueued>, Error> {
+    ) -> Result<Vec<wire::EnqueuedTask>, Error> {
         calls::enqueued_batch(&self.send(calls::enqueue_batch(ns, queue, tasks)?)?)
     }
 

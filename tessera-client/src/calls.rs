@@ -34,6 +34,21 @@ pub(crate) struct Call {
     /// How long the server may hold the call on purpose (a long-poll's
     /// timeout), added to the client's own timeout.
     pub(crate) held: Duration,
+    /// Whether the server may hold it for admission (a claim), for up to
+    /// [`ClientConfig::claim_wait`](crate::ClientConfig::claim_wait) more.
+    pub(crate) admitted: bool,
+}
+
+impl Call {
+    /// How long the call may take before it is a transport error.
+    pub(crate) fn limit(&self, config: &crate::ClientConfig) -> Duration {
+        let admission = if self.admitted {
+            config.claim_wait
+        } else {
+            Duration::ZERO
+        };
+        config.timeout + self.held + admission
+    }
 }
 
 /// An answer, as a transport read it.
@@ -84,10 +99,22 @@ pub struct Accepted {
     pub replayed: bool,
 }
 
+/// `value` as a request body, refused when it does not encode or is over
+/// the server's [`MAX_BODY_BYTES`](wire::MAX_BODY_BYTES).
 fn json(value: &impl Serialize) -> Result<Vec<u8>, Error> {
-    serde_json::to_vec(value).map_err(|error| Error::InvalidInput {
+    let body = serde_json::to_vec(value).map_err(|error| Error::InvalidInput {
         reason: format!("the body does not encode as JSON: {error}"),
-    })
+    })?;
+    if body.len() > wire::MAX_BODY_BYTES {
+        return Err(Error::InvalidInput {
+            reason: format!(
+                "the body is {} bytes, over the server's limit of {}",
+                body.len(),
+                wire::MAX_BODY_BYTES
+            ),
+        });
+    }
+    Ok(body)
 }
 
 fn call(endpoint: Endpoint, values: &[&str], body: Option<Vec<u8>>) -> Call {
@@ -97,6 +124,7 @@ fn call(endpoint: Endpoint, values: &[&str], body: Option<Vec<u8>>) -> Call {
         idempotency_key: None,
         body,
         held: Duration::ZERO,
+        admitted: false,
     }
 }
 
@@ -160,12 +188,23 @@ pub(crate) fn enqueue_batch(
     ))
 }
 
-pub(crate) fn enqueued_batch(reply: &Reply) -> Result<Vec<Enqueued>, Error> {
-    answer(reply, &[201])
+pub(crate) fn enqueued_batch(reply: &Reply) -> Result<Vec<wire::EnqueuedTask>, Error> {
+    let enqueued: Vec<Enqueued> = answer(reply, &[201])?;
+    Ok(enqueued
+        .into_iter()
+        .map(|each| wire::EnqueuedTask {
+            namespace: each.task.namespace,
+            id: each.task.id,
+            version: each.task.version,
+            created: each.created,
+        })
+        .collect())
 }
 
 pub(crate) fn claim(ns: &Namespace, queue: &QueueName) -> Call {
-    call(wire::CLAIM, &[ns.as_str(), queue.as_str()], None)
+    let mut call = call(wire::CLAIM, &[ns.as_str(), queue.as_str()], None);
+    call.admitted = true;
+    call
 }
 
 fn empty(reply: &Reply) -> Option<ClaimAnswer<std::convert::Infallible>> {
@@ -199,11 +238,13 @@ pub(crate) fn claim_batch(ns: &Namespace, queue: &QueueName, count: usize) -> Re
     let count = wire::ClaimCount {
         count: i64::try_from(count).unwrap_or(i64::MAX),
     };
-    Ok(call(
+    let mut call = call(
         wire::CLAIM_BATCH,
         &[ns.as_str(), queue.as_str()],
         Some(json(&count)?),
-    ))
+    );
+    call.admitted = true;
+    Ok(call)
 }
 
 pub(crate) fn claimed_batch(reply: &Reply) -> Result<ClaimAnswer<Vec<wire::Claim>>, Error> {

@@ -82,13 +82,22 @@ impl Error {
         }
     }
 
-    /// Whether the same call may succeed later: no answer, `429`, `502`,
-    /// `503` or `504`.
+    /// Whether the same call may succeed later: no answer, `408`, `429`,
+    /// `502`, `503`, `504`, or a `500 storage_error` (a storage fault
+    /// such as a lock wait that timed out or a database failing over).
     pub fn is_transient(&self) -> bool {
         match self.status() {
             None => matches!(self, Self::Transport { .. }),
-            Some(status) => matches!(status, 429 | 502 | 503 | 504),
+            Some(500) => self.code() == Some("storage_error"),
+            Some(status) => matches!(status, 408 | 429 | 502 | 503 | 504),
         }
+    }
+
+    /// Whether the refusal is of the request itself (`400`, `413`,
+    /// `422`, or refused by the client before sending): made again, it is
+    /// refused again.
+    pub fn is_invalid_request(&self) -> bool {
+        matches!(self, Self::InvalidInput { .. }) || matches!(self.status(), Some(400 | 413 | 422))
     }
 
     /// Whether the server refused as a conflict (`409`): a lease lost or

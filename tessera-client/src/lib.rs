@@ -57,14 +57,14 @@ pub use worker::AsyncWorker;
 #[cfg(feature = "blocking")]
 pub use worker::Worker;
 #[cfg(any(feature = "blocking", feature = "async"))]
-pub use worker::{HandlerError, Stopper, WorkerOptions, WorkerStats, failure_text};
+pub use worker::{HandlerError, MIN_WAIT, Stopper, WorkerOptions, WorkerStats, failure_text};
 
 /// The `User-Agent` the client sends.
 pub const USER_AGENT: &str = concat!("tessera-client/", env!("CARGO_PKG_VERSION"));
 
 /// The largest answer body the client reads (a batch of 100 claims of
-/// the largest briefs fits).
-pub const MAX_ANSWER_BYTES: u64 = 128 * 1024 * 1024;
+/// the largest briefs, opaque bytes written as JSON numbers, fits).
+pub const MAX_ANSWER_BYTES: u64 = 512 * 1024 * 1024;
 
 /// Where a client calls and how.
 #[derive(Clone, PartialEq, Eq)]
@@ -73,8 +73,12 @@ pub struct ClientConfig {
     key: String,
     /// How long a call may take before it is a transport error, beyond
     /// the time the server holds it on purpose (a long-poll's timeout, a
-    /// claim's wait for admission is within it). Default 30 s.
+    /// claim's wait for admission is not). Default 30 s.
     pub timeout: Duration,
+    /// The longest a claim may wait for admission on the server (its
+    /// `TESSERA_CLAIM_MAX_WAIT_SECONDS`, 10 s by default), added to a
+    /// claim's timeout. Default 60 s.
+    pub claim_wait: Duration,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -83,6 +87,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("base_url", &self.base_url)
             .field("key", &"<redacted>")
             .field("timeout", &self.timeout)
+            .field("claim_wait", &self.claim_wait)
             .finish()
     }
 }
@@ -109,6 +114,7 @@ impl ClientConfig {
             base_url: base_url.trim_end_matches('/').to_owned(),
             key: key.to_owned(),
             timeout: Duration::from_secs(30),
+            claim_wait: Duration::from_secs(60),
         })
     }
 

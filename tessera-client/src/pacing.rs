@@ -59,8 +59,11 @@ pub fn after_error(
         return None;
     }
     if let Some(reset_at) = error.reset_at() {
+        // The server's Retry-After too, in case this clock runs ahead of
+        // the server's.
         let until = (reset_at - now).to_std().unwrap_or_default();
-        return Some(jittered(until, random));
+        let asked = error.retry_after().unwrap_or_default();
+        return Some(jittered(until.max(asked).max(backoff(failures, 0)), random));
     }
     Some(match error.retry_after() {
         Some(wait) => jittered(wait, random),
@@ -120,6 +123,12 @@ mod tests {
         assert_eq!(
             after_error(&error, now, 1, 0),
             Some(Duration::from_secs(90))
+        );
+        let ahead = now + chrono::Duration::seconds(120);
+        assert_eq!(
+            after_error(&error, ahead, 1, 0),
+            Some(Duration::from_secs(5)),
+            "a clock past reset_at still waits the server's Retry-After"
         );
         let overloaded = refused(429, Some(2), None);
         assert_eq!(

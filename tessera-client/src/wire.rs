@@ -129,6 +129,10 @@ pub const ENDPOINTS: &[Endpoint] = &[
     SNOOZE,
 ];
 
+/// The largest request body the server reads; a larger one is refused
+/// (`413`), the client refusing it before sending.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
 /// The header a submission is keyed by.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Set to `true` on a submission's answer that replays its receipt.

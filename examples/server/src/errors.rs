@@ -222,7 +222,7 @@ pub(crate) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Api
 
 /// The largest body a route reads (axum's default limit, which
 /// [`read_body`] applies as it reads).
-pub(crate) const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = tessera_client::wire::MAX_BODY_BYTES;
 
 /// A request's whole body, within the server's body timeout
 /// ([`BodyTimeout`](crate::routes::BodyTimeout)): `408 request_timeout`

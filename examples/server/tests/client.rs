@@ -699,26 +699,43 @@ fn handlers_that_misbehave_end_their_tasks_once_and_the_loop_goes_on() {
     );
 
     let odd = queue("odd");
-    for (n, kind) in ["raises", "fine"].iter().enumerate() {
+    let kinds = ["raises", "panics", "too large", "fine"];
+    for (n, kind) in kinds.iter().enumerate() {
         let mut once = task(&format!("odd-{n}"), json!({ "kind": kind }));
         once.max_tries = Some(1);
         client.enqueue(&ns, &odd, &once).unwrap();
     }
     let worker = Worker::new(client.clone(), NS, "odd", |claim| {
-        match claim.brief_json().map(|brief| brief["kind"].clone()) {
-            Some(kind) if kind == "raises" => Err("clé\nwith\ta newline".into()),
+        let kind = claim.brief_json().map(|brief| brief["kind"].clone());
+        match kind.as_ref().and_then(Value::as_str) {
+            Some("raises") => Err("clé\nwith\ta newline".into()),
+            Some("panics") => panic!("a handler's bug"),
+            Some("too large") => Ok(json!("x".repeat(8 << 20))),
             _ => Ok(json!({"ok": true})),
         }
     })
     .unwrap()
     .with_options(options.clone());
-    let stats = run_until(&worker, 1, |stats| stats.failed + stats.done >= 2);
-    assert_eq!((stats.failed, stats.done), (1, 1), "{stats:?}");
-    let view = server.read(&format!("/v1/ns/{NS}/tasks/odd-0"));
-    let error = view["record"]["attempts"][0]["last_error"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(error.contains("cl\\u{e9}\\nwith\\ta newline"), "{view}");
+    // One thread: a panic does not end it, and the tasks after it run.
+    let stats = run_until(&worker, 1, |stats| stats.failed + stats.done >= 4);
+    assert_eq!(
+        (stats.failed, stats.done, stats.lost),
+        (3, 1, 0),
+        "{stats:?}"
+    );
+    let last_error = |n: usize| {
+        let view = server.read(&format!("/v1/ns/{NS}/tasks/odd-{n}"));
+        let attempt = &view["record"]["attempts"][0];
+        let state = attempt["state"]["state"].as_str().unwrap_or_default();
+        assert!(["failed", "discarded"].contains(&state), "{view}");
+        attempt["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(last_error(0).contains("cl\\u{e9}\\nwith\\ta newline"));
+    assert!(last_error(1).contains("the handler panicked: a handler's bug"));
+    assert!(last_error(2).contains("the server refused the output"));
 
     // A paused queue is waited out for its Retry-After, not polled.
     client
@@ -737,7 +754,7 @@ fn handlers_that_misbehave_end_their_tasks_once_and_the_loop_goes_on() {
         worker.run(2).unwrap()
     });
     assert_eq!(stats.done, 0);
-    assert!(stats.empty <= 20, "a paused queue is not polled: {stats:?}");
+    assert!(stats.empty <= 6, "a paused queue is not polled: {stats:?}");
 
     // A key that may not claim stops every thread, and run says why.
     let reader = Client::new(&server.base(), &server.key(&["read"])).unwrap();

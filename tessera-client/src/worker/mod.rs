@@ -3,12 +3,13 @@
 //! their options, stats, stop and failure text.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tessera_store::Retry;
 
-use crate::Error;
+use crate::{Error, pacing};
 
 #[cfg(feature = "async")]
 mod tasks;
@@ -29,7 +30,8 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 pub struct WorkerOptions {
     /// The longest single wait: a long-poll on an empty queue, a wait out
     /// of a paused or limited one. It is also about how long
-    /// `run` takes to return once stopped. Default 10 s.
+    /// `run` takes to return once stopped. Default 10 s; at least
+    /// [`MIN_WAIT`].
     pub wait: Duration,
     /// What a handler's failure asks for. Default [`Retry::Backoff`].
     pub retry: Retry,
@@ -44,12 +46,27 @@ impl Default for WorkerOptions {
     }
 }
 
+/// How often a sleeping loop looks at its stop.
+pub(crate) const SLICE: Duration = Duration::from_millis(50);
+
+/// The shortest [`WorkerOptions::wait`]: a shorter one is taken as this.
+pub const MIN_WAIT: Duration = Duration::from_millis(100);
+
+impl WorkerOptions {
+    /// The options with `wait` at least [`MIN_WAIT`].
+    pub(crate) fn checked(mut self) -> Self {
+        self.wait = self.wait.max(MIN_WAIT);
+        self
+    }
+}
+
 /// What a worker loop has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WorkerStats {
     /// Tasks whose output was accepted (a replay included).
     pub done: u64,
-    /// Tasks whose handler failed and whose failure was reported.
+    /// Tasks whose handler failed (an error or a panic), or whose output
+    /// the server refused as invalid, and whose failure was reported.
     pub failed: u64,
     /// Tasks whose lease was lost before its submission landed (`409`
     /// or `410`): someone else's now, or finished or cancelled.
@@ -92,12 +109,17 @@ impl Counts {
 }
 
 /// Stops a running worker loop: each of its threads or tasks finishes
-/// the task it holds, and `run` returns within about
-/// [`WorkerOptions::wait`].
-#[derive(Debug, Clone, Default)]
+/// the task it holds (its submission retried while its lease lasts), and
+/// `run` returns within about [`WorkerOptions::wait`]. A stopped worker
+/// stays stopped: `run` again returns at once.
+#[derive(Debug, Clone)]
 pub struct Stopper(Arc<AtomicBool>);
 
 impl Stopper {
+    pub(crate) fn new() -> Self {
+        Self(Arc::default())
+    }
+
     /// Asks the worker to stop.
     pub fn stop(&self) {
         self.0.store(true, Ordering::SeqCst);
@@ -113,16 +135,98 @@ impl Stopper {
 pub(crate) enum Unsettled {
     /// The lease is gone.
     Lost,
-    /// Stopped while waiting to retry.
+    /// Stopped while waiting to retry, and the lease has lapsed.
     Stopped,
+    /// The server refused the request itself (`400`, `413`): made again,
+    /// it is refused again.
+    Refused(Error),
     /// A refusal no wait answers.
     Fatal(Error),
+}
+
+/// The latest expiry of a held lease, as its heartbeats extend it.
+#[derive(Debug)]
+pub(crate) struct Expiry(AtomicI64);
+
+impl Expiry {
+    pub(crate) fn new(at: DateTime<Utc>) -> Self {
+        Self(AtomicI64::new(at.timestamp_millis()))
+    }
+
+    pub(crate) fn set(&self, at: DateTime<Utc>) {
+        self.0.fetch_max(at.timestamp_millis(), Ordering::Relaxed);
+    }
+
+    /// Whether it has passed.
+    pub(crate) fn lapsed(&self) -> bool {
+        self.get() <= Utc::now()
+    }
+
+    pub(crate) fn get(&self) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(self.0.load(Ordering::Relaxed)).unwrap_or_default()
+    }
+}
+
+/// What follows a settling call's (a submission's or failure's) `error`,
+/// the `failures`-th in a row: a wait before making it again, or why it
+/// will not land. Stopped, a call is made again only while its lease
+/// lasts.
+pub(crate) fn after_settling_error(
+    error: Error,
+    failures: u32,
+    stopped: bool,
+    expiry: &Expiry,
+) -> Result<Duration, Unsettled> {
+    if error.is_lease_lost() {
+        return Err(Unsettled::Lost);
+    }
+    if error.is_invalid_request() {
+        return Err(Unsettled::Refused(error));
+    }
+    let now = Utc::now();
+    let Some(wait) = pacing::after_error(&error, now, failures, random()) else {
+        return Err(Unsettled::Fatal(error));
+    };
+    if stopped && expiry.get() <= now {
+        return Err(Unsettled::Stopped);
+    }
+    Ok(wait)
+}
+
+/// The wait before the next heartbeat of a lease that expires at
+/// `expires_at`, after a beat that `failed` (the `failures`-th in a
+/// row) or not.
+pub(crate) fn next_beat(expires_at: DateTime<Utc>, failed: Option<(&Error, u32)>) -> Duration {
+    let now = Utc::now();
+    let left = (expires_at - now).to_std().unwrap_or_default();
+    let every = pacing::heartbeat_every(left);
+    match failed {
+        None => every,
+        Some((error, failures)) => pacing::after_error(error, now, failures, random())
+            .unwrap_or(every)
+            .min(every),
+    }
+}
+
+/// A handler's panic as a failure's text.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    let message = (panic.downcast_ref::<&str>().map(|text| (*text).to_owned()))
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_owned());
+    format!("the handler panicked: {message}")
 }
 
 /// A handler's error as the server keeps it: printable ASCII (others
 /// escaped), at most the server's limit on an error's length.
 pub fn failure_text(text: &str) -> String {
-    let mut escaped: String = text.escape_default().collect();
+    let mut escaped = String::with_capacity(text.len());
+    for character in text.chars() {
+        if matches!(character, ' '..='~') {
+            escaped.push(character);
+        } else {
+            escaped.extend(character.escape_default());
+        }
+    }
     let limit = tessera_store::limits::MAX_ERROR_BYTES;
     if escaped.len() > limit {
         let mut end = limit - 3;
@@ -146,8 +250,8 @@ mod tests {
     #[test]
     fn a_failures_text_is_printable_and_bounded() {
         assert_eq!(
-            failure_text("bad\nthing \u{1F4A5}"),
-            "bad\\nthing \\u{1f4a5}"
+            failure_text("it's bad\nthing \u{1F4A5}"),
+            "it's bad\\nthing \\u{1f4a5}"
         );
         let long = failure_text(&"x".repeat(100_000));
         assert!(long.len() <= tessera_store::limits::MAX_ERROR_BYTES);

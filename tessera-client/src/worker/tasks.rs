@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::Value;
-use tessera_store::{EmptyReason, Namespace, QueueName};
+use tessera_store::{EmptyReason, Namespace, QueueName, Retry, WaitOutcome};
 use tokio::time::Instant;
 
 use super::{
-    Counts, HandlerError, Stopper, Unsettled, WorkerOptions, WorkerStats, failure_text, random,
+    Counts, Expiry, HandlerError, SLICE, Stopper, Unsettled, WorkerOptions, WorkerStats,
+    after_settling_error, failure_text, next_beat, random,
 };
 use crate::calls::ClaimAnswer;
 use crate::{AsyncClient, Error, pacing, wire};
@@ -35,7 +36,6 @@ use crate::{AsyncClient, Error, pacing, wire};
 /// It claims, waits, heartbeats and submits as [`Worker`](crate::Worker)
 /// does; each of `run`'s tasks holds one claim at a time, and its
 /// heartbeats run beside the handler.
-#[derive(Debug)]
 pub struct AsyncWorker<H> {
     client: AsyncClient,
     ns: Namespace,
@@ -44,6 +44,18 @@ pub struct AsyncWorker<H> {
     options: WorkerOptions,
     stopper: Stopper,
     counts: Arc<Counts>,
+}
+
+impl<H> std::fmt::Debug for AsyncWorker<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncWorker")
+            .field("client", &self.client)
+            .field("ns", &self.ns)
+            .field("queue", &self.queue)
+            .field("options", &self.options)
+            .field("stats", &self.counts.snapshot())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<H, F> AsyncWorker<H>
@@ -62,7 +74,7 @@ where
             queue: QueueName::parse(queue).map_err(invalid)?,
             handler,
             options: WorkerOptions::default(),
-            stopper: Stopper::default(),
+            stopper: Stopper::new(),
             counts: Arc::default(),
         })
     }
@@ -70,7 +82,7 @@ where
     /// The same worker with `options`.
     #[must_use]
     pub fn with_options(mut self, options: WorkerOptions) -> Self {
-        self.options = options;
+        self.options = options.checked();
         self
     }
 
@@ -123,15 +135,22 @@ where
                     retry_after,
                 } => {
                     Counts::add(&self.counts.empty);
-                    let wait = pacing::jittered(retry_after, random()).min(self.options.wait);
-                    if reason == EmptyReason::Empty {
-                        let polled = self.client.wait_for_work(&self.ns, &self.queue, wait);
-                        if let Err(error) = polled.await {
+                    let wait = pacing::jittered(retry_after, random());
+                    if reason != EmptyReason::Empty {
+                        self.sleep(wait).await;
+                        continue;
+                    }
+                    let wait = wait.min(self.options.wait);
+                    let started = Instant::now();
+                    match self.client.wait_for_work(&self.ns, &self.queue, wait).await {
+                        Ok(WaitOutcome::WorkAvailable) => {}
+                        Ok(WaitOutcome::TimedOut) => {
+                            self.sleep(wait.saturating_sub(started.elapsed())).await;
+                        }
+                        Err(error) => {
                             failures += 1;
                             self.wait_after(&error, failures).await?;
                         }
-                    } else {
-                        self.sleep(wait).await;
                     }
                 }
             }
@@ -155,7 +174,7 @@ where
         let until = Instant::now() + wait;
         while !self.stopper.is_stopped() && Instant::now() < until {
             let left = until.saturating_duration_since(Instant::now());
-            tokio::time::sleep(left.min(Duration::from_millis(50))).await;
+            tokio::time::sleep(left.min(SLICE)).await;
         }
     }
 
@@ -163,24 +182,34 @@ where
     /// until it is settled.
     async fn process(&self, claim: wire::Claim) -> Result<(), Error> {
         let lease = claim.lease.clone();
-        let settle = self.settle(claim);
+        let expiry = Expiry::new(lease.expires_at);
+        let settle = self.settle(claim, &expiry);
         tokio::pin!(settle);
-        let every = pacing::heartbeat_every(lease.length());
-        let mut beats = tokio::time::interval_at(Instant::now() + every, every);
+        let mut wait = next_beat(expiry.get(), None);
+        let mut failures = 0;
         let mut beating = true;
         let outcome = loop {
             tokio::select! {
                 outcome = &mut settle => break outcome,
-                _ = beats.tick(), if beating => {
+                () = tokio::time::sleep(wait), if beating && !self.stopper.is_stopped() => {
                     // A beat runs beside the settling, not before it.
                     let beat = self.client.heartbeat(&lease, None);
                     tokio::pin!(beat);
                     tokio::select! {
                         outcome = &mut settle => break outcome,
-                        result = &mut beat => {
+                        result = &mut beat => match result {
+                            Ok(extended) => {
+                                failures = 0;
+                                expiry.set(extended.expires_at);
+                                wait = next_beat(extended.expires_at, None);
+                            }
                             // A lost lease shows in the settling's answer.
-                            beating = !matches!(result, Err(error) if error.is_lease_lost());
-                        }
+                            Err(error) if error.is_lease_lost() => beating = false,
+                            Err(error) => {
+                                failures += 1;
+                                wait = next_beat(expiry.get(), Some((&error, failures)));
+                            }
+                        },
                     }
                 }
             }
@@ -195,63 +224,68 @@ where
                 Counts::add(&self.counts.abandoned);
                 Ok(())
             }
-            Err(Unsettled::Fatal(error)) => Err(error),
+            Err(Unsettled::Fatal(error) | Unsettled::Refused(error)) => Err(error),
         }
     }
 
-    async fn settle(&self, claim: wire::Claim) -> Result<(), Unsettled> {
+    /// The handler's outcome, made to land: its output submitted, or its
+    /// failure (an error, an output the server refuses) reported.
+    async fn settle(&self, claim: wire::Claim, expiry: &Expiry) -> Result<(), Unsettled> {
         let lease = claim.lease.clone();
-        match (self.handler)(claim).await {
+        let (retry, error) = match (self.handler)(claim).await {
             Ok(output) => {
                 let key = lease.idempotency_key();
                 let mut failures = 0;
                 loop {
-                    let outcome = self.client.submit(&lease, &output, &key).await;
-                    if self.landed(outcome, &mut failures).await? {
-                        break;
+                    let error = match self.client.submit(&lease, &output, &key).await {
+                        Ok(_) => {
+                            Counts::add(&self.counts.done);
+                            return Ok(());
+                        }
+                        Err(error) => error,
+                    };
+                    failures += 1;
+                    let stopped = self.stopper.is_stopped();
+                    match after_settling_error(error, failures, stopped, expiry) {
+                        Ok(wait) => self.pause(wait, expiry).await,
+                        // Refused as it is: the task fails for good.
+                        Err(Unsettled::Refused(error)) => {
+                            break (
+                                Retry::Never,
+                                format!("the server refused the output: {error}"),
+                            );
+                        }
+                        Err(other) => return Err(other),
                     }
                 }
-                Counts::add(&self.counts.done);
             }
-            Err(error) => {
-                let text = failure_text(&error.to_string());
-                let mut failures = 0;
-                loop {
-                    let outcome = (self.client)
-                        .fail(&lease, self.options.retry, Some(&text))
-                        .await;
-                    if self.landed(outcome, &mut failures).await? {
-                        break;
-                    }
+            Err(error) => (self.options.retry, error.to_string()),
+        };
+        let text = failure_text(&error);
+        let mut failures = 0;
+        loop {
+            let error = match self.client.fail(&lease, retry, Some(&text)).await {
+                Ok(_) => {
+                    Counts::add(&self.counts.failed);
+                    return Ok(());
                 }
-                Counts::add(&self.counts.failed);
-            }
+                Err(error) => error,
+            };
+            failures += 1;
+            let stopped = self.stopper.is_stopped();
+            let wait = after_settling_error(error, failures, stopped, expiry)?;
+            self.pause(wait, expiry).await;
         }
-        Ok(())
     }
 
-    /// Whether a settling call landed; after a transient error, waits as
-    /// it asks and answers `false`, so the call is made again.
-    async fn landed<T>(
-        &self,
-        outcome: Result<T, Error>,
-        failures: &mut u32,
-    ) -> Result<bool, Unsettled> {
-        let error = match outcome {
-            Ok(_) => return Ok(true),
-            Err(error) if error.is_lease_lost() => return Err(Unsettled::Lost),
-            Err(error) => error,
-        };
-        if self.stopper.is_stopped() {
-            return Err(Unsettled::Stopped);
-        }
-        *failures += 1;
-        let Some(wait) = pacing::after_error(&error, Utc::now(), *failures, random()) else {
-            return Err(Unsettled::Fatal(error));
-        };
+    /// A wait before a settling call is made again, cut short by a stop
+    /// only once the lease has lapsed.
+    async fn pause(&self, wait: Duration, expiry: &Expiry) {
         Counts::add(&self.counts.retries);
-        self.sleep(wait).await;
-        Ok(false)
+        let until = Instant::now() + wait;
+        while Instant::now() < until && !(self.stopper.is_stopped() && expiry.lapsed()) {
+            tokio::time::sleep(until.saturating_duration_since(Instant::now()).min(SLICE)).await;
+        }
     }
 }
 

@@ -1,15 +1,17 @@
 //! [`Worker`]: a remote worker loop on threads, over [`Client`].
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde_json::Value;
-use tessera_store::{EmptyReason, Namespace, QueueName};
+use tessera_store::{EmptyReason, Namespace, QueueName, Retry, WaitOutcome};
 
 use super::{
-    Counts, HandlerError, Stopper, Unsettled, WorkerOptions, WorkerStats, failure_text, random,
+    Counts, Expiry, HandlerError, SLICE, Stopper, Unsettled, WorkerOptions, WorkerStats,
+    after_settling_error, failure_text, next_beat, panic_text, random,
 };
 use crate::calls::ClaimAnswer;
 use crate::{Client, Error, pacing, wire};
@@ -44,7 +46,6 @@ use crate::{Client, Error, pacing, wire};
 ///   failure ([`WorkerOptions::retry`]);
 /// - stops every thread on a refusal no wait answers (a key without the
 ///   claim scope, say), which [`run`](Self::run) returns.
-#[derive(Debug)]
 pub struct Worker<H> {
     client: Client,
     ns: Namespace,
@@ -53,6 +54,18 @@ pub struct Worker<H> {
     options: WorkerOptions,
     stopper: Stopper,
     counts: Arc<Counts>,
+}
+
+impl<H> std::fmt::Debug for Worker<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("client", &self.client)
+            .field("ns", &self.ns)
+            .field("queue", &self.queue)
+            .field("options", &self.options)
+            .field("stats", &self.counts.snapshot())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<H> Worker<H>
@@ -70,7 +83,7 @@ where
             queue: QueueName::parse(queue).map_err(invalid)?,
             handler,
             options: WorkerOptions::default(),
-            stopper: Stopper::default(),
+            stopper: Stopper::new(),
             counts: Arc::default(),
         })
     }
@@ -78,7 +91,7 @@ where
     /// The same worker with `options`.
     #[must_use]
     pub fn with_options(mut self, options: WorkerOptions) -> Self {
-        self.options = options;
+        self.options = options.checked();
         self
     }
 
@@ -135,16 +148,26 @@ where
                     retry_after,
                 } => {
                     Counts::add(&self.counts.empty);
-                    let wait = pacing::jittered(retry_after, random()).min(self.options.wait);
-                    if reason == EmptyReason::Empty {
-                        // The long-poll answers early when work arrives;
-                        // a failed one is just a shorter wait.
-                        if let Err(error) = self.client.wait_for_work(&self.ns, &self.queue, wait) {
+                    let wait = pacing::jittered(retry_after, random());
+                    if reason != EmptyReason::Empty {
+                        // Paused or at its limit: waited out, not polled.
+                        self.sleep(wait);
+                        continue;
+                    }
+                    // The long-poll answers early when work arrives. One
+                    // that ends early without work (a server whose cap
+                    // is shorter) is followed by the rest of the wait.
+                    let wait = wait.min(self.options.wait);
+                    let started = Instant::now();
+                    match self.client.wait_for_work(&self.ns, &self.queue, wait) {
+                        Ok(WaitOutcome::WorkAvailable) => {}
+                        Ok(WaitOutcome::TimedOut) => {
+                            self.sleep(wait.saturating_sub(started.elapsed()));
+                        }
+                        Err(error) => {
                             failures += 1;
                             self.wait_after(&error, failures)?;
                         }
-                    } else {
-                        self.sleep(wait);
                     }
                 }
             }
@@ -172,87 +195,116 @@ where
             if left.is_zero() {
                 return;
             }
-            std::thread::sleep(left.min(Duration::from_millis(50)));
+            std::thread::sleep(left.min(SLICE));
         }
     }
 
     /// Runs the handler on `claim` under heartbeats, and settles it.
     fn process(&self, claim: &wire::Claim) -> Result<(), Error> {
+        let expiry = Expiry::new(claim.lease.expires_at);
         let (done, beating) = mpsc::channel::<()>();
-        std::thread::scope(|scope| {
-            scope.spawn(move || self.heartbeat(&claim.lease, &beating));
-            let outcome = self.settle(claim);
+        let outcome = std::thread::scope(|scope| {
+            let expiry = &expiry;
+            scope.spawn(move || self.heartbeat(&claim.lease, expiry, &beating));
+            let outcome = self.settle(claim, expiry);
             drop(done);
-            match outcome {
-                Ok(()) => Ok(()),
-                Err(Unsettled::Lost) => {
-                    Counts::add(&self.counts.lost);
-                    Ok(())
-                }
-                Err(Unsettled::Stopped) => {
-                    Counts::add(&self.counts.abandoned);
-                    Ok(())
-                }
-                Err(Unsettled::Fatal(error)) => Err(error),
+            outcome
+        });
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(Unsettled::Lost) => {
+                Counts::add(&self.counts.lost);
+                Ok(())
             }
-        })
+            Err(Unsettled::Stopped) => {
+                Counts::add(&self.counts.abandoned);
+                Ok(())
+            }
+            Err(Unsettled::Fatal(error) | Unsettled::Refused(error)) => Err(error),
+        }
     }
 
-    /// Extends `lease` every third of its length until `done` closes.
-    fn heartbeat(&self, lease: &wire::Lease, done: &mpsc::Receiver<()>) {
-        let every = pacing::heartbeat_every(lease.length());
+    /// Extends `lease` every third of the time it has left, sooner after
+    /// a beat that failed, until `done` closes.
+    fn heartbeat(&self, lease: &wire::Lease, expiry: &Expiry, done: &mpsc::Receiver<()>) {
+        let mut wait = next_beat(expiry.get(), None);
+        let mut failures = 0;
         loop {
-            match done.recv_timeout(every) {
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            match done.recv_timeout(wait) {
+                // Stopped, a lease is no longer extended: a submission
+                // still failing is given up once it lapses.
+                Err(mpsc::RecvTimeoutError::Timeout) if !self.stopper.is_stopped() => {}
+                _ => return,
             }
-            match self.client.heartbeat(lease, None) {
-                // A lost lease shows in the submission's answer.
+            wait = match self.client.heartbeat(lease, None) {
+                Ok(extended) => {
+                    failures = 0;
+                    expiry.set(extended.expires_at);
+                    next_beat(extended.expires_at, None)
+                }
+                // A lost lease shows in the settling's answer.
                 Err(error) if error.is_lease_lost() => return,
-                // A missed beat is tried again at the next.
-                Ok(_) | Err(_) => {}
-            }
+                Err(error) => {
+                    failures += 1;
+                    next_beat(expiry.get(), Some((&error, failures)))
+                }
+            };
         }
     }
 
     /// The handler's outcome, made to land: its output submitted, or its
-    /// failure reported.
-    fn settle(&self, claim: &wire::Claim) -> Result<(), Unsettled> {
+    /// failure (an error, a panic, an output the server refuses)
+    /// reported.
+    fn settle(&self, claim: &wire::Claim, expiry: &Expiry) -> Result<(), Unsettled> {
         let lease = &claim.lease;
-        match (self.handler)(claim) {
+        let handled = std::panic::catch_unwind(AssertUnwindSafe(|| (self.handler)(claim)))
+            .unwrap_or_else(|panic| Err(panic_text(panic.as_ref()).into()));
+        let (retry, error) = match handled {
             Ok(output) => {
                 let key = lease.idempotency_key();
-                self.until_landed(|| self.client.submit(lease, &output, &key))?;
-                Counts::add(&self.counts.done);
+                match self.until_landed(expiry, || self.client.submit(lease, &output, &key)) {
+                    Ok(_) => {
+                        Counts::add(&self.counts.done);
+                        return Ok(());
+                    }
+                    // Refused as it is: it would be again, so the task
+                    // fails for good rather than be run again.
+                    Err(Unsettled::Refused(error)) => (
+                        Retry::Never,
+                        format!("the server refused the output: {error}"),
+                    ),
+                    Err(other) => return Err(other),
+                }
             }
-            Err(error) => {
-                let text = failure_text(&error.to_string());
-                let retry = self.options.retry;
-                self.until_landed(|| self.client.fail(lease, retry, Some(&text)))?;
-                Counts::add(&self.counts.failed);
-            }
-        }
+            Err(error) => (self.options.retry, error.to_string()),
+        };
+        let text = failure_text(&error);
+        self.until_landed(expiry, || self.client.fail(lease, retry, Some(&text)))?;
+        Counts::add(&self.counts.failed);
         Ok(())
     }
 
     /// Makes `call` until it lands, waiting as each transient error asks.
-    fn until_landed<T>(&self, mut call: impl FnMut() -> Result<T, Error>) -> Result<T, Unsettled> {
+    fn until_landed<T>(
+        &self,
+        expiry: &Expiry,
+        mut call: impl FnMut() -> Result<T, Error>,
+    ) -> Result<T, Unsettled> {
         let mut failures = 0;
         loop {
             let error = match call() {
                 Ok(answer) => return Ok(answer),
-                Err(error) if error.is_lease_lost() => return Err(Unsettled::Lost),
                 Err(error) => error,
             };
-            if self.stopper.is_stopped() {
-                return Err(Unsettled::Stopped);
-            }
             failures += 1;
-            let Some(wait) = pacing::after_error(&error, Utc::now(), failures, random()) else {
-                return Err(Unsettled::Fatal(error));
-            };
+            let stopped = self.stopper.is_stopped();
+            let wait = after_settling_error(error, failures, stopped, expiry)?;
             Counts::add(&self.counts.retries);
-            self.sleep(wait);
+            // Cut short by a stop only once the lease has lapsed.
+            let until = Instant::now() + wait;
+            while Instant::now() < until && !(self.stopper.is_stopped() && expiry.lapsed()) {
+                std::thread::sleep(until.saturating_duration_since(Instant::now()).min(SLICE));
+            }
         }
     }
 }

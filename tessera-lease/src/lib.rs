@@ -102,6 +102,7 @@
 
 mod attempt;
 mod claim_order;
+mod dependency;
 mod digest;
 mod error;
 mod lease;
@@ -121,6 +122,9 @@ mod unique;
 
 pub use attempt::AttemptRecord;
 pub use claim_order::{ClaimKey, ClaimSource, ClaimableAt, first_claimable, priorities};
+pub use dependency::{
+    Cascade, DependencyError, MAX_PARENTS, ParentEnd, RunAfter, Unblocked, Waiting, check_batch,
+};
 pub use digest::Digest;
 pub use error::{DurationRule, Field, LeaseError, LeaseErrorKind, Rule};
 pub use lease::{Lease, LeaseRecord};

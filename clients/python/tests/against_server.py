@@ -293,7 +293,31 @@ def backend(label, args):
         print(f"python client on {label}: passed")
 
 
+def check_refusals():
+    """Which refusals the worker waits out, and for how long."""
+    import datetime
+    import random
+
+    from tessera_client._errors import QuotaExhausted, TesseraError, Unavailable, error_of
+    from tessera_client._worker import pause_for
+
+    def body(code):
+        return {"error": {"code": code, "message": "x"}}
+
+    check(isinstance(error_of(500, body("storage_error"), None), Unavailable),
+          "a 500 storage_error is waited out")
+    check(type(error_of(500, body("corrupt_database"), None)) is TesseraError,
+          "another 500 is not")
+    check(isinstance(error_of(408, body("request_timeout"), None), Unavailable),
+          "a 408 is waited out")
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    past = QuotaExhausted(503, "storage_quota_exhausted", "x", 5, now - datetime.timedelta(seconds=10))
+    check(5 <= pause_for(past, 1, random.Random(1), now) <= 6,
+          "a spent allowance whose reset_at this clock has passed still waits its Retry-After")
+
+
 def main():
+    check_refusals()
     backend("SQLite", lambda work: ["--db", os.path.join(work, "tessera.db")])
     url = os.environ.get("TESSERA_TEST_POSTGRES_URL")
     if url:

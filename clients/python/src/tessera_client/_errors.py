@@ -42,8 +42,9 @@ class NotFound(TesseraError):
 
 
 class Unavailable(TesseraError):
-    """502, 504, or 503 other than a spent quota (the server restarting
-    behind a proxy, shutting down, storage failing): ask again after
+    """408, 502, 504, 503 other than a spent quota, or 500
+    ``storage_error`` (the server restarting behind a proxy, shutting
+    down, storage failing or failing over): ask again after
     ``retry_after``."""
 
 
@@ -73,7 +74,7 @@ def error_of(status: int, body: object, retry_after_header: Optional[str]) -> Te
         kind = RateLimited
     elif status == 503 and code == "storage_quota_exhausted":
         kind = QuotaExhausted
-    elif status in (502, 503, 504):
+    elif status in (408, 502, 503, 504) or (status == 500 and code == "storage_error"):
         kind = Unavailable
     elif status == 409:
         kind = Conflict

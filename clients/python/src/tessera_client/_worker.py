@@ -61,11 +61,13 @@ def pause_for(error: Exception, attempt: int, rng: random.Random,
               now: Optional[datetime] = None) -> float:
     """Seconds to wait before asking again after ``error``, the
     ``attempt``-th time in a row: a ``Retry-After`` or ``reset_at`` the
-    server gave, with jitter; else a backoff from 0.1 s doubling to 5 s,
-    with jitter."""
+    server gave, with jitter (for a spent allowance, the later of
+    ``reset_at`` and ``Retry-After``); else a backoff from 0.1 s doubling
+    to 5 s, with jitter."""
     if isinstance(error, QuotaExhausted) and error.reset_at is not None:
+        # The server's Retry-After too, in case this clock runs ahead.
         now = now or datetime.now(timezone.utc)
-        base = max((error.reset_at - now).total_seconds(), 0.0)
+        base = max((error.reset_at - now).total_seconds(), float(error.retry_after or 0), 0.0)
     elif isinstance(error, TesseraError) and error.retry_after is not None:
         base = float(error.retry_after)
     else:

@@ -492,11 +492,13 @@ pub(crate) fn state_counts(by_state: Vec<(String, i64)>) -> Result<StateCounts> 
     Ok(attempts)
 }
 
-/// Queue depths from the two reads behind them: per queue, the claim
-/// order's entries claimable now and later, and the live leases.
+/// Queue depths from the three reads behind them: per queue, the claim
+/// order's entries claimable now and later, the live leases, and when
+/// the first-enqueued claimable task was enqueued (milliseconds).
 pub(crate) fn queue_depths(
     claimable: Vec<(String, i64, i64)>,
     leased: Vec<(String, i64)>,
+    oldest: Vec<(String, i64)>,
 ) -> Result<Vec<QueueDepth>> {
     let mut depths = std::collections::BTreeMap::<String, QueueDepth>::new();
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -516,6 +518,9 @@ pub(crate) fn queue_depths(
     }
     for (queue, leases) in leased {
         depth(&mut depths, queue)?.leased += count(leases);
+    }
+    for (queue, enqueued) in oldest {
+        depth(&mut depths, queue)?.oldest_ready_at = Some(from_millis(enqueued));
     }
     Ok(depths.into_values().collect())
 }

@@ -128,17 +128,32 @@
     });
   }
 
-  form.hidden = false;
-  form.addEventListener("submit", function (event) {
-    event.preventDefault();
-    sessionStorage.setItem("tessera-key", keyInput.value.trim());
-    keyInput.value = "";
-    lastDetails = 0;
-    poll();
-  });
+  // The key is kept in this tab for the live panel, and posted to the
+  // board too, which keeps it in its cookie for the server-rendered views.
+  function post(path, fields) {
+    return fetch(path, {
+      method: "POST",
+      body: new URLSearchParams(fields),
+      redirect: "manual",
+      credentials: "same-origin"
+    }).catch(function () {});
+  }
+
+  if (form) {
+    form.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var typed = keyInput.value.trim();
+      sessionStorage.setItem("tessera-key", typed);
+      keyInput.value = "";
+      lastDetails = 0;
+      post("/board/key", ns ? { key: typed, ns: ns } : { key: typed });
+      poll();
+    });
+  }
   document.getElementById("forget").addEventListener("click", function () {
     sessionStorage.removeItem("tessera-key");
     document.getElementById("keyed").hidden = true;
+    post("/board/forget", {});
   });
 
   poll();

@@ -320,6 +320,16 @@ pub const SCHEDULES_LIMIT: Input = integer("limit", 1, MAX_SCHEDULES_LISTED as i
 /// Whether the board's keyed feed also makes its audited reads (1) or not (0).
 pub const DETAILS: Input = integer("details", 0, 1);
 
+/// An operator's key typed into the board's form (the store checks it is
+/// one it issued).
+pub const BOARD_KEY: Input = Input {
+    name: "key",
+    limit: Limit::Text {
+        min_len: 1,
+        max_len: 128,
+    },
+};
+
 /// Every input with limits, for the test that proves the document and
 /// the validation agree.
 pub const ALL: &[Input] = &[
@@ -371,6 +381,7 @@ pub const ALL: &[Input] = &[
     CRON,
     ZONE,
     SCHEDULES_LIMIT,
+    BOARD_KEY,
 ];
 
 impl Input {

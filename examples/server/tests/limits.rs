@@ -101,7 +101,8 @@ fn enforced(input: Input, value: &Value) -> bool {
             || i == limits::LABEL
             || i == limits::ERROR_TEXT
             || i == limits::CRON
-            || i == limits::ZONE =>
+            || i == limits::ZONE
+            || i == limits::BOARD_KEY =>
         {
             text(&|s| input.text(s).is_ok())
         }

@@ -102,6 +102,8 @@ pub(crate) struct ListingRow {
     pub(crate) until_at: Option<i64>,
     pub(crate) discarded: Option<String>,
     pub(crate) tries: i64,
+    /// When the attempt reached its state, in milliseconds.
+    pub(crate) changed_at: i64,
     pub(crate) queue: String,
     pub(crate) task_id: String,
     pub(crate) version: i64,
@@ -127,6 +129,7 @@ impl ListingRow {
             attempt: number,
             state: stored_state(&self.state, self.until_at, self.discarded.as_deref())?,
             tries: u32::try_from(self.tries).map_err(|_| bad())?,
+            changed_at: from_millis(self.changed_at),
             partition_key: partition_key(self.partition_key.as_deref())?,
             progress: self.progress.as_deref().map(progress_value).transpose()?,
         };

@@ -301,6 +301,7 @@ impl ReadTransaction for PgTransaction<'_> {
                 version: row.try_get(8)?,
                 partition_key: row.try_get(9)?,
                 progress: row.try_get(10)?,
+                changed_at: row.try_get(11)?,
             }
             .listing(namespace)
         })

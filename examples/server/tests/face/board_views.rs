@@ -397,3 +397,332 @@ fn the_overview_shows_waiting_work_and_admission_in_an_operators_words() {
     assert!(page.contains("claims served at once (the concurrency limit)"));
     assert!(!page.contains("share of the slots"));
 }
+
+/// Enqueues `id` in `queue` of `renders`, with a partition key if given.
+fn enqueue_in(service: &Service, key: &str, queue: &str, id: &str, partition: Option<&str>) {
+    let mut body = json!({ "id": id, "brief": { "id": id, "note": "<b>bold</b>" } });
+    if let Some(partition) = partition {
+        body["partition_key"] = json!(partition);
+    }
+    let reply = service.send(
+        "POST",
+        &format!("/v1/ns/renders/queues/{queue}/tasks"),
+        Some(key),
+        Some(&body),
+    );
+    assert_eq!(reply.status, 201, "{}", reply.text());
+}
+
+/// The tasks a list page shows, by id.
+fn listed(page: &str) -> Vec<String> {
+    page.split("<tr data-task=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().to_owned())
+        .collect()
+}
+
+/// A board page's refusal: its status and code.
+fn refusal(service: &Service, path: &str, cookie: &str) -> (u16, String) {
+    let reply = service.send_with("GET", path, None, &[("cookie", cookie)], None);
+    let code = if reply.status == 200 {
+        String::new()
+    } else {
+        reply.json()["error"]["code"].as_str().unwrap().to_owned()
+    };
+    (reply.status, code)
+}
+
+#[test]
+fn the_task_list_filters_searches_and_pages_without_javascript() {
+    let service = Service::sqlite();
+    let worker = service.worker();
+    for id in ["f0", "f1", "f2"] {
+        enqueue_in(&service, &worker, "frames", id, None);
+    }
+    enqueue_in(&service, &worker, "emails", "e0", Some("acme"));
+    enqueue_in(&service, &worker, "emails", "e1", None);
+    let cookie = keep_key(&service, &service.admin);
+
+    let all = page(&service, "/board/tasks?ns=renders&state=ready", &cookie);
+    assert_eq!(listed(&all), ["f0", "f1", "f2", "e0", "e1"]);
+    let newest = page(
+        &service,
+        "/board/tasks?ns=renders&state=ready&order=newest",
+        &cookie,
+    );
+    assert_eq!(listed(&newest), ["e1", "e0", "f2", "f1", "f0"]);
+    let emails = page(&service, "/board/tasks?ns=renders&queue=emails", &cookie);
+    assert_eq!(listed(&emails), ["e0", "e1"]);
+    let acme = page(
+        &service,
+        "/board/tasks?ns=renders&state=ready&partition_key=acme&queue=",
+        &cookie,
+    );
+    assert_eq!(listed(&acme), ["e0"]);
+    let later = "2999-01-01T00:00:00Z";
+    let none = page(
+        &service,
+        &format!("/board/tasks?ns=renders&since={later}"),
+        &cookie,
+    );
+    assert!(listed(&none).is_empty());
+    let before = page(
+        &service,
+        &format!("/board/tasks?ns=renders&before={later}"),
+        &cookie,
+    );
+    assert_eq!(listed(&before).len(), 5);
+    assert!(all.contains(" ago</time>"), "an age for each waiting task");
+
+    // Pages of 50: the next link goes on where the page ended.
+    let tasks: Vec<Value> = (0..53).map(|n| json!({ "brief": n })).collect();
+    let batch = service.send(
+        "POST",
+        "/v1/ns/renders/queues/bulk/tasks/batch",
+        Some(&worker),
+        Some(&json!({ "tasks": tasks })),
+    );
+    assert_eq!(batch.status, 201, "{}", batch.text());
+    let first = page(&service, "/board/tasks?ns=renders&queue=bulk", &cookie);
+    assert_eq!(listed(&first).len(), 45, "the first page's 50, less five");
+    let next = first
+        .split("id=\"next\"")
+        .next()
+        .unwrap()
+        .rsplit("href=\"")
+        .next()
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .replace("&amp;", "&");
+    let second = page(&service, &next, &cookie);
+    assert_eq!(listed(&second).len(), 8);
+    assert!(!second.contains("id=\"next\""));
+
+    // A search by id opens the task's detail.
+    let searched = crate::get_unfollowed(
+        service.address,
+        "/board/tasks?ns=renders&id=f1",
+        &[("cookie", &cookie)],
+    );
+    assert_eq!(searched.status, 303);
+    let detail = searched.header("location").unwrap();
+    assert_eq!(detail, "/board/task?ns=renders&id=f1&version=1");
+    assert!(page(&service, detail, &cookie).contains("<h2>Task f1 v1</h2>"));
+
+    // Hostile input: typed 400s.
+    for (query, code) in [
+        ("state=bogus", "invalid_input"),
+        ("since=yesterday", "invalid_input"),
+        ("queue=a%20b", "invalid_input"),
+        ("after=xyz", "invalid_input"),
+        ("order=sideways", "invalid_input"),
+        ("ns=..", "invalid_input"),
+        ("version=0&id=f1", "invalid_input"),
+    ] {
+        assert_eq!(
+            refusal(&service, &format!("/board/tasks?{query}"), &cookie),
+            (400, code.to_owned()),
+            "{query}"
+        );
+    }
+}
+
+#[test]
+fn a_tasks_detail_shows_its_attempts_output_errors_and_audit_and_its_controls_work() {
+    let service = Service::sqlite();
+    let worker = service.worker();
+    crate::board::discard(
+        &service,
+        &worker,
+        "broken",
+        "the <renderer> ran out of memory",
+    );
+    enqueue_in(&service, &worker, "frames", "good", None);
+    let claimed = service.send(
+        "POST",
+        "/v1/ns/renders/queues/frames/claims",
+        Some(&worker),
+        None,
+    );
+    assert_eq!(claimed.status, 200);
+    let claimed = claimed.json();
+    assert_eq!(claimed["task"]["id"], "good");
+    let token = claimed["lease"]["token"].clone();
+    let submitted = service.send_with(
+        "POST",
+        "/v1/ns/renders/tasks/good/submit",
+        Some(&worker),
+        &[("idempotency-key", "good-once")],
+        Some(&json!({ "version": 1, "token": token, "output": { "pixels": 42 } })),
+    );
+    assert_eq!(submitted.status, 200, "{}", submitted.text());
+    let cookie = keep_key(&service, &service.admin);
+
+    let good = page(&service, "/board/task?ns=renders&id=good", &cookie);
+    assert!(
+        good.contains("&quot;note&quot;: &quot;&lt;b&gt;bold&lt;/b&gt;&quot;"),
+        "{good}"
+    );
+    assert!(
+        good.contains("data-field=\"output\">{&quot;pixels&quot;:42}"),
+        "{good}"
+    );
+    assert!(
+        good.contains(&format!("data-field=\"token\">{token}<")),
+        "{good}"
+    );
+    assert!(good.contains("idempotency key good-once"), "{good}");
+    let events = good.split("id=\"task-events\">").nth(1).unwrap();
+    for action in ["enqueue", "claim", "submit"] {
+        assert!(
+            events.contains(&format!("<td>{action}</td>")),
+            "{action}: {events}"
+        );
+    }
+
+    let broken = page(
+        &service,
+        "/board/task?ns=renders&id=broken&version=1",
+        &cookie,
+    );
+    assert!(
+        broken.contains("data-field=\"last_error\">the &lt;renderer&gt; ran out of memory<"),
+        "{broken}"
+    );
+    // Retry, then cancel, by the detail's forms.
+    let with = [("cookie", cookie.as_str())];
+    let retried = post_form(
+        service.address,
+        "/board/ns/renders/tasks/broken/retry?version=1",
+        &with,
+        "",
+    );
+    assert_eq!(retried.status, 303, "{}", retried.text());
+    assert_eq!(
+        retried.header("location"),
+        Some("/board/task?ns=renders&id=broken&version=1")
+    );
+    let caller = service.store.authenticate(Some(&service.admin)).unwrap();
+    let task = tessera_store::TaskRef::new(
+        Namespace::parse("renders").unwrap(),
+        tessera_store::TaskId::parse("broken").unwrap(),
+        tessera_store::BriefVersion::new(1).unwrap(),
+    );
+    let last_state = |service: &Service| {
+        let view = service.store.read_task(&caller, &task).unwrap();
+        view.record
+            .attempts
+            .last()
+            .unwrap()
+            .state
+            .name()
+            .to_string()
+    };
+    assert_eq!(last_state(&service), "ready");
+    let cancelled = post_form(
+        service.address,
+        "/board/ns/renders/tasks/broken/cancel?version=1",
+        &with,
+        "",
+    );
+    assert_eq!(cancelled.status, 303);
+    assert_eq!(last_state(&service), "cancelled");
+
+    // A task that is not there, and bad input.
+    assert_eq!(
+        refusal(&service, "/board/task?ns=renders&id=missing", &cookie),
+        (404, "not_found".to_owned())
+    );
+    assert_eq!(refusal(&service, "/board/task?ns=renders", &cookie).0, 400);
+    assert_eq!(
+        refusal(&service, "/board/task?ns=renders&id=a%20b", &cookie).0,
+        400
+    );
+    let bad = post_form(
+        service.address,
+        "/board/ns/renders/tasks/broken/retry?version=x",
+        &with,
+        "",
+    );
+    assert_eq!(bad.status, 400);
+}
+
+#[test]
+fn bulk_retry_and_cancel_show_the_count_then_change_the_store() {
+    let service = Service::sqlite();
+    let worker = service.worker();
+    for n in 0..3 {
+        crate::board::discard(&service, &worker, &format!("broken-{n}"), "out of memory");
+    }
+    enqueue_in(&service, &worker, "emails", "e0", None);
+    enqueue_in(&service, &worker, "emails", "e1", None);
+    enqueue_in(&service, &worker, "frames", "f0", None);
+    let cookie = keep_key(&service, &service.admin);
+
+    let list = page(&service, "/board/tasks?ns=renders&state=discarded", &cookie);
+    assert!(
+        list.contains("href=\"/board/bulk/retry?ns=renders&amp;state=discarded\""),
+        "{list}"
+    );
+    let confirm = page(
+        &service,
+        "/board/bulk/retry?ns=renders&state=discarded",
+        &cookie,
+    );
+    assert!(confirm.contains("<b id=\"match-count\">3</b>"), "{confirm}");
+    assert!(
+        confirm.contains("action=\"/board/ns/renders/bulk/retry?state=discarded\""),
+        "{confirm}"
+    );
+    let with = [("cookie", cookie.as_str())];
+    let retried = post_form(
+        service.address,
+        "/board/ns/renders/bulk/retry?state=discarded",
+        &with,
+        "",
+    );
+    assert_eq!(retried.status, 303, "{}", retried.text());
+    let counts = crate::board::store_counts(&service);
+    assert_eq!(
+        (counts["discarded"].as_u64(), counts["ready"].as_u64()),
+        (Some(0), Some(6))
+    );
+
+    let confirm = page(
+        &service,
+        "/board/bulk/cancel?ns=renders&state=ready&queue=emails",
+        &cookie,
+    );
+    assert!(confirm.contains("<b id=\"match-count\">2</b>"), "{confirm}");
+    let cancelled = post_form(
+        service.address,
+        "/board/ns/renders/bulk/cancel?state=ready&queue=emails",
+        &with,
+        "",
+    );
+    assert_eq!(cancelled.status, 303);
+    let counts = crate::board::store_counts(&service);
+    assert_eq!(
+        (counts["cancelled"].as_u64(), counts["ready"].as_u64()),
+        (Some(2), Some(4))
+    );
+
+    // Without a key nothing is done; a bad filter is a typed 400.
+    let keyless = post_form(
+        service.address,
+        "/board/ns/renders/bulk/cancel?state=ready",
+        &[],
+        "",
+    );
+    assert_eq!(keyless.status, 401);
+    let bad = post_form(
+        service.address,
+        "/board/ns/renders/bulk/cancel?state=gone",
+        &with,
+        "",
+    );
+    assert_eq!(bad.status, 400);
+    assert_eq!(crate::board::store_counts(&service)["ready"], 4);
+}

@@ -174,6 +174,27 @@ pub(crate) fn post_form(
     reply(&mut response)
 }
 
+/// A `GET` of `path` with `headers`; a redirect is answered, not
+/// followed.
+pub(crate) fn get_unfollowed(address: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut request = ureq::http::Request::builder()
+        .method("GET")
+        .uri(format!("http://{address}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut response = agent
+        .run(request.body(Vec::new()).expect("a request"))
+        .expect("the server answers");
+    reply(&mut response)
+}
+
 /// A response as the tests read it.
 fn reply(response: &mut ureq::http::Response<ureq::Body>) -> Reply {
     let status = response.status().as_u16();

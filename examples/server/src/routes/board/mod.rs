@@ -15,11 +15,14 @@
 //!
 //! An operator's key also opens the server-rendered views beside it
 //! (each works with JavaScript off; the key is kept as [`key`] says):
-//! [`queues`] and its controls.
+//! [`queues`] and its controls, the task list and a task's detail
+//! ([`tasks`]), bulk retry and cancel by filter ([`bulk`]).
 
+mod bulk;
 mod html;
 mod key;
 mod queues;
+mod tasks;
 
 use std::sync::Arc;
 
@@ -107,6 +110,8 @@ pub(super) fn routes() -> Vec<Route> {
     ];
     routes.extend(key::routes());
     routes.extend(queues::routes());
+    routes.extend(tasks::routes());
+    routes.extend(bulk::routes());
     routes
 }
 

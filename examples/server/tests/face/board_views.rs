@@ -726,3 +726,89 @@ fn bulk_retry_and_cancel_show_the_count_then_change_the_store() {
     assert_eq!(bad.status, 400);
     assert_eq!(crate::board::store_counts(&service)["ready"], 4);
 }
+
+#[test]
+fn the_schedules_view_shows_next_runs_and_pauses_and_resumes() {
+    let service = Service::sqlite();
+    let admin = service.admin.clone();
+    for (ns, name, cron) in [
+        ("renders", "nightly", "0 3 * * *"),
+        ("renders", "often", "*/5 * * * *"),
+        ("elsewhere", "theirs", "0 3 * * *"),
+    ] {
+        let put = service.send(
+            "PUT",
+            &format!("/v1/ns/{ns}/schedules/{name}"),
+            Some(&admin),
+            Some(&json!({ "queue": "frames", "cron": cron, "brief": { "from": name } })),
+        );
+        assert!(put.status == 201 || put.status == 200, "{}", put.text());
+    }
+    let cookie = keep_key(&service, &admin);
+    let shown = page(&service, "/board/schedules?ns=renders", &cookie);
+    assert!(shown.contains("<tr data-schedule=\"nightly\">"), "{shown}");
+    assert!(shown.contains("<tr data-schedule=\"often\">"));
+    assert!(!shown.contains("theirs"), "another namespace's schedule");
+    let row = |page: &str, name: &str| {
+        page.split(&format!("<tr data-schedule=\"{name}\">"))
+            .nth(1)
+            .unwrap()
+            .split("</tr>")
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(
+        row(&shown, "often").contains("data-field=\"next\"><time"),
+        "{shown}"
+    );
+    assert!(row(&shown, "often").contains(">in "), "{shown}");
+    assert!(row(&shown, "often").contains("data-field=\"last\">never"));
+
+    let with = [("cookie", cookie.as_str())];
+    let caller = service.store.authenticate(Some(&admin)).unwrap();
+    let paused = |service: &Service| {
+        service
+            .store
+            .read_schedule(
+                &caller,
+                &Namespace::parse("renders").unwrap(),
+                &tessera_store::ScheduleName::parse("nightly").unwrap(),
+            )
+            .unwrap()
+            .paused
+    };
+    let reply = post_form(
+        service.address,
+        "/board/ns/renders/schedules/nightly/pause",
+        &with,
+        "",
+    );
+    assert_eq!(reply.status, 303, "{}", reply.text());
+    assert_eq!(
+        reply.header("location"),
+        Some("/board/schedules?ns=renders")
+    );
+    assert!(paused(&service));
+    let shown = page(&service, "/board/schedules?ns=renders", &cookie);
+    assert!(row(&shown, "nightly").contains("data-action=\"resume\""));
+    let reply = post_form(
+        service.address,
+        "/board/ns/renders/schedules/nightly/resume",
+        &with,
+        "",
+    );
+    assert_eq!(reply.status, 303);
+    assert!(!paused(&service));
+    let missing = post_form(
+        service.address,
+        "/board/ns/renders/schedules/missing/pause",
+        &with,
+        "",
+    );
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        refusal(&service, "/board/schedules?ns=renders&after=a%20b", &cookie).0,
+        400
+    );
+}

@@ -62,6 +62,19 @@ pub(super) fn time_with_age(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
     )
 }
 
+/// A time to come as the board shows it: `in 4 min 10 s`, or its age
+/// once it has passed.
+pub(super) fn time_to_come(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    if at <= now {
+        return time_with_age(at, now);
+    }
+    format!(
+        "<time datetime=\"{at}\" title=\"{at}\">in {}</time>",
+        age(now, at),
+        at = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
+}
+
 /// The keyed views, for the navigation: path and label.
 const VIEWS: &[(&str, &str)] = &[
     ("/board", "overview"),

@@ -16,12 +16,14 @@
 //! An operator's key also opens the server-rendered views beside it
 //! (each works with JavaScript off; the key is kept as [`key`] says):
 //! [`queues`] and its controls, the task list and a task's detail
-//! ([`tasks`]), bulk retry and cancel by filter ([`bulk`]).
+//! ([`tasks`]), bulk retry and cancel by filter ([`bulk`]), and
+//! [`schedules`].
 
 mod bulk;
 mod html;
 mod key;
 mod queues;
+mod schedules;
 mod tasks;
 
 use std::sync::Arc;
@@ -112,6 +114,7 @@ pub(super) fn routes() -> Vec<Route> {
     routes.extend(queues::routes());
     routes.extend(tasks::routes());
     routes.extend(bulk::routes());
+    routes.extend(schedules::routes());
     routes
 }
 

@@ -812,3 +812,99 @@ fn the_schedules_view_shows_next_runs_and_pauses_and_resumes() {
         400
     );
 }
+
+/// The values of a chart's series on a charts page, oldest first.
+fn chart_values(page: &str, series: &str) -> Vec<String> {
+    page.split(&format!("data-series=\"{series}\" data-minute=\""))
+        .skip(1)
+        .map(|rest| {
+            rest.split("data-value=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn the_charts_draw_the_last_hour_from_memory() {
+    let service = Service::sqlite();
+    let worker = service.worker();
+    for n in 0..3 {
+        assert_eq!(service.enqueue(&worker, json!(n)).status, 201);
+    }
+    let claimed = service.send(
+        "POST",
+        "/v1/ns/renders/queues/frames/claims",
+        Some(&worker),
+        None,
+    );
+    assert_eq!(claimed.status, 200);
+    let cookie = keep_key(&service, &service.admin);
+    let (shown, cost) = service
+        .store
+        .measure(|_| page(&service, "/board/charts?ns=renders", &cookie));
+    assert_eq!(shown.matches("<svg class=\"chart\"").count(), 4, "{shown}");
+    let counts = crate::board::store_counts(&service);
+    assert_eq!(
+        chart_values(&shown, "ready").last().map(String::as_str),
+        Some(counts["ready"].to_string().as_str())
+    );
+    assert_eq!(
+        chart_values(&shown, "leased").last().map(String::as_str),
+        Some("1")
+    );
+    assert!(!chart_values(&shown, "p50").is_empty(), "{shown}");
+    assert_eq!(
+        chart_values(&shown, "limit").last().map(String::as_str),
+        Some("32")
+    );
+    // The key's check and the snapshot are all it reads; it writes nothing
+    // of its own (the key's check may write its coalesced last use).
+    assert!(cost.rows_written <= 1, "{cost:?}");
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "drives Debian's chromium")]
+#[cfg_attr(no_chromium, ignore = "needs Debian's chromium on the PATH")]
+// Both reasons may hold; either keeps it out of the run.
+#[allow(unused_attributes)]
+fn the_charts_render_in_chromium_without_javascript() {
+    let service = Service::sqlite();
+    let worker = service.worker();
+    for n in 0..2 {
+        assert_eq!(service.enqueue(&worker, json!(n)).status, 201);
+    }
+    let mut browser = without_javascript(&format!("http://{}/board?ns=renders", service.address));
+    once_at(
+        &mut browser,
+        "/board?ns=renders",
+        "document.getElementById('key') && true",
+    );
+    browser.evaluate(&format!(
+        "document.getElementById('key').value = '{}'; \
+         document.getElementById('key-form').submit(); true",
+        service.admin
+    ));
+    once_at(
+        &mut browser,
+        "/board/queues?ns=renders",
+        "document.querySelector('[data-queue=frames]') && true",
+    );
+    browser.page_command(
+        "Page.navigate",
+        json!({ "url": format!("http://{}/board/charts?ns=renders", service.address) }),
+    );
+    let drawn = once_at(
+        &mut browser,
+        "/board/charts?ns=renders",
+        "(() => { const svgs = [...document.querySelectorAll('svg.chart')]; \
+           const ready = [...document.querySelectorAll('circle[data-series=ready]')].pop(); \
+           return svgs.length === 4 && svgs.every(svg => svg.getBoundingClientRect().width > 100) \
+             && ready ? ready.dataset.value : null; })()",
+    );
+    assert_eq!(drawn, json!("2"));
+}

@@ -81,6 +81,7 @@ const VIEWS: &[(&str, &str)] = &[
     ("/board/queues", "queues"),
     ("/board/tasks", "tasks"),
     ("/board/schedules", "schedules"),
+    ("/board/charts", "charts"),
 ];
 
 /// The navigation between the board's views of `namespace`, and the key's

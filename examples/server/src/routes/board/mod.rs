@@ -17,9 +17,10 @@
 //! (each works with JavaScript off; the key is kept as [`key`] says):
 //! [`queues`] and its controls, the task list and a task's detail
 //! ([`tasks`]), bulk retry and cancel by filter ([`bulk`]), and
-//! [`schedules`].
+//! [`schedules`], and [`charts`] of the last hour.
 
 mod bulk;
+mod charts;
 mod html;
 mod key;
 mod queues;
@@ -115,6 +116,7 @@ pub(super) fn routes() -> Vec<Route> {
     routes.extend(tasks::routes());
     routes.extend(bulk::routes());
     routes.extend(schedules::routes());
+    routes.extend(charts::routes());
     routes
 }
 
@@ -199,6 +201,9 @@ async fn board(
         }
         _ => None,
     };
+    if let Some(snapshot) = &snapshot {
+        state.remember(|history, now| history.snapshot(now, snapshot));
+    }
     let admission = super::public::admission(&state.store, state.public.max_pending);
     let page = render(
         &state.public.namespaces,
@@ -236,6 +241,7 @@ async fn feed(
             let snapshot = state
                 .call(move |store| store.public_health(&namespace))
                 .await?;
+            state.remember(|history, now| history.snapshot(now, &snapshot));
             body["health"] = json!(snapshot);
         }
         return Ok(Json(body).into_response());

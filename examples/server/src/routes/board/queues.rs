@@ -107,6 +107,7 @@ async fn view(
     };
     let ns = namespace.clone();
     let snapshot = state.call(move |store| store.health(&caller, &ns)).await?;
+    state.remember(|history, now| history.snapshot(now, &snapshot));
     let now = state.store.clock().now_utc();
     let body = render(&namespace, &snapshot, now);
     Ok(page("queues", Some(&namespace), true, &body))

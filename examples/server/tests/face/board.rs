@@ -161,7 +161,7 @@ impl Browser {
     }
 
     /// Waits until the page's script has updated it once.
-    fn until_live(&mut self) {
+    pub(crate) fn until_live(&mut self) {
         self.until(Duration::from_secs(30), |browser| {
             let live = browser.evaluate("document.getElementById('live').textContent");
             live.as_str()

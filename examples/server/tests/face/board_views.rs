@@ -908,3 +908,174 @@ fn the_charts_render_in_chromium_without_javascript() {
     );
     assert_eq!(drawn, json!("2"));
 }
+
+/// Claims one task of `queue` in `renders`: its id and token.
+fn claim_one(service: &Service, key: &str, queue: &str) -> (String, Value) {
+    let claimed = service.send(
+        "POST",
+        &format!("/v1/ns/renders/queues/{queue}/claims"),
+        Some(key),
+        None,
+    );
+    assert_eq!(claimed.status, 200, "{}", claimed.text());
+    let claimed = claimed.json();
+    (
+        claimed["task"]["id"].as_str().unwrap().to_owned(),
+        claimed["lease"]["token"].clone(),
+    )
+}
+
+#[test]
+#[ignore = "takes the keyed views' screenshots: TESSERA_BOARD_SCREENSHOTS=docs"]
+fn screenshots_of_the_queues_view_and_a_task_detail() {
+    let folder = std::env::var_os("TESSERA_BOARD_SCREENSHOTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let service = Service::sqlite();
+    let worker = service.worker();
+    let admin = service.admin.clone();
+    // Three queues: frames busy, emails paused, reports limited.
+    for (queue, count) in [("frames", 240), ("emails", 35), ("reports", 12)] {
+        let tasks: Vec<Value> = (0..count)
+            .map(|n| json!({ "brief": { "n": n }, "max_tries": 1, "partition_key": format!("customer-{}", n % 3) }))
+            .collect();
+        let batch = service.send(
+            "POST",
+            &format!("/v1/ns/renders/queues/{queue}/tasks/batch"),
+            Some(&worker),
+            Some(&json!({ "tasks": tasks })),
+        );
+        assert_eq!(batch.status, 201, "{}", batch.text());
+    }
+    for n in 0..60 {
+        let (id, token) = claim_one(&service, &worker, "frames");
+        let path = format!("/v1/ns/renders/tasks/{id}");
+        match n % 20 {
+            0 => {
+                let failure = json!({ "version": 1, "token": token, "retry": "backoff", "error": "the renderer ran out of memory" });
+                let failed = service.send(
+                    "POST",
+                    &format!("{path}/fail"),
+                    Some(&worker),
+                    Some(&failure),
+                );
+                assert_eq!(failed.status, 200);
+            }
+            n if n < 14 => {
+                let key = format!("{id}-once");
+                let body = json!({ "version": 1, "token": token, "output": { "pixels": 42 } });
+                let submitted = service.send_with(
+                    "POST",
+                    &format!("{path}/submit"),
+                    Some(&worker),
+                    &[("idempotency-key", &key)],
+                    Some(&body),
+                );
+                assert_eq!(submitted.status, 200);
+            }
+            _ => {}
+        }
+    }
+    let cookie = keep_key(&service, &admin);
+    let with = &[("cookie", cookie.as_str())];
+    assert_eq!(
+        post_form(
+            service.address,
+            "/board/ns/renders/queues/emails/pause",
+            with,
+            ""
+        )
+        .status,
+        303
+    );
+    assert_eq!(
+        post_form(
+            service.address,
+            "/board/ns/renders/queues/reports/limits",
+            with,
+            "queue=4&per_partition=1"
+        )
+        .status,
+        303
+    );
+    // A task with two alternatives: one submitted, one failed for good.
+    let body = json!({ "id": "frame-7", "brief": { "scene": "harbour", "frame": 7, "quality": "final" }, "alternatives": 2, "max_tries": 1, "partition_key": "customer-1" });
+    let made = service.send(
+        "POST",
+        "/v1/ns/renders/queues/hero/tasks",
+        Some(&worker),
+        Some(&body),
+    );
+    assert_eq!(made.status, 201, "{}", made.text());
+    let (first, first_token) = claim_one(&service, &worker, "hero");
+    let (second, second_token) = claim_one(&service, &admin, "hero");
+    assert_eq!((first.as_str(), second.as_str()), ("frame-7", "frame-7"));
+    let beat =
+        json!({ "version": 1, "token": first_token, "progress": { "rows": 1080, "of": 1080 } });
+    assert_eq!(
+        service
+            .send(
+                "POST",
+                "/v1/ns/renders/tasks/frame-7/heartbeat",
+                Some(&worker),
+                Some(&beat)
+            )
+            .status,
+        200
+    );
+    let body = json!({ "version": 1, "token": first_token, "output": { "pixels": 2073600, "file": "frame-7.exr" } });
+    assert_eq!(
+        service
+            .send_with(
+                "POST",
+                "/v1/ns/renders/tasks/frame-7/submit",
+                Some(&worker),
+                &[("idempotency-key", "frame-7-a1")],
+                Some(&body)
+            )
+            .status,
+        200
+    );
+    let failure = json!({ "version": 1, "token": second_token, "retry": "backoff", "error": "GPU lost: device reset during tile 12" });
+    assert_eq!(
+        service
+            .send(
+                "POST",
+                "/v1/ns/renders/tasks/frame-7/fail",
+                Some(&admin),
+                Some(&failure)
+            )
+            .status,
+        200
+    );
+
+    let mut browser = Browser::open(&format!("http://{}/board?ns=renders", service.address));
+    browser.until_live();
+    browser.evaluate(&format!(
+        "document.getElementById('key').value = '{admin}'; \
+         document.getElementById('key-form').requestSubmit(); true"
+    ));
+    // The live board posts the key to the board too, so the views open.
+    browser.until(Duration::from_secs(30), |browser| {
+        (browser.evaluate("document.getElementById('keyed').hidden") == json!(false)).then_some(())
+    });
+    for (path, file, ready) in [
+        (
+            "/board/queues?ns=renders",
+            "board-queues.png",
+            "document.querySelector('[data-queue=reports]') && true",
+        ),
+        (
+            "/board/task?ns=renders&id=frame-7&version=1",
+            "board-task.png",
+            "document.querySelector('[data-attempt=\"2\"]') && true",
+        ),
+    ] {
+        browser.page_command(
+            "Page.navigate",
+            json!({ "url": format!("http://{}{path}", service.address) }),
+        );
+        once_at(&mut browser, path, ready);
+        browser.screenshot(&folder.join(file));
+    }
+}

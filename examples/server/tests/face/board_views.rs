@@ -472,6 +472,14 @@ fn the_task_list_filters_searches_and_pages_without_javascript() {
         &cookie,
     );
     assert_eq!(listed(&before).len(), 5);
+    // The form's choice of how recently: all of them reached ready now.
+    let recent = page(
+        &service,
+        "/board/tasks?ns=renders&within=5m&queue=&partition_key=",
+        &cookie,
+    );
+    assert_eq!(listed(&recent).len(), 5);
+    assert!(recent.contains("now: since "), "{recent}");
     assert!(all.contains(" ago</time>"), "an age for each waiting task");
 
     // Pages of 50: the next link goes on where the page ended.
@@ -520,6 +528,9 @@ fn the_task_list_filters_searches_and_pages_without_javascript() {
         ("order=sideways", "invalid_input"),
         ("ns=..", "invalid_input"),
         ("version=0&id=f1", "invalid_input"),
+        ("within=2h", "invalid_input"),
+        ("since=", "invalid_input"),
+        ("id=", "invalid_input"),
     ] {
         assert_eq!(
             refusal(&service, &format!("/board/tasks?{query}"), &cookie),

@@ -164,7 +164,7 @@ async fn confirm(
     action: &'static str,
 ) -> Result<Response, ApiError> {
     let fields = query(fields)?;
-    let filters = Filters::of(&fields)?;
+    let filters = Filters::of(&fields, state.store.clock().now_utc())?;
     let Some(caller) = caller(&state, &headers).await? else {
         return ask_for_key(&state, action, fields.ns.as_deref());
     };
@@ -231,7 +231,7 @@ async fn act(
     cancel: bool,
 ) -> Result<Response, ApiError> {
     let namespace = Namespace::parse(&path(parts)?)?;
-    let filters = Filters::of(&query(fields)?)?;
+    let filters = Filters::of(&query(fields)?, state.store.clock().now_utc())?;
     let caller = form_caller(&state, &headers).await?;
     let back = format!(
         "/board/tasks?ns={}&{}",

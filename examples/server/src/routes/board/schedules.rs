@@ -89,7 +89,6 @@ async fn view(
     let after = fields
         .after
         .as_deref()
-        .filter(|after| !after.is_empty())
         .map(ScheduleName::parse)
         .transpose()?;
     let Some(caller) = caller(&state, &headers).await? else {

@@ -32,7 +32,8 @@ use super::key::{caller, form_caller, see_other};
 use super::{EVENTS_READ, ask_for_key, namespace_of};
 use crate::errors::{ApiError, path, query};
 use crate::limits::{
-    self, ORDER, PARTITION_KEY, QUEUE, STATE, TASK_CURSOR, TASK_ID, TIME, VERSION,
+    self, BOARD_PARTITION_KEY, BOARD_QUEUE, ORDER, STATE, TASK_CURSOR, TASK_ID, TIME, VERSION,
+    WITHIN,
 };
 use crate::openapi::Doc;
 
@@ -109,14 +110,17 @@ pub(super) fn routes() -> Vec<Route> {
     ]
 }
 
-/// The list's filters in a route's document: state, queue, partition key
-/// and the times an attempt reached its state between.
+/// The list's filters in a route's document: state, queue and partition
+/// key (empty for any, as the filter form sends them), the times an
+/// attempt reached its state between, and how recently (`within`, the
+/// form's choice, which the answer turns into `since`).
 pub(super) fn filters(doc: Doc) -> Doc {
     doc.query(STATE, "state")
-        .query(QUEUE, "queue")
-        .query(PARTITION_KEY, "partition_key")
+        .query(BOARD_QUEUE, "queue")
+        .query(BOARD_PARTITION_KEY, "partition_key")
         .query(TIME, "since")
         .query(TIME, "before")
+        .query(WITHIN, "within")
 }
 
 /// The list's query, as typed.
@@ -129,6 +133,7 @@ pub(super) struct ListFields {
     pub(super) partition_key: Option<String>,
     pub(super) since: Option<String>,
     pub(super) before: Option<String>,
+    pub(super) within: Option<String>,
     id: Option<String>,
     version: Option<i64>,
     order: Option<String>,
@@ -145,7 +150,7 @@ pub(super) struct Filters {
     pub(super) before: Option<DateTime<Utc>>,
 }
 
-/// A field the form left empty is no filter.
+/// A name field the filter form left empty is no filter.
 fn given(field: &Option<String>) -> Option<&str> {
     field.as_deref().filter(|text| !text.is_empty())
 }
@@ -161,16 +166,29 @@ fn time(name: &str, text: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiErro
 }
 
 impl Filters {
-    /// The filters of `fields`; the state is `ready` when none is given.
-    pub(super) fn of(fields: &ListFields) -> Result<Self, ApiError> {
+    /// The filters of `fields` at `now`; the state is `ready` when none
+    /// is given, and `within` is the `since` it means now (the later of
+    /// the two when both are given).
+    pub(super) fn of(fields: &ListFields, now: DateTime<Utc>) -> Result<Self, ApiError> {
+        let within = fields
+            .within
+            .as_deref()
+            .map(limits::within)
+            .transpose()?
+            .flatten()
+            .map(|back| now - chrono::TimeDelta::from_std(back).unwrap_or(chrono::TimeDelta::MAX));
+        let since = time("since", fields.since.as_deref())?;
         Ok(Self {
-            state: given(&fields.state).map_or(Ok(StateName::Ready), limits::state)?,
+            state: fields
+                .state
+                .as_deref()
+                .map_or(Ok(StateName::Ready), limits::state)?,
             queue: given(&fields.queue).map(QueueName::parse).transpose()?,
             partition_key: given(&fields.partition_key)
                 .map(PartitionKey::parse)
                 .transpose()?,
-            since: time("since", given(&fields.since))?,
-            before: time("before", given(&fields.before))?,
+            since: since.max(within),
+            before: time("before", fields.before.as_deref())?,
         })
     }
 
@@ -229,21 +247,38 @@ impl Filters {
             .collect();
         let value = |text: Option<String>| escape(&text.unwrap_or_default());
         let instant = |at: DateTime<Utc>| at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        let within: String = [
+            ("any", "any time"),
+            ("5m", "the last 5 minutes"),
+            ("15m", "the last 15 minutes"),
+            ("1h", "the last hour"),
+            ("6h", "the last 6 hours"),
+            ("24h", "the last day"),
+            ("7d", "the last week"),
+        ]
+        .iter()
+        .map(|(word, label)| format!("<option value=\"{word}\">{label}</option>"))
+        .collect();
+        let range = match (self.since, self.before) {
+            (None, None) => String::new(),
+            (since, before) => format!(
+                "<span class=\"small\">now: since {} before {}</span>",
+                value(since.map(instant)),
+                value(before.map(instant))
+            ),
+        };
         format!(
             r#"<form method="get" action="/board/tasks" class="filters">
 <input type="hidden" name="ns" value="{ns}">
 <label>state <select name="state">{options}</select></label>
 <label>queue <input name="queue" value="{queue}" size="12"></label>
 <label>partition key <input name="partition_key" value="{partition}" size="12"></label>
-<label>since <input name="since" value="{since}" placeholder="2026-12-07T12:00:00Z" size="20"></label>
-<label>before <input name="before" value="{before}" placeholder="RFC 3339" size="20"></label>
-<button>filter</button>
+<label>reached its state in <select name="within">{within}</select></label>
+<button>filter</button> {range}
 </form>"#,
             ns = escape(namespace.as_str()),
             queue = value(self.queue.as_ref().map(|q| q.as_str().to_owned())),
             partition = value(self.partition_key.as_ref().map(|k| k.as_str().to_owned())),
-            since = value(self.since.map(instant)),
-            before = value(self.before.map(instant)),
         )
     }
 }
@@ -296,13 +331,21 @@ async fn list(
     fields: Result<Query<ListFields>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let fields = query(fields)?;
-    let filters = Filters::of(&fields)?;
-    let order = given(&fields.order).map_or(Ok(ListOrder::Oldest), limits::order)?;
-    let after = given(&fields.after)
+    let now = state.store.clock().now_utc();
+    let filters = Filters::of(&fields, now)?;
+    let order = fields
+        .order
+        .as_deref()
+        .map_or(Ok(ListOrder::Oldest), limits::order)?;
+    let after = fields
+        .after
+        .as_deref()
         .map(|after| TASK_CURSOR.cursor(after)?.parse())
         .transpose()?;
     let version = fields.version.map(|v| VERSION.integer(v)).transpose()?;
-    let id = given(&fields.id)
+    let id = fields
+        .id
+        .as_deref()
         .map(tessera_store::TaskId::parse)
         .transpose()?;
     let Some(caller) = caller(&state, &headers).await? else {
@@ -322,7 +365,6 @@ async fn list(
     let found = state
         .call(move |store| find(store, &caller, &ns, &shown, order, after))
         .await?;
-    let now = state.store.clock().now_utc();
     Ok(page(
         "tasks",
         Some(&namespace),

@@ -3,6 +3,7 @@
 //! headless Chromium). The backends are named here and only here.
 
 mod board;
+mod board_tasks;
 mod board_views;
 mod discovery;
 mod events;

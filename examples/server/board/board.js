@@ -92,9 +92,37 @@
     }
   }
 
+  // How long ago `at` was, in the server page's words.
+  function age(at) {
+    var seconds = Math.max(0, Math.floor((Date.now() - Date.parse(at)) / 1000));
+    var minutes = Math.floor(seconds / 60), hours = Math.floor(seconds / 3600), days = Math.floor(seconds / 86400);
+    if (seconds < 60) { return seconds + " s"; }
+    if (minutes < 60) { return minutes + " min " + (seconds % 60) + " s"; }
+    if (hours < 24) { return hours + " h " + (minutes % 60) + " min"; }
+    return days + " d " + (hours % 24) + " h";
+  }
+
+  function showWaiting(depths) {
+    var body = document.querySelector("table.waiting tbody");
+    if (!body || !depths) { return; }
+    body.textContent = "";
+    depths.forEach(function (depth) {
+      var tr = document.createElement("tr");
+      tr.setAttribute("data-queue", depth.queue);
+      var th = document.createElement("th");
+      th.setAttribute("scope", "row");
+      th.textContent = depth.queue;
+      tr.appendChild(th);
+      cell(tr, depth.ready); cell(tr, depth.delayed); cell(tr, depth.leased);
+      cell(tr, depth.oldest_ready_at ? age(depth.oldest_ready_at) + " ago" : "–").setAttribute("data-field", "oldest");
+      body.appendChild(tr);
+    });
+  }
+
   function show(feed) {
     var health = feed.health;
     if (health) {
+      showWaiting(health.depths);
       Object.keys(health.attempts).forEach(function (state) {
         text(document.querySelector('[data-count="' + state + '"]'), health.attempts[state]);
       });

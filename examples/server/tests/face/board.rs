@@ -287,6 +287,12 @@ fn the_board_shows_the_stores_counts_and_updates_without_a_reload() {
         browser.evaluate("window.sameDocument === true"),
         json!(true)
     );
+    // The waiting work per queue follows too, with its oldest ready age.
+    let waiting = browser.evaluate(
+        "[...document.querySelectorAll('table.waiting [data-queue=frames] td')].map(td => td.textContent)",
+    );
+    assert_eq!(waiting[0], json!("3"), "{waiting}");
+    assert!(waiting[3].as_str().unwrap().ends_with(" ago"), "{waiting}");
 
     // An operator's key shows its grants and the discarded task with its
     // last error, and retries it from the page.

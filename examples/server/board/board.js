@@ -92,9 +92,37 @@
     }
   }
 
+  // How long ago `at` was, in the server page's words.
+  function age(at) {
+    var seconds = Math.max(0, Math.floor((Date.now() - Date.parse(at)) / 1000));
+    var minutes = Math.floor(seconds / 60), hours = Math.floor(seconds / 3600), days = Math.floor(seconds / 86400);
+    if (seconds < 60) { return seconds + " s"; }
+    if (minutes < 60) { return minutes + " min " + (seconds % 60) + " s"; }
+    if (hours < 24) { return hours + " h " + (minutes % 60) + " min"; }
+    return days + " d " + (hours % 24) + " h";
+  }
+
+  function showWaiting(depths) {
+    var body = document.querySelector("table.waiting tbody");
+    if (!body || !depths) { return; }
+    body.textContent = "";
+    depths.forEach(function (depth) {
+      var tr = document.createElement("tr");
+      tr.setAttribute("data-queue", depth.queue);
+      var th = document.createElement("th");
+      th.setAttribute("scope", "row");
+      th.textContent = depth.queue;
+      tr.appendChild(th);
+      cell(tr, depth.ready); cell(tr, depth.delayed); cell(tr, depth.leased);
+      cell(tr, depth.oldest_ready_at ? age(depth.oldest_ready_at) + " ago" : "–").setAttribute("data-field", "oldest");
+      body.appendChild(tr);
+    });
+  }
+
   function show(feed) {
     var health = feed.health;
     if (health) {
+      showWaiting(health.depths);
       Object.keys(health.attempts).forEach(function (state) {
         text(document.querySelector('[data-count="' + state + '"]'), health.attempts[state]);
       });
@@ -128,17 +156,32 @@
     });
   }
 
-  form.hidden = false;
-  form.addEventListener("submit", function (event) {
-    event.preventDefault();
-    sessionStorage.setItem("tessera-key", keyInput.value.trim());
-    keyInput.value = "";
-    lastDetails = 0;
-    poll();
-  });
+  // The key is kept in this tab for the live panel, and posted to the
+  // board too, which keeps it in its cookie for the server-rendered views.
+  function post(path, fields) {
+    return fetch(path, {
+      method: "POST",
+      body: new URLSearchParams(fields),
+      redirect: "manual",
+      credentials: "same-origin"
+    }).catch(function () {});
+  }
+
+  if (form) {
+    form.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var typed = keyInput.value.trim();
+      sessionStorage.setItem("tessera-key", typed);
+      keyInput.value = "";
+      lastDetails = 0;
+      post("/board/key", ns ? { key: typed, ns: ns } : { key: typed });
+      poll();
+    });
+  }
   document.getElementById("forget").addEventListener("click", function () {
     sessionStorage.removeItem("tessera-key");
     document.getElementById("keyed").hidden = true;
+    post("/board/forget", {});
   });
 
   poll();

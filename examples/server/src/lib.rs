@@ -39,6 +39,7 @@
 mod auth;
 mod cli;
 mod errors;
+mod history;
 pub mod limits;
 mod logs;
 mod mcp;

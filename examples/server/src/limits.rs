@@ -41,6 +41,12 @@ pub enum Limit {
         /// The longest, in bytes.
         max_len: usize,
     },
+    /// A name ([`NAME_PATTERN`]) of at most `max_len` bytes, or empty for
+    /// none: a filter field an HTML form sends empty when it is not set.
+    NameOrEmpty {
+        /// The longest, in bytes.
+        max_len: usize,
+    },
     /// Text of printable ASCII, `min_len` to `max_len` bytes.
     Text {
         /// The shortest.
@@ -320,6 +326,36 @@ pub const SCHEDULES_LIMIT: Input = integer("limit", 1, MAX_SCHEDULES_LISTED as i
 /// Whether the board's keyed feed also makes its audited reads (1) or not (0).
 pub const DETAILS: Input = integer("details", 0, 1);
 
+/// An operator's key typed into the board's form (the store checks it is
+/// one it issued).
+pub const BOARD_KEY: Input = Input {
+    name: "key",
+    limit: Limit::Text {
+        min_len: 1,
+        max_len: 128,
+    },
+};
+
+/// The board's filter of tasks by queue; empty for any queue.
+pub const BOARD_QUEUE: Input = Input {
+    name: "queue",
+    limit: Limit::NameOrEmpty {
+        max_len: QueueName::MAX_LEN,
+    },
+};
+/// The board's filter of tasks by partition key; empty for any.
+pub const BOARD_PARTITION_KEY: Input = Input {
+    name: "partition_key",
+    limit: Limit::NameOrEmpty {
+        max_len: PartitionKey::MAX_LEN,
+    },
+};
+/// The board's filter of tasks by how recently they reached their state.
+pub const WITHIN: Input = Input {
+    name: "within",
+    limit: Limit::OneOf(&["any", "5m", "15m", "1h", "6h", "24h", "7d"]),
+};
+
 /// Every input with limits, for the test that proves the document and
 /// the validation agree.
 pub const ALL: &[Input] = &[
@@ -371,6 +407,10 @@ pub const ALL: &[Input] = &[
     CRON,
     ZONE,
     SCHEDULES_LIMIT,
+    BOARD_KEY,
+    BOARD_QUEUE,
+    BOARD_PARTITION_KEY,
+    WITHIN,
 ];
 
 impl Input {
@@ -379,6 +419,9 @@ impl Input {
         match self.limit {
             Limit::Name { max_len } => json!({
                 "type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength": max_len,
+            }),
+            Limit::NameOrEmpty { max_len } => json!({
+                "type": "string", "pattern": format!("^$|{NAME_PATTERN}"), "maxLength": max_len,
             }),
             Limit::Text { min_len, max_len } => json!({
                 "type": "string", "pattern": TEXT_PATTERN, "minLength": min_len, "maxLength": max_len,
@@ -536,6 +579,25 @@ pub fn unique_mode(
             reason: format!("mode {other:?} is none of keep, replace, debounce"),
         }),
     }
+}
+
+/// Parses a word of [`WITHIN`]: how far back, or `None` for any time.
+pub fn within(word: &str) -> Result<Option<std::time::Duration>, Error> {
+    let minutes = match word {
+        "any" => return Ok(None),
+        "5m" => 5,
+        "15m" => 15,
+        "1h" => 60,
+        "6h" => 360,
+        "24h" => 1440,
+        "7d" => 10_080,
+        other => {
+            return Err(Error::InvalidInput {
+                reason: format!("within {other:?} is none of any, 5m, 15m, 1h, 6h, 24h, 7d"),
+            });
+        }
+    };
+    Ok(Some(std::time::Duration::from_secs(minutes * 60)))
 }
 
 /// Parses a word of [`ORDER`].

@@ -756,7 +756,15 @@ async fn claim_once(
         permit = state.store.claim_permit(caller, ns, queue) => permit?,
         () = state.closing() => return Err(shutting_down()),
     };
-    state.call(move |store| store.finish_claim(permit)).await
+    let outcome = state.call(move |store| store.finish_claim(permit)).await?;
+    state.remember(|history, now| {
+        history.claim(
+            now,
+            Duration::from_millis(outcome.wait_ms()),
+            outcome.concurrency_limit(),
+        );
+    });
+    Ok(outcome)
 }
 
 #[cfg(test)]

@@ -85,6 +85,16 @@ impl Doc {
         self
     }
 
+    /// A form request body (`application/x-www-form-urlencoded`, as an
+    /// HTML form posts it) of `schema`.
+    pub(crate) fn form(mut self, schema: Value) -> Self {
+        self.operation.insert(
+            "requestBody".into(),
+            json!({ "required": true, "content": { "application/x-www-form-urlencoded": { "schema": schema } } }),
+        );
+        self
+    }
+
     /// A response of `status`, with a JSON body of `schema` if it has one.
     pub(crate) fn answers(
         mut self,

@@ -97,11 +97,17 @@ fn enforced(input: Input, value: &Value) -> bool {
             text(&|s| input.cursor(s).is_ok() && TaskCursor::from_str(s).is_ok())
         }
         i if i == limits::SCHEDULE => text(&|s| ScheduleName::parse(s).is_ok()),
+        i if i == limits::BOARD_QUEUE => text(&|s| s.is_empty() || QueueName::parse(s).is_ok()),
+        i if i == limits::BOARD_PARTITION_KEY => {
+            text(&|s| s.is_empty() || PartitionKey::parse(s).is_ok())
+        }
+        i if i == limits::WITHIN => text(&|s| limits::within(s).is_ok()),
         i if i == limits::ACCOUNT
             || i == limits::LABEL
             || i == limits::ERROR_TEXT
             || i == limits::CRON
-            || i == limits::ZONE =>
+            || i == limits::ZONE
+            || i == limits::BOARD_KEY =>
         {
             text(&|s| input.text(s).is_ok())
         }

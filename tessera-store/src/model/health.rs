@@ -66,6 +66,12 @@ pub struct QueueDepth {
     pub delayed: u64,
     /// Tasks under a lease, lapsed ones included.
     pub leased: u64,
+    /// When the first-enqueued of the tasks a claim could take now was
+    /// enqueued: its age is how long the queue's oldest work has waited
+    /// (a retried task counts from its enqueue). `None` when none could be
+    /// taken. One task row read per queue, besides the index entries.
+    #[serde(default)]
+    pub oldest_ready_at: Option<DateTime<Utc>>,
 }
 
 impl QueueDepth {
@@ -76,6 +82,7 @@ impl QueueDepth {
             ready: 0,
             delayed: 0,
             leased: 0,
+            oldest_ready_at: None,
         }
     }
 }

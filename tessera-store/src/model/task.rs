@@ -442,6 +442,9 @@ pub struct TaskListing {
     pub state: TaskState,
     /// The tries it has had.
     pub tries: u32,
+    /// When the attempt reached its state: how long it has waited there
+    /// (ready, scheduled, in backoff) or when it finished.
+    pub changed_at: DateTime<Utc>,
     /// Its task's partition key, if it has one.
     pub partition_key: Option<PartitionKey>,
     /// The last progress value a heartbeat carried for it, if any.

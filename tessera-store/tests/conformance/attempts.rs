@@ -287,7 +287,15 @@ fn discarded_tasks_are_listed_a_page_at_a_time_and_retried_from_the_listing(db: 
         .unwrap();
     assert_eq!((ready.tasks.len(), ready.next), (0, None));
 
+    // Each listed attempt says when it reached its state.
+    let failed_at = Clock::now_utc(&f.clock);
+    let mut query = TaskQuery::new(StateName::Discarded);
+    query.limit = 1;
+    let page = f.store.list_tasks(&worker, &ns, &query).unwrap();
+    assert_eq!(page.tasks[0].changed_at, failed_at);
+
     // Retried from the listing, a task leaves it.
+    f.clock.advance(Duration::from_secs(60));
     f.store.retry_task(&f.admin, &tasks[2]).unwrap();
     let mut left = tasks.clone();
     left.remove(2);
@@ -297,6 +305,10 @@ fn discarded_tasks_are_listed_a_page_at_a_time_and_retried_from_the_listing(db: 
         .list_tasks(&worker, &ns, &TaskQuery::new(StateName::Ready))
         .unwrap();
     assert_eq!(page.tasks[0].task, tasks[2]);
+    assert_eq!(
+        page.tasks[0].changed_at,
+        failed_at + chrono::TimeDelta::seconds(60)
+    );
 
     // A listing is a read: audited, and refused without the read scope.
     let events = f.store.audit(&f.admin, &AuditQuery::default()).unwrap();

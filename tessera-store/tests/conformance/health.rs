@@ -27,8 +27,9 @@ fn health_counts_states_and_lapsed_leases_and_is_cached_until_a_change(db: &Test
     assert_eq!(first.expired_leases, 0);
     assert_eq!(first.taken_at, noon());
     if db.meters_rows() {
-        // Two states, the lapsed count, and one queue's depth in two reads.
-        assert!(cost.rows_read > 0 && cost.rows_read <= 5, "{cost:?}");
+        // Two states, the lapsed count, one queue's depth in two reads,
+        // and its oldest ready task's row.
+        assert!(cost.rows_read > 0 && cost.rows_read <= 6, "{cost:?}");
         // Not audited: the first read wrote nothing...
         assert_eq!(cost.rows_written, 0);
     }
@@ -135,9 +136,9 @@ fn a_public_namespace_answers_without_a_key_or_any_lookup(db: &TestDb) {
     assert_eq!(health.attempts.ready, 3);
     if db.meters_rows() {
         // Only the snapshot's own reads: one state group, the lapse count
-        // and one queue's depth. No key, principal or namespace row is
-        // looked at, nothing is written.
-        assert_eq!(cost.rows_read, 3);
+        // and one queue's depth with its oldest ready task's row. No key,
+        // principal or namespace row is looked at, nothing is written.
+        assert_eq!(cost.rows_read, 4);
         assert_eq!(cost.rows_written, 0);
     }
     let (_, cost) = f
@@ -200,11 +201,14 @@ fn health_has_each_queues_depth_from_its_unfinished_tasks(db: &TestDb) {
     f.claim(&worker, &ns, &frames);
     f.claim(&worker, &ns, &emails);
 
+    // Every ready task here became claimable when it was enqueued.
+    let enqueued = Some(tessera_store::Clock::now_utc(&f.clock));
     let depth = |queue, ready, delayed, leased| QueueDepth {
         queue,
         ready,
         delayed,
         leased,
+        oldest_ready_at: enqueued,
     };
     let health = f.store.health(&worker, &ns).unwrap();
     // By name; a queue with nothing unfinished is not listed.
@@ -220,8 +224,9 @@ fn health_has_each_queues_depth_from_its_unfinished_tasks(db: &TestDb) {
     assert_eq!(health.attempts.scheduled, 2);
     assert_eq!(health.attempts.leased, 2);
 
-    // Once their time has come, tasks for later are ready, and a lapsed
-    // lease still counts as leased until it is taken over.
+    // Once their time has come, tasks for later are ready (the oldest
+    // ready task is still the one enqueued first), and a lapsed lease
+    // still counts as leased until it is taken over.
     f.clock.advance(Duration::from_secs(2 * 3600));
     let later = f.store.health(&worker, &ns).unwrap();
     assert_eq!(

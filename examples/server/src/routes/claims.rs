@@ -123,6 +123,13 @@ async fn claim(
         () = state.closing() => return Err(shutting_down()),
     };
     let outcome = state.call(move |store| store.finish_claim(permit)).await?;
+    state.remember(|history, now| {
+        history.claim(
+            now,
+            std::time::Duration::from_millis(outcome.wait_ms()),
+            outcome.concurrency_limit(),
+        );
+    });
     let mut response = match &outcome {
         // The store's JSON of a claim: task, queue, brief, and the lease
         // with the artifact key the worker writes its output under.
@@ -177,6 +184,8 @@ async fn claim_batch(
     let batch: ClaimedBatch = state
         .call(move |store| store.claim_batch(&caller, &ns, &queue, count))
         .await?;
+    let limit = state.store.claim_stats().limit;
+    state.remember(|history, now| history.claim(now, batch.waited, limit));
     let mut response = if batch.claimed.is_empty() {
         StatusCode::NO_CONTENT.into_response()
     } else {

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{Method, StatusCode};
 use axum::routing::{MethodRouter, on};
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use tessera_store::{Error, Namespace, QueueName, Store, TaskId, TaskRef};
 use tokio::net::TcpListener;
@@ -251,6 +252,8 @@ pub struct AppState {
     pub(crate) sessions: bool,
     /// The browser origins `/mcp` serves besides the loopback ones.
     pub(crate) allowed_origins: Vec<String>,
+    /// The last hour in memory, for the board's charts.
+    pub(crate) history: std::sync::Mutex<crate::history::History>,
 }
 
 impl AppState {
@@ -266,6 +269,20 @@ impl AppState {
             Ok(result) => result.map_err(ApiError::Store),
             Err(failed) => std::panic::resume_unwind(failed.into_panic()),
         }
+    }
+
+    /// Records into the board's history at the store's time: a few
+    /// counters in memory, never a storage call.
+    pub(crate) fn remember(
+        &self,
+        record: impl FnOnce(&mut crate::history::History, DateTime<Utc>),
+    ) {
+        let now = tessera_store::Clock::now_utc(self.store.clock().as_ref());
+        let mut history = self
+            .history
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        record(&mut history, now);
     }
 
     /// Resolves when the server begins to shut down.
@@ -468,7 +485,9 @@ pub async fn serve_until(
         public: options.public,
         sessions: options.sessions,
         allowed_origins: options.allowed_origins,
+        history: std::sync::Mutex::default(),
     });
+    tokio::spawn(sample_history(Arc::clone(&state)));
     let router = app(state.clone());
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
@@ -516,6 +535,29 @@ pub async fn serve_until(
     state.closing.send_replace(true);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// How often the server samples the board's history.
+const HISTORY_SAMPLE: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Samples the board's history until shutdown: the snapshots the store
+/// holds (from its cache: no read) and the concurrency limit (memory).
+async fn sample_history(state: Arc<AppState>) {
+    let mut tick = tokio::time::interval(HISTORY_SAMPLE);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = state.closing() => return,
+        }
+        let snapshots = state.store.cached_health();
+        let limit = state.store.claim_stats().limit;
+        state.remember(|history, now| {
+            history.limit(now, limit);
+            for snapshot in &snapshots {
+                history.snapshot(now, snapshot);
+            }
+        });
+    }
 }
 
 /// A namespace and queue from a path.

@@ -14,7 +14,7 @@ use tessera_store::Namespace;
 use crate::{Service, TASKS};
 
 /// A headless Chromium with one page, and the protocol session to it.
-struct Browser {
+pub(crate) struct Browser {
     child: Child,
     to: std::fs::File,
     from: BufReader<std::fs::File>,
@@ -25,7 +25,7 @@ struct Browser {
 
 impl Browser {
     /// Chromium opened at `url`, with a fresh profile.
-    fn open(url: &str) -> Self {
+    pub(crate) fn open(url: &str) -> Self {
         let profile = tempfile::tempdir().unwrap();
         let dir = profile.path();
         let (to_path, from_path) = (dir.join("to-chromium"), dir.join("from-chromium"));
@@ -82,7 +82,15 @@ impl Browser {
     }
 
     /// Sends one command and returns its result, skipping events.
-    fn command(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
+    pub(crate) fn command(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
+        match self.call(session, method, params) {
+            Ok(result) => result,
+            Err(answer) => panic!("{method}: {answer}"),
+        }
+    }
+
+    /// Sends one command: its result, or the protocol's error answer.
+    fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Result<Value, Value> {
         self.next += 1;
         let mut message = json!({ "id": self.next, "method": method, "params": params });
         if let Some(session) = session {
@@ -97,14 +105,35 @@ impl Browser {
             assert!(raw.pop() == Some(0), "chromium closed its pipe");
             let answer: Value = serde_json::from_slice(&raw).unwrap();
             if answer["id"] == self.next {
-                assert!(answer.get("error").is_none(), "{method}: {answer}");
-                return answer["result"].clone();
+                if answer.get("error").is_some() {
+                    return Err(answer);
+                }
+                return Ok(answer["result"].clone());
             }
         }
     }
 
+    /// The value of a JavaScript expression in the page, or `None` while
+    /// the page is between documents (a form's answer loading).
+    pub(crate) fn try_evaluate(&mut self, expression: &str) -> Option<Value> {
+        let session = self.session.clone();
+        self.call(
+            Some(&session),
+            "Runtime.evaluate",
+            json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
+        )
+        .ok()
+        .map(|result| result["result"]["value"].clone())
+    }
+
+    /// Runs a command in the page's session.
+    pub(crate) fn page_command(&mut self, method: &str, params: Value) -> Value {
+        let session = self.session.clone();
+        self.command(Some(&session), method, params)
+    }
+
     /// The value of a JavaScript expression in the page.
-    fn evaluate(&mut self, expression: &str) -> Value {
+    pub(crate) fn evaluate(&mut self, expression: &str) -> Value {
         let session = self.session.clone();
         let result = self.command(
             Some(&session),
@@ -116,7 +145,11 @@ impl Browser {
 
     /// Retries `check` until it gives a value; panics after `limit`
     /// (a bound on waiting, not a measurement).
-    fn until<T>(&mut self, limit: Duration, mut check: impl FnMut(&mut Self) -> Option<T>) -> T {
+    pub(crate) fn until<T>(
+        &mut self,
+        limit: Duration,
+        mut check: impl FnMut(&mut Self) -> Option<T>,
+    ) -> T {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(value) = check(self) {
@@ -128,7 +161,7 @@ impl Browser {
     }
 
     /// Waits until the page's script has updated it once.
-    fn until_live(&mut self) {
+    pub(crate) fn until_live(&mut self) {
         self.until(Duration::from_secs(30), |browser| {
             let live = browser.evaluate("document.getElementById('live').textContent");
             live.as_str()
@@ -138,7 +171,7 @@ impl Browser {
     }
 
     /// The counts the page shows, by state.
-    fn counts(&mut self) -> Value {
+    pub(crate) fn counts(&mut self) -> Value {
         self.evaluate(
             "JSON.stringify(Object.fromEntries([...document.querySelectorAll('[data-count]')]\
              .map(cell => [cell.dataset.count, Number(cell.textContent)])))",
@@ -149,7 +182,7 @@ impl Browser {
     }
 
     /// A PNG of the page.
-    fn screenshot(&mut self, to: &Path) {
+    pub(crate) fn screenshot(&mut self, to: &Path) {
         let session = self.session.clone();
         let shot = self.command(
             Some(&session),
@@ -175,7 +208,7 @@ impl Drop for Browser {
 }
 
 /// The store's counts of `renders`, as the board names them.
-fn store_counts(service: &Service) -> Value {
+pub(crate) fn store_counts(service: &Service) -> Value {
     let snapshot = service
         .store
         .public_health(&Namespace::parse("renders").unwrap())
@@ -186,7 +219,7 @@ fn store_counts(service: &Service) -> Value {
 }
 
 /// A discarded task: one try, claimed, failed with its error.
-fn discard(service: &Service, key: &str, id: &str, error: &str) {
+pub(crate) fn discard(service: &Service, key: &str, id: &str, error: &str) {
     let body = json!({ "brief": { "id": id }, "id": id, "max_tries": 1, "priority": 3 });
     let enqueued = service.send("POST", TASKS, Some(key), Some(&body));
     assert_eq!(enqueued.status, 201, "{}", enqueued.text());
@@ -254,6 +287,12 @@ fn the_board_shows_the_stores_counts_and_updates_without_a_reload() {
         browser.evaluate("window.sameDocument === true"),
         json!(true)
     );
+    // The waiting work per queue follows too, with its oldest ready age.
+    let waiting = browser.evaluate(
+        "[...document.querySelectorAll('table.waiting [data-queue=frames] td')].map(td => td.textContent)",
+    );
+    assert_eq!(waiting[0], json!("3"), "{waiting}");
+    assert!(waiting[3].as_str().unwrap().ends_with(" ago"), "{waiting}");
 
     // An operator's key shows its grants and the discarded task with its
     // last error, and retries it from the page.

@@ -3,6 +3,8 @@
 //! headless Chromium). The backends are named here and only here.
 
 mod board;
+mod board_tasks;
+mod board_views;
 mod discovery;
 mod events;
 mod mcp;
@@ -146,6 +148,82 @@ impl Drop for Service {
     }
 }
 
+/// A form posted to `address` as a browser posts one, with `headers`;
+/// a redirect is answered, not followed.
+pub(crate) fn post_form(
+    address: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    form: &str,
+) -> Reply {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut request = ureq::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{address}{path}"))
+        .header("content-type", "application/x-www-form-urlencoded");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut response = agent
+        .run(request.body(form.as_bytes().to_vec()).expect("a request"))
+        .expect("the server answers");
+    reply(&mut response)
+}
+
+/// A `GET` of `path` with `headers`; a redirect is answered, not
+/// followed.
+pub(crate) fn get_unfollowed(address: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut request = ureq::http::Request::builder()
+        .method("GET")
+        .uri(format!("http://{address}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut response = agent
+        .run(request.body(Vec::new()).expect("a request"))
+        .expect("the server answers");
+    reply(&mut response)
+}
+
+/// A response as the tests read it.
+fn reply(response: &mut ureq::http::Response<ureq::Body>) -> Reply {
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                value.to_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let body = response.body_mut().read_to_vec().expect("a body");
+    Reply {
+        status,
+        content_type,
+        headers,
+        body,
+    }
+}
+
 /// One request to `address`.
 pub(crate) fn send(
     address: SocketAddr,
@@ -190,30 +268,7 @@ pub(crate) fn send_headers(
     let mut response = agent
         .run(request.body(bytes).expect("a request"))
         .expect("the server answers");
-    let status = response.status().as_u16();
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let headers = response
-        .headers()
-        .iter()
-        .map(|(name, value)| {
-            (
-                name.as_str().to_owned(),
-                value.to_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
-    let body = response.body_mut().read_to_vec().expect("a body");
-    Reply {
-        status,
-        content_type,
-        headers,
-        body,
-    }
+    reply(&mut response)
 }
 
 /// A PostgreSQL store in a fresh schema of the test server, and the

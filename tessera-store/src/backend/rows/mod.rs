@@ -102,6 +102,8 @@ pub(crate) struct ListingRow {
     pub(crate) until_at: Option<i64>,
     pub(crate) discarded: Option<String>,
     pub(crate) tries: i64,
+    /// When the attempt reached its state, in milliseconds.
+    pub(crate) changed_at: i64,
     pub(crate) queue: String,
     pub(crate) task_id: String,
     pub(crate) version: i64,
@@ -127,6 +129,7 @@ impl ListingRow {
             attempt: number,
             state: stored_state(&self.state, self.until_at, self.discarded.as_deref())?,
             tries: u32::try_from(self.tries).map_err(|_| bad())?,
+            changed_at: from_millis(self.changed_at),
             partition_key: partition_key(self.partition_key.as_deref())?,
             progress: self.progress.as_deref().map(progress_value).transpose()?,
         };
@@ -492,11 +495,13 @@ pub(crate) fn state_counts(by_state: Vec<(String, i64)>) -> Result<StateCounts> 
     Ok(attempts)
 }
 
-/// Queue depths from the two reads behind them: per queue, the claim
-/// order's entries claimable now and later, and the live leases.
+/// Queue depths from the three reads behind them: per queue, the claim
+/// order's entries claimable now and later, the live leases, and when
+/// the first-enqueued claimable task was enqueued (milliseconds).
 pub(crate) fn queue_depths(
     claimable: Vec<(String, i64, i64)>,
     leased: Vec<(String, i64)>,
+    oldest: Vec<(String, i64)>,
 ) -> Result<Vec<QueueDepth>> {
     let mut depths = std::collections::BTreeMap::<String, QueueDepth>::new();
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -516,6 +521,9 @@ pub(crate) fn queue_depths(
     }
     for (queue, leases) in leased {
         depth(&mut depths, queue)?.leased += count(leases);
+    }
+    for (queue, enqueued) in oldest {
+        depth(&mut depths, queue)?.oldest_ready_at = Some(from_millis(enqueued));
     }
     Ok(depths.into_values().collect())
 }

@@ -64,7 +64,7 @@ macro_rules! select_listing {
     ($state:literal, $tail:expr) => {
         concat!(
             "SELECT a.task, a.number, a.state, a.until_at, a.discarded, a.tries, ",
-            "t.queue, t.task_id, t.version, t.partition_key, a.progress ",
+            "t.queue, t.task_id, t.version, t.partition_key, a.progress, a.changed_at ",
             "FROM attempts a JOIN tasks t ON t.id = a.task ",
             "WHERE a.namespace = $1 AND a.state = $2 AND a.state ",
             $state,

@@ -11,6 +11,12 @@ pub(in crate::postgres) const COUNT_BY_STATE: &str = "SELECT state, count(*) FRO
 pub(in crate::postgres) const QUEUE_CLAIMABLE: &str = "SELECT queue, \
      count(*) FILTER (WHERE claimable_at <= $2), count(*) FILTER (WHERE claimable_at > $2) \
      FROM tasks WHERE namespace = $1 AND claimable_at IS NOT NULL GROUP BY queue";
+/// Per queue: when the first-enqueued task a claim could take at `$2` was
+/// enqueued: the smallest row id per queue from the claim order, then one
+/// task row per queue.
+pub(in crate::postgres) const QUEUE_OLDEST_READY: &str = "SELECT queue, created_at FROM tasks \
+     WHERE id IN (SELECT min(id) FROM tasks WHERE namespace = $1 \
+     AND claimable_at IS NOT NULL AND claimable_at <= $2 GROUP BY queue)";
 /// Per queue: live and lapsed leases.
 pub(in crate::postgres) const QUEUE_LEASED: &str = "SELECT queue, count(*) FROM attempts \
      WHERE namespace = $1 AND state = 'leased' GROUP BY queue";

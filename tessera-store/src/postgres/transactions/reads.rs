@@ -301,6 +301,7 @@ impl ReadTransaction for PgTransaction<'_> {
                 version: row.try_get(8)?,
                 partition_key: row.try_get(9)?,
                 progress: row.try_get(10)?,
+                changed_at: row.try_get(11)?,
             }
             .listing(namespace)
         })
@@ -443,7 +444,12 @@ impl ReadTransaction for PgTransaction<'_> {
             .iter()
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
             .collect::<Result<Vec<(String, i64)>>>()?;
-        rows::queue_depths(claimable, leased)
+        let oldest = self
+            .query(QUEUE_OLDEST_READY, &[&namespace.as_str(), &millis(now)])?
+            .iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<Result<Vec<(String, i64)>>>()?;
+        rows::queue_depths(claimable, leased, oldest)
     }
 
     fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>> {

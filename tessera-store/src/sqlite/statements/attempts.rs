@@ -241,7 +241,7 @@ macro_rules! select_listing {
     ($tail:literal) => {
         concat!(
             "SELECT a.id AS position, a.number, a.state, a.until_at, a.discarded, a.tries, ",
-            "t.queue, t.task_id, t.version, t.partition_key, a.progress ",
+            "t.queue, t.task_id, t.version, t.partition_key, a.progress, a.changed_at ",
             "FROM attempts a JOIN tasks t ON t.id = a.task ",
             "WHERE a.namespace = ?1 AND a.state = ?2 ",
             $tail
@@ -269,6 +269,7 @@ impl ListingRow {
             until_at: row.get("until_at")?,
             discarded: row.get("discarded")?,
             tries: row.get("tries")?,
+            changed_at: row.get("changed_at")?,
             queue: row.get("queue")?,
             task_id: row.get("task_id")?,
             version: row.get("version")?,

@@ -52,6 +52,25 @@ pub(crate) fn queue_claimable(
     })
 }
 
+/// Per queue: when the first-enqueued task a claim could take at `?2` was
+/// enqueued. The smallest task row id per queue is a search of the claim
+/// order alone (its entries end in the id); then one task row is read per
+/// queue.
+pub(crate) const QUEUE_OLDEST_READY: &str = "SELECT queue, created_at FROM tasks \
+     WHERE id IN (SELECT min(id) FROM tasks WHERE namespace = ?1 \
+     AND claimable_at IS NOT NULL AND claimable_at <= ?2 GROUP BY queue)";
+
+/// Per queue: when its first-enqueued claimable task was enqueued.
+pub(crate) fn queue_oldest_ready(
+    reader: &Reader<'_>,
+    namespace: &str,
+    now: i64,
+) -> rusqlite::Result<Vec<(String, i64)>> {
+    reader.all(QUEUE_OLDEST_READY, params![namespace, now], |row| {
+        Ok((row.get("queue")?, row.get("created_at")?))
+    })
+}
+
 /// Per queue: live and lapsed leases.
 pub(crate) const QUEUE_LEASED: &str = "SELECT queue, count(*) AS leased FROM attempts \
      WHERE namespace = ?1 AND state = 'leased' GROUP BY queue";

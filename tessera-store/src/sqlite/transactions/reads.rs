@@ -317,7 +317,8 @@ impl ReadTransaction for Reader<'_> {
     fn queue_depths(&self, namespace: &Namespace, now: DateTime<Utc>) -> Result<Vec<QueueDepth>> {
         let claimable = health::queue_claimable(self, namespace.as_str(), millis(now))?;
         let leased = health::queue_leased(self, namespace.as_str())?;
-        rows::queue_depths(claimable, leased)
+        let oldest = health::queue_oldest_ready(self, namespace.as_str(), millis(now))?;
+        rows::queue_depths(claimable, leased, oldest)
     }
 
     fn namespace_queue_settings(&self, namespace: &Namespace) -> Result<Vec<QueueSettings>> {

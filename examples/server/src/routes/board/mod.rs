@@ -12,6 +12,20 @@
 //!   These are audited reads, so the script asks for them no more often
 //!   than the snapshot is kept (15 s). Retry and cancel buttons call the
 //!   task routes with the same key.
+//!
+//! An operator's key also opens the server-rendered views beside it
+//! (each works with JavaScript off; the key is kept as [`key`] says):
+//! [`queues`] and its controls, the task list and a task's detail
+//! ([`tasks`]), bulk retry and cancel by filter ([`bulk`]), and
+//! [`schedules`], and [`charts`] of the last hour.
+
+mod bulk;
+mod charts;
+mod html;
+mod key;
+mod queues;
+mod schedules;
+mod tasks;
 
 use std::sync::Arc;
 
@@ -29,24 +43,33 @@ use tessera_store::{
     AuditQuery, Caller, Grant, HealthSnapshot, ListOrder, Namespace, Store, TaskQuery, TaskRef,
 };
 
+use self::html::{escape, query_value, time_with_age};
 use super::{AppState, Route};
 use crate::auth::bearer_key;
 use crate::errors::{ApiError, query};
 use crate::openapi::Doc;
 
-const SCRIPT: &str = include_str!("../../board/board.js");
-const STYLE: &str = include_str!("../../board/board.css");
+const SCRIPT: &str = include_str!("../../../board/board.js");
+const STYLE: &str = include_str!("../../../board/board.css");
 
-/// Discarded tasks whose last error a keyed feed reads (one audited read
-/// each).
-const ERRORS_READ: usize = 5;
+/// The discarded tasks a keyed feed lists, each with its last error (one
+/// audited read each, at most once per snapshot lifetime).
+const DISCARDED_LISTED: usize = 20;
+
+/// The newest audit events a keyed feed shows, of the namespace shown.
+const EVENTS_SHOWN: usize = 20;
+
+/// The audit events a keyed feed reads to find [`EVENTS_SHOWN`] of its
+/// namespace: the audit read is a caller's (or for an admin everyone's),
+/// newest first, not one namespace's.
+const EVENTS_READ: usize = 500;
 
 pub(super) fn routes() -> Vec<Route> {
     let ns = crate::limits::Input {
         name: "ns",
         ..crate::limits::NAMESPACE
     };
-    vec![
+    let mut routes = vec![
         Route::new(
             Method::GET,
             "/board",
@@ -87,7 +110,49 @@ pub(super) fn routes() -> Vec<Route> {
             Doc::new("board_style", "the board's style sheet").answers("200", "CSS", None),
             get(|| async { asset("text/css; charset=utf-8", STYLE) }),
         ),
-    ]
+    ];
+    routes.extend(key::routes());
+    routes.extend(queues::routes());
+    routes.extend(tasks::routes());
+    routes.extend(bulk::routes());
+    routes.extend(schedules::routes());
+    routes.extend(charts::routes());
+    routes
+}
+
+/// A keyed view's query: the namespace it shows.
+#[derive(Deserialize)]
+// Unknown query parameters are ignored, as the board's own are.
+struct NsQuery {
+    ns: Option<String>,
+}
+
+/// The namespace a keyed view shows: the one asked for, else the first
+/// the key grants by name, else the first public one.
+fn namespace_of(
+    state: &AppState,
+    caller: &Caller,
+    asked: Option<&str>,
+) -> Result<Option<Namespace>, ApiError> {
+    if let Some(name) = asked {
+        return Ok(Some(Namespace::parse(name)?));
+    }
+    let granted = caller.grants().iter().find_map(|grant| match grant {
+        Grant::Namespace(namespace) => Some(namespace.clone()),
+        _ => None,
+    });
+    Ok(granted.or_else(|| state.public.namespaces.first().cloned()))
+}
+
+/// A keyed view asked for without a key: a page with the key's form.
+fn ask_for_key(state: &AppState, view: &str, asked: Option<&str>) -> Result<Response, ApiError> {
+    let namespace = chosen(state, asked)?;
+    Ok(html::page(
+        view,
+        namespace.as_ref(),
+        false,
+        "<p class=\"note\" id=\"need-key\">This view is an operator's: enter a key above. It is kept in a cookie for this board only (HttpOnly, SameSite=Strict) until you forget it.</p>",
+    ))
 }
 
 fn asset(content_type: &'static str, text: &'static str) -> Response {
@@ -136,6 +201,9 @@ async fn board(
         }
         _ => None,
     };
+    if let Some(snapshot) = &snapshot {
+        state.remember(|history, now| history.snapshot(now, snapshot));
+    }
     let admission = super::public::admission(&state.store, state.public.max_pending);
     let page = render(
         &state.public.namespaces,
@@ -143,15 +211,9 @@ async fn board(
         snapshot.as_ref(),
         &admission,
         state.store.is_refusing_writes(),
+        state.store.clock().now_utc(),
     );
-    Ok((
-        [
-            (CONTENT_TYPE, "text/html; charset=utf-8"),
-            (CACHE_CONTROL, "no-store"),
-        ],
-        page,
-    )
-        .into_response())
+    Ok(html::html(page))
 }
 
 async fn feed(
@@ -179,6 +241,7 @@ async fn feed(
             let snapshot = state
                 .call(move |store| store.public_health(&namespace))
                 .await?;
+            state.remember(|history, now| history.snapshot(now, &snapshot));
             body["health"] = json!(snapshot);
         }
         return Ok(Json(body).into_response());
@@ -220,38 +283,47 @@ fn keyed_feed(
     if !details {
         return Ok(feed);
     }
-    let audit = store.audit(
+    let mut audit = store.audit(
         caller,
         &AuditQuery {
-            limit: 20,
+            limit: EVENTS_READ,
             ..AuditQuery::default()
         },
     )?;
+    // Only the namespace shown: another namespace's schedule fires or
+    // claims are not this board's.
+    audit
+        .events
+        .retain(|event| event.namespace.as_str() == namespace.as_str());
+    audit.events.truncate(EVENTS_SHOWN);
+    audit
+        .counters
+        .retain(|counter| counter.key.namespace().as_str() == namespace.as_str());
+    audit.counters.truncate(EVENTS_SHOWN);
+    audit.next = None;
     let mut oldest = TaskQuery::new(StateName::Ready);
     oldest.order = ListOrder::Oldest;
     oldest.limit = 1;
     let oldest = store.list_tasks(caller, namespace, &oldest)?;
     let mut discarded = TaskQuery::new(StateName::Discarded);
     discarded.order = ListOrder::Newest;
-    discarded.limit = 20;
+    discarded.limit = DISCARDED_LISTED;
     let discarded = store.list_tasks(caller, namespace, &discarded)?;
     let mut rows = Vec::new();
-    for (index, listing) in discarded.tasks.iter().enumerate() {
+    for listing in &discarded.tasks {
         let mut row = json!(listing);
-        if index < ERRORS_READ {
-            let task = TaskRef::new(
-                listing.task.namespace.clone(),
-                listing.task.id.clone(),
-                listing.task.version,
-            );
-            let view = store.read_task(caller, &task)?;
-            let attempt = view
-                .record
-                .attempts
-                .iter()
-                .find(|attempt| attempt.number == listing.attempt);
-            row["last_error"] = json!(attempt.and_then(|attempt| attempt.last_error.clone()));
-        }
+        let task = TaskRef::new(
+            listing.task.namespace.clone(),
+            listing.task.id.clone(),
+            listing.task.version,
+        );
+        let view = store.read_task(caller, &task)?;
+        let attempt = view
+            .record
+            .attempts
+            .iter()
+            .find(|attempt| attempt.number == listing.attempt);
+        row["last_error"] = json!(attempt.and_then(|attempt| attempt.last_error.clone()));
         rows.push(row);
     }
     feed["audit"] = json!(audit);
@@ -260,24 +332,8 @@ fn keyed_feed(
     Ok(feed)
 }
 
-/// `text` with HTML's special characters escaped.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 /// The states the board counts, in its order, with their labels.
-const STATES: &[(&str, &str)] = &[
+pub(super) const STATES: &[(&str, &str)] = &[
     ("ready", "ready"),
     ("scheduled", "scheduled"),
     ("backoff", "backoff"),
@@ -294,6 +350,7 @@ fn render(
     snapshot: Option<&HealthSnapshot>,
     admission: &Value,
     refusing: bool,
+    now: chrono::DateTime<chrono::Utc>,
 ) -> String {
     let name = namespace.map(|ns| escape(ns.as_str())).unwrap_or_default();
     let counts = snapshot.map(|snapshot| json!(snapshot.attempts));
@@ -313,30 +370,43 @@ fn render(
     let taken = snapshot
         .map(|snapshot| snapshot.taken_at.to_rfc3339())
         .unwrap_or_default();
-    let admission_rows: String = [
-        ("limit", "concurrency limit"),
-        ("in_flight", "in flight"),
-        ("waiting", "waiting"),
-        ("waiting_keys", "keys waiting"),
-        (
-            "share_per_waiting_key",
-            "each waiting key's share of the slots",
-        ),
-        ("max_pending", "waiting slots"),
-    ]
-    .iter()
-    .map(|(field, label)| {
-        format!(
-            "<tr><th scope=\"row\">{label}</th><td data-admission=\"{field}\">{}</td></tr>",
-            admission[field]
-        )
-    })
-    .collect();
+    let waiting_work: String = snapshot
+        .map(|snapshot| {
+            snapshot
+                .depths
+                .iter()
+                .map(|depth| {
+                    let oldest = depth
+                        .oldest_ready_at
+                        .map_or_else(|| "–".to_owned(), |at| time_with_age(at, now));
+                    format!(
+                        "<tr data-queue=\"{queue}\"><th scope=\"row\">{queue}</th><td>{}</td><td>{}</td><td>{}</td><td data-field=\"oldest\">{oldest}</td></tr>",
+                        depth.ready,
+                        depth.delayed,
+                        depth.leased,
+                        queue = escape(depth.queue.as_str()),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let admission_rows: String = ADMISSION
+        .iter()
+        .map(|(field, label)| {
+            format!(
+                "<tr><th scope=\"row\">{label}</th><td data-admission=\"{field}\">{}</td></tr>",
+                admission[field]
+            )
+        })
+        .collect();
     let links: String = public
         .iter()
         .map(|ns| {
-            let ns = escape(ns.as_str());
-            format!("<a href=\"/board?ns={ns}\">{ns}</a> ")
+            format!(
+                "<a href=\"/board?ns={}\">{}</a> ",
+                query_value(ns.as_str()),
+                escape(ns.as_str())
+            )
         })
         .collect();
     let note = match (namespace, snapshot) {
@@ -355,6 +425,7 @@ fn render(
     } else {
         "<p class=\"alert\" id=\"refused\" hidden>Storage refuses writes.</p>"
     };
+    let navigation = html::navigation(namespace, false);
     format!(
         r#"<!doctype html>
 <html lang="en">
@@ -368,6 +439,7 @@ fn render(
 <header>
 <h1>Tessera <span class="namespace">{name}</span></h1>
 <nav>public: {links}<a href="/llms.txt">llms.txt</a> <a href="/v1/openapi.json">OpenAPI</a></nav>
+{navigation}
 </header>
 {refused}
 {note}
@@ -381,6 +453,12 @@ fn render(
 <section>
 <h2>Admission</h2>
 <table class="admission">{admission_rows}</table>
+<p class="small">Claims past the slots wait their turn in the waiting places; while several keys wait, none may hold more than its fair share of the places, so one busy key cannot crowd out the rest.</p>
+</section>
+<section>
+<h2>Waiting work</h2>
+<table class="waiting"><thead><tr><th>queue</th><th>ready</th><th>delayed</th><th>leased</th><th>oldest ready</th></tr></thead><tbody>{waiting_work}</tbody></table>
+<p class="small">Oldest ready: when the queue's first-enqueued ready task was enqueued, as of the snapshot.</p>
 </section>
 <section>
 <h2>Finished work</h2>
@@ -388,16 +466,15 @@ fn render(
 </section>
 <section id="operator">
 <h2>Operator</h2>
-<noscript><p class="note">The operator's view (audit, discarded tasks, retry and cancel) needs JavaScript and a key.</p></noscript>
-<form id="key-form" hidden><label>Key <input type="password" id="key" autocomplete="off"></label> <button>Use key</button> <button type="button" id="forget">Forget</button></form>
+<noscript><p class="note">Without JavaScript, a key (entered above) opens the queues, tasks and schedules views; this page's live operator panel needs JavaScript.</p></noscript>
 <div id="keyed" hidden>
-<p>Account <b id="account"></b>; grants: <span id="grants"></span></p>
+<p>Account <b id="account"></b>; grants: <span id="grants"></span> <button type="button" id="forget">Forget key</button></p>
 <h3>Oldest ready task</h3><p id="oldest">–</p>
 <h3>Discarded tasks</h3>
 <table><thead><tr><th>task</th><th>attempt</th><th>tries</th><th>reason</th><th>last error</th><th></th></tr></thead><tbody id="discarded"></tbody></table>
-<h3>Recent audit events</h3>
+<h3>Recent audit events of this namespace</h3>
 <table><thead><tr><th>time</th><th>action</th><th>outcome</th><th>resource</th></tr></thead><tbody id="events"></tbody></table>
-<h3>Counters</h3>
+<h3>Counters of this namespace</h3>
 <table><thead><tr><th>minute</th><th>action</th><th>outcome</th><th>count</th></tr></thead><tbody id="counters"></tbody></table>
 </div>
 </section>
@@ -409,3 +486,16 @@ fn render(
 "#
     )
 }
+
+/// Admission's fields, in an operator's words.
+const ADMISSION: &[(&str, &str)] = &[
+    ("limit", "claims served at once (the concurrency limit)"),
+    ("in_flight", "claims being served now"),
+    ("waiting", "claims waiting for their turn"),
+    ("waiting_keys", "keys with claims waiting"),
+    (
+        "share_per_waiting_key",
+        "most claims one key may have waiting now (its fair share)",
+    ),
+    ("max_pending", "waiting places in all"),
+];

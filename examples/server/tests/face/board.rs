@@ -248,10 +248,26 @@ pub(crate) fn discard(service: &Service, key: &str, id: &str, error: &str) {
 // Both reasons may hold; either keeps it out of the run.
 #[allow(unused_attributes)]
 fn the_board_shows_the_stores_counts_and_updates_without_a_reload() {
-    let service = Service::sqlite();
+    the_board_shows_the_stores_counts_and_updates_without_a_reload_over(&Service::sqlite());
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "drives Debian's chromium")]
+#[cfg_attr(no_chromium, ignore = "needs Debian's chromium on the PATH")]
+// Both reasons may hold; either keeps it out of the run.
+#[allow(unused_attributes)]
+#[cfg_attr(no_test_postgres, ignore = "TESSERA_TEST_POSTGRES_URL is not set")]
+fn the_board_shows_the_stores_counts_and_updates_without_a_reload_on_postgres() {
+    crate::on_postgres(
+        "the_board_shows_the_",
+        the_board_shows_the_stores_counts_and_updates_without_a_reload_over,
+    );
+}
+
+fn the_board_shows_the_stores_counts_and_updates_without_a_reload_over(service: &Service) {
     let worker = service.worker();
     discard(
-        &service,
+        service,
         &worker,
         "broken-frame",
         "the renderer ran out of memory",
@@ -269,7 +285,7 @@ fn the_board_shows_the_stores_counts_and_updates_without_a_reload() {
 
     let mut browser = Browser::open(&format!("http://{}/board", service.address));
     browser.until_live();
-    let expected = store_counts(&service);
+    let expected = store_counts(service);
     assert_eq!(expected["ready"], 2);
     assert_eq!(expected["leased"], 1);
     assert_eq!(expected["discarded"], 1);
@@ -282,7 +298,7 @@ fn the_board_shows_the_stores_counts_and_updates_without_a_reload() {
         let counts = browser.counts();
         (counts["ready"] == 3).then_some(counts)
     });
-    assert_eq!(shown, store_counts(&service));
+    assert_eq!(shown, store_counts(service));
     assert_eq!(
         browser.evaluate("window.sameDocument === true"),
         json!(true)
@@ -315,7 +331,7 @@ fn the_board_shows_the_stores_counts_and_updates_without_a_reload() {
     browser
         .evaluate("document.querySelector('#discarded button[data-action=retry]').click(); true");
     browser.until(Duration::from_secs(30), |_| {
-        let counts = store_counts(&service);
+        let counts = store_counts(service);
         (counts["discarded"] == 0 && counts["ready"] == 4).then_some(())
     });
     browser.until(Duration::from_secs(30), |browser| {
@@ -324,8 +340,28 @@ fn the_board_shows_the_stores_counts_and_updates_without_a_reload() {
 }
 
 #[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "drives Debian's chromium")]
+#[cfg_attr(no_chromium, ignore = "needs Debian's chromium on the PATH")]
+// Both reasons may hold; either keeps it out of the run.
+#[allow(unused_attributes)]
 fn the_board_reads_without_javascript() {
-    let service = Service::sqlite();
+    the_board_reads_without_javascript_over(&Service::sqlite());
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "drives Debian's chromium")]
+#[cfg_attr(no_chromium, ignore = "needs Debian's chromium on the PATH")]
+// Both reasons may hold; either keeps it out of the run.
+#[allow(unused_attributes)]
+#[cfg_attr(no_test_postgres, ignore = "TESSERA_TEST_POSTGRES_URL is not set")]
+fn the_board_reads_without_javascript_on_postgres() {
+    crate::on_postgres(
+        "the_board_reads_with",
+        the_board_reads_without_javascript_over,
+    );
+}
+
+fn the_board_reads_without_javascript_over(service: &Service) {
     let worker = service.worker();
     for n in 0..2 {
         assert_eq!(service.enqueue(&worker, json!(n)).status, 201);

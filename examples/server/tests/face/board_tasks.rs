@@ -497,7 +497,23 @@ fn the_charts_draw_the_last_hour_from_memory() {
 // Both reasons may hold; either keeps it out of the run.
 #[allow(unused_attributes)]
 fn the_charts_render_in_chromium_without_javascript() {
-    let service = Service::sqlite();
+    the_charts_render_in_chromium_without_javascript_over(&Service::sqlite());
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "drives Debian's chromium")]
+#[cfg_attr(no_chromium, ignore = "needs Debian's chromium on the PATH")]
+// Both reasons may hold; either keeps it out of the run.
+#[allow(unused_attributes)]
+#[cfg_attr(no_test_postgres, ignore = "TESSERA_TEST_POSTGRES_URL is not set")]
+fn the_charts_render_in_chromium_without_javascript_on_postgres() {
+    crate::on_postgres(
+        "the_charts_render_in",
+        the_charts_render_in_chromium_without_javascript_over,
+    );
+}
+
+fn the_charts_render_in_chromium_without_javascript_over(service: &Service) {
     let worker = service.worker();
     for n in 0..2 {
         assert_eq!(service.enqueue(&worker, json!(n)).status, 201);
@@ -724,11 +740,31 @@ fn click(browser: &mut Browser, path: &str, selector: &str, mut done: impl FnMut
 // Both reasons may hold; either keeps it out of the run.
 #[allow(unused_attributes)]
 fn each_task_and_schedule_control_changes_the_store_in_chromium_without_javascript() {
-    let service = Service::sqlite();
+    each_task_and_schedule_control_changes_the_store_in_chromium_without_javascript_over(
+        &Service::sqlite(),
+    );
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "drives Debian's chromium")]
+#[cfg_attr(no_chromium, ignore = "needs Debian's chromium on the PATH")]
+// Both reasons may hold; either keeps it out of the run.
+#[allow(unused_attributes)]
+#[cfg_attr(no_test_postgres, ignore = "TESSERA_TEST_POSTGRES_URL is not set")]
+fn each_task_and_schedule_control_changes_the_store_in_chromium_without_javascript_on_postgres() {
+    crate::on_postgres(
+        "each_task_and_schedu",
+        each_task_and_schedule_control_changes_the_store_in_chromium_without_javascript_over,
+    );
+}
+
+fn each_task_and_schedule_control_changes_the_store_in_chromium_without_javascript_over(
+    service: &Service,
+) {
     let worker = service.worker();
     let admin = service.admin.clone();
     for n in 0..3 {
-        crate::board::discard(&service, &worker, &format!("broken-{n}"), "out of memory");
+        crate::board::discard(service, &worker, &format!("broken-{n}"), "out of memory");
     }
     let put = service.send(
         "PUT",
@@ -737,7 +773,7 @@ fn each_task_and_schedule_control_changes_the_store_in_chromium_without_javascri
         Some(&json!({ "queue": "frames", "cron": "0 3 * * *", "brief": {} })),
     );
     assert!(put.status == 201 || put.status == 200, "{}", put.text());
-    let counts = || crate::board::store_counts(&service);
+    let counts = || crate::board::store_counts(service);
     let caller = service.store.authenticate(Some(&admin)).unwrap();
     let renders = Namespace::parse("renders").unwrap();
     let schedule_paused = || {

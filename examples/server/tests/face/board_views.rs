@@ -251,7 +251,27 @@ pub(crate) fn once_at(browser: &mut Browser, path: &str, expression: &str) -> Va
 // Both reasons may hold; either keeps it out of the run.
 #[allow(unused_attributes)]
 fn the_queues_view_in_chromium_without_javascript_counts_and_controls_the_store() {
-    let service = Service::sqlite();
+    the_queues_view_in_chromium_without_javascript_counts_and_controls_the_store_over(
+        &Service::sqlite(),
+    );
+}
+
+#[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "drives Debian's chromium")]
+#[cfg_attr(no_chromium, ignore = "needs Debian's chromium on the PATH")]
+// Both reasons may hold; either keeps it out of the run.
+#[allow(unused_attributes)]
+#[cfg_attr(no_test_postgres, ignore = "TESSERA_TEST_POSTGRES_URL is not set")]
+fn the_queues_view_in_chromium_without_javascript_counts_and_controls_the_store_on_postgres() {
+    crate::on_postgres(
+        "the_queues_view_in_c",
+        the_queues_view_in_chromium_without_javascript_counts_and_controls_the_store_over,
+    );
+}
+
+fn the_queues_view_in_chromium_without_javascript_counts_and_controls_the_store_over(
+    service: &Service,
+) {
     let worker = service.worker();
     for n in 0..4 {
         assert_eq!(service.enqueue(&worker, json!(n)).status, 201);
@@ -288,14 +308,14 @@ fn the_queues_view_in_chromium_without_javascript_counts_and_controls_the_store(
     assert_eq!(leased, json!("1"));
     // The namespace's counts are the store's too.
     let counts = browser.counts();
-    assert_eq!(counts, crate::board::store_counts(&service));
+    assert_eq!(counts, crate::board::store_counts(service));
 
     // Pause, by its button: the store's queue is paused, the page says so.
     browser.evaluate(
         "document.querySelector('[data-queue=frames] button[data-action=pause]').click(); true",
     );
     browser.until(Duration::from_secs(30), |_| {
-        settings(&service, "frames")
+        settings(service, "frames")
             .paused_at
             .is_some()
             .then_some(())
@@ -309,7 +329,7 @@ fn the_queues_view_in_chromium_without_javascript_counts_and_controls_the_store(
         "document.querySelector('[data-queue=frames] button[data-action=resume]').click(); true",
     );
     browser.until(Duration::from_secs(30), |_| {
-        settings(&service, "frames")
+        settings(service, "frames")
             .paused_at
             .is_none()
             .then_some(())
@@ -327,7 +347,7 @@ fn the_queues_view_in_chromium_without_javascript_counts_and_controls_the_store(
          form.querySelector('button').click(); true",
     );
     browser.until(Duration::from_secs(30), |_| {
-        let limit = settings(&service, "frames").limit;
+        let limit = settings(service, "frames").limit;
         (limit.queue.map(|n| n.get()) == Some(7) && limit.per_partition.map(|n| n.get()) == Some(3))
             .then_some(())
     });

@@ -282,6 +282,19 @@ pub(crate) fn postgres_store(name: &str) -> (Store, String, String) {
     (store, url, schema)
 }
 
+/// Runs `test` over a service on a PostgreSQL schema of its own, dropped
+/// afterwards however the test ends.
+pub(crate) fn on_postgres(name: &str, test: impl FnOnce(&Service)) {
+    let (store, url, schema) = postgres_store(name);
+    let service = Service::over(store);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&service)));
+    drop(service);
+    drop_schema(&url, &schema);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 pub(crate) fn drop_schema(url: &str, schema: &str) {
     let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
     client

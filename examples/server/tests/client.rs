@@ -737,6 +737,38 @@ fn handlers_that_misbehave_end_their_tasks_once_and_the_loop_goes_on() {
     assert!(last_error(1).contains("the handler panicked: a handler's bug"));
     assert!(last_error(2).contains("the server refused the output"));
 
+    // The same on tokio: a panicking async handler fails its task.
+    let mut once = task("async-panic", json!({}));
+    once.max_tries = Some(1);
+    client.enqueue(&ns, &queue("async-odd"), &once).unwrap();
+    let async_client = AsyncClient::new(&server.base(), &server.key(&["claim"])).unwrap();
+    let worker = tessera_client::AsyncWorker::new(async_client, NS, "async-odd", |_| async {
+        panic!("an async handler's bug");
+    })
+    .unwrap()
+    .with_options(options.clone());
+    let stopper = worker.stopper();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let stats = runtime.block_on(async {
+        let watch = async {
+            while worker.stats().failed < 1 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            stopper.stop();
+        };
+        let (stats, ()) = tokio::join!(worker.run(2), watch);
+        stats.unwrap()
+    });
+    assert_eq!((stats.failed, stats.done), (1, 0), "{stats:?}");
+    let view = server.read(&format!("/v1/ns/{NS}/tasks/async-panic"));
+    let error = view["record"]["attempts"][0]["last_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        error.contains("the handler panicked: an async handler's bug"),
+        "{view}"
+    );
+
     // A paused queue is waited out for its Retry-After, not polled.
     client
         .enqueue(&ns, &queue("held"), &task("held-1", json!({})))

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{
     Counts, Expiry, HandlerError, SLICE, Stopper, Unsettled, WorkerOptions, WorkerStats,
-    after_settling_error, failure_text, next_beat, random,
+    after_settling_error, failure_text, next_beat, panic_text, random,
 };
 use crate::calls::ClaimAnswer;
 use crate::{AsyncClient, Error, pacing, wire};
@@ -232,7 +232,10 @@ where
     /// failure (an error, an output the server refuses) reported.
     async fn settle(&self, claim: wire::Claim, expiry: &Expiry) -> Result<(), Unsettled> {
         let lease = claim.lease.clone();
-        let (retry, error) = match (self.handler)(claim).await {
+        let handled = Unwinding(Box::pin((self.handler)(claim)))
+            .await
+            .unwrap_or_else(|panic| Err(panic_text(panic.as_ref()).into()));
+        let (retry, error) = match handled {
             Ok(output) => {
                 let key = lease.idempotency_key();
                 let mut failures = 0;
@@ -285,6 +288,26 @@ where
         let until = Instant::now() + wait;
         while Instant::now() < until && !(self.stopper.is_stopped() && expiry.lapsed()) {
             tokio::time::sleep(until.saturating_duration_since(Instant::now()).min(SLICE)).await;
+        }
+    }
+}
+
+/// A future whose panic is caught: a handler's panic is its task's
+/// failure, not the end of the loop.
+struct Unwinding<F>(std::pin::Pin<Box<F>>);
+
+impl<F: Future> Future for Unwinding<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(context))) {
+            Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Ok(output)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
         }
     }
 }

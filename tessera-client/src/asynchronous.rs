@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -61,10 +61,25 @@ impl AsyncClient {
         let exchange = async {
             let response = self.http.request(request).await.map_err(transport)?;
             let (parts, body) = response.into_parts();
+            let status = parts.status.as_u16();
             let body = Limited::new(body, crate::MAX_ANSWER_BYTES as usize)
                 .collect()
                 .await
-                .map_err(transport)?
+                .map_err(|error| {
+                    if error.downcast_ref::<LengthLimitError>().is_some() {
+                        // Too large is no transport fault.
+                        Error::Unexpected {
+                            status,
+                            message: format!(
+                                "the answer is over {} bytes",
+                                crate::MAX_ANSWER_BYTES
+                            ),
+                            retry_after: None,
+                        }
+                    } else {
+                        transport(error)
+                    }
+                })?
                 .to_bytes();
             Ok::<_, Error>((parts, body))
         };

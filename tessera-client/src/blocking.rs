@@ -80,7 +80,12 @@ impl Client {
         reply.body = (response.body_mut().with_config())
             .limit(crate::MAX_ANSWER_BYTES)
             .read_to_vec()
-            .map_err(transport)?;
+            .map_err(|error| match error {
+                // Too large is no transport fault: asked again, it would be
+                // again.
+                ureq::Error::BodyExceedsLimit(_) => too_large(reply.status),
+                other => transport(other),
+            })?;
         Ok(reply)
     }
 
@@ -172,6 +177,14 @@ impl Client {
     /// spending a try.
     pub fn snooze(&self, lease: &wire::Lease, delay: Duration) -> Result<TaskState, Error> {
         calls::new_state(&self.send(calls::snooze(lease, delay)?)?)
+    }
+}
+
+fn too_large(status: u16) -> Error {
+    Error::Unexpected {
+        status,
+        message: format!("the answer is over {} bytes", crate::MAX_ANSWER_BYTES),
+        retry_after: None,
     }
 }
 

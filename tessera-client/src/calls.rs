@@ -70,7 +70,8 @@ impl Reply {
     /// `Retry-After` read from its header text: whole seconds (an HTTP
     /// date is not one the server sends, and reads as none).
     pub(crate) fn retry_after_header(text: &str) -> Option<Duration> {
-        text.trim().parse::<u64>().ok().map(Duration::from_secs)
+        (text.trim().parse::<u64>().ok())
+            .map(|seconds| Duration::from_secs(seconds).min(crate::pacing::LONGEST_WAIT))
     }
 }
 

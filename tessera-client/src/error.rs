@@ -67,7 +67,8 @@ impl Error {
     /// How long the server asked to wait before trying again.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Refused { detail, .. } => detail.retry_after.map(Duration::from_secs),
+            Self::Refused { detail, .. } => (detail.retry_after)
+                .map(|seconds| Duration::from_secs(seconds).min(crate::pacing::LONGEST_WAIT)),
             Self::Unexpected { retry_after, .. } => *retry_after,
             _ => None,
         }

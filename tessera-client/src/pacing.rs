@@ -8,6 +8,14 @@ use chrono::{DateTime, Utc};
 
 use crate::Error;
 
+/// The longest wait the client takes from a server's answer: a
+/// `Retry-After` or `reset_at` further off is taken as this.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The shortest wait after an empty claim, whatever `Retry-After` says
+/// (the server's own is at least this).
+pub const EMPTY_FLOOR: Duration = Duration::from_secs(1);
+
 /// The most jitter added to a wait the server asked for.
 pub const MAX_JITTER: Duration = Duration::from_secs(30);
 /// The first wait after a lost connection.
@@ -27,6 +35,7 @@ fn part_of(span: Duration, random: u64) -> Duration {
 /// (at most [`MAX_JITTER`]), so workers told the same thing do not come
 /// back together.
 pub fn jittered(wait: Duration, random: u64) -> Duration {
+    let wait = wait.min(LONGEST_WAIT);
     wait + part_of((wait / 5).min(MAX_JITTER), random)
 }
 
@@ -47,8 +56,10 @@ pub fn heartbeat_every(lease_length: Duration) -> Duration {
 
 /// The wait before trying again after `error`, at `now`, the
 /// `failures`-th in a row: until a spent storage allowance's `reset_at`,
-/// else the `Retry-After` the server gave, each jittered, else
-/// [`backoff`]. `None` when the error is not one a wait answers.
+/// else the `Retry-After` the server gave, each jittered and at least
+/// [`backoff`] (a `Retry-After: 0` is no reason to spin), else
+/// [`backoff`]; at most [`LONGEST_WAIT`] and its jitter. `None` when the
+/// error is not one a wait answers.
 pub fn after_error(
     error: &Error,
     now: DateTime<Utc>,
@@ -66,7 +77,7 @@ pub fn after_error(
         return Some(jittered(until.max(asked).max(backoff(failures, 0)), random));
     }
     Some(match error.retry_after() {
-        Some(wait) => jittered(wait, random),
+        Some(wait) => jittered(wait.max(backoff(failures, 0)), random),
         None => backoff(failures, random),
     })
 }
@@ -97,6 +108,16 @@ mod tests {
             let jittered = jittered(wait, random);
             prop_assert!(jittered >= wait);
             prop_assert!(jittered <= wait + (wait / 5).min(MAX_JITTER));
+        }
+
+        #[test]
+        fn no_answer_makes_a_wait_overflow(seconds: u64, failures: u32, random: u64) {
+            let now = DateTime::<Utc>::from_timestamp(1_000_000, 0).unwrap();
+            for error in [refused(429, Some(seconds), None), refused(503, Some(seconds), Some(now + chrono::Duration::days(400)))] {
+                let wait = after_error(&error, now, failures, random).unwrap();
+                prop_assert!(wait <= LONGEST_WAIT + MAX_JITTER);
+                let _ = std::time::Instant::now() + wait;
+            }
         }
 
         #[test]

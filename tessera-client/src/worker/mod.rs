@@ -29,9 +29,11 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerOptions {
     /// The longest single wait: a long-poll on an empty queue, a wait out
-    /// of a paused or limited one. It is also about how long
-    /// `run` takes to return once stopped. Default 10 s; at least
-    /// [`MIN_WAIT`].
+    /// of a paused or limited one (the server's `Retry-After` there grows
+    /// to a minute; this bounds how late a resumed queue is noticed). It
+    /// is also about how long `run` takes to return once stopped, beyond
+    /// a call in flight (which ends within its timeout) and a task held.
+    /// Default 10 s; at least [`MIN_WAIT`].
     pub wait: Duration,
     /// What a handler's failure asks for. Default [`Retry::Backoff`].
     pub retry: Retry,
@@ -109,9 +111,10 @@ impl Counts {
 }
 
 /// Stops a running worker loop: each of its threads or tasks finishes
-/// the task it holds (its submission retried while its lease lasts), and
-/// `run` returns within about [`WorkerOptions::wait`]. A stopped worker
-/// stays stopped: `run` again returns at once.
+/// the task it holds (its handler heartbeated to the end, its submission
+/// retried while its lease lasts), and `run` returns within about
+/// [`WorkerOptions::wait`] after that, or after a call in flight ends. A
+/// stopped worker stays stopped: `run` again returns at once.
 #[derive(Debug, Clone)]
 pub struct Stopper(Arc<AtomicBool>);
 
@@ -144,17 +147,33 @@ pub(crate) enum Unsettled {
     Fatal(Error),
 }
 
-/// The latest expiry of a held lease, as its heartbeats extend it.
+/// The latest expiry of a held lease, as its heartbeats extend it, and
+/// whether its handler has finished.
 #[derive(Debug)]
-pub(crate) struct Expiry(AtomicI64);
+pub(crate) struct Expiry(AtomicI64, AtomicBool);
 
 impl Expiry {
     pub(crate) fn new(at: DateTime<Utc>) -> Self {
-        Self(AtomicI64::new(at.timestamp_millis()))
+        Self(
+            AtomicI64::new(at.timestamp_millis()),
+            AtomicBool::new(false),
+        )
     }
 
     pub(crate) fn set(&self, at: DateTime<Utc>) {
         self.0.fetch_max(at.timestamp_millis(), Ordering::Relaxed);
+    }
+
+    /// The handler has finished: only its settling is left.
+    pub(crate) fn handled(&self) {
+        self.1.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether heartbeats go on: always while the handler runs, and once
+    /// it has finished, until the worker is stopped (then a settling that
+    /// keeps failing is given up when the lease lapses).
+    pub(crate) fn beating(&self, stopper: &Stopper) -> bool {
+        !(self.1.load(Ordering::SeqCst) && stopper.is_stopped())
     }
 
     /// Whether it has passed.

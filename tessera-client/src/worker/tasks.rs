@@ -135,12 +135,12 @@ where
                     retry_after,
                 } => {
                     Counts::add(&self.counts.empty);
-                    let wait = pacing::jittered(retry_after, random());
+                    let wait = pacing::jittered(retry_after.max(pacing::EMPTY_FLOOR), random())
+                        .min(self.options.wait);
                     if reason != EmptyReason::Empty {
                         self.sleep(wait).await;
                         continue;
                     }
-                    let wait = wait.min(self.options.wait);
                     let started = Instant::now();
                     match self.client.wait_for_work(&self.ns, &self.queue, wait).await {
                         Ok(WaitOutcome::WorkAvailable) => {}
@@ -191,7 +191,7 @@ where
         let outcome = loop {
             tokio::select! {
                 outcome = &mut settle => break outcome,
-                () = tokio::time::sleep(wait), if beating && !self.stopper.is_stopped() => {
+                () = tokio::time::sleep(wait), if beating && expiry.beating(&self.stopper) => {
                     // A beat runs beside the settling, not before it.
                     let beat = self.client.heartbeat(&lease, None);
                     tokio::pin!(beat);
@@ -235,6 +235,7 @@ where
         let handled = Unwinding(Box::pin((self.handler)(claim)))
             .await
             .unwrap_or_else(|panic| Err(panic_text(panic.as_ref()).into()));
+        expiry.handled();
         let (retry, error) = match handled {
             Ok(output) => {
                 let key = lease.idempotency_key();

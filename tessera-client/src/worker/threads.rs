@@ -33,11 +33,13 @@ use crate::{Client, Error, pacing, wire};
 /// - claims; an empty queue is long-polled for the `Retry-After` the
 ///   server gave plus jitter ([`pacing::jittered`]), at most
 ///   [`WorkerOptions::wait`]; a paused queue or one at its limit is
-///   waited out for its `Retry-After`, not polled;
-/// - waits out a `429`, `502`, `503` or `504` for its `Retry-After` (a
-///   spent storage allowance until its `reset_at`), and a lost connection
-///   with a backoff from 0.1 s to 5 s ([`pacing::after_error`]), then
-///   makes the same call again;
+///   waited out for its `Retry-After` (at most `wait` too), not polled;
+///   an empty claim waits at least [`pacing::EMPTY_FLOOR`];
+/// - waits out a `408`, `429`, `502`, `503`, `504` or `500
+///   storage_error` for its `Retry-After` (a spent storage allowance
+///   until its `reset_at`), and a lost connection with a backoff from
+///   0.1 s to 5 s ([`pacing::after_error`]), then makes the same call
+///   again;
 /// - heartbeats the lease every third of its granted length until the
 ///   submission or failure lands;
 /// - submits the handler's output under the lease's idempotency key
@@ -148,7 +150,8 @@ where
                     retry_after,
                 } => {
                     Counts::add(&self.counts.empty);
-                    let wait = pacing::jittered(retry_after, random());
+                    let wait = pacing::jittered(retry_after.max(pacing::EMPTY_FLOOR), random())
+                        .min(self.options.wait);
                     if reason != EmptyReason::Empty {
                         // Paused or at its limit: waited out, not polled.
                         self.sleep(wait);
@@ -157,7 +160,6 @@ where
                     // The long-poll answers early when work arrives. One
                     // that ends early without work (a server whose cap
                     // is shorter) is followed by the rest of the wait.
-                    let wait = wait.min(self.options.wait);
                     let started = Instant::now();
                     match self.client.wait_for_work(&self.ns, &self.queue, wait) {
                         Ok(WaitOutcome::WorkAvailable) => {}
@@ -231,9 +233,9 @@ where
         let mut failures = 0;
         loop {
             match done.recv_timeout(wait) {
-                // Stopped, a lease is no longer extended: a submission
-                // still failing is given up once it lapses.
-                Err(mpsc::RecvTimeoutError::Timeout) if !self.stopper.is_stopped() => {}
+                // Stopped, a handled task's lease is no longer extended: a
+                // submission still failing is given up once it lapses.
+                Err(mpsc::RecvTimeoutError::Timeout) if expiry.beating(&self.stopper) => {}
                 _ => return,
             }
             wait = match self.client.heartbeat(lease, None) {
@@ -259,6 +261,7 @@ where
         let lease = &claim.lease;
         let handled = std::panic::catch_unwind(AssertUnwindSafe(|| (self.handler)(claim)))
             .unwrap_or_else(|panic| Err(panic_text(panic.as_ref()).into()));
+        expiry.handled();
         let (retry, error) = match handled {
             Ok(output) => {
                 let key = lease.idempotency_key();

@@ -144,6 +144,9 @@ fn the_task_list_filters_searches_and_pages_without_javascript() {
         ("within=2h", "invalid_input"),
         ("since=", "invalid_input"),
         ("id=", "invalid_input"),
+        // Past the year 9999 in UTC: it could not be written back.
+        ("before=9999-12-31T23:59:59-23:59", "invalid_input"),
+        ("since=0000-01-01T00:00:00%2B23:59", "invalid_input"),
     ] {
         assert_eq!(
             refusal(&service, &format!("/board/tasks?{query}"), &cookie),
@@ -296,23 +299,27 @@ fn bulk_retry_and_cancel_show_the_count_then_change_the_store() {
         &cookie,
     );
     assert!(confirm.contains("<b id=\"match-count\">3</b>"), "{confirm}");
+    // The confirmation is pinned to what it counted: its action carries
+    // the count's time as `before`.
+    let action = form_action(&confirm);
     assert!(
-        confirm.contains("action=\"/board/ns/renders/bulk/retry?state=discarded\""),
-        "{confirm}"
+        action.starts_with("/board/ns/renders/bulk/retry?state=discarded&before="),
+        "{action}"
     );
+    // A task discarded after the count is not retried by its confirmation.
+    std::thread::sleep(Duration::from_millis(5));
+    crate::board::discard(&service, &worker, "broken-late", "out of memory");
     let with = [("cookie", cookie.as_str())];
-    let retried = post_form(
-        service.address,
-        "/board/ns/renders/bulk/retry?state=discarded",
-        &with,
-        "",
-    );
+    let retried = post_form(service.address, &action, &with, "");
     assert_eq!(retried.status, 303, "{}", retried.text());
     let counts = crate::board::store_counts(&service);
     assert_eq!(
         (counts["discarded"].as_u64(), counts["ready"].as_u64()),
-        (Some(0), Some(6))
+        (Some(1), Some(6))
     );
+    // A bulk action names its state.
+    let stateless = post_form(service.address, "/board/ns/renders/bulk/cancel", &with, "");
+    assert_eq!(stateless.status, 400, "{}", stateless.text());
 
     let confirm = page(
         &service,
@@ -438,6 +445,13 @@ fn the_schedules_view_shows_next_runs_and_pauses_and_resumes() {
 }
 
 /// The values of a chart's series on a charts page, oldest first.
+/// The `action` of the bulk form on `page`, unescaped.
+fn form_action(page: &str) -> String {
+    let start = page.find("action=\"/board/ns/").expect("a bulk form") + "action=\"".len();
+    let end = start + page[start..].find('"').expect("the action ends");
+    page[start..end].replace("&amp;", "&")
+}
+
 fn chart_values(page: &str, series: &str) -> Vec<String> {
     page.split(&format!("data-series=\"{series}\" data-minute=\""))
         .skip(1)

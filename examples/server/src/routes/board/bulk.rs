@@ -6,7 +6,10 @@
 //! [`MAX_TASKS_LISTED`](tessera_store::limits::MAX_TASKS_LISTED), at most
 //! [`COUNT_PAGES`] of them), and shows the count beside the button that
 //! posts the action; the post calls `retry_tasks` or `cancel_tasks` with
-//! the same filter and answers `303` back to the list.
+//! the same filter and answers `303` back to the list. The confirmation
+//! pins the filter's `before` to the time of its count (when the filter
+//! had none), so a task that reaches the state afterwards is not acted
+//! on; the action itself requires its state.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -22,7 +25,7 @@ use tessera_store::{BulkFilter, Caller, Namespace, TaskQuery};
 use super::super::{AppState, Route};
 use super::html::{escape, page, query_value};
 use super::key::{caller, form_caller, see_other};
-use super::tasks::{Filters, ListFields, filters};
+use super::tasks::{Filters, ListFields, filters, narrowing};
 use super::{ask_for_key, namespace_of};
 use crate::errors::{ApiError, path, query};
 use crate::openapi::Doc;
@@ -42,7 +45,8 @@ pub(super) fn routes() -> Vec<Route> {
             .answers("200", "an HTML page", None)
     };
     let act = |id: &str, summary: &str| {
-        filters(Doc::new(id, summary))
+        // A bulk action names its state: no default picks one for it.
+        narrowing(Doc::new(id, summary).parameter_required(crate::limits::STATE, "state"))
             .path(crate::limits::NAMESPACE, "renders")
             .key_optional()
             .answers("303", "done: back to the task list", None)
@@ -164,7 +168,13 @@ async fn confirm(
     action: &'static str,
 ) -> Result<Response, ApiError> {
     let fields = query(fields)?;
-    let filters = Filters::of(&fields, state.store.clock().now_utc())?;
+    let now = state.store.clock().now_utc();
+    let mut filters = Filters::of(&fields, now)?;
+    // Pinned to what is counted now: a task that reaches the state after
+    // the count is not acted on by its confirmation.
+    if filters.before.is_none() {
+        filters.before = Some(now + chrono::TimeDelta::milliseconds(1));
+    }
     let Some(caller) = caller(&state, &headers).await? else {
         return ask_for_key(&state, action, fields.ns.as_deref());
     };
@@ -231,7 +241,13 @@ async fn act(
     cancel: bool,
 ) -> Result<Response, ApiError> {
     let namespace = Namespace::parse(&path(parts)?)?;
-    let filters = Filters::of(&query(fields)?, state.store.clock().now_utc())?;
+    let fields = query(fields)?;
+    if fields.state.is_none() {
+        return Err(crate::errors::invalid(
+            "state is required: a bulk action names the state it acts on",
+        ));
+    }
+    let filters = Filters::of(&fields, state.store.clock().now_utc())?;
     let caller = form_caller(&state, &headers).await?;
     let back = format!(
         "/board/tasks?ns={}&{}",

@@ -115,8 +115,12 @@ pub(super) fn routes() -> Vec<Route> {
 /// attempt reached its state between, and how recently (`within`, the
 /// form's choice, which the answer turns into `since`).
 pub(super) fn filters(doc: Doc) -> Doc {
-    doc.query(STATE, "state")
-        .query(BOARD_QUEUE, "queue")
+    narrowing(doc.query(STATE, "state"))
+}
+
+/// The filters beyond the state: queue, partition key, and times.
+pub(super) fn narrowing(doc: Doc) -> Doc {
+    doc.query(BOARD_QUEUE, "queue")
         .query(BOARD_PARTITION_KEY, "partition_key")
         .query(TIME, "since")
         .query(TIME, "before")
@@ -155,12 +159,20 @@ fn given(field: &Option<String>) -> Option<&str> {
     field.as_deref().filter(|text| !text.is_empty())
 }
 
-/// A time filter: RFC 3339, or the `400` naming the field.
+/// A time filter: RFC 3339 within the years 1 to 9999 in UTC (so the
+/// board can write it back as it came), or the `400` naming the field.
 fn time(name: &str, text: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    use chrono::Datelike;
     text.map(|text| {
         DateTime::parse_from_rfc3339(text)
             .map(|at| at.with_timezone(&Utc))
-            .map_err(|_| crate::errors::invalid(format!("{name} is not an RFC 3339 time")))
+            .ok()
+            .filter(|at| (1..=9999).contains(&at.year()))
+            .ok_or_else(|| {
+                crate::errors::invalid(format!(
+                    "{name} is not an RFC 3339 time in the years 1 to 9999 (UTC)"
+                ))
+            })
     })
     .transpose()
 }

@@ -619,25 +619,42 @@ fn strike(
         Fault::KillWorker => {
             // Aimed at a worker in the middle of a submission or heartbeat:
             // it holds that lease, and the call's outcome is left unknown.
-            // Failing that, at one working on a lease it was granted.
-            let first = rng.between(0, workers.len() as u64 - 1) as usize;
-            let n = wait_for(at.dir, workers, first, |line| {
-                line.contains("\"phase\":\"invoke\"")
-                    && (line.contains("\"op\":\"submit\"") || line.contains("\"op\":\"heartbeat\""))
-            })
-            .or_else(|| {
-                wait_for(at.dir, workers, first, |line| {
-                    line.contains("\"result\":\"granted\"")
+            // Failing that, at one working on a lease it was granted. A
+            // call can end between the aim and the kill; then the kill is
+            // made again (up to five times) until one leaves an operation
+            // whose outcome is unknown.
+            let mut struck = (0, 0);
+            for _ in 0..5 {
+                let first = rng.between(0, workers.len() as u64 - 1) as usize;
+                let n = wait_for(at.dir, workers, first, |line| {
+                    line.contains("\"phase\":\"invoke\"")
+                        && (line.contains("\"op\":\"submit\"")
+                            || line.contains("\"op\":\"heartbeat\""))
                 })
-            })
-            .unwrap_or(first);
-            let (orders, child) = &mut workers[n];
-            let struck_at = monotonic_nanos();
-            child.kill().unwrap();
-            child.wait().unwrap();
-            orders.seed = rng.next_u64();
-            *child = worker::spawn(orders);
-            return (Some(orders.process), 0, Some(struck_at));
+                .or_else(|| {
+                    wait_for(at.dir, workers, first, |line| {
+                        line.contains("\"result\":\"granted\"")
+                    })
+                })
+                .unwrap_or(first);
+                let (orders, child) = &mut workers[n];
+                let struck_at = monotonic_nanos();
+                child.kill().unwrap();
+                child.wait().unwrap();
+                let left = std::fs::read_to_string(Recorder::path(at.dir, orders.process))
+                    .unwrap_or_default();
+                let unknown = left
+                    .lines()
+                    .last()
+                    .is_some_and(|line| line.contains("\"phase\":\"invoke\""));
+                orders.seed = rng.next_u64();
+                *child = worker::spawn(orders);
+                struck = (orders.process, struck_at);
+                if unknown {
+                    break;
+                }
+            }
+            return (Some(struck.0), 0, Some(struck.1));
         }
         Fault::PauseHolder => {
             // Aimed at a worker that was just granted a lease.

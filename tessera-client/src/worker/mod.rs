@@ -51,6 +51,33 @@ impl Default for WorkerOptions {
 /// How often a sleeping loop looks at its stop.
 pub(crate) const SLICE: Duration = Duration::from_millis(50);
 
+/// What both worker loops hold besides their client and handler: the
+/// queue they work, their options, their stop and their counts.
+#[derive(Debug)]
+pub(crate) struct Loop {
+    pub(crate) ns: tessera_store::Namespace,
+    pub(crate) queue: tessera_store::QueueName,
+    pub(crate) options: WorkerOptions,
+    pub(crate) stopper: Stopper,
+    pub(crate) counts: Arc<Counts>,
+}
+
+impl Loop {
+    /// A loop of `queue` in `ns`, with the default [`WorkerOptions`].
+    pub(crate) fn new(ns: &str, queue: &str) -> Result<Self, Error> {
+        let invalid = |error: tessera_store::LeaseError| Error::InvalidInput {
+            reason: error.to_string(),
+        };
+        Ok(Self {
+            ns: tessera_store::Namespace::parse(ns).map_err(invalid)?,
+            queue: tessera_store::QueueName::parse(queue).map_err(invalid)?,
+            options: WorkerOptions::default(),
+            stopper: Stopper::new(),
+            counts: Arc::default(),
+        })
+    }
+}
+
 /// The shortest [`WorkerOptions::wait`]: a shorter one is taken as this.
 pub const MIN_WAIT: Duration = Duration::from_millis(100);
 

@@ -2,16 +2,15 @@
 //! [`AsyncClient`].
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::Value;
-use tessera_store::{EmptyReason, Namespace, QueueName, Retry, WaitOutcome};
+use tessera_store::{EmptyReason, Retry, WaitOutcome};
 use tokio::time::Instant;
 
 use super::{
-    Counts, Expiry, HandlerError, SLICE, Stopper, Unsettled, WorkerOptions, WorkerStats,
+    Counts, Expiry, HandlerError, Loop, SLICE, Stopper, Unsettled, WorkerOptions, WorkerStats,
     after_settling_error, failure_text, next_beat, panic_text, random,
 };
 use crate::calls::ClaimAnswer;
@@ -38,22 +37,18 @@ use crate::{AsyncClient, Error, pacing, wire};
 /// heartbeats run beside the handler.
 pub struct AsyncWorker<H> {
     client: AsyncClient,
-    ns: Namespace,
-    queue: QueueName,
     handler: H,
-    options: WorkerOptions,
-    stopper: Stopper,
-    counts: Arc<Counts>,
+    at: Loop,
 }
 
 impl<H> std::fmt::Debug for AsyncWorker<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncWorker")
             .field("client", &self.client)
-            .field("ns", &self.ns)
-            .field("queue", &self.queue)
-            .field("options", &self.options)
-            .field("stats", &self.counts.snapshot())
+            .field("ns", &self.at.ns)
+            .field("queue", &self.at.queue)
+            .field("options", &self.at.options)
+            .field("stats", &self.at.counts.snapshot())
             .finish_non_exhaustive()
     }
 }
@@ -65,35 +60,28 @@ where
 {
     /// A worker of `queue` in `ns`, with the default [`WorkerOptions`].
     pub fn new(client: AsyncClient, ns: &str, queue: &str, handler: H) -> Result<Self, Error> {
-        let invalid = |error: tessera_store::LeaseError| Error::InvalidInput {
-            reason: error.to_string(),
-        };
         Ok(Self {
             client,
-            ns: Namespace::parse(ns).map_err(invalid)?,
-            queue: QueueName::parse(queue).map_err(invalid)?,
             handler,
-            options: WorkerOptions::default(),
-            stopper: Stopper::new(),
-            counts: Arc::default(),
+            at: Loop::new(ns, queue)?,
         })
     }
 
     /// The same worker with `options`.
     #[must_use]
     pub fn with_options(mut self, options: WorkerOptions) -> Self {
-        self.options = options.checked();
+        self.at.options = options.checked();
         self
     }
 
     /// What stops it.
     pub fn stopper(&self) -> Stopper {
-        self.stopper.clone()
+        self.at.stopper.clone()
     }
 
     /// What it has done so far.
     pub fn stats(&self) -> WorkerStats {
-        self.counts.snapshot()
+        self.at.counts.snapshot()
     }
 
     /// Runs `tasks` loops at once (at least one), on the current task,
@@ -103,7 +91,7 @@ where
         let loops = (0..tasks.max(1)).map(|_| async {
             let outcome = self.work().await;
             if outcome.is_err() {
-                self.stopper.stop();
+                self.at.stopper.stop();
             }
             outcome
         });
@@ -116,8 +104,8 @@ where
 
     async fn work(&self) -> Result<(), Error> {
         let mut failures = 0;
-        while !self.stopper.is_stopped() {
-            let answer = match self.client.claim(&self.ns, &self.queue).await {
+        while !self.at.stopper.is_stopped() {
+            let answer = match self.client.claim(&self.at.ns, &self.at.queue).await {
                 Ok(answer) => {
                     failures = 0;
                     answer
@@ -134,15 +122,19 @@ where
                     reason,
                     retry_after,
                 } => {
-                    Counts::add(&self.counts.empty);
+                    Counts::add(&self.at.counts.empty);
                     let wait = pacing::jittered(retry_after.max(pacing::EMPTY_FLOOR), random())
-                        .min(self.options.wait);
+                        .min(self.at.options.wait);
                     if reason != EmptyReason::Empty {
                         self.sleep(wait).await;
                         continue;
                     }
                     let started = Instant::now();
-                    match self.client.wait_for_work(&self.ns, &self.queue, wait).await {
+                    match self
+                        .client
+                        .wait_for_work(&self.at.ns, &self.at.queue, wait)
+                        .await
+                    {
                         Ok(WaitOutcome::WorkAvailable) => {}
                         Ok(WaitOutcome::TimedOut) => {
                             self.sleep(wait.saturating_sub(started.elapsed())).await;
@@ -161,7 +153,7 @@ where
     async fn wait_after(&self, error: &Error, failures: u32) -> Result<(), Error> {
         match pacing::after_error(error, Utc::now(), failures, random()) {
             Some(wait) => {
-                Counts::add(&self.counts.retries);
+                Counts::add(&self.at.counts.retries);
                 self.sleep(wait).await;
                 Ok(())
             }
@@ -172,7 +164,7 @@ where
     /// Sleeps `wait`, or until stopped.
     async fn sleep(&self, wait: Duration) {
         let until = Instant::now() + wait;
-        while !self.stopper.is_stopped() && Instant::now() < until {
+        while !self.at.stopper.is_stopped() && Instant::now() < until {
             let left = until.saturating_duration_since(Instant::now());
             tokio::time::sleep(left.min(SLICE)).await;
         }
@@ -191,7 +183,7 @@ where
         let outcome = loop {
             tokio::select! {
                 outcome = &mut settle => break outcome,
-                () = tokio::time::sleep(wait), if beating && expiry.beating(&self.stopper) => {
+                () = tokio::time::sleep(wait), if beating && expiry.beating(&self.at.stopper) => {
                     // A beat runs beside the settling, not before it.
                     let beat = self.client.heartbeat(&lease, None);
                     tokio::pin!(beat);
@@ -217,11 +209,11 @@ where
         match outcome {
             Ok(()) => Ok(()),
             Err(Unsettled::Lost) => {
-                Counts::add(&self.counts.lost);
+                Counts::add(&self.at.counts.lost);
                 Ok(())
             }
             Err(Unsettled::Stopped) => {
-                Counts::add(&self.counts.abandoned);
+                Counts::add(&self.at.counts.abandoned);
                 Ok(())
             }
             Err(Unsettled::Fatal(error) | Unsettled::Refused(error)) => Err(error),
@@ -243,13 +235,13 @@ where
                 loop {
                     let error = match self.client.submit(&lease, &output, &key).await {
                         Ok(_) => {
-                            Counts::add(&self.counts.done);
+                            Counts::add(&self.at.counts.done);
                             return Ok(());
                         }
                         Err(error) => error,
                     };
                     failures += 1;
-                    let stopped = self.stopper.is_stopped();
+                    let stopped = self.at.stopper.is_stopped();
                     match after_settling_error(error, failures, stopped, expiry) {
                         Ok(wait) => self.pause(wait, expiry).await,
                         // Refused as it is: the task fails for good.
@@ -263,20 +255,20 @@ where
                     }
                 }
             }
-            Err(error) => (self.options.retry, error.to_string()),
+            Err(error) => (self.at.options.retry, error.to_string()),
         };
         let text = failure_text(&error);
         let mut failures = 0;
         loop {
             let error = match self.client.fail(&lease, retry, Some(&text)).await {
                 Ok(_) => {
-                    Counts::add(&self.counts.failed);
+                    Counts::add(&self.at.counts.failed);
                     return Ok(());
                 }
                 Err(error) => error,
             };
             failures += 1;
-            let stopped = self.stopper.is_stopped();
+            let stopped = self.at.stopper.is_stopped();
             let wait = after_settling_error(error, failures, stopped, expiry)?;
             self.pause(wait, expiry).await;
         }
@@ -285,9 +277,9 @@ where
     /// A wait before a settling call is made again, cut short by a stop
     /// only once the lease has lapsed.
     async fn pause(&self, wait: Duration, expiry: &Expiry) {
-        Counts::add(&self.counts.retries);
+        Counts::add(&self.at.counts.retries);
         let until = Instant::now() + wait;
-        while Instant::now() < until && !(self.stopper.is_stopped() && expiry.lapsed()) {
+        while Instant::now() < until && !(self.at.stopper.is_stopped() && expiry.lapsed()) {
             tokio::time::sleep(until.saturating_duration_since(Instant::now()).min(SLICE)).await;
         }
     }

@@ -1,16 +1,15 @@
 //! [`Worker`]: a remote worker loop on threads, over [`Client`].
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde_json::Value;
-use tessera_store::{EmptyReason, Namespace, QueueName, Retry, WaitOutcome};
+use tessera_store::{EmptyReason, Retry, WaitOutcome};
 
 use super::{
-    Counts, Expiry, HandlerError, SLICE, Stopper, Unsettled, WorkerOptions, WorkerStats,
+    Counts, Expiry, HandlerError, Loop, SLICE, Stopper, Unsettled, WorkerOptions, WorkerStats,
     after_settling_error, failure_text, next_beat, panic_text, random,
 };
 use crate::calls::ClaimAnswer;
@@ -40,8 +39,8 @@ use crate::{Client, Error, pacing, wire};
 ///   until its `reset_at`), and a lost connection with a backoff from
 ///   0.1 s to 5 s ([`pacing::after_error`]), then makes the same call
 ///   again;
-/// - heartbeats the lease every third of its granted length until the
-///   submission or failure lands;
+/// - heartbeats the lease every third of the time it has left (sooner
+///   after a missed beat) until the submission or failure lands;
 /// - submits the handler's output under the lease's idempotency key
 ///   ([`wire::Lease::idempotency_key`]), retried with the same key after
 ///   a lost answer, so it lands once; reports a handler's error as a
@@ -50,22 +49,18 @@ use crate::{Client, Error, pacing, wire};
 ///   claim scope, say), which [`run`](Self::run) returns.
 pub struct Worker<H> {
     client: Client,
-    ns: Namespace,
-    queue: QueueName,
     handler: H,
-    options: WorkerOptions,
-    stopper: Stopper,
-    counts: Arc<Counts>,
+    at: Loop,
 }
 
 impl<H> std::fmt::Debug for Worker<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
             .field("client", &self.client)
-            .field("ns", &self.ns)
-            .field("queue", &self.queue)
-            .field("options", &self.options)
-            .field("stats", &self.counts.snapshot())
+            .field("ns", &self.at.ns)
+            .field("queue", &self.at.queue)
+            .field("options", &self.at.options)
+            .field("stats", &self.at.counts.snapshot())
             .finish_non_exhaustive()
     }
 }
@@ -76,35 +71,28 @@ where
 {
     /// A worker of `queue` in `ns`, with the default [`WorkerOptions`].
     pub fn new(client: Client, ns: &str, queue: &str, handler: H) -> Result<Self, Error> {
-        let invalid = |error: tessera_store::LeaseError| Error::InvalidInput {
-            reason: error.to_string(),
-        };
         Ok(Self {
             client,
-            ns: Namespace::parse(ns).map_err(invalid)?,
-            queue: QueueName::parse(queue).map_err(invalid)?,
             handler,
-            options: WorkerOptions::default(),
-            stopper: Stopper::new(),
-            counts: Arc::default(),
+            at: Loop::new(ns, queue)?,
         })
     }
 
     /// The same worker with `options`.
     #[must_use]
     pub fn with_options(mut self, options: WorkerOptions) -> Self {
-        self.options = options.checked();
+        self.at.options = options.checked();
         self
     }
 
     /// What stops it.
     pub fn stopper(&self) -> Stopper {
-        self.stopper.clone()
+        self.at.stopper.clone()
     }
 
     /// What it has done so far.
     pub fn stats(&self) -> WorkerStats {
-        self.counts.snapshot()
+        self.at.counts.snapshot()
     }
 
     /// Runs `threads` threads (at least one) until stopped, or until one
@@ -117,7 +105,7 @@ where
                 scope.spawn(|| {
                     if let Err(error) = self.work() {
                         fatal.lock().get_or_insert(error);
-                        self.stopper.stop();
+                        self.at.stopper.stop();
                     }
                 });
             }
@@ -131,8 +119,8 @@ where
     /// One thread's loop.
     fn work(&self) -> Result<(), Error> {
         let mut failures = 0;
-        while !self.stopper.is_stopped() {
-            let answer = match self.client.claim(&self.ns, &self.queue) {
+        while !self.at.stopper.is_stopped() {
+            let answer = match self.client.claim(&self.at.ns, &self.at.queue) {
                 Ok(answer) => {
                     failures = 0;
                     answer
@@ -149,9 +137,9 @@ where
                     reason,
                     retry_after,
                 } => {
-                    Counts::add(&self.counts.empty);
+                    Counts::add(&self.at.counts.empty);
                     let wait = pacing::jittered(retry_after.max(pacing::EMPTY_FLOOR), random())
-                        .min(self.options.wait);
+                        .min(self.at.options.wait);
                     if reason != EmptyReason::Empty {
                         // Paused or at its limit: waited out, not polled.
                         self.sleep(wait);
@@ -161,7 +149,7 @@ where
                     // that ends early without work (a server whose cap
                     // is shorter) is followed by the rest of the wait.
                     let started = Instant::now();
-                    match self.client.wait_for_work(&self.ns, &self.queue, wait) {
+                    match self.client.wait_for_work(&self.at.ns, &self.at.queue, wait) {
                         Ok(WaitOutcome::WorkAvailable) => {}
                         Ok(WaitOutcome::TimedOut) => {
                             self.sleep(wait.saturating_sub(started.elapsed()));
@@ -181,7 +169,7 @@ where
     fn wait_after(&self, error: &Error, failures: u32) -> Result<(), Error> {
         match pacing::after_error(error, Utc::now(), failures, random()) {
             Some(wait) => {
-                Counts::add(&self.counts.retries);
+                Counts::add(&self.at.counts.retries);
                 self.sleep(wait);
                 Ok(())
             }
@@ -192,7 +180,7 @@ where
     /// Sleeps `wait`, or until stopped.
     fn sleep(&self, wait: Duration) {
         let until = Instant::now() + wait;
-        while !self.stopper.is_stopped() {
+        while !self.at.stopper.is_stopped() {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return;
@@ -215,11 +203,11 @@ where
         match outcome {
             Ok(()) => Ok(()),
             Err(Unsettled::Lost) => {
-                Counts::add(&self.counts.lost);
+                Counts::add(&self.at.counts.lost);
                 Ok(())
             }
             Err(Unsettled::Stopped) => {
-                Counts::add(&self.counts.abandoned);
+                Counts::add(&self.at.counts.abandoned);
                 Ok(())
             }
             Err(Unsettled::Fatal(error) | Unsettled::Refused(error)) => Err(error),
@@ -235,7 +223,7 @@ where
             match done.recv_timeout(wait) {
                 // Stopped, a handled task's lease is no longer extended: a
                 // submission still failing is given up once it lapses.
-                Err(mpsc::RecvTimeoutError::Timeout) if expiry.beating(&self.stopper) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) if expiry.beating(&self.at.stopper) => {}
                 _ => return,
             }
             wait = match self.client.heartbeat(lease, None) {
@@ -267,7 +255,7 @@ where
                 let key = lease.idempotency_key();
                 match self.until_landed(expiry, || self.client.submit(lease, &output, &key)) {
                     Ok(_) => {
-                        Counts::add(&self.counts.done);
+                        Counts::add(&self.at.counts.done);
                         return Ok(());
                     }
                     // Refused as it is: it would be again, so the task
@@ -279,11 +267,11 @@ where
                     Err(other) => return Err(other),
                 }
             }
-            Err(error) => (self.options.retry, error.to_string()),
+            Err(error) => (self.at.options.retry, error.to_string()),
         };
         let text = failure_text(&error);
         self.until_landed(expiry, || self.client.fail(lease, retry, Some(&text)))?;
-        Counts::add(&self.counts.failed);
+        Counts::add(&self.at.counts.failed);
         Ok(())
     }
 
@@ -300,12 +288,12 @@ where
                 Err(error) => error,
             };
             failures += 1;
-            let stopped = self.stopper.is_stopped();
+            let stopped = self.at.stopper.is_stopped();
             let wait = after_settling_error(error, failures, stopped, expiry)?;
-            Counts::add(&self.counts.retries);
+            Counts::add(&self.at.counts.retries);
             // Cut short by a stop only once the lease has lapsed.
             let until = Instant::now() + wait;
-            while Instant::now() < until && !(self.stopper.is_stopped() && expiry.lapsed()) {
+            while Instant::now() < until && !(self.at.stopper.is_stopped() && expiry.lapsed()) {
                 std::thread::sleep(until.saturating_duration_since(Instant::now()).min(SLICE));
             }
         }

@@ -16,7 +16,7 @@ use crate::index::{Index, TaskSteps};
 use crate::purge::Purges;
 use crate::receipt::StoredReceipts;
 use crate::state::{AttemptState, FinalState, FinalTask};
-use crate::{grant, lease, limit, receipt, schedule, unique};
+use crate::{dependency, grant, lease, limit, receipt, schedule, unique};
 
 /// What kind of thing went wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -82,6 +82,10 @@ pub enum AnomalyKind {
     /// run says fell due, with no pause of its schedule possible around
     /// it, was never fired.
     LostFire,
+    /// A task enqueued after parents, to run once each is done, was
+    /// granted before a submission of one of its parents had even been
+    /// asked for.
+    RanBeforeParent,
 }
 
 impl AnomalyKind {
@@ -236,6 +240,7 @@ pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -
         duplicates(steps, end, &purges, anomalies);
         grant::deadline(task, steps, skew, anomalies);
         grant::tries(task, steps, end_task, anomalies);
+        dependency::parents(task, steps, &index, anomalies);
         if let Some(last) = end_task.and_then(|t| t.last_token) {
             let acknowledged = i64::try_from(steps.grants.len()).unwrap_or(i64::MAX);
             unexplained_grants += (last - acknowledged).max(0);

@@ -59,6 +59,16 @@ pub enum Operation {
         /// shows no discard of the task.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_tries: Option<u32>,
+        /// The tasks it runs after (its parents), each named by its id.
+        /// Read by the check of dependencies: no grant of it may be
+        /// acknowledged before a submission of every parent was asked for.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        after: Vec<String>,
+        /// Whether it runs once its parents have ended however they ended,
+        /// not only once each is done; such a task is not checked against
+        /// its parents' submissions.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        any_outcome: bool,
     },
     /// Take the next claimable task of a queue under a lease.
     Claim {
@@ -181,6 +191,8 @@ impl Operation {
             deadline: None,
             alternatives: None,
             max_tries: None,
+            after: Vec::new(),
+            any_outcome: false,
         }
     }
 

@@ -53,7 +53,9 @@
 //! - no grant is made on a queue certainly paused, or after its task's
 //!   deadline;
 //! - each run-at of a schedule fires once, every fire's task is kept, and
-//!   a run-at due while no pause of its schedule could hold is fired.
+//!   a run-at due while no pause of its schedule could hold is fired;
+//! - no task enqueued to run after its parents are done is granted before
+//!   a submission of each parent was asked for.
 //!
 //! An operation whose outcome is unknown may have taken effect once, at
 //! any moment after its invocation, or never: it excuses only what it
@@ -121,6 +123,7 @@
 #![forbid(unsafe_code)]
 
 mod check;
+mod dependency;
 mod grant;
 mod history;
 mod index;

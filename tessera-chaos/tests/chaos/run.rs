@@ -996,6 +996,8 @@ impl Producer<'_> {
                     deadline: None,
                     alternatives: Some(1),
                     max_tries: Some(MAX_TRIES),
+                    after: Vec::new(),
+                    any_outcome: false,
                 },
                 || {
                     let enqueued =

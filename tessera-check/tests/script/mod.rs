@@ -208,6 +208,8 @@ pub(crate) struct Enqueued {
     pub(crate) deadline: Option<DateTime<Utc>>,
     pub(crate) alternatives: Option<u16>,
     pub(crate) max_tries: Option<u32>,
+    pub(crate) after: Vec<&'static str>,
+    pub(crate) any_outcome: bool,
 }
 
 pub(crate) fn enqueue_with(task: &str, with: Enqueued) -> Operation {
@@ -219,6 +221,12 @@ pub(crate) fn enqueue_with(task: &str, with: Enqueued) -> Operation {
         deadline: with.deadline,
         alternatives: with.alternatives,
         max_tries: with.max_tries,
+        after: with
+            .after
+            .iter()
+            .map(|parent| (*parent).to_owned())
+            .collect(),
+        any_outcome: with.any_outcome,
     }
 }
 

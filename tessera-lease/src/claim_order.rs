@@ -79,8 +79,8 @@ impl ClaimableAt {
 impl TaskRecord {
     /// When the task can next be claimed without a lease lapsing:
     /// [`ClaimableAt::Ready`] while an attempt is ready, the earliest backoff
-    /// end otherwise, `None` while every unfinished attempt is leased or once
-    /// all are final. The value a backend's claim index holds.
+    /// end otherwise, `None` while every unfinished attempt is leased or
+    /// waiting for parents, or once all are final. The value a backend's claim index holds.
     ///
     /// A leased attempt's lapse is not in it (see
     /// [`AttemptRecord::lapses_at`]), so a heartbeat leaves it unchanged. An
@@ -99,7 +99,8 @@ impl TaskRecord {
                 | TaskState::Done
                 | TaskState::Failed
                 | TaskState::Discarded { .. }
-                | TaskState::Cancelled => None,
+                | TaskState::Cancelled
+                | TaskState::Waiting { .. } => None,
             })
             .min()
     }

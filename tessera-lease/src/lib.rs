@@ -140,7 +140,7 @@ pub use retention::Retention;
 pub use schedule::{CronSchedule, ScheduleText, fire_task_id};
 pub use spec::{Failure, MAX_ALTERNATIVES, MAX_PRIORITY, Retry, TaskRecord, TaskSpec};
 pub use state::{DiscardReason, StateName, TaskState};
-pub use task::Task;
+pub use task::{PARENT_FAILED, Task};
 pub use time::{MAX_BACKOFF, MAX_LEASE_DURATION};
 pub use token::FencingToken;
 pub use tries::{

@@ -67,9 +67,11 @@ impl Retention {
             StateName::Done => self.done,
             StateName::Failed | StateName::Discarded => self.discarded,
             StateName::Cancelled => self.cancelled,
-            StateName::Ready | StateName::Leased | StateName::Backoff | StateName::Scheduled => {
-                None
-            }
+            StateName::Ready
+            | StateName::Leased
+            | StateName::Backoff
+            | StateName::Scheduled
+            | StateName::Waiting => None,
         }
     }
 

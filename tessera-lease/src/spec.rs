@@ -55,6 +55,12 @@ pub struct TaskSpec {
     /// `None` (the default): no deadline.
     #[serde(default)]
     pub deadline: Option<DateTime<Utc>>,
+    /// Starts [`Waiting`](crate::TaskState::Waiting) for parents to end:
+    /// no claim grants it until [`Task::unblock`](crate::Task::unblock),
+    /// which makes it ready (or scheduled for `not_before`). `false` (the
+    /// default): it starts ready or scheduled.
+    #[serde(default)]
+    pub waits: bool,
 }
 
 /// An optional duration as whole milliseconds (`null` for none).
@@ -102,6 +108,7 @@ impl Default for TaskSpec {
             not_before: None,
             lease_duration: None,
             deadline: None,
+            waits: false,
         }
     }
 }

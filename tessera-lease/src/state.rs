@@ -65,6 +65,15 @@ pub enum TaskState {
     /// A holder of its lease learns it at its next heartbeat, submit or
     /// failure report.
     Cancelled,
+    /// Enqueued after other tasks (its parents) and waiting for them to
+    /// end: no claim grants it until [`Task::unblock`](crate::Task::unblock)
+    /// makes it ready, or scheduled for `not_before` if that is still to
+    /// come ([`Waiting`](crate::Waiting) holds the rules of its count of
+    /// parents).
+    Waiting {
+        /// The task's not-before time, kept for when it is unblocked.
+        not_before: Option<DateTime<Utc>>,
+    },
 }
 
 /// How the last try of a [`TaskState::Discarded`] attempt ended.
@@ -128,6 +137,7 @@ impl TaskState {
             Self::Discarded { .. } => StateName::Discarded,
             Self::Scheduled { .. } => StateName::Scheduled,
             Self::Cancelled => StateName::Cancelled,
+            Self::Waiting { .. } => StateName::Waiting,
         }
     }
 
@@ -136,12 +146,13 @@ impl TaskState {
         self.name().as_str()
     }
 
-    /// The end of a backoff or a scheduled attempt's not-before time (the
-    /// time a store keeps beside the state's name); `None` for every other
-    /// state.
+    /// The end of a backoff, or a scheduled or waiting attempt's
+    /// not-before time (the time a store keeps beside the state's name);
+    /// `None` for every other state.
     pub fn until(&self) -> Option<DateTime<Utc>> {
         match self {
             Self::Backoff { until } | Self::Scheduled { at: until } => Some(*until),
+            Self::Waiting { not_before } => *not_before,
             _ => None,
         }
     }
@@ -155,8 +166,9 @@ impl TaskState {
     }
 
     /// Rebuilds a state from its stored columns. `until` is required for a
-    /// backoff or a scheduled attempt and must be absent otherwise; `reason`
-    /// likewise for a discarded state.
+    /// backoff or a scheduled attempt, optional for a waiting one and must
+    /// be absent otherwise; `reason` is required for a discarded state and
+    /// must be absent otherwise.
     pub fn from_parts(
         name: StateName,
         until: Option<DateTime<Utc>>,
@@ -164,6 +176,7 @@ impl TaskState {
     ) -> Result<Self, LeaseError> {
         let invalid = |reason| Err(LeaseError::InvalidRecord { reason });
         let state = match (name, until, reason) {
+            (StateName::Waiting, not_before, None) => Self::Waiting { not_before },
             (StateName::Backoff, Some(until), None) => Self::Backoff { until },
             (StateName::Scheduled, Some(at), None) => Self::Scheduled { at },
             (StateName::Backoff | StateName::Scheduled, None, _) => {
@@ -219,11 +232,15 @@ pub enum StateName {
     Scheduled,
     /// `cancelled`
     Cancelled,
+    /// `waiting`: for its parents to end.
+    Waiting,
 }
 
 impl StateName {
-    /// Every name, in lifecycle order.
-    pub const ALL: [Self; 8] = [
+    /// Every name, in lifecycle order but for `waiting`, last: stores keep
+    /// sets of names as bits in this order, so a new name only ever goes
+    /// last.
+    pub const ALL: [Self; 9] = [
         Self::Ready,
         Self::Leased,
         Self::Done,
@@ -232,6 +249,7 @@ impl StateName {
         Self::Discarded,
         Self::Scheduled,
         Self::Cancelled,
+        Self::Waiting,
     ];
 
     /// The stable lowercase name.
@@ -245,6 +263,7 @@ impl StateName {
             Self::Discarded => "discarded",
             Self::Scheduled => "scheduled",
             Self::Cancelled => "cancelled",
+            Self::Waiting => "waiting",
         }
     }
 }
@@ -302,6 +321,10 @@ mod tests {
             },
             TaskState::Scheduled { at: until },
             TaskState::Cancelled,
+            TaskState::Waiting { not_before: None },
+            TaskState::Waiting {
+                not_before: Some(until),
+            },
         ];
         for state in states {
             assert_eq!(

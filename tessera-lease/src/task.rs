@@ -6,6 +6,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::attempt::AttemptRecord;
+use crate::dependency::ParentEnd;
 use crate::error::{Field, LeaseError, Rule};
 use crate::lease::{Lease, LeaseRecord};
 use crate::name::AttemptNumber;
@@ -16,6 +17,10 @@ use crate::state::{DiscardReason, TaskState};
 use crate::time;
 use crate::token::FencingToken;
 use crate::tries::{Jitter, MAX_ERROR_BYTES, MAX_TRIES, retry_backoff};
+
+/// The last error of an attempt cancelled because a parent its task
+/// needed done ended otherwise ([`Task::cancel_waiting`]).
+pub const PARENT_FAILED: &str = "parent_failed";
 
 /// A task whose record has been checked: the lease rules live here.
 ///
@@ -48,8 +53,9 @@ use crate::tries::{Jitter, MAX_ERROR_BYTES, MAX_TRIES, retry_backoff};
 pub struct Task(TaskRecord);
 
 impl Task {
-    /// A new task with every attempt ready, or scheduled for
-    /// [`TaskSpec::not_before`].
+    /// A new task with every attempt ready, scheduled for
+    /// [`TaskSpec::not_before`], or waiting for parents
+    /// ([`TaskSpec::waits`]).
     ///
     /// Errors: [`OutOfRange`](LeaseError::OutOfRange) for the alternatives,
     /// tries or priority, and a lapse backoff above
@@ -71,7 +77,11 @@ impl Task {
         let attempts = (1..=spec.alternatives)
             .map(|n| {
                 let mut attempt = AttemptRecord::new(AttemptNumber(n));
-                if let Some(at) = spec.not_before {
+                if spec.waits {
+                    attempt.state = TaskState::Waiting {
+                        not_before: spec.not_before,
+                    };
+                } else if let Some(at) = spec.not_before {
                     attempt.state = TaskState::Scheduled { at };
                 }
                 attempt
@@ -130,7 +140,10 @@ impl Task {
                 || (attempt.tries == record.max_tries
                     && matches!(
                         attempt.state,
-                        TaskState::Ready | TaskState::Backoff { .. } | TaskState::Scheduled { .. }
+                        TaskState::Ready
+                            | TaskState::Backoff { .. }
+                            | TaskState::Scheduled { .. }
+                            | TaskState::Waiting { .. }
                     ))
             {
                 return invalid("an attempt out of tries is leased or final");
@@ -252,7 +265,9 @@ impl Task {
     /// A waiting task's new not-before time, from a duplicate that
     /// replaces or debounces it ([`Duplicate::Replace`](crate::Duplicate)):
     /// every attempt becomes scheduled for `not_before`, or ready if
-    /// `None`. Tries, tokens and leases are kept. Returns the attempts.
+    /// `None`; one still waiting for parents keeps waiting, with the new
+    /// not-before time. Tries, tokens and leases are kept. Returns the
+    /// attempts.
     ///
     /// Errors: [`TaskFinished`](LeaseError::TaskFinished), changing
     /// nothing, if an attempt is leased or final: a duplicate reschedules
@@ -273,7 +288,10 @@ impl Task {
             .attempts
             .iter_mut()
             .map(|attempt| {
-                attempt.state = state;
+                attempt.state = match attempt.state {
+                    TaskState::Waiting { .. } => TaskState::Waiting { not_before },
+                    _ => state,
+                };
                 attempt.number
             })
             .collect())
@@ -651,6 +669,63 @@ impl Task {
         Ok(cancelled)
     }
 
+    /// The task's last parent ended as it needed: every attempt still
+    /// [`Waiting`](TaskState::Waiting) becomes ready, or scheduled for its
+    /// not-before time if that is after `now`. Returns the attempts that
+    /// changed (empty: none was waiting, nothing to write).
+    #[must_use = "the attempts that changed must be written"]
+    pub fn unblock(&mut self, now: DateTime<Utc>) -> Vec<AttemptNumber> {
+        let mut changed = Vec::new();
+        for attempt in &mut self.0.attempts {
+            let TaskState::Waiting { not_before } = attempt.state else {
+                continue;
+            };
+            attempt.state = match not_before {
+                Some(at) if at > now => TaskState::Scheduled { at },
+                _ => TaskState::Ready,
+            };
+            changed.push(attempt.number);
+        }
+        changed
+    }
+
+    /// A parent the task needed done ended otherwise: every attempt still
+    /// [`Waiting`](TaskState::Waiting) is cancelled, its last error
+    /// [`PARENT_FAILED`]. Returns the attempts that changed (empty: none
+    /// was waiting, nothing to write).
+    #[must_use = "the attempts that changed must be written"]
+    pub fn cancel_waiting(&mut self) -> Vec<AttemptNumber> {
+        let mut changed = Vec::new();
+        for attempt in &mut self.0.attempts {
+            if let TaskState::Waiting { .. } = attempt.state {
+                attempt.state = TaskState::Cancelled;
+                attempt.last_error = Some(PARENT_FAILED.to_owned());
+                changed.push(attempt.number);
+            }
+        }
+        changed
+    }
+
+    /// How the task ended, as a task waiting for it sees it: `None` while
+    /// an attempt is not final; [`Done`](ParentEnd::Done) once one
+    /// attempt is done; otherwise [`Failed`](ParentEnd::Failed) if one
+    /// failed or was discarded, and [`Cancelled`](ParentEnd::Cancelled)
+    /// if every attempt was cancelled.
+    pub fn end(&self) -> Option<ParentEnd> {
+        let attempts = &self.0.attempts;
+        if !self.is_finished() {
+            return None;
+        }
+        let any = |state: fn(&TaskState) -> bool| attempts.iter().any(|a| state(&a.state));
+        Some(if any(|state| *state == TaskState::Done) {
+            ParentEnd::Done
+        } else if any(|state| matches!(state, TaskState::Failed | TaskState::Discarded { .. })) {
+            ParentEnd::Failed
+        } else {
+            ParentEnd::Cancelled
+        })
+    }
+
     /// Applies what the passing of time alone changes: a lapsed lease makes
     /// its attempt ready, or puts it in backoff until `expires_at +
     /// lapse_backoff`, or discards it ([`DiscardReason::Lapsed`]) if that
@@ -679,13 +754,15 @@ impl Task {
                         reason: DiscardReason::DeadlineExceeded,
                     }
                 }
-                (TaskState::Ready | TaskState::Backoff { .. } | TaskState::Scheduled { .. }, _)
-                    if past_deadline =>
-                {
-                    TaskState::Discarded {
-                        reason: DiscardReason::DeadlineExceeded,
-                    }
-                }
+                (
+                    TaskState::Ready
+                    | TaskState::Backoff { .. }
+                    | TaskState::Scheduled { .. }
+                    | TaskState::Waiting { .. },
+                    _,
+                ) if past_deadline => TaskState::Discarded {
+                    reason: DiscardReason::DeadlineExceeded,
+                },
                 (TaskState::Leased, Some(lease))
                     if lease.is_expired(now) && attempt.tries >= max_tries =>
                 {
@@ -752,7 +829,8 @@ impl Task {
             TaskState::Done
             | TaskState::Failed
             | TaskState::Discarded { .. }
-            | TaskState::Cancelled => None,
+            | TaskState::Cancelled
+            | TaskState::Waiting { .. } => None,
         }
     }
 }

@@ -32,16 +32,18 @@ pub const MAX_UNIQUE_WINDOW: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 /// the task holds its unique slot.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(into = "Vec<StateName>", from = "Vec<StateName>")]
-pub struct UniqueStates(u8);
+pub struct UniqueStates(u16);
 
 impl UniqueStates {
     /// No state: the key never blocks anything.
     pub const NONE: Self = Self(0);
-    /// Waiting to run: ready, scheduled, or backing off before a retry.
+    /// Waiting to run: ready, scheduled, backing off before a retry, or
+    /// waiting for parents.
     pub const WAITING: Self = Self::NONE
         .with(StateName::Ready)
         .with(StateName::Scheduled)
-        .with(StateName::Backoff);
+        .with(StateName::Backoff)
+        .with(StateName::Waiting);
     /// Not finished: waiting or leased (the default, "while not done").
     pub const UNFINISHED: Self = Self::WAITING.with(StateName::Leased);
     /// Every state: one task per key (per window) for good.
@@ -67,17 +69,17 @@ impl UniqueStates {
 
     /// The set as a bit mask, one bit per [`StateName::ALL`] position, for a
     /// backend to store in one small column.
-    pub const fn bits(self) -> u8 {
+    pub const fn bits(self) -> u16 {
         self.0
     }
 
     /// The set a stored bit mask names; bits of no state are dropped.
-    pub const fn from_bits(bits: u8) -> Self {
+    pub const fn from_bits(bits: u16) -> Self {
         Self(bits & Self::ANY.0)
     }
 
-    const fn bit(state: StateName) -> u8 {
-        1 << state as u8
+    const fn bit(state: StateName) -> u16 {
+        1 << state as u16
     }
 
     /// The states in the set, in [`StateName::ALL`] order.
@@ -358,7 +360,7 @@ mod tests {
 
     #[test]
     fn states_round_trip_through_bits_and_serde() {
-        for bits in 0..=u8::MAX {
+        for bits in 0..1_u16 << StateName::ALL.len() {
             let states = UniqueStates::from_bits(bits);
             assert_eq!(UniqueStates::from_bits(states.bits()), states);
             let json = serde_json::to_string(&states).unwrap();

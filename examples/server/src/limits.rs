@@ -222,6 +222,7 @@ pub const STATE: Input = Input {
         "discarded",
         "scheduled",
         "cancelled",
+        "waiting",
     ]),
 };
 /// A listing's order.

@@ -134,7 +134,7 @@ fn make_tools() -> Vec<Value> {
         ),
         tool(
             "list_tasks",
-            "a namespace's attempts in one state (ready, scheduled, leased, done, failed, backoff, discarded, cancelled)",
+            "a namespace's attempts in one state (ready, scheduled, leased, done, failed, backoff, discarded, cancelled, waiting)",
             json!({ "namespace": ns, "state": limits::STATE.schema(),
                 "limit": TASKS_LIMIT.schema() }),
             &["namespace", "state"],

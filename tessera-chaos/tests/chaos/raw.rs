@@ -219,7 +219,7 @@ fn state_of(state: &str) -> AttemptState {
         "failed" => AttemptState::Failed,
         "discarded" => AttemptState::Discarded,
         "cancelled" => AttemptState::Cancelled,
-        "backoff" | "scheduled" => AttemptState::Waiting,
+        "backoff" | "scheduled" | "waiting" => AttemptState::Waiting,
         other => panic!("an attempt state the checker does not know: {other}"),
     }
 }

@@ -857,3 +857,221 @@ fn a_snooze_gives_its_try_back_on_any_try() {
         .is_err()
     );
 }
+
+/// A task enqueued after parents, with `alternatives` attempts.
+fn waiting_child(alternatives: u16, not_before: Option<DateTime<Utc>>) -> Task {
+    task_with(TaskSpec {
+        alternatives,
+        not_before,
+        waits: true,
+        ..TaskSpec::default()
+    })
+}
+
+#[test]
+fn a_waiting_task_is_never_claimed_until_unblocked() {
+    let mut child = waiting_child(2, None);
+    assert!(
+        child
+            .record()
+            .attempts
+            .iter()
+            .all(|a| a.state.name() == StateName::Waiting)
+    );
+    assert_eq!(child.record().claimable_at(), None);
+    assert_eq!(child.next_claimable_at(at(0)), None);
+    assert!(child.claim(&who("w"), at(0), LEASE).is_err());
+    assert!(child.expire(at(3600)).is_empty());
+    assert_eq!(child.end(), None);
+    assert_eq!(
+        child.unblock(at(1)),
+        vec![AttemptNumber(1), AttemptNumber(2)]
+    );
+    assert!(child.unblock(at(1)).is_empty(), "unblocked once");
+    assert_eq!(child.next_claimable_at(at(1)), Some(at(1)));
+    child.claim(&who("w"), at(1), LEASE).unwrap();
+}
+
+#[test]
+fn a_waiting_task_keeps_its_not_before_for_when_it_is_unblocked() {
+    let mut late = waiting_child(1, Some(at(60)));
+    assert_eq!(late.record().attempts[0].state.until(), Some(at(60)));
+    assert_eq!(late.unblock(at(10)), vec![AttemptNumber(1)]);
+    assert_eq!(
+        late.record().attempts[0].state,
+        TaskState::Scheduled { at: at(60) }
+    );
+    assert!(late.claim(&who("w"), at(30), LEASE).is_err());
+    late.claim(&who("w"), at(60), LEASE).unwrap();
+    // Past its not-before time already: ready at once.
+    let mut due = waiting_child(1, Some(at(5)));
+    let _ = due.unblock(at(10));
+    assert_eq!(due.record().attempts[0].state, TaskState::Ready);
+}
+
+#[test]
+fn a_duplicate_reschedules_a_waiting_task_without_ending_its_wait() {
+    let mut child = waiting_child(1, None);
+    assert!(child.is_waiting());
+    child.reschedule(Some(at(30))).unwrap();
+    assert_eq!(
+        child.record().attempts[0].state,
+        TaskState::Waiting {
+            not_before: Some(at(30))
+        }
+    );
+    assert!(child.claim(&who("w"), at(40), LEASE).is_err());
+}
+
+#[test]
+fn a_failed_parent_cancels_only_what_still_waits() {
+    let mut child = waiting_child(2, None);
+    assert_eq!(
+        child.cancel_waiting(),
+        vec![AttemptNumber(1), AttemptNumber(2)]
+    );
+    for attempt in &child.record().attempts {
+        assert_eq!(attempt.state, TaskState::Cancelled);
+        assert_eq!(attempt.last_error.as_deref(), Some(PARENT_FAILED));
+    }
+    assert_eq!(child.end(), Some(ParentEnd::Cancelled));
+    assert!(child.cancel_waiting().is_empty());
+    assert!(child.unblock(at(0)).is_empty());
+    // An operator's retry runs it anyway.
+    child.retry().unwrap();
+    child.claim(&who("w"), at(0), LEASE).unwrap();
+    // A task that no longer waits is left alone.
+    let mut ready = task();
+    assert!(ready.cancel_waiting().is_empty());
+    assert_eq!(ready.record().attempts[0].state, TaskState::Ready);
+}
+
+#[test]
+fn a_deadline_discards_a_waiting_task() {
+    let mut child = task_with(TaskSpec {
+        waits: true,
+        deadline: Some(at(10)),
+        ..TaskSpec::default()
+    });
+    assert!(child.expire(at(5)).is_empty());
+    assert_eq!(child.expire(at(10)), vec![AttemptNumber(1)]);
+    assert_eq!(
+        child.record().attempts[0].state,
+        TaskState::Discarded {
+            reason: DiscardReason::DeadlineExceeded
+        }
+    );
+    assert_eq!(child.end(), Some(ParentEnd::Failed));
+}
+
+#[test]
+fn a_task_ends_done_once_an_attempt_is_done_and_every_attempt_is_final() {
+    let mut parent = alternatives(3);
+    let first = parent.claim(&who("a"), at(0), LEASE).unwrap();
+    let second = parent.claim(&who("b"), at(0), LEASE).unwrap();
+    accept(&mut parent, &submission("a", first.token(), "k", 1), at(1));
+    assert_eq!(parent.end(), None, "two attempts are not final");
+    parent
+        .fail(
+            &who("b"),
+            second.token(),
+            at(2),
+            Failure::with_error(Retry::Never, "no"),
+            &mut Jitter::seeded(0),
+        )
+        .unwrap();
+    assert_eq!(parent.end(), None);
+    parent.cancel().unwrap();
+    assert_eq!(parent.end(), Some(ParentEnd::Done));
+
+    let mut failed = alternatives(2);
+    let lease = failed.claim(&who("a"), at(0), LEASE).unwrap();
+    failed
+        .fail(
+            &who("a"),
+            lease.token(),
+            at(1),
+            Failure::with_error(Retry::Never, "no"),
+            &mut Jitter::seeded(0),
+        )
+        .unwrap();
+    failed.cancel().unwrap();
+    assert_eq!(failed.end(), Some(ParentEnd::Failed));
+
+    let mut cancelled = alternatives(2);
+    cancelled.cancel().unwrap();
+    assert_eq!(cancelled.end(), Some(ParentEnd::Cancelled));
+}
+
+#[test]
+fn a_waiting_record_round_trips_and_restores() {
+    let child = waiting_child(2, Some(at(5)));
+    let json = serde_json::to_string(&child).unwrap();
+    assert!(json.contains(r#""state":"waiting""#), "{json}");
+    assert_eq!(serde_json::from_str::<Task>(&json).unwrap(), child);
+}
+
+mod waiting_on_parents {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::dependency::{RunAfter, Unblocked, Waiting};
+
+    fn ends() -> impl Strategy<Value = ParentEnd> {
+        prop_oneof![
+            3 => Just(ParentEnd::Done),
+            1 => Just(ParentEnd::Failed),
+            1 => Just(ParentEnd::Cancelled),
+        ]
+    }
+
+    proptest! {
+        /// A child task driven by its count of parents: never claimable
+        /// while the count says it waits; ready once, on the last parent,
+        /// when the count says so; cancelled with `parent_failed` when it
+        /// says so; and whatever comes after changes nothing.
+        #[test]
+        fn a_child_runs_or_is_cancelled_as_its_parents_decide(
+            alternatives in 1_u16..4,
+            parents in proptest::collection::vec(ends(), 1..6),
+            any_outcome in any::<bool>(),
+            delay in proptest::option::of(0_i64..120),
+        ) {
+            let run_after = if any_outcome { RunAfter::AnyOutcome } else { RunAfter::AllDone };
+            let not_before = delay.map(at);
+            let mut child = waiting_child(alternatives, not_before);
+            let mut count = match Waiting::at_enqueue(parents.len(), &[], run_after).unwrap() {
+                Unblocked::Waiting(count) => count,
+                other => panic!("{other:?}"),
+            };
+            let now = at(60);
+            let mut settled = false;
+            for end in parents {
+                prop_assert!(child.claim(&who("w"), now, LEASE).is_err());
+                prop_assert_eq!(child.record().claimable_at(), None);
+                match count.on_parent_end(end).unwrap() {
+                    Unblocked::Waiting(next) => count = next,
+                    Unblocked::Ready => {
+                        prop_assert!(!settled);
+                        settled = true;
+                        prop_assert_eq!(child.unblock(now).len(), usize::from(alternatives));
+                        let claimable = not_before.is_none_or(|at| at <= now);
+                        prop_assert_eq!(child.claim(&who("w"), now, LEASE).is_ok(), claimable);
+                        break;
+                    }
+                    Unblocked::Cancelled => {
+                        prop_assert!(!settled);
+                        settled = true;
+                        prop_assert!(!any_outcome);
+                        prop_assert_eq!(child.cancel_waiting().len(), usize::from(alternatives));
+                        prop_assert_eq!(child.end(), Some(ParentEnd::Cancelled));
+                        break;
+                    }
+                }
+            }
+            prop_assert!(settled, "the last parent settles the child");
+            prop_assert!(child.unblock(now).is_empty());
+            prop_assert!(child.cancel_waiting().is_empty());
+        }
+    }
+}

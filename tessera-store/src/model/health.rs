@@ -31,9 +31,13 @@ pub struct StateCounts {
     /// Waiting for their not-before time.
     #[serde(default)]
     pub scheduled: u64,
-    /// Cancelled by an operator.
+    /// Cancelled by an operator, or because a parent the task needed done
+    /// ended otherwise.
     #[serde(default)]
     pub cancelled: u64,
+    /// Waiting for their parents to end.
+    #[serde(default)]
+    pub waiting: u64,
 }
 
 impl StateCounts {
@@ -47,6 +51,7 @@ impl StateCounts {
             + self.discarded
             + self.scheduled
             + self.cancelled
+            + self.waiting
     }
 }
 

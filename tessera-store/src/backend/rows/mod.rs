@@ -362,7 +362,7 @@ impl TaskRow {
                 .map_err(|_| corrupt("task unique key"))?,
             unique_held: self
                 .unique_states
-                .map(|bits| u8::try_from(bits).map(UniqueStates::from_bits))
+                .map(|bits| u16::try_from(bits).map(UniqueStates::from_bits))
                 .transpose()
                 .map_err(|_| corrupt("task unique states"))?,
             record: self.record(attempts)?,
@@ -489,6 +489,7 @@ pub(crate) fn state_counts(by_state: Vec<(String, i64)>) -> Result<StateCounts> 
             Ok(StateName::Discarded) => attempts.discarded += count,
             Ok(StateName::Scheduled) => attempts.scheduled += count,
             Ok(StateName::Cancelled) => attempts.cancelled += count,
+            Ok(StateName::Waiting) => attempts.waiting += count,
             Err(_) => return Err(corrupt("attempt state")),
         }
     }

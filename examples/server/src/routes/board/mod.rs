@@ -342,6 +342,7 @@ pub(super) const STATES: &[(&str, &str)] = &[
     ("failed", "failed"),
     ("discarded", "discarded"),
     ("cancelled", "cancelled"),
+    ("waiting", "waiting for parents"),
 ];
 
 fn render(

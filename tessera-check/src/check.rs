@@ -235,7 +235,10 @@ pub fn check_with(history: &History, end: &FinalState, options: &CheckOptions) -
         lease::leases(task, steps, skew, anomalies);
         lease::tokens(task, steps, end_task, purged, anomalies);
         receipt::submits(task, steps, &stored, purged, anomalies);
-        enqueues(task, steps, end_task, &stored, &purges, anomalies);
+        let by_parent = dependency::may_be_cancelled_by_parent(steps, end);
+        enqueues(
+            task, steps, end_task, &stored, &purges, by_parent, anomalies,
+        );
         cancels(task, steps, end_task, anomalies);
         duplicates(steps, end, &purges, anomalies);
         grant::deadline(task, steps, skew, anomalies);
@@ -302,6 +305,7 @@ fn enqueues(
     end: Option<&FinalTask>,
     stored: &StoredReceipts<'_>,
     purges: &Purges<'_>,
+    cancelled_by_parent: bool,
     anomalies: &mut Vec<Anomaly>,
 ) {
     let acknowledged: Vec<OperationId> = steps
@@ -357,8 +361,9 @@ fn enqueues(
                 matches!(op, Operation::Fail { attempt: a, retry: false, .. } if *a == attempt.number)
             }))
             .then_some("failed though nobody failed it for good"),
-            AttemptState::Cancelled => (!possible(&|op| matches!(op, Operation::Cancel { .. })))
-                .then_some("cancelled though nobody cancelled it"),
+            AttemptState::Cancelled => (!cancelled_by_parent
+                && !possible(&|op| matches!(op, Operation::Cancel { .. })))
+            .then_some("cancelled though nobody cancelled it, nor a parent it needed done"),
             _ => None,
         };
         if let Some(what) = unexplained {

@@ -1,8 +1,13 @@
 //! Tasks that wait for other tasks: a child runs only after its parents.
 
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
 use crate::check::{Anomaly, AnomalyKind, anomaly};
 use crate::history::{Operation, Outcome, Step};
 use crate::index::{Index, TaskSteps};
+use crate::state::{AttemptState, FinalState};
 
 /// No acknowledged grant of a task enqueued to run once its parents are
 /// done completed before a submission of each parent was invoked.
@@ -67,6 +72,62 @@ fn waits_for_parents<'h>(steps: &TaskSteps<'h>) -> Option<(&'h Step, &'h [String
         found.get_or_insert((step, after.as_slice()));
     }
     found
+}
+
+/// Whether the task may have been cancelled by a parent it needed done:
+/// it was enqueued to run once its parents are done, and one of them
+/// ended at the end of the run with no attempt done, or is missing.
+pub(crate) fn may_be_cancelled_by_parent(steps: &TaskSteps<'_>, end: &FinalState) -> bool {
+    steps.creating_enqueues().any(|step| {
+        let Operation::Enqueue {
+            after, any_outcome, ..
+        } = &step.operation
+        else {
+            return false;
+        };
+        !*any_outcome
+            && after.iter().any(|parent| match end.tasks.get(parent) {
+                None => true,
+                Some(task) => {
+                    task.attempts.iter().all(|a| a.state.is_final())
+                        && !task.attempts.iter().any(|a| a.state == AttemptState::Done)
+                }
+            })
+    })
+}
+
+/// The earliest moment a parent the task of `steps` needed done may have
+/// ended otherwise, by the history: a cancel of it or a failure report
+/// for good that may have happened (its invocation), or, a generation up
+/// at most `depth` times, its own parent's such end. `None` when no
+/// parent can have.
+pub(crate) fn parent_failure(
+    steps: &TaskSteps<'_>,
+    tasks: &BTreeMap<&str, TaskSteps<'_>>,
+    depth: usize,
+) -> Option<DateTime<Utc>> {
+    let (_, parents) = waits_for_parents(steps)?;
+    parents
+        .iter()
+        .filter_map(|parent| {
+            let parent = tasks.get(parent.as_str())?;
+            let own = parent
+                .named
+                .iter()
+                .filter(|step| {
+                    matches!(
+                        step.operation,
+                        Operation::Cancel { .. } | Operation::Fail { retry: false, .. }
+                    ) && step.completion.may_have_happened()
+                })
+                .map(|step| step.invoked_wall)
+                .min();
+            let inherited = depth
+                .checked_sub(1)
+                .and_then(|depth| parent_failure(parent, tasks, depth));
+            own.into_iter().chain(inherited).min()
+        })
+        .min()
 }
 
 /// A submission that was accepted, or whose answer was lost.

@@ -16,7 +16,9 @@
 //!   grants and every claim whose answer was lost reach the `max_tries`
 //!   its enqueue recorded);
 //! - cancelled: a cancel of the task, or a bulk cancel of its queue, that
-//!   may have happened;
+//!   may have happened, or, for a task enqueued to run once its parents
+//!   are done, a cancel or a failure for good of a parent (or of its
+//!   parents, a few generations up) that may have happened;
 //!
 //! and when the earliest moment the attempt can have ended so, plus that
 //! state's keep time, is no later than the read of the end. That moment
@@ -47,10 +49,15 @@ use std::fmt::Write as _;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::check::{Anomaly, AnomalyKind, anomaly};
+use crate::dependency;
 use crate::history::{Completion, Operation, Outcome, Step};
 use crate::index::{Index, TaskSteps, acknowledged};
 use crate::lease::lease_of;
 use crate::state::{AttemptState, FinalRetention, FinalState};
+
+/// How many generations up a parent's failure is looked for, to excuse a
+/// cancelled task's purge.
+const GENERATIONS: usize = 8;
 
 /// The tasks the history made that are missing at the end, each excused
 /// as purged or not.
@@ -82,6 +89,7 @@ impl<'h> Purges<'h> {
             skew,
             unknown_claims: index.unknown_claims.len(),
             bulk_cancels: &index.bulk_cancels,
+            tasks: &index.tasks,
         };
         let mut by_queue: BTreeMap<Option<&str>, Vec<&str>> = BTreeMap::new();
         for (task, steps) in &index.tasks {
@@ -128,6 +136,7 @@ struct Context<'a, 'h> {
     skew: TimeDelta,
     unknown_claims: usize,
     bulk_cancels: &'a [&'h Step],
+    tasks: &'a BTreeMap<&'h str, TaskSteps<'h>>,
 }
 
 impl Context<'_, '_> {
@@ -264,6 +273,9 @@ impl Context<'_, '_> {
             .map(|step| step.invoked_wall)
             .min();
         ends.extend(cancelled.map(|at| (AttemptState::Cancelled, Some(at))));
+        // Cancelled by a parent it needed done that ended otherwise.
+        let by_parent = dependency::parent_failure(steps, self.tasks, GENERATIONS);
+        ends.extend(by_parent.map(|at| (AttemptState::Cancelled, Some(at))));
         if ends.is_empty() {
             return Err(format!(
                 "attempt {attempt} shows no end: no submission that may have been accepted, \

@@ -210,3 +210,78 @@ fn parents_round_trip_through_a_history_line() {
     let plain = serde_json::to_string(&tessera_check::Operation::enqueue(PARENT)).unwrap();
     assert!(!plain.contains("after"), "{plain}");
 }
+
+#[test]
+fn a_child_cancelled_by_a_parent_that_failed_is_explained_and_by_none_is_not() {
+    let mut s = Script::default();
+    enqueue_family(&mut s, &[PARENT], false);
+    s.grant(1, 1, PARENT, 1, 1, 60);
+    s.ok(
+        1,
+        2,
+        fail(PARENT, 1, 1, false),
+        tessera_check::Outcome::Failed,
+    );
+    let failed = ends(&[
+        (PARENT, 1, AttemptState::Failed, Vec::new()),
+        (CHILD, 0, AttemptState::Cancelled, Vec::new()),
+    ]);
+    valid(&check(&s.history(), &failed));
+
+    // The same child cancelled while its parent was done: nobody did it.
+    let mut s = Script::default();
+    let child_enqueue = enqueue_family(&mut s, &[PARENT], false);
+    s.grant(1, 1, PARENT, 1, 1, 60);
+    let (_, receipt) = s.accept(1, 2, PARENT, 1, "k1", "d1");
+    let done = ends(&[
+        (PARENT, 1, AttemptState::Done, vec![receipt]),
+        (CHILD, 0, AttemptState::Cancelled, Vec::new()),
+    ]);
+    only(
+        &check(&s.history(), &done),
+        AnomalyKind::LostEnqueue,
+        CHILD,
+        &[child_enqueue],
+    );
+}
+
+#[test]
+fn a_child_cancelled_by_its_parent_may_be_purged_and_one_with_no_cause_may_not() {
+    let retention = |read_at: i64| tessera_check::FinalRetention {
+        done_ms: Some(30_000),
+        discarded_ms: Some(60_000),
+        cancelled_ms: Some(60_000),
+        read_at: script::at(read_at),
+        purged: [(String::new(), 1)].into_iter().collect(),
+    };
+    // The parent cancelled at 2 s, so the child too: both kept a minute,
+    // then purged; read at 100 s, both missing.
+    let mut s = Script::default();
+    enqueue_family(&mut s, &[PARENT], false);
+    s.ok(
+        0,
+        2,
+        script::cancel(PARENT),
+        tessera_check::Outcome::Cancelled,
+    );
+    let mut end = FinalState::default();
+    let mut gone = retention(100);
+    gone.purged = [(String::new(), 2)].into_iter().collect();
+    end.retention = Some(gone);
+    let report = check(&s.history(), &end);
+    valid(&report);
+    assert_eq!(report.purged, [PARENT, CHILD]);
+
+    // No cancel anywhere: the child has no end, so it cannot have been
+    // purged, though its parent is kept.
+    let mut s = Script::default();
+    let child = enqueue_family(&mut s, &[PARENT], false);
+    let mut end = ends(&[(PARENT, 0, AttemptState::Ready, Vec::new())]);
+    end.retention = Some(retention(100));
+    only(
+        &check(&s.history(), &end),
+        AnomalyKind::LostEnqueue,
+        CHILD,
+        &[child],
+    );
+}

@@ -179,6 +179,25 @@ pub struct NewTask {
     /// At most one task per key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unique: Option<Unique>,
+    /// The tasks it runs after, in its namespace: each stored already or
+    /// earlier in the same batch. Until they have ended it waits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<Parent>,
+    /// When it runs after them: `all_done` (the default: a parent that
+    /// ends otherwise cancels it) or `any_outcome`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_after: Option<String>,
+}
+
+/// A parent a new task runs after.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Parent {
+    /// The parent's id.
+    pub id: String,
+    /// Its brief's version (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
 }
 
 impl NewTask {

@@ -17,7 +17,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::TaskId;
+use crate::{TaskRecord, TaskState};
 
 /// The most parents one task may wait on: 1,000, the most tasks one
 /// enqueue batch holds, so one child can be the fan-in of a whole batch
@@ -45,10 +45,18 @@ impl RunAfter {
             Self::AnyOutcome => "any_outcome",
         }
     }
+
+    /// The rule a stored name names; `None` for a name this build does
+    /// not know.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::AllDone, Self::AnyOutcome]
+            .into_iter()
+            .find(|rule| rule.as_str() == name)
+    }
 }
 
 /// How a parent ended, as its children see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ParentEnd {
     /// A submission was accepted.
@@ -57,6 +65,25 @@ pub enum ParentEnd {
     Failed,
     /// Cancelled, by an operator or by its own parent's failure.
     Cancelled,
+}
+
+impl ParentEnd {
+    /// The stable name, as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// The end a stored name names; `None` for a name this build does not
+    /// know.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Done, Self::Failed, Self::Cancelled]
+            .into_iter()
+            .find(|end| end.as_str() == name)
+    }
 }
 
 /// A child that waits: how many of its parents have not ended, and when
@@ -131,6 +158,34 @@ pub enum DependencyError {
     },
 }
 
+impl TaskRecord {
+    /// How the task ended, as a task waiting for it sees it: `None` while
+    /// an attempt is not final; [`Done`](ParentEnd::Done) once one
+    /// attempt is done; otherwise [`Failed`](ParentEnd::Failed) if one
+    /// failed or was discarded, and [`Cancelled`](ParentEnd::Cancelled)
+    /// if every attempt was cancelled.
+    pub fn end(&self) -> Option<ParentEnd> {
+        let mut end = ParentEnd::Cancelled;
+        for attempt in &self.attempts {
+            match attempt.state {
+                TaskState::Done => end = ParentEnd::Done,
+                TaskState::Failed | TaskState::Discarded { .. } if end != ParentEnd::Done => {
+                    end = ParentEnd::Failed;
+                }
+                state if !state.is_final() => return None,
+                _ => {}
+            }
+        }
+        Some(end)
+    }
+
+    /// How the task ended, if it ended between `before` and this record:
+    /// the end its waiting children are told of, once.
+    pub fn ended_since(&self, before: &TaskRecord) -> Option<ParentEnd> {
+        before.end().is_none().then(|| self.end()).flatten()
+    }
+}
+
 impl Waiting {
     /// A child enqueued after `parents` parents (at most
     /// [`MAX_PARENTS`]), of which those in `ended` have ended already
@@ -187,11 +242,13 @@ impl Waiting {
 /// parents, `batch[i]` being task `i`'s id and the ids it waits on, are
 /// at most [`MAX_PARENTS`], each named once, none the task itself, and
 /// each either `exists` already or is an earlier task of the batch.
-pub fn check_batch(
-    batch: &[(&TaskId, &[TaskId])],
-    mut exists: impl FnMut(&TaskId) -> bool,
+///
+/// Generic over how a task is named (an id, or an id with its version).
+pub fn check_batch<T: Ord>(
+    batch: &[(&T, &[T])],
+    mut exists: impl FnMut(&T) -> bool,
 ) -> Result<(), DependencyError> {
-    let mut earlier: BTreeSet<&TaskId> = BTreeSet::new();
+    let mut earlier: BTreeSet<&T> = BTreeSet::new();
     for (index, (id, parents)) in batch.iter().enumerate() {
         if parents.len() > MAX_PARENTS {
             return Err(DependencyError::TooManyParents {
@@ -239,11 +296,18 @@ pub struct Cascade<T: Ord + Clone> {
 impl<T: Ord + Clone> Cascade<T> {
     /// The cascade from `ended`, a task that ended other than done.
     pub fn from(ended: T) -> Self {
+        Self::of([ended])
+    }
+
+    /// The cascade from every task of `ended`, in order.
+    pub fn of(ended: impl IntoIterator<Item = T>) -> Self {
         let mut cascade = Self {
             pending: VecDeque::new(),
             seen: BTreeSet::new(),
         };
-        cascade.ended(ended);
+        for task in ended {
+            cascade.ended(task);
+        }
         cascade
     }
 
@@ -275,6 +339,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::TaskId;
 
     fn id(n: usize) -> TaskId {
         TaskId::parse(&format!("t{n}")).unwrap()

@@ -706,24 +706,10 @@ impl Task {
         changed
     }
 
-    /// How the task ended, as a task waiting for it sees it: `None` while
-    /// an attempt is not final; [`Done`](ParentEnd::Done) once one
-    /// attempt is done; otherwise [`Failed`](ParentEnd::Failed) if one
-    /// failed or was discarded, and [`Cancelled`](ParentEnd::Cancelled)
-    /// if every attempt was cancelled.
+    /// How the task ended, as a task waiting for it sees it
+    /// ([`TaskRecord::end`]).
     pub fn end(&self) -> Option<ParentEnd> {
-        let attempts = &self.0.attempts;
-        if !self.is_finished() {
-            return None;
-        }
-        let any = |state: fn(&TaskState) -> bool| attempts.iter().any(|a| state(&a.state));
-        Some(if any(|state| *state == TaskState::Done) {
-            ParentEnd::Done
-        } else if any(|state| matches!(state, TaskState::Failed | TaskState::Discarded { .. })) {
-            ParentEnd::Failed
-        } else {
-            ParentEnd::Cancelled
-        })
+        self.0.end()
     }
 
     /// Applies what the passing of time alone changes: a lapsed lease makes

@@ -172,8 +172,8 @@ pub use model::queue::{QueueRetention, QueueSettings};
 pub use model::schedule::{Fired, SchedulePage, ScheduleSpec, ScheduleView};
 pub use model::session::Session;
 pub use model::task::{
-    Brief, EnqueueOptions, Enqueued, ListOrder, Output, StoredReceipt, SubmitRequest, TaskCursor,
-    TaskListing, TaskPage, TaskQuery, TaskRef, TaskView,
+    Brief, EnqueueOptions, Enqueued, ListOrder, Output, ParentAlternatives, StoredReceipt,
+    SubmitRequest, TaskCursor, TaskListing, TaskPage, TaskQuery, TaskRef, TaskView,
 };
 pub use model::wait::WaitOutcome;
 pub use ops::lease::claim_async::PermitFuture;
@@ -188,8 +188,8 @@ pub use tessera_audit::{Action, AuditEvent, Counter, IpHash, Outcome, Secret};
 pub use tessera_lease::{
     AttemptNumber, BriefVersion, ConcurrencyLimit, DiscardReason, Failure, FencingToken,
     IdempotencyKey, Lease, LeaseError, Namespace, PartitionKey, QueueName, Receipt, Retention,
-    Retry, ScheduleName, StateName, Submitted, TaskId, TaskSpec, TaskState, UniqueKey, UniqueMode,
-    UniqueStates, Uniqueness,
+    Retry, RunAfter, ScheduleName, StateName, Submitted, TaskId, TaskSpec, TaskState, UniqueKey,
+    UniqueMode, UniqueStates, Uniqueness,
 };
 #[cfg(feature = "schedule")]
 pub use tessera_lease::{CronSchedule, ScheduleText};
@@ -211,7 +211,7 @@ pub mod limits {
     pub use crate::ops::lease::LIMITED_RETRY_AFTER;
     pub use tessera_lease::{
         DEFAULT_MAX_TRIES, MAX_ALTERNATIVES, MAX_BRIEF_BYTES, MAX_ERROR_BYTES, MAX_LEASE_DURATION,
-        MAX_PRIORITY, MAX_PROGRESS_BYTES, MAX_TRIES,
+        MAX_PARENTS, MAX_PRIORITY, MAX_PROGRESS_BYTES, MAX_TRIES,
     };
 }
 

@@ -123,6 +123,11 @@ pub const UNIQUE_MODE: Input = Input {
     name: "mode",
     limit: Limit::OneOf(&["keep", "replace", "debounce"]),
 };
+/// When a task with parents runs.
+pub const RUN_AFTER: Input = Input {
+    name: "run_after",
+    limit: Limit::OneOf(&["all_done", "any_outcome"]),
+};
 /// A uniqueness window, in milliseconds.
 pub const UNIQUE_WINDOW_MS: Input = integer("window_ms", 1, MAX_UNIQUE_WINDOW.as_millis() as i64);
 /// A debounce's delay after the last duplicate, in milliseconds.
@@ -548,6 +553,13 @@ pub fn grant(text: &str) -> Result<Grant, Error> {
         }),
         grant => Ok(grant),
     }
+}
+
+/// Parses a word of [`RUN_AFTER`].
+pub fn run_after(word: &str) -> Result<tessera_store::RunAfter, Error> {
+    tessera_store::RunAfter::parse(word).ok_or_else(|| Error::InvalidInput {
+        reason: format!("run_after is all_done or any_outcome, not {word:?}"),
+    })
 }
 
 /// Parses a word of [`UNIQUE_MODE`], with a debounce's delays

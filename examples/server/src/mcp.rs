@@ -86,7 +86,7 @@ fn make_tools() -> Vec<Value> {
     vec![
         tool(
             "enqueue",
-            "enqueue a task: a JSON brief, optionally its id, version, competing attempts (alternatives), priority, tries, start (not_before, RFC 3339), partition key, uniqueness (unique: key, window_ms, states, mode keep, replace or debounce with delay_ms and max_delay_ms), its own lease length (lease_ms) and a deadline (deadline, RFC 3339, or timeout_ms from now) after which what is not done ends discarded",
+            "enqueue a task: a JSON brief, optionally its id, version, competing attempts (alternatives), priority, tries, start (not_before, RFC 3339), partition key, uniqueness (unique: key, window_ms, states, mode keep, replace or debounce with delay_ms and max_delay_ms), its own lease length (lease_ms), a deadline (deadline, RFC 3339, or timeout_ms from now) after which what is not done ends discarded, and the tasks it runs after (after: [{id, version}], each stored already; it waits until they end, and run_after all_done cancels it if one ends without being done, any_outcome runs it anyway)",
             json!({ "namespace": ns, "queue": queue, "brief": {},
                 "id": limits::TASK_ID.schema(), "version": limits::VERSION.schema(),
                 "alternatives": limits::ALTERNATIVES.schema(),
@@ -96,7 +96,9 @@ fn make_tools() -> Vec<Value> {
                 "lease_ms": limits::LEASE_MS.schema(), "deadline": limits::TIME.schema(),
                 "timeout_ms": limits::TASK_TIMEOUT_MS.schema(),
                 "partition_key": limits::PARTITION_KEY.schema(),
-                "unique": crate::routes::tasks::unique_schema() }),
+                "unique": crate::routes::tasks::unique_schema(),
+                "after": crate::routes::tasks::parents_schema(),
+                "run_after": limits::RUN_AFTER.schema() }),
             &["namespace", "queue", "brief"],
         ),
         tool(
@@ -604,6 +606,8 @@ async fn call(
                 "timeout_ms",
                 "partition_key",
                 "unique",
+                "after",
+                "run_after",
             ] {
                 if !arguments[optional].is_null() {
                     fields[optional] = arguments[optional].clone();
@@ -611,7 +615,7 @@ async fn call(
             }
             let task: tessera_client::NewTask = crate::objects::from_value(fields)
                 .map_err(|error| invalid(format!("arguments: {error}")))?;
-            let (brief, options) = crate::routes::tasks::task_parts(task)?;
+            let (brief, options) = crate::routes::tasks::task_parts(&ns, task)?;
             let enqueued = state
                 .call(move |store| store.enqueue_one(&caller, &ns, &queue, &brief, &options))
                 .await?;

@@ -1443,6 +1443,98 @@ fn a_partition_key_is_taken_at_enqueue_and_shown_by_the_task_and_listings() {
 }
 
 #[test]
+fn a_task_after_others_waits_for_them_and_reads_their_alternatives() {
+    let service = Service::start(AdmissionConfig::default(), START);
+    let worker = service.worker("renders");
+    let enqueue = |body: Value| service.send("POST", TASKS, Some(&worker), &[], Some(&body));
+    let brief = enqueue(json!({ "brief": 1, "id": "brief-1", "alternatives": 2 }));
+    assert_eq!(brief.status, 201, "{}", brief.text());
+    let child = json!({ "brief": 2, "id": "compare-1", "after": [{ "id": "brief-1" }] });
+    let waiting = service.send(
+        "POST",
+        "/v1/ns/renders/queues/compare/tasks",
+        Some(&worker),
+        &[],
+        Some(&child),
+    );
+    assert_eq!(waiting.status, 201, "{}", waiting.text());
+    let listed = service.send(
+        "GET",
+        "/v1/ns/renders/tasks?state=waiting",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(
+        listed.json()["tasks"][0]["task"]["id"],
+        "compare-1",
+        "{}",
+        listed.text()
+    );
+    // A parent that does not exist, a parent that is no name, and a rule
+    // that is no rule: each a 400, and nothing enqueued.
+    for bad in [
+        json!({ "brief": 3, "id": "orphan", "after": [{ "id": "nowhere" }] }),
+        json!({ "brief": 3, "id": "orphan", "after": [{ "id": "a b" }] }),
+        json!({ "brief": 3, "id": "orphan", "after": [{ "id": "brief-1", "extra": 1 }] }),
+        json!({ "brief": 3, "id": "orphan", "after": [{ "id": "brief-1" }], "run_after": "never" }),
+        json!({ "brief": 3, "id": "orphan", "after": "brief-1" }),
+    ] {
+        let refused = enqueue(bad.clone());
+        assert_eq!(refused.status, 400, "{bad}: {}", refused.text());
+    }
+    let orphan = service.send(
+        "GET",
+        "/v1/ns/renders/tasks/orphan",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(orphan.status, 404);
+    let compare = "/v1/ns/renders/queues/compare/claims";
+    assert_eq!(
+        service.claim(&worker, compare).status,
+        204,
+        "a waiting task is not claimed"
+    );
+    // Both alternatives of the brief are solved.
+    for n in 0..2 {
+        let claimed = service.claim(&worker, CLAIMS).json();
+        let token = claimed["lease"]["token"].as_i64().unwrap();
+        let output = json!({ "version": 1, "token": token, "output": { "solution": n } });
+        let key = format!("solution-{n}");
+        let submitted = service.send(
+            "POST",
+            "/v1/ns/renders/tasks/brief-1/submit",
+            Some(&worker),
+            &[("idempotency-key", key.as_str())],
+            Some(&output),
+        );
+        assert_eq!(submitted.status, 200, "{}", submitted.text());
+    }
+    let claimed = service.claim(&worker, compare);
+    assert_eq!(claimed.status, 200, "{}", claimed.text());
+    assert_eq!(claimed.json()["task"]["id"], "compare-1");
+    let parents = service.send(
+        "GET",
+        "/v1/ns/renders/tasks/compare-1/parents",
+        Some(&worker),
+        &[],
+        None,
+    );
+    assert_eq!(parents.status, 200, "{}", parents.text());
+    let parents = parents.json();
+    assert_eq!(parents[0]["parent"]["id"], "brief-1");
+    let solutions: Vec<&Value> = parents[0]["receipts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|receipt| &receipt["output"]["solution"])
+        .collect();
+    assert_eq!(solutions, [&json!(0), &json!(1)]);
+}
+
+#[test]
 fn a_unique_task_s_duplicate_answers_200_with_the_task_already_there() {
     let service = Service::start(AdmissionConfig::default(), START);
     let worker = service.worker("renders");

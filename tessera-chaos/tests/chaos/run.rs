@@ -894,6 +894,18 @@ fn placement(n: usize) -> (QueueName, Option<PartitionKey>, Option<UniqueKey>) {
     }
 }
 
+/// The tasks task `n` runs after: a small graph every six tasks, the
+/// fifth after the third and the first (tasks of the run's queue with no
+/// unique key, so each is created, and either may be cancelled, which
+/// cancels its child).
+fn parents(n: usize) -> Vec<usize> {
+    if n % 6 == 5 && n >= 6 {
+        vec![n - 2, n - 5]
+    } else {
+        Vec::new()
+    }
+}
+
 /// Whether task `n` may be cancelled on its own: one of the run's queue
 /// with no unique key, so a cancel never meets a bulk retry.
 fn cancellable(n: usize) -> bool {
@@ -973,19 +985,26 @@ impl Producer<'_> {
     fn enqueue(&self, n: usize) -> bool {
         let id = task_id(n);
         let (queue, partition, unique) = placement(n);
-        let mut options = EnqueueOptions::default()
-            .with_task_id(id.clone())
-            .with_max_tries(MAX_TRIES)
-            .with_lapse_backoff(Duration::ZERO);
-        if let Some(partition) = &partition {
-            options = options.with_partition_key(partition.clone());
-        }
-        if let Some(unique) = &unique {
-            options = options.with_unique(Uniqueness::new(unique.clone()));
-        }
-        let brief = Brief::Bytes(format!("job {n}").into_bytes());
         let ns = work_namespace();
+        // A parent done and purged already (retention keeps done tasks a
+        // second) is a 400: the task is then enqueued without parents.
+        let mut after: Vec<TaskId> = parents(n).into_iter().map(task_id).collect();
+        let brief = Brief::Bytes(format!("job {n}").into_bytes());
         loop {
+            let mut options =
+                EnqueueOptions::default()
+                    .with_task_id(id.clone())
+                    .with_max_tries(MAX_TRIES)
+                    .with_lapse_backoff(Duration::ZERO)
+                    .after(after.iter().map(|parent| {
+                        TaskRef::new(ns.clone(), parent.clone(), BriefVersion::FIRST)
+                    }));
+            if let Some(partition) = &partition {
+                options = options.with_partition_key(partition.clone());
+            }
+            if let Some(unique) = &unique {
+                options = options.with_unique(Uniqueness::new(unique.clone()));
+            }
             let created = std::cell::Cell::new(true);
             let completion = self.record(
                 Operation::Enqueue {
@@ -996,7 +1015,7 @@ impl Producer<'_> {
                     deadline: None,
                     alternatives: Some(1),
                     max_tries: Some(MAX_TRIES),
-                    after: Vec::new(),
+                    after: after.iter().map(ToString::to_string).collect(),
                     any_outcome: false,
                 },
                 || {
@@ -1023,6 +1042,9 @@ impl Producer<'_> {
                 // Asked again: `task_exists` if the first one landed.
                 Completion::Unknown { .. } => pause(50),
                 Completion::Fail { error } if error == "task_exists" => return true,
+                Completion::Fail { error } if error == "invalid_input" && !after.is_empty() => {
+                    after.clear();
+                }
                 Completion::Fail { .. } => pause(50),
             }
         }
@@ -1164,7 +1186,8 @@ fn produce(producer: &Producer<'_>, tasks: usize, pace_micros: u64, mut rng: Rng
     created
 }
 
-/// Whether no attempt is ready, leased, backing off or scheduled.
+/// Whether no attempt is ready, leased, backing off, scheduled or
+/// waiting for parents.
 fn all_finished(store: &Store, admin: &Caller) -> bool {
     let ns = work_namespace();
     [
@@ -1172,6 +1195,7 @@ fn all_finished(store: &Store, admin: &Caller) -> bool {
         StateName::Leased,
         StateName::Backoff,
         StateName::Scheduled,
+        StateName::Waiting,
     ]
     .into_iter()
     .all(|state| {

@@ -24,8 +24,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, ScheduleName,
-    StateName, TaskRecord, UniqueSlot,
+    AttemptNumber, IdempotencyKey, Namespace, ParentEnd, PartitionKey, Principal, QueueName,
+    ScheduleName, StateName, TaskRecord, UniqueSlot,
 };
 
 use crate::error::{Error, StorageError};
@@ -336,6 +336,13 @@ pub(crate) trait ReadTransaction {
     /// transaction holds it.
     fn task_by_handle(&self, handle: TaskHandle) -> Result<Option<LoadedTask>>;
 
+    /// How many of the task at `handle`'s parents have not ended: its
+    /// edges not yet marked ended.
+    fn open_parents(&self, child: TaskHandle) -> Result<u64>;
+
+    /// The parents of the task at `child`, in the order they were stored.
+    fn parents_of(&self, child: TaskHandle) -> Result<Vec<TaskRef>>;
+
     /// A schedule, with its last fire.
     fn schedule(&self, namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>>;
 
@@ -575,6 +582,18 @@ pub(crate) trait WriteTransaction: ReadTransaction {
     /// Deletes the tasks of `handles` with every row of their own: their
     /// attempts, receipts and unique slot. Returns the rows deleted.
     fn delete_tasks(&self, handles: &[TaskHandle]) -> Result<usize>;
+
+    /// Writes edges: each child waits on its parent. On a backend whose
+    /// one-statement submissions skip the general transaction, each
+    /// parent's row counts its children, so those statements leave a
+    /// parent to it; the caller holds each parent locked.
+    fn insert_edges(&self, edges: &[NewEdge]) -> Result<()>;
+
+    /// Marks the open edges of each parent in `parents` ended as it ended,
+    /// and answers them: each child, its rule and the parent's end, with
+    /// the child's reference. Each edge ends once, so a child is told of
+    /// each parent once however many transactions end parents at once.
+    fn end_edges(&self, parents: &[(TaskHandle, ParentEnd)]) -> Result<Vec<EndedEdge>>;
 
     /// Holds `row`'s lock until the transaction ends, whether or not the
     /// row exists yet, so read-modify-writes of it take turns and each

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use tessera_admission::DailyRowAllowance;
 use tessera_lease::{
-    IdempotencyKey, Namespace, PartitionKey, Principal, QueueName, Receipt, ScheduleName,
-    StateName, TaskId, TaskRecord, UniqueKey, UniqueSlot, UniqueStates,
+    IdempotencyKey, Namespace, ParentEnd, PartitionKey, Principal, QueueName, Receipt, RunAfter,
+    ScheduleName, StateName, TaskId, TaskRecord, UniqueKey, UniqueSlot, UniqueStates,
 };
 
 use crate::key::KeyId;
@@ -284,6 +284,23 @@ pub(crate) struct TaskChange<'a> {
     pub(crate) after: &'a TaskRecord,
     /// When the rules ran: the changed attempts' `changed_at`.
     pub(crate) at: DateTime<Utc>,
+}
+
+/// An edge to write: `child` waits on `parent`, under `run_after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NewEdge {
+    pub(crate) parent: TaskHandle,
+    pub(crate) child: TaskHandle,
+    pub(crate) run_after: RunAfter,
+}
+
+/// An edge whose parent ended, as [`end_edges`](super::WriteTransaction::end_edges)
+/// answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EndedEdge {
+    pub(crate) child: TaskRef,
+    pub(crate) run_after: RunAfter,
+    pub(crate) end: ParentEnd,
 }
 
 /// An accepted receipt to store, with the output bytes if kept.

@@ -10,8 +10,8 @@ use sha2::{Digest as _, Sha256};
 use tessera_audit::Resource;
 use tessera_lease::{
     AttemptNumber, BriefVersion, Digest, FencingToken, IdempotencyKey, Namespace, PartitionKey,
-    QueueName, Receipt, StateName, TaskId, TaskRecord, TaskSpec, TaskState, UniqueKey, Uniqueness,
-    check_brief_size,
+    QueueName, Receipt, RunAfter, StateName, TaskId, TaskRecord, TaskSpec, TaskState, UniqueKey,
+    Uniqueness, check_brief_size,
 };
 
 use crate::error::{Error, corrupt};
@@ -122,6 +122,8 @@ pub struct EnqueueOptions {
     pub(crate) partition_key: Option<PartitionKey>,
     pub(crate) unique: Option<Uniqueness>,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) parents: Vec<TaskRef>,
+    pub(crate) run_after: RunAfter,
 }
 
 impl EnqueueOptions {
@@ -259,6 +261,46 @@ impl EnqueueOptions {
         self.unique = Some(unique);
         self
     }
+
+    /// Runs the task after `parents`, tasks of the same namespace that
+    /// exist already or come earlier in the same
+    /// [`enqueue_batch`](crate::Store::enqueue_batch), so edges can never
+    /// close a cycle, and a whole graph can be enqueued in one batch. At
+    /// most [`MAX_PARENTS`](tessera_lease::MAX_PARENTS), each named once.
+    ///
+    /// Until they have ended the task is
+    /// [`waiting`](tessera_lease::StateName::Waiting): no claim grants
+    /// it. It becomes ready (or scheduled, for its not-before time) in
+    /// the transaction that ends its last parent, however that parent
+    /// ended: a submission, through any acknowledgement path, a failure,
+    /// a cancel. Under [`RunAfter::AllDone`] (the default, see
+    /// [`with_run_after`](Self::with_run_after)) a parent that ends
+    /// without a done attempt cancels it instead (last error
+    /// `parent_failed`), and its own waiting children after it. A parent
+    /// done already counts as ended; a parent that does not exist is a
+    /// `400` that enqueues nothing.
+    ///
+    /// ```
+    /// use tessera_store::{BriefVersion, EnqueueOptions, Namespace, TaskId, TaskRef};
+    ///
+    /// let brief = TaskRef::new(Namespace::parse("demo")?, TaskId::parse("brief-1")?, BriefVersion::FIRST);
+    /// let compare = EnqueueOptions::default()
+    ///     .with_task_id(TaskId::parse("compare-1")?)
+    ///     .after([brief]);
+    /// # Ok::<(), tessera_store::LeaseError>(())
+    /// ```
+    pub fn after(mut self, parents: impl IntoIterator<Item = TaskRef>) -> Self {
+        self.parents.extend(parents);
+        self
+    }
+
+    /// When a task with parents ([`after`](Self::after)) runs: once every
+    /// parent is done (the default), or once every parent has ended
+    /// however it ended.
+    pub fn with_run_after(mut self, run_after: RunAfter) -> Self {
+        self.run_after = run_after;
+        self
+    }
 }
 
 /// A submission's output: its digest, and the bytes if the store is to
@@ -313,6 +355,16 @@ pub struct SubmitRequest {
 /// The most submissions one
 /// [`submit_batch`](crate::Store::submit_batch) carries.
 pub const MAX_SUBMIT_BATCH: usize = 1_000;
+
+/// A parent of a task and its finished alternatives
+/// ([`Store::parent_alternatives`](crate::Store::parent_alternatives)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentAlternatives {
+    /// The parent.
+    pub parent: TaskRef,
+    /// One receipt per done attempt of it, in attempt order, with outputs.
+    pub receipts: Vec<StoredReceipt>,
+}
 
 /// A receipt as stored, with the output bytes if they were kept.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

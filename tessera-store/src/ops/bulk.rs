@@ -12,6 +12,7 @@ use crate::model::access::{Caller, Scope};
 use crate::model::audit::Trail;
 use crate::model::bulk::{BULK_BATCH, BulkFilter, BulkPosition};
 use crate::model::task::TaskRef;
+use crate::ops::dependency;
 use crate::store::Store;
 
 /// A lease rule an operator applies to one task.
@@ -177,5 +178,6 @@ fn batch(
             writer.release_unique_slot(*handle)?;
         }
     }
+    dependency::settle(writer, dependency::ended(&changes), now)?;
     Ok((changes.iter().map(|change| change.handle).collect(), next))
 }

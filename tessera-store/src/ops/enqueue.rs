@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use chrono::{DateTime, TimeDelta, Utc};
 use tessera_audit::{Action, Outcome, Resource};
 use tessera_lease::{
-    BriefVersion, Duplicate, Namespace, PartitionKey, QueueName, Task, TaskId, TaskRecord,
-    TaskSpec, TaskState, UniqueKey, UniqueMode, UniqueSlot, Uniqueness, decide_duplicate,
+    BriefVersion, Duplicate, Namespace, PartitionKey, QueueName, RunAfter, Task, TaskId,
+    TaskRecord, TaskSpec, TaskState, UniqueKey, UniqueMode, UniqueSlot, Uniqueness,
+    decide_duplicate,
 };
 
 use crate::backend::{NamespaceKind, NewTask, NewUnique, WriteTransaction};
@@ -17,6 +18,7 @@ use crate::model::audit::Trail;
 use crate::model::task::{
     Brief, EnqueueOptions, Enqueued, MAX_ENQUEUE_BATCH, PRACTICE_QUEUE, TaskRef, not_found,
 };
+use crate::ops::dependency::{self, NewChild};
 use crate::ops::task::apply;
 use crate::store::Store;
 
@@ -131,6 +133,7 @@ impl Store {
                     format!("task {task} already exists"),
                 ));
             }
+            dependency::start(writer, &[prepared.child(true)], now)?;
             writer.signal_enqueued(namespace, queue)?;
             let enqueued = Enqueued {
                 task: task.clone(),
@@ -321,6 +324,12 @@ impl Store {
                 }
                 enqueued.push(answer);
             }
+            let children: Vec<NewChild<'_>> = prepared
+                .iter()
+                .zip(&enqueued)
+                .map(|(task, answer)| task.child(answer.created && answer.task == task.task))
+                .collect();
+            dependency::start(writer, &children, now)?;
             let created = enqueued.iter().filter(|e| e.created).count();
             if created > 0 || replaced {
                 writer.signal_enqueued(namespace, queue)?;
@@ -395,6 +404,9 @@ struct Prepared<'a> {
     unique_key: Option<&'a UniqueKey>,
     /// Whether its id was drawn here rather than given.
     drawn_id: bool,
+    /// The tasks it runs after, and when.
+    parents: &'a [TaskRef],
+    run_after: RunAfter,
 }
 
 /// A unique task's rule and the slot it takes.
@@ -438,6 +450,9 @@ fn prepare<'a>(
     };
     let version = options.version.unwrap_or(BriefVersion::FIRST);
     let mut spec = options.spec;
+    // A task with parents starts waiting; its enqueue starts it once
+    // they are found (`dependency::start`).
+    spec.waits = !options.parents.is_empty();
     if let Some(timeout) = options.timeout {
         let at = TimeDelta::from_std(timeout)
             .ok()
@@ -480,6 +495,8 @@ fn prepare<'a>(
         unique,
         unique_key: options.unique.as_ref().map(|unique| &unique.key),
         drawn_id: options.task_id.is_none(),
+        parents: &options.parents,
+        run_after: options.run_after,
     })
 }
 
@@ -621,13 +638,26 @@ impl Prepared<'_> {
         }
     }
 
+    /// It as [`dependency::start`] reads it.
+    fn child(&self, created: bool) -> NewChild<'_> {
+        NewChild {
+            task: &self.task,
+            parents: self.parents,
+            run_after: self.run_after,
+            created,
+        }
+    }
+
     /// The not-before time the enqueue asked for: its attempts' schedule.
     fn record_not_before(&self) -> Option<DateTime<Utc>> {
         self.record
             .attempts
             .first()
             .and_then(|attempt| match attempt.state {
-                TaskState::Scheduled { at } => Some(at),
+                TaskState::Scheduled { at }
+                | TaskState::Waiting {
+                    not_before: Some(at),
+                } => Some(at),
                 _ => None,
             })
     }

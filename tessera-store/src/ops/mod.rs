@@ -4,6 +4,7 @@
 mod access;
 mod audit;
 mod bulk;
+pub(crate) mod dependency;
 mod enqueue;
 mod health;
 pub(crate) mod lease;

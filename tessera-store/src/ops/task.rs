@@ -14,8 +14,10 @@ use crate::error::Error;
 use crate::model::access::{Caller, Scope};
 use crate::model::bulk::AttemptProgress;
 use crate::model::task::{
-    MAX_TASKS_LISTED, StoredReceipt, TaskPage, TaskQuery, TaskRef, TaskView, not_found, purged,
+    MAX_TASKS_LISTED, ParentAlternatives, StoredReceipt, TaskPage, TaskQuery, TaskRef, TaskView,
+    not_found, purged,
 };
+use crate::ops::dependency;
 use crate::store::Store;
 
 /// A task loaded by reference, with its brief if asked; `404` if none.
@@ -74,6 +76,7 @@ pub(crate) fn apply<T>(
     if task.record().leaves_unique_slot(held) {
         writer.release_unique_slot(handle)?;
     }
+    dependency::settle_one(writer, handle, &before, task.record(), now)?;
     Ok(value)
 }
 
@@ -257,6 +260,45 @@ impl Store {
                 })?;
             let resource = task.grant_resource(stored.receipt.attempt, stored.receipt.token);
             Ok((stored, resource))
+        })
+    }
+
+    /// What a task enqueued [after](crate::EnqueueOptions::after) others
+    /// consumes: for each of its parents, in the order they were stored,
+    /// its finished alternatives (one receipt per done attempt, in
+    /// attempt order, with outputs, as [`alternatives`](Self::alternatives)
+    /// answers them; none for a parent that ended without one). A parent
+    /// purged meanwhile is left out. Needs the `read` scope and the
+    /// namespace grant; audited as `list_attempts` naming the task.
+    pub fn parent_alternatives(
+        &self,
+        caller: &Caller,
+        task: &TaskRef,
+    ) -> Result<Vec<ParentAlternatives>, Error> {
+        let scope = self.admit(caller, &task.namespace, Scope::Read, Action::ListAttempts)?;
+        self.perform_read(&scope, |reader| {
+            let handle = find(reader, task)?;
+            let mut parents = Vec::new();
+            for parent in reader.parents_of(handle)? {
+                let Some(loaded) = reader.task(&parent, false)? else {
+                    continue;
+                };
+                let rules = Task::restore(loaded.record)?;
+                let stored = reader.receipts_of_task(
+                    &parent,
+                    loaded.handle,
+                    usize::from(MAX_ALTERNATIVES),
+                )?;
+                let receipts: Vec<&Receipt> = stored.iter().map(|s| &s.receipt).collect();
+                let kept = rules.alternatives(receipts.iter().copied());
+                let receipts = stored
+                    .iter()
+                    .filter(|s| kept.contains(&&s.receipt))
+                    .cloned()
+                    .collect();
+                parents.push(ParentAlternatives { parent, receipts });
+            }
+            Ok((parents, task.resource("")))
         })
     }
 

@@ -13,7 +13,7 @@ use postgres::Client;
 use crate::error::Error;
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Every table, created if missing.
 const TABLES: &[(&str, &str)] = &[
@@ -79,6 +79,11 @@ const TABLES: &[(&str, &str)] = &[
         "CREATE TABLE IF NOT EXISTS unique_slots (namespace TEXT NOT NULL, queue TEXT NOT NULL, \
          slot TEXT NOT NULL, task_id TEXT NOT NULL, version BIGINT NOT NULL, \
          PRIMARY KEY (namespace, queue, slot))",
+    ),
+    (
+        "task_edges",
+        "CREATE TABLE IF NOT EXISTS task_edges (parent BIGINT NOT NULL, child BIGINT NOT NULL, \
+         run_after TEXT NOT NULL, ended TEXT, PRIMARY KEY (parent, child))",
     ),
     (
         "queue_settings",
@@ -185,6 +190,10 @@ const INDEXES: &[(&str, &str)] = &[
          ON attempts (namespace, changed_at, task, number) WHERE state <> 'leased'",
     ),
     (
+        "task_edges_child",
+        "CREATE INDEX IF NOT EXISTS task_edges_child ON task_edges (child, parent)",
+    ),
+    (
         "unique_slots_ending",
         "CREATE INDEX IF NOT EXISTS unique_slots_ending ON unique_slots (ends_at) \
          WHERE ends_at IS NOT NULL",
@@ -253,6 +262,9 @@ const ALTERATIONS: &[&str] = &[
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS digest TEXT",
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS accepted_at BIGINT",
     "ALTER TABLE attempts ADD COLUMN IF NOT EXISTS output BYTEA",
+    // Version 6: a task's count of children, which the one-statement
+    // submissions read to leave a parent to the general transaction.
+    "ALTER TABLE tasks ADD COLUMN IF NOT EXISTS children BIGINT NOT NULL DEFAULT 0",
 ];
 
 /// Before version 5 each receipt was a row of its own table; it moves

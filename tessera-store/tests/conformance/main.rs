@@ -77,6 +77,7 @@ mod claim_order;
 mod claims;
 mod claims_async;
 mod cold_start;
+mod dependencies;
 mod health;
 mod long_poll;
 mod meter;

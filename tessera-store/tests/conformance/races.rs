@@ -11,8 +11,8 @@ use std::sync::Barrier;
 use tessera_store::lease::StateName;
 use tessera_store::{
     AuditQuery, Brief, BulkFilter, Caller, ClaimOutcome, Clock, ConcurrencyLimit, EnqueueOptions,
-    Grant, ManualClock, MintConfig, Secret, Store, TaskRef, UniqueKey, UniqueMode, UniqueStates,
-    Uniqueness,
+    Grant, IdempotencyKey, ManualClock, MintConfig, Output, Secret, Store, SubmitRequest,
+    Submitted, TaskRef, UniqueKey, UniqueMode, UniqueStates, Uniqueness,
 };
 
 use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
@@ -460,7 +460,142 @@ fn a_snooze_sent_twice_at_once_gives_the_try_back_once(db: &TestDb) {
     }
 }
 
+/// A child's state once its round is over.
+fn child_state(f: &Fixture<'_>, caller: &Caller, child: &TaskRef) -> StateName {
+    f.store.read_task(caller, child).unwrap().record.attempts[0]
+        .state
+        .name()
+}
+
+/// A child's enqueue after a parent, and that parent's submission (the
+/// one-statement submit-and-claim, then the plain submission, on
+/// alternate rounds), at once from two stores: whichever commits first,
+/// the child is never left waiting for a parent that is done.
+fn a_childs_enqueue_and_its_parents_submission_at_once_never_strand_the_child(db: &TestDb) {
+    let f = Fixture::new(db);
+    let pair = Pair::new(&f);
+    let (ns, parents, children) = (namespace("graphs"), queue("parents"), queue("children"));
+    for round in 0..4 * ROUNDS {
+        let parent = f
+            .store
+            .enqueue(
+                &pair.callers.0,
+                &ns,
+                &parents,
+                &json_brief(round),
+                &EnqueueOptions::default(),
+            )
+            .unwrap();
+        let claimed = match f.store.claim(&pair.callers.1, &ns, &parents).unwrap() {
+            ClaimOutcome::Granted(claimed) => claimed,
+            other => panic!("{other:?}"),
+        };
+        let request = SubmitRequest {
+            task: parent.clone(),
+            token: claimed.lease.token(),
+            key: IdempotencyKey::parse("done").unwrap(),
+            output: Output::bytes("ok"),
+        };
+        let (child, submitted) = pair.race(
+            |store, caller| {
+                store.enqueue(
+                    caller,
+                    &ns,
+                    &children,
+                    &json_brief(round),
+                    &EnqueueOptions::default().after([parent.clone()]),
+                )
+            },
+            |store, caller| {
+                // Offsets swept over the rounds, so the submission lands
+                // at each point of the enqueue's transaction.
+                std::thread::sleep(std::time::Duration::from_micros((round as u64 % 50) * 200));
+                if round % 2 == 0 {
+                    store
+                        .submit_and_claim(caller, &request, &ns, &parents)
+                        .map(|(submitted, _)| submitted)
+                } else {
+                    store.submit(
+                        caller,
+                        &parent,
+                        request.token,
+                        &request.key,
+                        &request.output,
+                    )
+                }
+            },
+        );
+        let (child, submitted) = (child.unwrap(), submitted.unwrap());
+        assert!(matches!(submitted, Submitted::Accepted(_)), "round {round}");
+        assert_eq!(
+            child_state(&f, &pair.callers.0, &child),
+            StateName::Ready,
+            "round {round}: the child waits for a parent that is done"
+        );
+        f.store.cancel_task(&pair.callers.0, &child).unwrap();
+    }
+}
+
+/// The two parents of one child submitted at once from two stores: the
+/// child is made ready once, by whichever commits second.
+fn two_parents_ended_at_once_from_two_stores_unblock_their_child_once(db: &TestDb) {
+    let f = Fixture::new(db);
+    let pair = Pair::new(&f);
+    let ns = namespace("graphs");
+    for round in 0..ROUNDS {
+        let mut claims = Vec::new();
+        let mut parents = Vec::new();
+        for side in ["left", "right"] {
+            let q = queue(side);
+            let parent = f
+                .store
+                .enqueue(
+                    &pair.callers.0,
+                    &ns,
+                    &q,
+                    &json_brief(round),
+                    &EnqueueOptions::default(),
+                )
+                .unwrap();
+            claims.push(match f.store.claim(&pair.callers.0, &ns, &q).unwrap() {
+                ClaimOutcome::Granted(claimed) => claimed,
+                other => panic!("{other:?}"),
+            });
+            parents.push(parent);
+        }
+        let child = f
+            .store
+            .enqueue(
+                &pair.callers.0,
+                &ns,
+                &queue("fan-in"),
+                &json_brief(round),
+                &EnqueueOptions::default().after(parents.clone()),
+            )
+            .unwrap();
+        let key = IdempotencyKey::parse("done").unwrap();
+        let output = Output::bytes("ok");
+        let submit = |store: &Store, caller: &Caller, claimed: &tessera_store::Claimed| {
+            store.submit(caller, &claimed.task, claimed.lease.token(), &key, &output)
+        };
+        let (a, b) = pair.race(
+            |store, caller| submit(store, caller, &claims[0]),
+            |store, caller| submit(store, caller, &claims[1]),
+        );
+        assert!(matches!(a.unwrap(), Submitted::Accepted(_)));
+        assert!(matches!(b.unwrap(), Submitted::Accepted(_)));
+        assert_eq!(
+            child_state(&f, &pair.callers.0, &child),
+            StateName::Ready,
+            "round {round}"
+        );
+        f.store.cancel_task(&pair.callers.0, &child).unwrap();
+    }
+}
+
 conformance! {
+    a_childs_enqueue_and_its_parents_submission_at_once_never_strand_the_child,
+    two_parents_ended_at_once_from_two_stores_unblock_their_child_once,
     a_purge_and_a_retry_at_once_never_lose_the_retry,
     a_snooze_sent_twice_at_once_gives_the_try_back_once,
     batches_of_one_keys_in_other_orders_never_deadlock,

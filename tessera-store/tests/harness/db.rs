@@ -403,6 +403,18 @@ impl TestDb {
         self.set_schema_version(4);
     }
 
+    /// Rewrites the database as schema version 5 kept it: no edges
+    /// between tasks (and, on PostgreSQL, no count of a task's children),
+    /// and the version marker at 5.
+    pub(crate) fn downgrade_edges_to_version_five(&self) {
+        match &self.place {
+            Place::Sqlite { path, .. } => sqlite::downgrade_edges(path),
+            #[cfg(feature = "postgres")]
+            Place::Postgres { url, schema, .. } => pg::downgrade_edges(url, schema),
+        }
+        self.set_schema_version(5);
+    }
+
     /// Sets the try count of every attempt of every task.
     pub(crate) fn set_try_counts(&self, tries: u32) {
         match &self.place {

@@ -147,6 +147,15 @@ pub(super) fn downgrade_receipts(url: &str, schema: &str) {
         .unwrap();
 }
 
+pub(super) fn downgrade_edges(url: &str, schema: &str) {
+    client(url)
+        .batch_execute(&format!(
+            "SET search_path TO \"{schema}\"; BEGIN; DROP TABLE task_edges; \
+             ALTER TABLE tasks DROP COLUMN children; COMMIT;"
+        ))
+        .unwrap();
+}
+
 pub(super) fn rename_account(url: &str, schema: &str, principal: PrincipalId, account: &str) {
     client(url)
         .execute(

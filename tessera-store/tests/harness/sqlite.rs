@@ -145,6 +145,14 @@ pub(super) fn downgrade_receipts(path: &Path) {
         .unwrap();
 }
 
+pub(super) fn downgrade_edges(path: &Path) {
+    writer(path)
+        .execute_batch(
+            "BEGIN IMMEDIATE; DROP INDEX task_edges_child; DROP TABLE task_edges; COMMIT;",
+        )
+        .unwrap();
+}
+
 pub(super) fn rename_account(path: &Path, principal: PrincipalId, account: &str) {
     writer(path)
         .execute(

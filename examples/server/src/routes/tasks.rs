@@ -16,9 +16,10 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use tessera_store::lease::AttemptNumber;
 
+use tessera_store::limits::MAX_PARENTS;
 use tessera_store::{
     Brief, BriefVersion, BulkFilter, EnqueueOptions, Namespace, PartitionKey, QueueName, TaskId,
-    TaskQuery, UniqueKey, Uniqueness,
+    TaskQuery, TaskRef, UniqueKey, Uniqueness,
 };
 
 use super::{AppState, Route, object, queue_doc, queue_names, task_doc, task_ref};
@@ -26,9 +27,9 @@ use crate::auth::Authenticated;
 use crate::errors::{ApiError, JsonBody, path, query};
 use crate::limits::{
     self, ALTERNATIVES, ATTEMPT, DEBOUNCE_MS, ENQUEUE_BATCH, LEASE_MS, MAX_DEBOUNCE_MS,
-    MAX_TRIES_INPUT, NAMESPACE, ORDER, PARTITION_KEY, PRIORITY, QUEUE, STATE, TASK_CURSOR, TASK_ID,
-    TASK_TIMEOUT_MS, TASKS_LIMIT, TIME, UNIQUE_KEY, UNIQUE_MODE, UNIQUE_WINDOW_MS, VERSION,
-    any_value,
+    MAX_TRIES_INPUT, NAMESPACE, ORDER, PARTITION_KEY, PRIORITY, QUEUE, RUN_AFTER, STATE,
+    TASK_CURSOR, TASK_ID, TASK_TIMEOUT_MS, TASKS_LIMIT, TIME, UNIQUE_KEY, UNIQUE_MODE,
+    UNIQUE_WINDOW_MS, VERSION, any_value,
 };
 use crate::openapi::Doc;
 use tessera_client::wire::{self, NewTask, NewTasks, Unique};
@@ -49,9 +50,23 @@ fn new_task() -> Value {
             "timeout_ms": TASK_TIMEOUT_MS.schema(),
             "partition_key": PARTITION_KEY.schema(),
             "unique": unique_schema(),
+            "after": parents_schema(),
+            "run_after": RUN_AFTER.schema(),
         }),
         &["brief"],
     )
+}
+
+/// A new task's parents: each its id and version (default 1).
+pub(crate) fn parents_schema() -> Value {
+    json!({
+        "type": "array",
+        "maxItems": MAX_PARENTS,
+        "items": object(
+            json!({ "id": TASK_ID.schema(), "version": VERSION.schema() }),
+            &["id"],
+        ),
+    })
 }
 
 /// A unique enqueue's schema: the key, a window, the states in which a
@@ -181,6 +196,15 @@ pub(super) fn routes() -> Vec<Route> {
         ),
         Route::new(
             Method::GET,
+            "/v1/ns/{ns}/tasks/{task}/parents",
+            Some("parent_alternatives"),
+            version_query(task_doc(Doc::new("parent_alternatives", "what a task enqueued after others consumes: each parent, in the order stored, with its finished alternatives (one receipt per done attempt, with outputs)")))
+                .keyed()
+                .answers("200", "each parent with its receipts", Some(json!({ "type": "array" }))),
+            get(parent_alternatives),
+        ),
+        Route::new(
+            Method::GET,
             "/v1/ns/{ns}/tasks/{task}/attempts/{attempt}/receipt",
             Some("read_receipt"),
             version_query(
@@ -258,9 +282,12 @@ fn unique_of(unique: Unique) -> Result<Uniqueness, ApiError> {
     Ok(uniqueness)
 }
 
-/// A new task as the store's brief and options, each field checked
-/// against its limit.
-pub(crate) fn task_parts(task: NewTask) -> Result<(Brief, EnqueueOptions), ApiError> {
+/// A new task of `namespace` as the store's brief and options, each
+/// field checked against its limit.
+pub(crate) fn task_parts(
+    namespace: &Namespace,
+    task: NewTask,
+) -> Result<(Brief, EnqueueOptions), ApiError> {
     let mut options = EnqueueOptions::default();
     if let Some(id) = &task.id {
         options = options.with_task_id(TaskId::parse(id)?);
@@ -295,6 +322,24 @@ pub(crate) fn task_parts(task: NewTask) -> Result<(Brief, EnqueueOptions), ApiEr
     if let Some(unique) = task.unique {
         options = options.with_unique(unique_of(unique)?);
     }
+    let parents = limits::at_most("after", task.after, MAX_PARENTS)?
+        .into_iter()
+        .map(|parent| {
+            let version = match parent.version {
+                Some(version) => BriefVersion::new(VERSION.integer(version)? as u32)?,
+                None => BriefVersion::FIRST,
+            };
+            Ok(TaskRef::new(
+                namespace.clone(),
+                TaskId::parse(&parent.id)?,
+                version,
+            ))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    options = options.after(parents);
+    if let Some(rule) = &task.run_after {
+        options = options.with_run_after(limits::run_after(rule)?);
+    }
     Ok((Brief::Json(task.brief), options))
 }
 
@@ -306,7 +351,7 @@ async fn enqueue(
 ) -> Result<Response, ApiError> {
     let (ns, queue) = path(parts)?;
     let (ns, queue) = queue_names(&ns, &queue)?;
-    let (brief, options) = task_parts(request)?;
+    let (brief, options) = task_parts(&ns, request)?;
     let enqueued = state
         .call(move |store| store.enqueue_one(&caller, &ns, &queue, &brief, &options))
         .await?;
@@ -337,7 +382,7 @@ async fn enqueue_batch(
     let (ns, queue) = queue_names(&ns, &queue)?;
     ENQUEUE_BATCH.integer(request.tasks.len() as i64)?;
     let tasks = (request.tasks.into_iter())
-        .map(task_parts)
+        .map(|task| task_parts(&ns, task))
         .collect::<Result<Vec<_>, _>>()?;
     let enqueued = state
         .call(move |store| store.enqueue_batch(&caller, &ns, &queue, &tasks))
@@ -416,6 +461,29 @@ async fn alternatives(
         .await?;
     let receipts: Vec<Value> = receipts.iter().map(receipt_json).collect();
     Ok(Json(receipts).into_response())
+}
+
+async fn parent_alternatives(
+    State(state): State<Arc<AppState>>,
+    Authenticated(caller): Authenticated,
+    task: Result<Path<(String, String)>, PathRejection>,
+    fields: Result<Query<VersionField>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (ns, task) = path(task)?;
+    let task = task_ref(&ns, &task, query(fields)?.version.unwrap_or(1))?;
+    let parents = state
+        .call(move |store| store.parent_alternatives(&caller, &task))
+        .await?;
+    let parents: Vec<Value> = parents
+        .iter()
+        .map(|parent| {
+            json!({
+                "parent": parent.parent,
+                "receipts": parent.receipts.iter().map(receipt_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Json(parents).into_response())
 }
 
 /// A stored receipt as the routes answer it: its output as the JSON it

@@ -8,8 +8,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tessera_lease::{
     ArtifactKey, AttemptNumber, AttemptRecord, BriefVersion, ClaimKey, ClaimSource, ClaimableAt,
-    ConcurrencyLimit, FencingToken, LeaseRecord, Namespace, PartitionKey, Principal, QueueName,
-    Receipt, StateName, TaskId, TaskRecord, TaskState, UniqueKey, UniqueStates, first_claimable,
+    ConcurrencyLimit, FencingToken, LeaseRecord, Namespace, ParentEnd, PartitionKey, Principal,
+    QueueName, Receipt, RunAfter, StateName, TaskId, TaskRecord, TaskState, UniqueKey,
+    UniqueStates, first_claimable,
 };
 
 use crate::backend::{LoadedTask, Result, TaskHandle};
@@ -316,6 +317,29 @@ pub(crate) fn task_ref(namespace: &Namespace, id: &str, version: i64) -> Result<
         TaskId::parse(id).map_err(|_| corrupt("task row"))?,
         brief_version(version)?,
     ))
+}
+
+/// A stored task's reference read back from its namespace, id and version.
+pub(crate) fn stored_task_ref(namespace: &str, id: &str, version: i64) -> Result<TaskRef> {
+    let namespace = Namespace::parse(namespace).map_err(|_| corrupt("a task's namespace"))?;
+    task_ref(&namespace, id, version)
+}
+
+/// An ended edge read back: the child's reference and rule, with how its
+/// parent ended.
+pub(crate) fn ended_edge(
+    namespace: &str,
+    task_id: &str,
+    version: i64,
+    run_after: &str,
+    end: ParentEnd,
+) -> Result<super::EndedEdge> {
+    let namespace = Namespace::parse(namespace).map_err(|_| corrupt("an edge's namespace"))?;
+    Ok(super::EndedEdge {
+        child: task_ref(&namespace, task_id, version)?,
+        run_after: RunAfter::parse(run_after).ok_or_else(|| corrupt("an edge's rule"))?,
+        end,
+    })
 }
 
 /// A stored partition key read back.

@@ -32,6 +32,7 @@ use crate::error::{Error, StorageError, StorageErrorKind};
 use crate::model::access::{Caller, PrincipalId, Scope};
 use crate::model::ack::{Ack, AckAnswer, AckKind, Acked};
 use crate::model::task::{SubmitRequest, TaskRef, purged, whole_millis};
+use crate::ops::dependency;
 use crate::store::Store;
 
 /// One task of a batch, as loaded and as the rules leave it.
@@ -109,7 +110,7 @@ impl AckWrites<'_> {
         for handle in &self.released {
             writer.release_unique_slot(*handle)?;
         }
-        Ok(())
+        dependency::settle(writer, dependency::ended(&all), self.at)
     }
 }
 

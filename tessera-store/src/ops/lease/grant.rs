@@ -17,6 +17,7 @@ use crate::model::audit::{ActionScope, Trail};
 use crate::model::claim::EmptyReason;
 use crate::model::queue::QueueSettings;
 use crate::model::task::{Brief, TaskRef};
+use crate::ops::dependency;
 use crate::ops::lease::complete::AckWrites;
 use crate::ops::task::apply;
 use crate::state::waiting::{ClaimRequest, QueueKey};
@@ -591,7 +592,10 @@ pub(super) fn grant_locked(
         .collect();
     match carried {
         Some(writes) => writes.write_with(writer, &changes, &events)?,
-        None => writer.write_acknowledged(&changes, &[], &events)?,
+        None => {
+            writer.write_acknowledged(&changes, &[], &events)?;
+            dependency::settle(writer, dependency::ended(&changes), now)?;
+        }
     }
     for (loaded, rules) in &leased {
         if rules.record().leaves_unique_slot(loaded.unique_held) {

@@ -7,6 +7,7 @@ use tessera_lease::{Namespace, Task, TaskRecord};
 use crate::backend::{TaskChange, TaskHandle};
 use crate::model::audit::ActionScope;
 use crate::model::task::not_found;
+use crate::ops::dependency;
 
 use tessera_audit::Action;
 use tessera_lease::{FencingToken, Lease, check_progress_size};
@@ -99,6 +100,7 @@ impl Store {
             if rules.record().leaves_unique_slot(held) {
                 writer.release_unique_slot(handle)?;
             }
+            dependency::settle_one(writer, handle, &before, rules.record(), now)?;
             let resource = task.grant_resource(lease.attempt(), lease.token());
             Ok((lease, resource))
         })?;
@@ -199,6 +201,7 @@ impl Store {
                 })
                 .collect();
             writer.write_acknowledged(&changes, &[], &events)?;
+            dependency::settle(writer, dependency::ended(&changes), now)?;
             Ok(answers)
         });
         match result {

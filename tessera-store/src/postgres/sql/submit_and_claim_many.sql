@@ -56,7 +56,7 @@ WITH c AS MATERIALIZED (
     SELECT c.i, t.id, t.queue, t.task_id, t.version, NULL::bytea AS brief, t.brief_format,
         t.lapse_backoff_ms, t.last_token, t.claimable_at, t.created_at, t.max_tries,
         t.priority, t.partition_key, t.unique_key, t.unique_states, t.lease_ms,
-        t.deadline_at, t.alternatives
+        t.deadline_at, t.alternatives, t.children
     FROM c JOIN tasks t ON t.namespace = c.task_namespace AND t.task_id = c.task_id
         AND t.version = c.task_version
     ORDER BY t.id FOR KEY SHARE OF t
@@ -70,8 +70,9 @@ WITH c AS MATERIALIZED (
     SELECT st.i, st.id, GREATEST(c.now, sa.granted_at) AS accepted_at,
         row_number() OVER (ORDER BY st.i) AS rank
     FROM st JOIN sa ON sa.i = st.i JOIN c ON c.i = st.i
-    WHERE st.alternatives = 1 AND st.unique_states IS NULL AND sa.state = 'leased'
-        AND sa.token = c.token AND sa.holder = c.submitter AND sa.expires_at > c.now
+    WHERE st.alternatives = 1 AND st.unique_states IS NULL AND st.children = 0
+        AND sa.state = 'leased' AND sa.token = c.token AND sa.holder = c.submitter
+        AND sa.expires_at > c.now
         AND NOT EXISTS (
             SELECT 1 FROM attempts r
             WHERE r.task = st.id AND r.holder = c.submitter

@@ -23,7 +23,11 @@
 -- so the two are ordered there.
 --
 -- `sok` is the one shape decided here: a single attempt, leased under
--- the token to the submitter and not expired, no unique slot, no receipt
+-- the token to the submitter and not expired, no unique slot, no
+-- children waiting on the task (their edges end in the general
+-- transaction; a child's enqueue locks its parent `FOR UPDATE` before it
+-- counts itself there, so `st`, waiting on that lock, reads the count
+-- the enqueue wrote), no receipt
 -- under the key (the task's id comes in as a scalar, so the search is
 -- one descent of `attempts_receipt_key` on all three columns). It stamps the
 -- acceptance at the later of now and the grant, as the lease rules do
@@ -44,7 +48,7 @@
 WITH st AS MATERIALIZED (
     SELECT id, queue, task_id, version, NULL::bytea AS brief, brief_format,
         lapse_backoff_ms, last_token, claimable_at, created_at, max_tries, priority,
-        partition_key, unique_key, unique_states, lease_ms, deadline_at, alternatives
+        partition_key, unique_key, unique_states, lease_ms, deadline_at, alternatives, children
     FROM tasks
     WHERE namespace = $11 /* task_namespace */ AND task_id = $12 /* task_id */
         AND version = $13 /* task_version */
@@ -57,8 +61,9 @@ WITH st AS MATERIALIZED (
 ), sok AS (
     SELECT st.id, GREATEST($3::bigint /* now */, sa.granted_at) AS accepted_at
     FROM st JOIN sa ON true
-    WHERE st.alternatives = 1 AND st.unique_states IS NULL AND sa.state = 'leased'
-        AND sa.token = $14::bigint /* token */ AND sa.holder = $15::text /* submitter */
+    WHERE st.alternatives = 1 AND st.unique_states IS NULL AND st.children = 0
+        AND sa.state = 'leased' AND sa.token = $14::bigint /* token */
+        AND sa.holder = $15::text /* submitter */
         AND sa.expires_at > $3::bigint /* now */
         AND NOT EXISTS (
             SELECT 1 FROM attempts r

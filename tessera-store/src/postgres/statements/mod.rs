@@ -24,6 +24,7 @@ macro_rules! task_columns {
 mod attempts;
 mod audit;
 mod claim;
+mod edges;
 mod health;
 mod keys;
 mod limits;
@@ -37,6 +38,7 @@ mod unique_slots;
 pub(super) use attempts::*;
 pub(super) use audit::*;
 pub(super) use claim::*;
+pub(super) use edges::*;
 pub(super) use health::*;
 pub(super) use keys::*;
 pub(super) use limits::*;

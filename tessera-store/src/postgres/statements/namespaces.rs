@@ -25,5 +25,6 @@ pub(in crate::postgres) const PURGE_EMPTY_NAMESPACES: &str = "DELETE FROM namesp
 pub(in crate::postgres) const PURGE_SESSION_TASKS: &str = "WITH doomed AS (SELECT t.id FROM namespaces n \
      JOIN tasks t ON t.namespace = n.name WHERE n.purge_at IS NOT NULL AND n.purge_at <= $1 \
      ORDER BY t.id LIMIT $2 FOR UPDATE OF t SKIP LOCKED), \
-     attempts_gone AS (DELETE FROM attempts WHERE task IN (SELECT id FROM doomed)) \
+     attempts_gone AS (DELETE FROM attempts WHERE task IN (SELECT id FROM doomed)), \
+     edges_gone AS (DELETE FROM task_edges WHERE child IN (SELECT id FROM doomed)) \
      DELETE FROM tasks WHERE id IN (SELECT id FROM doomed)";

@@ -48,6 +48,8 @@ pub(in crate::postgres) const DELETE_TASKS: &str = "WITH gone AS (SELECT id, nam
      u AS (DELETE FROM unique_slots s USING gone g WHERE g.unique_slot IS NOT NULL \
      AND s.namespace = g.namespace AND s.queue = g.queue AND s.slot = g.unique_slot \
      AND s.task_id = g.task_id RETURNING 1), \
+     ep AS (DELETE FROM task_edges WHERE parent IN (SELECT id FROM gone) RETURNING 1), \
+     ec AS (DELETE FROM task_edges WHERE child IN (SELECT id FROM gone) RETURNING 1), \
      t AS (DELETE FROM tasks WHERE id IN (SELECT id FROM gone) RETURNING 1) \
      SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM u) \
-     + (SELECT count(*) FROM t)";
+     + (SELECT count(*) FROM ep) + (SELECT count(*) FROM ec) + (SELECT count(*) FROM t)";

@@ -519,4 +519,25 @@ impl ReadTransaction for PgTransaction<'_> {
             .map(|row| self.load(row))
             .transpose()
     }
+
+    fn parents_of(&self, child: TaskHandle) -> Result<Vec<TaskRef>> {
+        self.query(PARENTS_OF, &[&child.0])?
+            .iter()
+            .map(|row| {
+                rows::stored_task_ref(
+                    row.try_get("namespace")?,
+                    row.try_get("task_id")?,
+                    row.try_get("version")?,
+                )
+            })
+            .collect()
+    }
+
+    fn open_parents(&self, child: TaskHandle) -> Result<u64> {
+        let open: i64 = match self.query_opt(OPEN_PARENTS, &[&child.0])? {
+            Some(row) => row.try_get(0)?,
+            None => 0,
+        };
+        Ok(u64::try_from(open).unwrap_or(0))
+    }
 }

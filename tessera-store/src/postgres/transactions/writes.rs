@@ -5,8 +5,8 @@ use chrono::{DateTime, Utc};
 use postgres::types::ToSql;
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, Namespace, PartitionKey, QueueName, ScheduleName, TaskRecord, UniqueKey,
-    UniqueSlot,
+    AttemptNumber, Namespace, ParentEnd, PartitionKey, QueueName, ScheduleName, TaskRecord,
+    UniqueKey, UniqueSlot,
 };
 
 use crate::backend::rows::{
@@ -14,9 +14,9 @@ use crate::backend::rows::{
     TaskWrites, claimable_column, count, duration_millis, millis, minute_number, to_json,
 };
 use crate::backend::{
-    FinishedTask, KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire, NewKey, NewReceipt,
-    NewTask, Purge, ReadTransaction, ReceiptKey, Result, RowLock, ScheduleRow, TaskChange,
-    TaskHandle, WriteTransaction,
+    EndedEdge, FinishedTask, KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewEdge, NewFire,
+    NewKey, NewReceipt, NewTask, Purge, ReadTransaction, ReceiptKey, Result, RowLock, ScheduleRow,
+    TaskChange, TaskHandle, WriteTransaction,
 };
 use crate::error::{StorageError, StorageErrorKind};
 use crate::key::KeyId;
@@ -437,6 +437,38 @@ impl WriteTransaction for PgTransaction<'_> {
             }
         }
         Ok(tasks)
+    }
+
+    fn insert_edges(&self, edges: &[NewEdge]) -> Result<()> {
+        if edges.is_empty() {
+            return Ok(());
+        }
+        let parents: Vec<i64> = edges.iter().map(|edge| edge.parent.0).collect();
+        let children: Vec<i64> = edges.iter().map(|edge| edge.child.0).collect();
+        let rules: Vec<&str> = edges.iter().map(|edge| edge.run_after.as_str()).collect();
+        self.execute(INSERT_EDGES, &[&parents, &children, &rules])?;
+        Ok(())
+    }
+
+    fn end_edges(&self, parents: &[(TaskHandle, ParentEnd)]) -> Result<Vec<EndedEdge>> {
+        if parents.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<i64> = parents.iter().map(|(handle, _)| handle.0).collect();
+        let ends: Vec<&str> = parents.iter().map(|(_, end)| end.as_str()).collect();
+        self.query(END_EDGES, &[&ids, &ends])?
+            .iter()
+            .map(|row| {
+                let end: String = row.try_get("ended")?;
+                rows::ended_edge(
+                    row.try_get("namespace")?,
+                    row.try_get("task_id")?,
+                    row.try_get("version")?,
+                    row.try_get("run_after")?,
+                    ParentEnd::parse(&end).ok_or_else(|| rows::corrupt("an edge's end"))?,
+                )
+            })
+            .collect()
     }
 
     fn delete_tasks(&self, handles: &[TaskHandle]) -> Result<usize> {

@@ -27,7 +27,7 @@ pub(crate) use tables::table_names;
 use tables::{INDEXES, RETIRED_INDEXES, RETIRED_TABLES, TABLES};
 
 /// The schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The marker table and key that hold the schema version.
 const META_TABLE: &str = "tessera_meta";

@@ -257,6 +257,20 @@ pub(crate) const TABLES: &[Table] = &[
         ],
         clustered_key: Some(&["namespace", "queue", "slot"]),
     },
+    // Tasks that wait for other tasks (version 6): one row per edge,
+    // clustered on (parent, child), so the end of a parent reads and
+    // marks its children's edges as one range. `ended` is how the parent
+    // ended (`done`, `failed`, `cancelled`), NULL while it has not.
+    Table {
+        name: "task_edges",
+        columns: &[
+            ("parent", "INTEGER NOT NULL"),
+            ("child", "INTEGER NOT NULL"),
+            ("run_after", "TEXT NOT NULL"),
+            ("ended", "TEXT"),
+        ],
+        clustered_key: Some(&["parent", "child"]),
+    },
     // A queue's settings while one differs from the default (version 4):
     // paused since `paused_at`, and its concurrency limits (NULL: none).
     Table {
@@ -457,6 +471,15 @@ pub(crate) const INDEXES: &[Index] = &[
         table: "attempts",
         unique: false,
         columns: &["namespace", "changed_at", "task", "number"],
+        filter: None,
+    },
+    // A child's edges, for the count of its parents not ended and the
+    // read of their receipts.
+    Index {
+        name: "task_edges_child",
+        table: "task_edges",
+        unique: false,
+        columns: &["child", "parent"],
         filter: None,
     },
     // Windowed unique slots by when their window ends, for retention.

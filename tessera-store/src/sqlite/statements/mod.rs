@@ -16,6 +16,7 @@
 pub(super) mod attempts;
 pub(super) mod audit;
 pub(super) mod claim;
+pub(super) mod edges;
 pub(super) mod health;
 pub(super) mod keys;
 pub(super) mod limits;
@@ -65,6 +66,26 @@ pub(crate) struct HotStatement {
 /// Every statement on a request path (see the module docs).
 #[cfg(test)]
 pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
+    HotStatement {
+        name: "insert edge",
+        sql: edges::INSERT_EDGE,
+    },
+    HotStatement {
+        name: "open children of a parent",
+        sql: edges::OPEN_CHILDREN,
+    },
+    HotStatement {
+        name: "end edges",
+        sql: edges::END_EDGES,
+    },
+    HotStatement {
+        name: "open parents of a child",
+        sql: edges::OPEN_PARENTS,
+    },
+    HotStatement {
+        name: "parents of a child",
+        sql: edges::PARENTS_OF,
+    },
     HotStatement {
         name: "key by key id",
         sql: keys::KEY_BY_KEY_ID,
@@ -138,8 +159,12 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::PURGE_SESSION_TASKS[0],
     },
     HotStatement {
-        name: "purge session tasks",
+        name: "purge session edges",
         sql: tasks::PURGE_SESSION_TASKS[1],
+    },
+    HotStatement {
+        name: "purge session tasks",
+        sql: tasks::PURGE_SESSION_TASKS[2],
     },
     HotStatement {
         name: "purge namespaces",
@@ -282,12 +307,20 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: tasks::DELETE_TASK[0],
     },
     HotStatement {
-        name: "purge a task's unique slot",
+        name: "purge a task's edges to its children",
         sql: tasks::DELETE_TASK[1],
     },
     HotStatement {
-        name: "purge a task",
+        name: "purge a task's edges to its parents",
         sql: tasks::DELETE_TASK[2],
+    },
+    HotStatement {
+        name: "purge a task's unique slot",
+        sql: tasks::DELETE_TASK[3],
+    },
+    HotStatement {
+        name: "purge a task",
+        sql: tasks::DELETE_TASK[4],
     },
     HotStatement {
         name: "trim a schedule's fires",

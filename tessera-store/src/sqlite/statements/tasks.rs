@@ -267,9 +267,12 @@ pub(crate) fn task_place(
 }
 
 /// The deletes of one task with every row of its own: its attempts
-/// (with their receipts), its unique slot, the task.
-pub(crate) const DELETE_TASK: [&str; 3] = [
+/// (with their receipts), its unique slot, its edges to parents and
+/// children, the task.
+pub(crate) const DELETE_TASK: [&str; 5] = [
     "DELETE FROM attempts WHERE task = ?1",
+    "DELETE FROM task_edges WHERE parent = ?1",
+    "DELETE FROM task_edges WHERE child = ?1",
     "DELETE FROM unique_slots WHERE (namespace, queue, slot, task_id) IN \
      (SELECT namespace, queue, unique_slot, task_id FROM tasks \
      WHERE id = ?1 AND unique_slot IS NOT NULL)",
@@ -295,10 +298,12 @@ macro_rules! session_tasks {
 }
 
 /// A batch of purged sessions' tasks: their attempts (with their
-/// receipts), then the tasks themselves, each statement over the same
-/// batch.
-pub(crate) const PURGE_SESSION_TASKS: [&str; 2] = [
+/// receipts), their edges to their parents (a task's parents are of its
+/// namespace, so every edge goes with its child), then the tasks
+/// themselves, each statement over the same batch.
+pub(crate) const PURGE_SESSION_TASKS: [&str; 3] = [
     concat!("DELETE FROM attempts WHERE task IN ", session_tasks!()),
+    concat!("DELETE FROM task_edges WHERE child IN ", session_tasks!()),
     concat!("DELETE FROM tasks WHERE id IN ", session_tasks!()),
 ];
 
@@ -309,8 +314,9 @@ pub(crate) fn purge_session_tasks(
     threshold: i64,
     limit: i64,
 ) -> rusqlite::Result<usize> {
-    let [attempts, tasks] = PURGE_SESSION_TASKS;
+    let [attempts, edges, tasks] = PURGE_SESSION_TASKS;
     writer.execute(attempts, params![threshold, limit])?;
+    writer.execute(edges, params![threshold, limit])?;
     writer.execute(tasks, params![threshold, limit])
 }
 

@@ -25,8 +25,8 @@ use crate::model::queue::QueueSettings;
 use crate::model::task::{ListOrder, StoredReceipt, TaskCursor, TaskListing, TaskRef};
 use crate::sqlite::readers::Reader;
 use crate::sqlite::statements::{
-    attempts, audit, claim, health, keys, limits, meta, namespaces, queues, receipts, schedules,
-    tasks,
+    attempts, audit, claim, edges, health, keys, limits, meta, namespaces, queues, receipts,
+    schedules, tasks,
 };
 use crate::sqlite::writer::Writer;
 
@@ -388,6 +388,17 @@ impl ReadTransaction for Reader<'_> {
             .map(|row| load(self, row))
             .transpose()
     }
+
+    fn open_parents(&self, child: TaskHandle) -> Result<u64> {
+        Ok(u64::try_from(edges::open_parents(self, child.0)?).unwrap_or(0))
+    }
+
+    fn parents_of(&self, child: TaskHandle) -> Result<Vec<TaskRef>> {
+        edges::parents_of(self, child.0)?
+            .into_iter()
+            .map(|(namespace, id, version)| rows::stored_task_ref(&namespace, &id, version))
+            .collect()
+    }
 }
 
 /// A write transaction reads through its own connection, seeing its own
@@ -434,6 +445,8 @@ reads_through_writer! {
     namespace_names(after: Option<&Namespace>, limit: usize) -> Result<Vec<Namespace>>;
     finished_attempts(namespace: &Namespace, state: StateName, cutoff: DateTime<Utc>, after: FinishedPosition, limit: usize) -> Result<Vec<FinishedPosition>>;
     task_by_handle(handle: TaskHandle) -> Result<Option<LoadedTask>>;
+    open_parents(child: TaskHandle) -> Result<u64>;
+    parents_of(child: TaskHandle) -> Result<Vec<TaskRef>>;
     schedule(namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>>;
     schedules_of(namespace: &Namespace, after: Option<&ScheduleName>, limit: usize) -> Result<Vec<ScheduleRow>>;
     active_schedules(after: Option<(&Namespace, &ScheduleName)>, limit: usize) -> Result<Vec<ScheduleRow>>;

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use tessera_audit::{AuditEvent, Counter};
 use tessera_lease::{
-    AttemptNumber, Namespace, PartitionKey, QueueName, ScheduleName, TaskRecord, UniqueKey,
-    UniqueSlot,
+    AttemptNumber, Namespace, ParentEnd, PartitionKey, QueueName, ScheduleName, TaskRecord,
+    UniqueKey, UniqueSlot,
 };
 
 use super::load;
@@ -14,8 +14,8 @@ use crate::backend::rows::{
     TaskWrites, claimable_column, corrupt, count, duration_millis, millis, minute_number, to_json,
 };
 use crate::backend::{
-    FinishedTask, KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewFire, NewKey, NewTask,
-    Purge, ReadTransaction, Result, ScheduleRow, TaskHandle, WriteTransaction,
+    EndedEdge, FinishedTask, KeyChange, LimitWindow, LoadedTask, NamespaceKind, NewEdge, NewFire,
+    NewKey, NewTask, Purge, ReadTransaction, Result, ScheduleRow, TaskHandle, WriteTransaction,
 };
 use crate::key::KeyId;
 use crate::model::access::{PrincipalId, PrincipalKind};
@@ -23,7 +23,7 @@ use crate::model::queue::QueueSettings;
 use crate::model::task::TaskRef;
 use crate::sqlite::statements::unique_slots::{self, Take};
 use crate::sqlite::statements::{
-    attempts, audit, keys, limits, meta, namespaces, queues, schedules, tasks,
+    attempts, audit, edges, keys, limits, meta, namespaces, queues, schedules, tasks,
 };
 use crate::sqlite::writer::Writer;
 
@@ -157,6 +157,27 @@ impl WriteTransaction for Writer<'_> {
             tasks.push(task);
         }
         Ok(tasks)
+    }
+
+    fn insert_edges(&self, new: &[NewEdge]) -> Result<()> {
+        for edge in new {
+            edges::insert_edge(self, edge.parent.0, edge.child.0, edge.run_after.as_str())?;
+        }
+        Ok(())
+    }
+
+    fn end_edges(&self, parents: &[(TaskHandle, ParentEnd)]) -> Result<Vec<EndedEdge>> {
+        let mut ended = Vec::new();
+        for (parent, end) in parents {
+            for (_, run_after, namespace, task_id, version) in
+                edges::end_edges(self, parent.0, end.as_str())?
+            {
+                ended.push(rows::ended_edge(
+                    &namespace, &task_id, version, &run_after, *end,
+                )?);
+            }
+        }
+        Ok(ended)
     }
 
     fn delete_tasks(&self, handles: &[TaskHandle]) -> Result<usize> {

@@ -1,0 +1,81 @@
+//! The `task_edges` table: a child task waiting on a parent, written at
+//! the child's enqueue and marked ended, once, in the transaction that
+//! ends the parent.
+
+use rusqlite::params;
+
+use crate::sqlite::readers::Reader;
+use crate::sqlite::writer::Writer;
+
+pub(crate) const INSERT_EDGE: &str = "INSERT INTO task_edges (parent, child, run_after) \
+     VALUES (?1, ?2, ?3) ON CONFLICT (parent, child) DO NOTHING";
+
+/// Writes one edge; a repeated one changes nothing.
+pub(crate) fn insert_edge(
+    writer: &Writer<'_>,
+    parent: i64,
+    child: i64,
+    run_after: &str,
+) -> rusqlite::Result<usize> {
+    writer.execute(INSERT_EDGE, params![parent, child, run_after])
+}
+
+pub(crate) const OPEN_CHILDREN: &str = "SELECT e.child, e.run_after, t.namespace, t.task_id, \
+     t.version FROM task_edges e JOIN tasks t ON t.id = e.child \
+     WHERE e.parent = ?1 AND e.ended IS NULL ORDER BY e.child";
+
+pub(crate) const END_EDGES: &str =
+    "UPDATE task_edges SET ended = ?2 WHERE parent = ?1 AND ended IS NULL";
+
+/// An open edge of a parent: the child's row id, its rule, and its
+/// namespace, id and version.
+pub(crate) type OpenChild = (i64, String, String, String, i64);
+
+/// Marks the open edges of `parent` ended as `end`, and answers them.
+pub(crate) fn end_edges(
+    writer: &Writer<'_>,
+    parent: i64,
+    end: &str,
+) -> rusqlite::Result<Vec<OpenChild>> {
+    let reader: &Reader<'_> = writer;
+    let children = reader.all(OPEN_CHILDREN, [parent], |row| {
+        Ok((
+            row.get("child")?,
+            row.get("run_after")?,
+            row.get("namespace")?,
+            row.get("task_id")?,
+            row.get("version")?,
+        ))
+    })?;
+    if !children.is_empty() {
+        writer.execute(END_EDGES, params![parent, end])?;
+    }
+    Ok(children)
+}
+
+pub(crate) const PARENTS_OF: &str = "SELECT t.namespace, t.task_id, t.version \
+     FROM task_edges e JOIN tasks t ON t.id = e.parent WHERE e.child = ?1 ORDER BY e.parent";
+
+/// The parents of `child`: each one's namespace, id and version.
+pub(crate) fn parents_of(
+    reader: &Reader<'_>,
+    child: i64,
+) -> rusqlite::Result<Vec<(String, String, i64)>> {
+    reader.all(PARENTS_OF, [child], |row| {
+        Ok((
+            row.get("namespace")?,
+            row.get("task_id")?,
+            row.get("version")?,
+        ))
+    })
+}
+
+pub(crate) const OPEN_PARENTS: &str =
+    "SELECT count(*) AS open FROM task_edges WHERE child = ?1 AND ended IS NULL";
+
+/// How many parents of `child` have not ended.
+pub(crate) fn open_parents(reader: &Reader<'_>, child: i64) -> rusqlite::Result<i64> {
+    Ok(reader
+        .optional(OPEN_PARENTS, [child], |row| row.get("open"))?
+        .unwrap_or(0))
+}

@@ -24,9 +24,9 @@ use chrono::{DateTime, Utc};
 use tessera_store::limits::PRACTICE_QUEUE;
 use tessera_store::{
     Brief, BulkFilter, Caller, ClaimOutcome, Claimed, Clock, ConcurrencyLimit, EmptyReason,
-    EnqueueOptions, Grant, IdempotencyKey, IssuedKey, KeySpec, ManualClock, MeterSnapshot,
-    MintConfig, Namespace, Output, PartitionKey, QueueName, ScheduleName, ScheduleSpec, Scope,
-    Secret, StateName, Store, StoreConfig, TaskRef, UniqueKey, Uniqueness,
+    EnqueueOptions, Failure, Grant, IdempotencyKey, IssuedKey, KeySpec, ManualClock, MeterSnapshot,
+    MintConfig, Namespace, Output, PartitionKey, QueueName, Retry, ScheduleName, ScheduleSpec,
+    Scope, Secret, StateName, Store, StoreConfig, TaskRef, UniqueKey, Uniqueness,
 };
 
 /// What a row is held to.
@@ -497,6 +497,84 @@ fn bulk_and_progress(s: &mut Scenario<'_>) {
     );
 }
 
+/// Tasks that wait for others: an enqueue after three parents, a
+/// parent's submission that makes three children ready, and a parent's
+/// failure that cancels three.
+fn dependencies(s: &mut Scenario<'_>) {
+    let ns = namespace("graphs");
+    let q = queue("steps");
+    let worker = s.worker();
+    let parents: Vec<TaskRef> = (0..3)
+        .map(|n| enqueue(&s.store, &worker, &ns, &q, n))
+        .collect();
+    let (_, cost) = s.request(|store, caller| {
+        store
+            .enqueue(
+                caller,
+                &ns,
+                &queue("after"),
+                &brief(3),
+                &EnqueueOptions::default().after(parents.clone()),
+            )
+            .expect("enqueued")
+    });
+    s.push(
+        "Enqueue after 3 parents (`after`: each parent locked and read, an edge each)",
+        cost,
+        "–",
+        "–",
+        Target::None,
+    );
+    for (label, fail) in [("ready", false), ("cancelled (`parent_failed`)", true)] {
+        let parent = enqueue(&s.store, &worker, &ns, &queue("parents"), 10);
+        for n in 0..3 {
+            s.store
+                .enqueue(
+                    &worker,
+                    &ns,
+                    &queue("children"),
+                    &brief(n),
+                    &EnqueueOptions::default().after([parent.clone()]),
+                )
+                .expect("enqueued");
+        }
+        let claimed = granted(
+            s.store
+                .claim(&worker, &ns, &queue("parents"))
+                .expect("a claim"),
+        );
+        let (_, cost) = s.request(|store, caller| {
+            if fail {
+                store
+                    .fail(
+                        caller,
+                        &claimed.task,
+                        claimed.lease.token(),
+                        Failure::with_error(Retry::Never, "no"),
+                    )
+                    .map(|_| ())
+            } else {
+                store
+                    .submit(
+                        caller,
+                        &claimed.task,
+                        claimed.lease.token(),
+                        &IdempotencyKey::parse("done").expect("a key"),
+                        &Output::bytes("ok"),
+                    )
+                    .map(|_| ())
+            }
+            .expect("acknowledged")
+        });
+        let request = if fail {
+            format!("A parent's failure for good that leaves 3 children {label}")
+        } else {
+            format!("A parent's submission that makes its 3 children {label}")
+        };
+        s.push(&request, cost, "–", "–", Target::None);
+    }
+}
+
 fn sessions(s: &mut Scenario<'_>) {
     let (_, cost) = s
         .store
@@ -772,6 +850,7 @@ fn main() {
     schedules(&mut s);
     unique_tasks(&mut s);
     bulk_and_progress(&mut s);
+    dependencies(&mut s);
     let (idle, purged, breakdown) = idle_day(dir.path());
     s.push(
         "Idle worker polling an empty queue, rows a simulated day written by its polls (their counter rows included)",

@@ -411,6 +411,9 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
     if scenario.injected.is_none() && scenario.kinds.contains(&Fault::PauseHolder) && refused == 0 {
         missed.push("PauseHolder: no stale heartbeat or submission shown refused".to_owned());
     }
+    if graphs_ran(&history) == 0 {
+        missed.push("Graphs: no task enqueued after parents was granted".to_owned());
+    }
     let purged = end.retention.as_ref().map_or(0, |r| r.purged_total());
     if scenario.purges_must_land && purged == 0 {
         missed.push("Retention: no task purged while the run went on".to_owned());
@@ -454,6 +457,31 @@ pub(crate) fn execute(db: &TestDb, scenario: &Scenario, seed: u64) -> Executed {
         toothless,
         kept,
     }
+}
+
+/// How many grants of tasks enqueued after parents the history
+/// acknowledged: the graphs the producer made, run.
+fn graphs_ran(history: &History) -> usize {
+    let children: std::collections::BTreeSet<&str> = history
+        .steps()
+        .iter()
+        .filter_map(|step| match (&step.operation, step.completion.outcome()) {
+            (Operation::Enqueue { task, after, .. }, Some(Outcome::Enqueued))
+                if !after.is_empty() =>
+            {
+                Some(task.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    history
+        .steps()
+        .iter()
+        .filter(|step| {
+            matches!(step.completion.outcome(),
+                Some(Outcome::Granted { task, .. }) if children.contains(task.as_str()))
+        })
+        .count()
 }
 
 /// What shows that the run's excuses of purged tasks rest on their

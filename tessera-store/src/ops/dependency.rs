@@ -18,6 +18,7 @@ use tessera_lease::{
 use crate::backend::{LoadedTask, NewEdge, TaskChange, TaskHandle, WriteTransaction};
 use crate::error::{Error, corrupt};
 use crate::model::task::TaskRef;
+use crate::store;
 
 /// The most parents one statement marks ended; a failure's cancellations
 /// reach further generations a round at a time.
@@ -43,6 +44,7 @@ pub(crate) fn settle(
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
     let mut cascade = Cascade::of(ended);
+    let mut woken = BTreeSet::new();
     while !cascade.is_done() {
         let parents = cascade.next(ENDS_PER_STATEMENT);
         let edges = writer.end_edges(&parents)?;
@@ -59,7 +61,7 @@ pub(crate) fn settle(
         }
         let refs: Vec<&TaskRef> = children.keys().collect();
         let loaded = writer.lock_tasks(&refs)?;
-        for ((_, (run_after, ends)), loaded) in children.iter().zip(loaded) {
+        for ((child, (run_after, ends)), loaded) in children.iter().zip(loaded) {
             // A child purged meanwhile has no one to tell.
             let Some(loaded) = loaded else { continue };
             let open = writer.reads().open_parents(loaded.handle)?;
@@ -95,6 +97,11 @@ pub(crate) fn settle(
             }
             if let Some(end) = rules.record().ended_since(&before) {
                 cascade.ended((loaded.handle, end));
+            } else if woken.insert((child.namespace.clone(), loaded.queue.clone())) {
+                // Claimable now: other processes' stores hear it once this
+                // commits, and this store wakes the queue then.
+                writer.signal_enqueued(&child.namespace, &loaded.queue)?;
+                store::wake_after_commit(&child.namespace, &loaded.queue);
             }
         }
     }

@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 
 use tessera_admission::MintAllowance;
 use tessera_audit::{AddressHasher, CounterBuffer, ObservationCoalescer, RetentionSchedule};
-use tessera_lease::Jitter;
+use tessera_lease::{Jitter, Namespace, QueueName};
 
 use crate::backend::{Backend, OpenPolicy, ReadTransaction, Signal, SignalSink, WriteTransaction};
 use crate::clock::{Clock, storable};
@@ -50,6 +50,30 @@ use crate::state::health::HealthCache;
 use crate::state::signals::QueueSignals;
 
 pub(crate) mod compose;
+
+thread_local! {
+    /// Queues a write transaction on this thread made work claimable in
+    /// other than by an enqueue (a task whose last parent ended), to wake
+    /// once it commits.
+    static WOKEN: std::cell::RefCell<Vec<(Namespace, QueueName)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Wakes `queue` of `namespace` (idle pacing starts again, long-polls
+/// wake) once the write transaction running on this thread commits.
+pub(crate) fn wake_after_commit(namespace: &Namespace, queue: &QueueName) {
+    WOKEN.with(|woken| {
+        let mut woken = woken.borrow_mut();
+        let key = (namespace.clone(), queue.clone());
+        if !woken.contains(&key) {
+            woken.push(key);
+        }
+    });
+}
+
+fn take_woken() -> Vec<(Namespace, QueueName)> {
+    WOKEN.with(|woken| std::mem::take(&mut *woken.borrow_mut()))
+}
 
 /// A Tessera store over one database.
 ///
@@ -351,10 +375,18 @@ impl Store {
         let committed = self
             .backend
             .write(now, &mut |writer| {
+                // A run tried again starts with nothing to wake.
+                drop(take_woken());
                 value = Some(work(writer)?);
                 Ok(())
             })
-            .map_err(|error| error.refusal_dated(now))?;
+            .map_err(|error| {
+                drop(take_woken());
+                error.refusal_dated(now)
+            })?;
+        for (namespace, queue) in take_woken() {
+            self.queue_received_work(&namespace, &queue);
+        }
         let value = value.expect("a committed transaction ran its work");
         Ok((value, committed.tail))
     }

@@ -6,12 +6,13 @@
 
 use std::sync::{Arc, Barrier};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use tessera_store::lease::StateName;
 use tessera_store::{
     Brief, Caller, ClaimOutcome, Claimed, EnqueueOptions, Error, Failure, Grant, IdempotencyKey,
     Namespace, Output, Retry, RunAfter, SubmitRequest, Submitted, TaskId, TaskQuery, TaskRef,
-    TaskState, Worker, WorkerOptions,
+    TaskState, WaitOutcome, Worker, WorkerOptions,
 };
 
 use crate::harness::{Fixture, TestDb, json_brief, namespace, queue};
@@ -26,6 +27,7 @@ conformance!(
     parents_ended_by_eight_threads_at_once_unblock_their_child_once,
     an_upgrade_from_version_five_keeps_every_task_and_takes_parents_after,
     a_comparison_reads_every_alternative_of_its_parents,
+    a_child_made_ready_wakes_a_long_poll_on_its_queue,
 );
 
 fn ns() -> Namespace {
@@ -585,4 +587,32 @@ fn a_comparison_reads_every_alternative_of_its_parents(db: &TestDb) {
         f.store.parent_alternatives(&caller, &reference("nowhere")),
         Err(Error::NotFound { .. })
     ));
+}
+
+/// A child made ready by its parent's end wakes a long-poll on its queue,
+/// as an enqueue does (the store's clock never moves here, so only a wake
+/// ends the poll before the test moves it).
+fn a_child_made_ready_wakes_a_long_poll_on_its_queue(db: &TestDb) {
+    let f = Fixture::new(db);
+    let caller = f.login(&f.full_worker(Grant::AllNamespaces));
+    put(&f, &caller, "briefs", "brief-1", &[]);
+    put(&f, &caller, "compare", "compare-1", &["brief-1"]);
+    let claimed = claim(&f, &caller, "briefs").unwrap();
+    thread::scope(|scope| {
+        let polling = scope.spawn(|| {
+            f.store
+                .wait_for_work(&caller, &ns(), &queue("compare"), Duration::from_secs(30))
+        });
+        while f.store.long_polls_waiting() == 0 {
+            thread::yield_now();
+        }
+        submit(&f, &caller, &claimed);
+        let waited = Instant::now();
+        while !polling.is_finished() && waited.elapsed() < Duration::from_secs(10) {
+            thread::sleep(Duration::from_millis(5));
+        }
+        // Not woken: the poll times out, and the assertion below says so.
+        f.clock.advance(Duration::from_secs(31));
+        assert_eq!(polling.join().unwrap().unwrap(), WaitOutcome::WorkAvailable);
+    });
 }

@@ -181,8 +181,8 @@ pub struct NewTask {
     pub unique: Option<Unique>,
     /// The tasks it runs after, in its namespace: each stored already or
     /// earlier in the same batch. Until they have ended it waits.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub after: Vec<Parent>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Vec<Parent>>,
     /// When it runs after them: `all_done` (the default: a parent that
     /// ends otherwise cancels it) or `any_outcome`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

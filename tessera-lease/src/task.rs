@@ -689,6 +689,25 @@ impl Task {
         changed
     }
 
+    /// The task has parents that have not ended (an operator retried it
+    /// while it waited): every attempt ready, backing off or scheduled
+    /// waits for them again, a scheduled one keeping its time. Returns the
+    /// attempts that changed.
+    #[must_use = "the attempts that changed must be written"]
+    pub fn wait_for_parents(&mut self) -> Vec<AttemptNumber> {
+        let mut changed = Vec::new();
+        for attempt in &mut self.0.attempts {
+            let not_before = match attempt.state {
+                TaskState::Ready | TaskState::Backoff { .. } => None,
+                TaskState::Scheduled { at } => Some(at),
+                _ => continue,
+            };
+            attempt.state = TaskState::Waiting { not_before };
+            changed.push(attempt.number);
+        }
+        changed
+    }
+
     /// A parent the task needed done ended otherwise: every attempt still
     /// [`Waiting`](TaskState::Waiting) is cancelled, its last error
     /// [`PARENT_FAILED`]. Returns the attempts that changed (empty: none

@@ -372,6 +372,7 @@ pub const ALL: &[Input] = &[
     PARTITION_KEY,
     UNIQUE_KEY,
     UNIQUE_MODE,
+    RUN_AFTER,
     UNIQUE_WINDOW_MS,
     DEBOUNCE_MS,
     MAX_DEBOUNCE_MS,

@@ -87,6 +87,7 @@ fn enforced(input: Input, value: &Value) -> bool {
             let delays = (s == "debounce").then_some(1);
             limits::unique_mode(s, delays, delays).is_ok()
         }),
+        i if i == limits::RUN_AFTER => text(&|s| limits::run_after(s).is_ok()),
         i if i == limits::IDEMPOTENCY_KEY => text(&|s| IdempotencyKey::parse(s).is_ok()),
         i if i == limits::KEY_ID => text(&|s| KeyId::parse(s).is_ok()),
         i if i == limits::PRINCIPAL => text(&|s| PrincipalId::parse(s).is_ok()),

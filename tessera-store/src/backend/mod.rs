@@ -340,8 +340,13 @@ pub(crate) trait ReadTransaction {
     /// edges not yet marked ended.
     fn open_parents(&self, child: TaskHandle) -> Result<u64>;
 
-    /// The parents of the task at `child`, in the order they were stored.
+    /// The parents of the task at `child`, in the order its enqueue named
+    /// them.
     fn parents_of(&self, child: TaskHandle) -> Result<Vec<TaskRef>>;
+
+    /// Of the tasks at `parents`, those with a child still waiting:
+    /// retention keeps them, and their outputs, for it.
+    fn parents_of_waiting(&self, parents: &[TaskHandle]) -> Result<Vec<TaskHandle>>;
 
     /// A schedule, with its last fire.
     fn schedule(&self, namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>>;

@@ -292,6 +292,10 @@ pub(crate) struct NewEdge {
     pub(crate) parent: TaskHandle,
     pub(crate) child: TaskHandle,
     pub(crate) run_after: RunAfter,
+    /// How the parent ended, if it had at the child's enqueue.
+    pub(crate) ended: Option<ParentEnd>,
+    /// The parent's place in the child's list.
+    pub(crate) place: usize,
 }
 
 /// An edge whose parent ended, as [`end_edges`](super::WriteTransaction::end_edges)

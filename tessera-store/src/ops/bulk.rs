@@ -151,7 +151,10 @@ fn batch(
             continue;
         }
         match rule(&mut task) {
-            Ok(_) => ruled.push((loaded.handle, loaded.unique_held, before, task)),
+            Ok(_) => {
+                dependency::keep_waiting(writer, loaded.handle, &before, &mut task)?;
+                ruled.push((loaded.handle, loaded.unique_held, before, task));
+            }
             // Nothing to do for this one (already final, nothing to
             // retry, out of tries): passed over.
             Err(

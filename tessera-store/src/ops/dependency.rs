@@ -108,6 +108,24 @@ pub(crate) fn settle(
     Ok(())
 }
 
+/// A task an operator's retry took out of its end goes back to waiting
+/// while it has parents that have not ended (cancelled while it waited,
+/// then retried), rather than run before them.
+pub(crate) fn keep_waiting(
+    writer: &dyn WriteTransaction,
+    handle: TaskHandle,
+    before: &TaskRecord,
+    task: &mut Task,
+) -> Result<(), Error> {
+    if before.end().is_some()
+        && task.record().end().is_none()
+        && writer.reads().open_parents(handle)? > 0
+    {
+        let _ = task.wait_for_parents();
+    }
+    Ok(())
+}
+
 /// [`settle`] for one task changed from `before` to `after`.
 pub(crate) fn settle_one(
     writer: &dyn WriteTransaction,
@@ -167,10 +185,15 @@ pub(crate) fn start(
         .filter(|task| task.created)
         .map(|task| task.task)
         .collect();
+    // Only what this call creates waits: a task stored already (a batch
+    // sent again) is left as it is, its parents unchecked.
+    fn parents_of<'a>(task: &NewChild<'a>) -> &'a [TaskRef] {
+        if task.created { task.parents } else { &[] }
+    }
     let mut wanted: Vec<&TaskRef> = tasks
         .iter()
-        .filter(|task| task.created && task.parents.len() <= MAX_PARENTS)
-        .flat_map(|task| task.parents)
+        .filter(|task| task.parents.len() <= MAX_PARENTS)
+        .flat_map(parents_of)
         .collect();
     wanted.sort_unstable();
     wanted.dedup();
@@ -180,8 +203,10 @@ pub(crate) fn start(
         .zip(writer.lock_tasks(&wanted)?)
         .filter_map(|(parent, loaded)| Some((parent, loaded?)))
         .collect();
-    let batch: Vec<(&TaskRef, &[TaskRef])> =
-        tasks.iter().map(|task| (task.task, task.parents)).collect();
+    let batch: Vec<(&TaskRef, &[TaskRef])> = tasks
+        .iter()
+        .map(|task| (task.task, parents_of(task)))
+        .collect();
     check_batch(&batch, |parent| {
         stored.contains_key(parent) && !created.contains(parent)
     })
@@ -201,7 +226,7 @@ pub(crate) fn start(
         .filter(|task| task.created && !task.parents.is_empty())
     {
         let mut ended = Vec::new();
-        let mut open = Vec::new();
+        let mut found = Vec::new();
         for parent in task.parents {
             // Created by an earlier enqueue of the batch, or stored: a
             // parent a duplicate stood for is neither.
@@ -214,10 +239,9 @@ pub(crate) fn start(
                     ),
                 });
             };
-            match loaded.record.end() {
-                Some(end) => ended.push(end),
-                None => open.push(loaded.handle),
-            }
+            let end = loaded.record.end();
+            ended.extend(end);
+            found.push((loaded.handle, end));
         }
         let decided =
             Waiting::at_enqueue(task.parents.len(), &ended, task.run_after).map_err(|error| {
@@ -230,17 +254,25 @@ pub(crate) fn start(
             .pop()
             .flatten()
             .ok_or_else(|| corrupt("a task created in this transaction"))?;
-        let mut rules = Task::restore(child.record)?;
-        let before = rules.record().clone();
-        match decided {
-            Unblocked::Waiting(_) => {
-                edges.extend(open.into_iter().map(|parent| NewEdge {
+        // An edge to every parent, in the order named, those ended
+        // already marked so: the child's read of its parents' outputs
+        // finds them all.
+        edges.extend(
+            found
+                .into_iter()
+                .enumerate()
+                .map(|(place, (parent, ended))| NewEdge {
                     parent,
                     child: child.handle,
                     run_after: task.run_after,
-                }));
-                continue;
-            }
+                    ended,
+                    place,
+                }),
+        );
+        let mut rules = Task::restore(child.record)?;
+        let before = rules.record().clone();
+        match decided {
+            Unblocked::Waiting(_) => continue,
             Unblocked::Ready => {
                 let _ = rules.unblock(now);
             }

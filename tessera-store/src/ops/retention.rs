@@ -98,13 +98,21 @@ impl Store {
                         } else {
                             self.write(|writer| {
                                 let locked = writer.lock_finished(&handles)?;
-                                let due: Vec<_> = locked
+                                let mut due: Vec<_> = locked
                                     .iter()
                                     .filter(|task| {
                                         retention_of(&task.queue)
                                             .purgeable(task.attempts.iter().copied(), now)
                                     })
                                     .collect();
+                                // A parent stays while a child waits:
+                                // the child reads its output when it runs.
+                                let candidates: Vec<TaskHandle> =
+                                    due.iter().map(|task| task.handle).collect();
+                                if !candidates.is_empty() {
+                                    let kept = writer.reads().parents_of_waiting(&candidates)?;
+                                    due.retain(|task| !kept.contains(&task.handle));
+                                }
                                 if due.is_empty() {
                                     return Ok((0, 0, Vec::new()));
                                 }

@@ -72,6 +72,7 @@ pub(crate) fn apply<T>(
 ) -> Result<T, Error> {
     let before = task.record().clone();
     let value = rule(task)?;
+    dependency::keep_waiting(writer, handle, &before, task)?;
     writer.save_task(handle, &before, task.record(), now)?;
     if task.record().leaves_unique_slot(held) {
         writer.release_unique_slot(handle)?;

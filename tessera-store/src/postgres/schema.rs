@@ -83,7 +83,8 @@ const TABLES: &[(&str, &str)] = &[
     (
         "task_edges",
         "CREATE TABLE IF NOT EXISTS task_edges (parent BIGINT NOT NULL, child BIGINT NOT NULL, \
-         run_after TEXT NOT NULL, ended TEXT, PRIMARY KEY (parent, child))",
+         run_after TEXT NOT NULL, ended TEXT, place BIGINT NOT NULL, \
+         PRIMARY KEY (parent, child))",
     ),
     (
         "queue_settings",

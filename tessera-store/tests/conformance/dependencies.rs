@@ -28,6 +28,10 @@ conformance!(
     an_upgrade_from_version_five_keeps_every_task_and_takes_parents_after,
     a_comparison_reads_every_alternative_of_its_parents,
     a_child_made_ready_wakes_a_long_poll_on_its_queue,
+    every_parent_is_read_in_the_order_named_ended_before_the_child_or_not,
+    a_batch_sent_again_after_its_parents_ended_adds_nothing_and_refuses_nothing,
+    a_waiting_child_cancelled_then_retried_waits_again,
+    retention_keeps_a_parent_while_a_child_waits,
 );
 
 fn ns() -> Namespace {
@@ -615,4 +619,142 @@ fn a_child_made_ready_wakes_a_long_poll_on_its_queue(db: &TestDb) {
         f.clock.advance(Duration::from_secs(31));
         assert_eq!(polling.join().unwrap().unwrap(), WaitOutcome::WorkAvailable);
     });
+}
+
+fn every_parent_is_read_in_the_order_named_ended_before_the_child_or_not(db: &TestDb) {
+    let f = Fixture::new(db);
+    let caller = f.login(&f.full_worker(Grant::AllNamespaces));
+    let done = put(&f, &caller, "briefs", "zeta", &[]);
+    run(&f, &caller, "briefs", &done);
+    let cancelled = put(&f, &caller, "briefs", "alpha", &[]);
+    f.store.cancel_task(&caller, &cancelled).unwrap();
+    let open = put(&f, &caller, "briefs", "mid", &[]);
+    let child = put_with(
+        &f,
+        &caller,
+        "compare",
+        "child",
+        &["mid", "zeta", "alpha"],
+        RunAfter::AnyOutcome,
+    )
+    .unwrap();
+    assert_eq!(state(&f, &caller, &child), StateName::Waiting);
+    run(&f, &caller, "briefs", &open);
+    assert_eq!(state(&f, &caller, &child), StateName::Ready);
+    let parents = f.store.parent_alternatives(&caller, &child).unwrap();
+    let named: Vec<&TaskRef> = parents.iter().map(|parent| &parent.parent).collect();
+    assert_eq!(
+        named,
+        [&open, &done, &cancelled],
+        "in the order `after` named them"
+    );
+    let receipts: Vec<usize> = parents.iter().map(|parent| parent.receipts.len()).collect();
+    assert_eq!(
+        receipts,
+        [1, 1, 0],
+        "the parent done before the child's enqueue included"
+    );
+    // A child whose every parent had ended reads them too.
+    let late = put(&f, &caller, "compare", "late", &["zeta"]);
+    assert_eq!(state(&f, &caller, &late), StateName::Ready);
+    let parents = f.store.parent_alternatives(&caller, &late).unwrap();
+    assert_eq!(parents.len(), 1);
+    assert_eq!(parents[0].receipts.len(), 1);
+}
+
+fn a_batch_sent_again_after_its_parents_ended_adds_nothing_and_refuses_nothing(db: &TestDb) {
+    let f = Fixture::new(db);
+    let caller = f.login(&f.full_worker(Grant::AllNamespaces));
+    let stored = put(&f, &caller, "briefs", "stored", &[]);
+    let batch = vec![
+        (json_brief(1), options("a", &[], RunAfter::AllDone)),
+        (
+            json_brief(2),
+            options("b", &["a", "stored"], RunAfter::AllDone),
+        ),
+    ];
+    let first = f
+        .store
+        .enqueue_batch(&caller, &ns(), &queue("dag"), &batch)
+        .unwrap();
+    assert!(first.iter().all(|task| task.created));
+    run(&f, &caller, "briefs", &stored);
+    let again = f
+        .store
+        .enqueue_batch(&caller, &ns(), &queue("dag"), &batch)
+        .unwrap();
+    assert!(again.iter().all(|task| !task.created), "{again:?}");
+    assert_eq!(db.count_rows("task_edges"), 2, "no edge twice");
+    assert_eq!(state(&f, &caller, &reference("b")), StateName::Waiting);
+}
+
+fn a_waiting_child_cancelled_then_retried_waits_again(db: &TestDb) {
+    let f = Fixture::new(db);
+    let caller = f.login(&f.full_worker(Grant::AllNamespaces));
+    let parent = put(&f, &caller, "briefs", "parent", &[]);
+    let child = put(&f, &caller, "compare", "child", &["parent"]);
+    f.store.cancel_task(&caller, &child).unwrap();
+    assert_eq!(state(&f, &caller, &child), StateName::Cancelled);
+    f.store.retry_task(&caller, &child).unwrap();
+    assert_eq!(
+        state(&f, &caller, &child),
+        StateName::Waiting,
+        "its parent has not ended"
+    );
+    assert!(claim(&f, &caller, "compare").is_none());
+    // The same by filter.
+    f.store
+        .cancel_tasks(
+            &caller,
+            &ns(),
+            &tessera_store::BulkFilter::default().with_state(StateName::Waiting),
+        )
+        .unwrap();
+    f.store
+        .retry_tasks(
+            &caller,
+            &ns(),
+            &tessera_store::BulkFilter::default().with_state(StateName::Cancelled),
+        )
+        .unwrap();
+    assert_eq!(state(&f, &caller, &child), StateName::Waiting);
+    run(&f, &caller, "briefs", &parent);
+    assert_eq!(state(&f, &caller, &child), StateName::Ready);
+}
+
+fn retention_keeps_a_parent_while_a_child_waits(db: &TestDb) {
+    let minute = Duration::from_secs(60);
+    let f = Fixture::with(db, |config| {
+        config.with_retention(tessera_store::Retention {
+            done: Some(minute),
+            discarded: Some(minute),
+            cancelled: Some(minute),
+        })
+    });
+    let caller = f.login(&f.full_worker(Grant::AllNamespaces));
+    // `kept` and `gone` are done; `ready` ran after both, `waiting` waits
+    // for `kept` and `later`.
+    let kept = put(&f, &caller, "briefs", "kept", &[]);
+    let gone = put(&f, &caller, "briefs", "gone", &[]);
+    let ready = put(&f, &caller, "compare", "ready", &["kept", "gone"]);
+    run(&f, &caller, "briefs", &kept);
+    run(&f, &caller, "briefs", &gone);
+    let later = put(&f, &caller, "briefs", "later", &[]);
+    let second = put(&f, &caller, "compare", "second", &["kept", "later"]);
+    assert_eq!(state(&f, &caller, &ready), StateName::Ready);
+    assert_eq!(state(&f, &caller, &second), StateName::Waiting);
+    f.clock.advance(10 * minute);
+    let report = f.store.maintain().unwrap();
+    assert!(report.retention_ran);
+    // Both are past their keep time: `kept` stays for `second`, which
+    // still waits; `gone` has no child waiting and is purged.
+    assert!(
+        f.store.read_task(&caller, &kept).is_ok(),
+        "kept for a waiting child"
+    );
+    assert_eq!(f.store.read_task(&caller, &gone).unwrap_err().status(), 404);
+    run(&f, &caller, "briefs", &later);
+    let parents = f.store.parent_alternatives(&caller, &second).unwrap();
+    assert_eq!(parents.len(), 2);
+    assert_eq!(parents[0].receipts.len(), 1, "the kept parent's output");
 }

@@ -322,7 +322,7 @@ pub(crate) fn task_parts(
     if let Some(unique) = task.unique {
         options = options.with_unique(unique_of(unique)?);
     }
-    let parents = limits::at_most("after", task.after, MAX_PARENTS)?
+    let parents = limits::at_most("after", task.after.unwrap_or_default(), MAX_PARENTS)?
         .into_iter()
         .map(|parent| {
             let version = match parent.version {

@@ -520,6 +520,14 @@ impl ReadTransaction for PgTransaction<'_> {
             .transpose()
     }
 
+    fn parents_of_waiting(&self, parents: &[TaskHandle]) -> Result<Vec<TaskHandle>> {
+        let ids: Vec<i64> = parents.iter().map(|parent| parent.0).collect();
+        self.query(PARENTS_OF_WAITING, &[&ids])?
+            .iter()
+            .map(|row| Ok(TaskHandle(row.try_get(0)?)))
+            .collect()
+    }
+
     fn parents_of(&self, child: TaskHandle) -> Result<Vec<TaskRef>> {
         self.query(PARENTS_OF, &[&child.0])?
             .iter()

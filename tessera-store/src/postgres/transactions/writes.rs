@@ -446,7 +446,15 @@ impl WriteTransaction for PgTransaction<'_> {
         let parents: Vec<i64> = edges.iter().map(|edge| edge.parent.0).collect();
         let children: Vec<i64> = edges.iter().map(|edge| edge.child.0).collect();
         let rules: Vec<&str> = edges.iter().map(|edge| edge.run_after.as_str()).collect();
-        self.execute(INSERT_EDGES, &[&parents, &children, &rules])?;
+        let ended: Vec<Option<&str>> = edges
+            .iter()
+            .map(|edge| edge.ended.map(ParentEnd::as_str))
+            .collect();
+        let places: Vec<i64> = edges.iter().map(|edge| count(edge.place)).collect();
+        self.execute(
+            INSERT_EDGES,
+            &[&parents, &children, &rules, &ended, &places],
+        )?;
         Ok(())
     }
 

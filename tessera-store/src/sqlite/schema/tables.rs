@@ -268,6 +268,9 @@ pub(crate) const TABLES: &[Table] = &[
             ("child", "INTEGER NOT NULL"),
             ("run_after", "TEXT NOT NULL"),
             ("ended", "TEXT"),
+            // The parent's place in the child's list, the order a read
+            // of the child's parents answers in.
+            ("place", "INTEGER NOT NULL"),
         ],
         clustered_key: Some(&["parent", "child"]),
     },

@@ -7,17 +7,21 @@ use rusqlite::params;
 use crate::sqlite::readers::Reader;
 use crate::sqlite::writer::Writer;
 
-pub(crate) const INSERT_EDGE: &str = "INSERT INTO task_edges (parent, child, run_after) \
-     VALUES (?1, ?2, ?3) ON CONFLICT (parent, child) DO NOTHING";
+pub(crate) const INSERT_EDGE: &str = "INSERT INTO task_edges \
+     (parent, child, run_after, ended, place) VALUES (?1, ?2, ?3, ?4, ?5) \
+     ON CONFLICT (parent, child) DO NOTHING";
 
-/// Writes one edge; a repeated one changes nothing.
+/// Writes one edge (`ended`: how its parent ended already, if it has;
+/// `place`: the parent's place in the child's list); a repeated one
+/// changes nothing.
 pub(crate) fn insert_edge(
     writer: &Writer<'_>,
-    parent: i64,
-    child: i64,
+    (parent, child): (i64, i64),
     run_after: &str,
+    ended: Option<&str>,
+    place: i64,
 ) -> rusqlite::Result<usize> {
-    writer.execute(INSERT_EDGE, params![parent, child, run_after])
+    writer.execute(INSERT_EDGE, params![parent, child, run_after, ended, place])
 }
 
 pub(crate) const OPEN_CHILDREN: &str = "SELECT e.child, e.run_after, t.namespace, t.task_id, \
@@ -54,7 +58,7 @@ pub(crate) fn end_edges(
 }
 
 pub(crate) const PARENTS_OF: &str = "SELECT t.namespace, t.task_id, t.version \
-     FROM task_edges e JOIN tasks t ON t.id = e.parent WHERE e.child = ?1 ORDER BY e.parent";
+     FROM task_edges e JOIN tasks t ON t.id = e.parent WHERE e.child = ?1 ORDER BY e.place";
 
 /// The parents of `child`: each one's namespace, id and version.
 pub(crate) fn parents_of(
@@ -68,6 +72,16 @@ pub(crate) fn parents_of(
             row.get("version")?,
         ))
     })
+}
+
+pub(crate) const PARENT_OF_WAITING: &str = "SELECT EXISTS (SELECT 1 FROM task_edges e \
+     JOIN attempts a ON a.task = e.child WHERE e.parent = ?1 AND a.state = 'waiting') AS kept";
+
+/// Whether a child of `parent` still waits.
+pub(crate) fn parent_of_waiting(reader: &Reader<'_>, parent: i64) -> rusqlite::Result<bool> {
+    Ok(reader
+        .optional(PARENT_OF_WAITING, [parent], |row| row.get("kept"))?
+        .unwrap_or(false))
 }
 
 pub(crate) const OPEN_PARENTS: &str =

@@ -87,6 +87,10 @@ pub(crate) const HOT_STATEMENTS: &[HotStatement] = &[
         sql: edges::PARENTS_OF,
     },
     HotStatement {
+        name: "a parent with a waiting child",
+        sql: edges::PARENT_OF_WAITING,
+    },
+    HotStatement {
         name: "key by key id",
         sql: keys::KEY_BY_KEY_ID,
     },

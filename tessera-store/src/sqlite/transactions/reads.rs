@@ -393,6 +393,16 @@ impl ReadTransaction for Reader<'_> {
         Ok(u64::try_from(edges::open_parents(self, child.0)?).unwrap_or(0))
     }
 
+    fn parents_of_waiting(&self, parents: &[TaskHandle]) -> Result<Vec<TaskHandle>> {
+        let mut kept = Vec::new();
+        for parent in parents {
+            if edges::parent_of_waiting(self, parent.0)? {
+                kept.push(*parent);
+            }
+        }
+        Ok(kept)
+    }
+
     fn parents_of(&self, child: TaskHandle) -> Result<Vec<TaskRef>> {
         edges::parents_of(self, child.0)?
             .into_iter()
@@ -447,6 +457,7 @@ reads_through_writer! {
     task_by_handle(handle: TaskHandle) -> Result<Option<LoadedTask>>;
     open_parents(child: TaskHandle) -> Result<u64>;
     parents_of(child: TaskHandle) -> Result<Vec<TaskRef>>;
+    parents_of_waiting(parents: &[TaskHandle]) -> Result<Vec<TaskHandle>>;
     schedule(namespace: &Namespace, name: &ScheduleName) -> Result<Option<ScheduleRow>>;
     schedules_of(namespace: &Namespace, after: Option<&ScheduleName>, limit: usize) -> Result<Vec<ScheduleRow>>;
     active_schedules(after: Option<(&Namespace, &ScheduleName)>, limit: usize) -> Result<Vec<ScheduleRow>>;

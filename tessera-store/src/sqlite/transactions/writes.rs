@@ -161,7 +161,13 @@ impl WriteTransaction for Writer<'_> {
 
     fn insert_edges(&self, new: &[NewEdge]) -> Result<()> {
         for edge in new {
-            edges::insert_edge(self, edge.parent.0, edge.child.0, edge.run_after.as_str())?;
+            edges::insert_edge(
+                self,
+                (edge.parent.0, edge.child.0),
+                edge.run_after.as_str(),
+                edge.ended.map(ParentEnd::as_str),
+                count(edge.place),
+            )?;
         }
         Ok(())
     }

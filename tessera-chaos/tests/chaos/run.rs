@@ -778,9 +778,13 @@ fn wait_for(
 }
 
 /// Waits, up to 30 s, until a lease `process` holds (granted to it, not
-/// ended by it) has been granted to another process under a newer token.
+/// ended by it) has been granted to another process under a newer token;
+/// at once when it holds none (it ended every lease before it stopped).
+/// Each look reads every history, which grows while the others poll, so
+/// the wait is bounded by time, not by looks.
 fn wait_for_a_regrant(dir: &Path, process: u32) {
-    for _ in 0..600 {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < until {
         pause(50);
         // A line being written is read as a bad one: read again.
         let Ok(records) = read_history(dir) else {
@@ -809,7 +813,11 @@ fn wait_for_a_regrant(dir: &Path, process: u32) {
                         )
                 })
             });
-        let mut regranted = held.filter(|(task, token)| {
+        let held: Vec<(&String, i64)> = held.collect();
+        if held.is_empty() {
+            return;
+        }
+        let mut regranted = held.into_iter().filter(|(task, token)| {
             steps.iter().any(|step| {
                 step.id.process != process
                     && matches!(
